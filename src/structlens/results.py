@@ -1,0 +1,147 @@
+"""Saving and loading result dataclasses: JSON for scalars and metadata, safetensors for arrays.
+
+Every estimator's ``fit`` returns a frozen dataclass.  :class:`Result` gives those dataclasses
+``save(dir)`` / ``load(dir)`` and ``to_json()``: fields holding ``numpy`` arrays or ``torch``
+tensors go to ``arrays.safetensors``; everything else (numbers, strings, lists, dicts, nested
+results) goes to ``result.json`` together with the schema version and the class name.
+Writes are atomic: a crash never leaves a half-written result behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T", bound="Result")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON (numpy scalars and arrays converted) atomically."""
+    atomic_write_bytes(path, (json.dumps(to_jsonable(obj), indent=2) + "\n").encode())
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert numpy/torch scalars and arrays, tuples, dataclasses and paths to JSON types.
+
+    Complex numbers become ``[real, imag]`` pairs; non-finite floats become strings
+    (``"nan"``, ``"inf"``) so the output stays strict JSON.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "detach") and hasattr(obj, "cpu"):  # torch tensor
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (complex, np.complexfloating)):
+        return [to_jsonable(float(obj.real)), to_jsonable(float(obj.imag))]
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        if np.isfinite(x):
+            return x
+        return "nan" if np.isnan(x) else ("inf" if x > 0 else "-inf")
+    return obj
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or (hasattr(value, "detach") and hasattr(value, "cpu"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """Base class for frozen result dataclasses with ``save``/``load``.
+
+    Array fields (numpy or torch) are stored in ``arrays.safetensors`` and come back as numpy
+    arrays (complex arrays are stored as real/imaginary pairs); other fields must be JSON-able.
+    """
+
+    def to_json(self) -> dict[str, Any]:
+        """The scalar part of the result as a JSON-able dict (arrays summarised by shape)."""
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": type(self).__name__}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if _is_array(value):
+                out[f.name] = {"array": list(np.shape(value)), "dtype": str(value.dtype)}
+            else:
+                out[f.name] = to_jsonable(value)
+        return out
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``result.json`` and, if the result has array fields, ``arrays.safetensors``."""
+        from safetensors.numpy import save as save_arrays
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if _is_array(value):
+                a = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+                if np.iscomplexobj(a):
+                    arrays[f.name + ".real"] = np.ascontiguousarray(a.real)
+                    arrays[f.name + ".imag"] = np.ascontiguousarray(a.imag)
+                else:
+                    arrays[f.name] = np.ascontiguousarray(a)
+        if arrays:
+            atomic_write_bytes(directory / "arrays.safetensors", save_arrays(arrays))
+        atomic_write_json(directory / "result.json", self.to_json())
+        return directory
+
+    @classmethod
+    def load(cls: type[T], directory: str | os.PathLike) -> T:
+        """Read a result written by :meth:`save`; raises ``ValueError`` on a kind mismatch."""
+        from safetensors.numpy import load_file
+
+        directory = Path(directory)
+        meta = json.loads((directory / "result.json").read_text())
+        if meta.get("kind") != cls.__name__:
+            raise ValueError(
+                f"{directory} holds a {meta.get('kind')!r} result, not {cls.__name__!r}; "
+                f"load it with the matching class."
+            )
+        arrays = {}
+        if (directory / "arrays.safetensors").exists():
+            arrays = load_file(str(directory / "arrays.safetensors"))
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in arrays:
+                kwargs[f.name] = arrays[f.name]
+            elif f.name + ".real" in arrays:
+                kwargs[f.name] = arrays[f.name + ".real"] + 1j * arrays[f.name + ".imag"]
+            elif f.name in meta:
+                kwargs[f.name] = meta[f.name]
+        return cls(**kwargs)
