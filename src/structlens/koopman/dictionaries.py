@@ -340,6 +340,14 @@ class RandomReLUDictionary(_RandomFeatureBase):
         self.R, self.b = arrays["R"], arrays["b"]
 
 
+def _to_float64(a: object) -> np.ndarray | None:
+    if a is None:
+        return None
+    if hasattr(a, "detach"):  # torch tensor
+        a = a.detach().cpu().double().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
 class SAEDictionary(Dictionary):
     """SAE encoder features in the SAELens convention ``f(x) = act((x − b_dec) W_enc + b_enc)``.
 
@@ -363,15 +371,12 @@ class SAEDictionary(Dictionary):
         threshold: np.ndarray | None = None,
         include_state: bool = False,
     ) -> None:
-        to_np = lambda a: (
-            None
-            if a is None
-            else np.asarray(  # noqa: E731
-                a.detach().cpu().double().numpy() if hasattr(a, "detach") else a, dtype=np.float64
-            )
+        self.W_enc, self.b_enc, self.b_dec = (
+            _to_float64(W_enc),
+            _to_float64(b_enc),
+            _to_float64(b_dec),
         )
-        self.W_enc, self.b_enc, self.b_dec = to_np(W_enc), to_np(b_enc), to_np(b_dec)
-        self.threshold = to_np(threshold)
+        self.threshold = _to_float64(threshold)
         self.activation, self.k, self.include_state = activation, k, include_state
         self._validate()
         self.dim = self.W_enc.shape[0]
