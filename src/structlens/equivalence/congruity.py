@@ -1,0 +1,311 @@
+"""CONGRUITY statistics as the interpretive-equivalence reference code computes them.
+
+Sun & Toneva (arXiv 2603.30002; code alansun17904/interp-equiv, commit 0bdc4f6) compare
+*implementations*: representations of a model before and after interventions. This module
+holds the array side; the caller runs the models and the patching.
+
+* Representation (:func:`accumulated_representation`): the accumulated residual stream --
+  the input to block 0 followed by the output of every block, ``L + 1`` arrays -- at the last
+  token (IOI) or averaged over positions (toy tasks), concatenated layer-major into one
+  ``[batch, (L + 1) d]`` row per prompt.
+* Similarity: the encoding score of :mod:`~structlens.equivalence.encoding`.
+* Interventions: a head's ``attn.hook_z`` patched from another run; heads are ranked by the
+  KL divergence they cause (:func:`kl_from_logits`, :func:`rank_heads`).
+* Selectivity test (:func:`selectivity_test`): for each target implementation, is the base
+  representation a better encoder of it than the intervened one?
+* Point test (:func:`point_test`, :func:`bootstrap_point_test`): draw ``n`` random triples
+  (two implementations of group 1, one of group 2); ``p`` is the share where the
+  within-group encoding beats the cross-group one; the groups are declared *different* when
+  ``p - crit * sqrt(p (1 - p) / n) > 0.5``; the bootstrap repeats this ``straps`` times and
+  reports the share of "different" decisions (the reference's ``grid`` entry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..results import Result
+from ._checks import check_finite, check_matrix, to_numpy
+from .encoding import EncodingConfig, encoding_score
+
+__all__ = [
+    "accumulated_representation",
+    "kl_from_logits",
+    "rank_heads",
+    "SelectivityResult",
+    "selectivity_test",
+    "point_test",
+    "PointTestResult",
+    "bootstrap_point_test",
+]
+
+
+def accumulated_representation(
+    resid: Sequence[object] | object, position: str = "last", mask: object | None = None
+) -> np.ndarray:
+    """Concatenate the residual stream of all layers into one row per prompt.
+
+    Parameters
+    ----------
+    resid : sequence of array_like, or array_like
+        ``L + 1`` arrays ``[batch, pos, d]`` (``blocks.0.hook_resid_pre`` then
+        ``blocks.{l}.hook_resid_post`` for every ``l``), or one ``[L + 1, batch, pos, d]``.
+    position : {"last", "mean"}
+        Take the last (unmasked) token, or average over (unmasked) positions.
+    mask : array_like of bool, optional
+        ``[batch, pos]``, true at real tokens (left- or right-padded batches).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[batch, (L + 1) * d]`` float64, layer-major (layer 0's ``d`` features first).
+    """
+    layers = [to_numpy(r, "resid") for r in resid]
+    if not layers or any(r.ndim != 3 for r in layers):
+        raise ValueError("resid must hold [batch, pos, d] arrays, one per layer.")
+    shape = layers[0].shape
+    if any(r.shape != shape for r in layers):
+        raise ValueError(f"all layers must share one shape, got {[r.shape for r in layers]}.")
+    batch, pos, _ = shape
+    keep = np.ones((batch, pos), dtype=bool)
+    if mask is not None:
+        keep = np.asarray(to_numpy(mask, "mask") != 0)
+        if keep.shape != (batch, pos):
+            raise ValueError(f"mask must be [batch, pos] = {(batch, pos)}, got {keep.shape}.")
+        if not keep.any(axis=1).all():
+            raise ValueError("a prompt has no unmasked position.")
+    stacked = np.stack([np.asarray(r, dtype=np.float64) for r in layers], axis=1)  # b,L,p,d
+    if position == "last":
+        last = pos - 1 - np.argmax(keep[:, ::-1], axis=1)
+        out = stacked[np.arange(batch), :, last, :]
+    elif position == "mean":
+        w = keep.astype(np.float64)
+        out = np.einsum("blpd,bp->bld", stacked, w) / w.sum(1)[:, None, None]
+    else:
+        raise ValueError(f"position must be 'last' or 'mean', got {position!r}.")
+    out = out.reshape(batch, -1)
+    check_finite(out, "accumulated representation")
+    return out
+
+
+def kl_from_logits(reference_logits: object, patched_logits: object) -> float:
+    """Mean ``KL(softmax(reference) || softmax(patched))`` over rows, in **nats**.
+
+    Rows are predicted positions (the reference code uses the last token of each prompt,
+    ``F.kl_div(log_softmax(patched), softmax(clean), reduction="batchmean")``).
+    """
+    p = check_matrix(reference_logits, "reference_logits", min_rows=1).astype(np.float64)
+    q = check_matrix(patched_logits, "patched_logits", min_rows=1).astype(np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"logit shapes differ: {p.shape} vs {q.shape}.")
+    lp = p - p.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    lq = q - q.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
+
+
+def rank_heads(kl: object, top_k: int | None = None) -> np.ndarray:
+    """Heads sorted by decreasing patching KL: ``[k, 2]`` rows of ``(layer, head)``.
+
+    ``kl`` is a ``[layers, heads]`` grid (the reference's ``patch_heads`` output). Ties keep
+    row-major order.
+    """
+    g = to_numpy(kl, "kl").astype(np.float64)
+    if g.ndim != 2:
+        raise ValueError(f"kl must be a [layers, heads] grid, got shape {g.shape}.")
+    check_finite(g, "kl")
+    order = np.argsort(-g.ravel(), kind="stable")
+    if top_k is not None:
+        if not 1 <= top_k <= g.size:
+            raise ValueError(f"top_k must lie in [1, {g.size}], got {top_k}.")
+        order = order[:top_k]
+    return np.stack(np.unravel_index(order, g.shape), axis=1)
+
+
+class _Encoder:
+    """Encoding scores between implementations, cached: the split is fixed by the seed, so
+    the score of an ordered pair never changes and repeated triples cost nothing."""
+
+    def __init__(self, config: EncodingConfig | None) -> None:
+        self.config = config
+        self.cache: dict[tuple[int, int], float] = {}
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> float:
+        key = (id(x), id(y))
+        if key not in self.cache:
+            self.cache[key] = encoding_score(x, y, self.config)
+        return self.cache[key]
+
+
+def _implementations(group: Sequence[object], name: str) -> list[np.ndarray]:
+    if len(group) < 1:
+        raise ValueError(f"{name} holds no implementations.")
+    out = [check_matrix(g, f"{name}[{i}]").astype(np.float64) for i, g in enumerate(group)]
+    n = out[0].shape[0]
+    for i, g in enumerate(out):
+        if g.shape[0] != n:
+            raise ValueError(
+                f"{name}[{i}] has {g.shape[0]} prompts, {name}[0] has {n}: all representations "
+                "must be taken on the same prompts."
+            )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectivityResult(Result):
+    """Outcome of the selectivity test.
+
+    ``score``: share of targets for which ``encoding(base -> target)`` exceeds
+    ``encoding(intervened -> target)``; ``base_scores``/``intervened_scores``: the two
+    encoding scores per target; ``pair_index``: which (base, intervened) pair each target used.
+    """
+
+    score: float
+    n_targets: int
+    base_scores: np.ndarray
+    intervened_scores: np.ndarray
+    pair_index: np.ndarray
+    seed: int
+
+
+def selectivity_test(
+    base: Sequence[object],
+    intervened: Sequence[object],
+    targets: Sequence[object],
+    max_targets: int = 100,
+    seed: int = 0,
+    config: EncodingConfig | None = None,
+) -> SelectivityResult:
+    """Selectivity of an intervention (``encoding_interp.main`` in the reference code).
+
+    Parameters
+    ----------
+    base, intervened : sequence of array_like
+        Paired representations ``[prompts, features]``: ``intervened[i]`` is ``base[i]``'s
+        implementation after the intervention (e.g. top-KL heads patched).
+    targets : sequence of array_like
+        Representations of the implementations compared against; the first ``max_targets``
+        are used (the reference uses at most 100).
+    seed : int
+        Seeds the random choice of a (base, intervened) pair for each target.
+    """
+    b = _implementations(base, "base")
+    iv = _implementations(intervened, "intervened")
+    t = _implementations(targets, "targets")
+    if len(b) != len(iv):
+        raise ValueError(f"base has {len(b)} implementations and intervened {len(iv)}; pair them.")
+    if max_targets < 1:
+        raise ValueError(f"max_targets must be positive, got {max_targets}.")
+    t = t[:max_targets]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(b), size=len(t))
+    enc = _Encoder(config)
+    first = np.array([enc(b[i], tg) for i, tg in zip(idx, t, strict=True)])
+    second = np.array([enc(iv[i], tg) for i, tg in zip(idx, t, strict=True)])
+    return SelectivityResult(
+        score=float(np.mean(first > second)),
+        n_targets=len(t),
+        base_scores=first,
+        intervened_scores=second,
+        pair_index=idx,
+        seed=seed,
+    )
+
+
+def _point_test(
+    g1: list[np.ndarray],
+    g2: list[np.ndarray],
+    n: int,
+    crit: float,
+    rng: np.random.Generator,
+    enc: _Encoder,
+    allow_same: bool,
+) -> tuple[float, bool]:
+    if not allow_same and len(g1) < 2:
+        raise ValueError("group1 needs two distinct implementations when allow_same=False.")
+    wins = 0
+    for _ in range(n):
+        i = int(rng.integers(len(g1)))
+        j = int(rng.integers(len(g1)))
+        while not allow_same and j == i:
+            j = int(rng.integers(len(g1)))
+        k = int(rng.integers(len(g2)))
+        wins += enc(g1[i], g1[j]) > enc(g1[i], g2[k])
+    p = wins / n
+    return p, bool(p - crit * np.sqrt(p * (1 - p) / n) > 0.5)
+
+
+def point_test(
+    group1: Sequence[object],
+    group2: Sequence[object],
+    n: int = 20,
+    crit: float = 1.96,
+    seed: int = 0,
+    allow_same: bool = True,
+    config: EncodingConfig | None = None,
+) -> tuple[float, bool]:
+    """One point test: ``(p, different)``.
+
+    ``p`` is the share of ``n`` random triples ``(a, a', b)``, ``a, a'`` from ``group1`` and
+    ``b`` from ``group2``, with ``encoding(a -> a') > encoding(a -> b)``; ``different`` is
+    ``p - crit * sqrt(p (1 - p) / n) > 0.5``. ``allow_same=True`` reproduces the reference,
+    whose two group-1 indices are drawn independently and may coincide (then the
+    within-group score is ~1); ``False`` draws two distinct implementations.
+    """
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n}.")
+    g1 = _implementations(group1, "group1")
+    g2 = _implementations(group2, "group2")
+    return _point_test(g1, g2, n, crit, np.random.default_rng(seed), _Encoder(config), allow_same)
+
+
+@dataclasses.dataclass(frozen=True)
+class PointTestResult(Result):
+    """Bootstrapped point test: ``decision_rate`` is the share of the ``straps`` repetitions
+    declaring the two groups different (the reference's ``grid[alg1, alg2]``); ``p_values``
+    holds each repetition's ``p`` (share of within-group wins), ``decisions`` its verdict."""
+
+    decision_rate: float
+    p_values: np.ndarray
+    decisions: np.ndarray
+    n: int
+    straps: int
+    crit: float
+    allow_same: bool
+    seed: int
+
+
+def bootstrap_point_test(
+    group1: Sequence[object],
+    group2: Sequence[object],
+    n: int = 20,
+    straps: int = 40,
+    crit: float = 1.96,
+    seed: int = 0,
+    allow_same: bool = True,
+    config: EncodingConfig | None = None,
+) -> PointTestResult:
+    """Repeat :func:`point_test` ``straps`` times (reference default 40) with one RNG stream."""
+    if n < 1 or straps < 1:
+        raise ValueError(f"n and straps must be positive, got n={n}, straps={straps}.")
+    g1 = _implementations(group1, "group1")
+    g2 = _implementations(group2, "group2")
+    rng = np.random.default_rng(seed)
+    enc = _Encoder(config)
+    results = [_point_test(g1, g2, n, crit, rng, enc, allow_same) for _ in range(straps)]
+    p = np.array([r[0] for r in results])
+    d = np.array([r[1] for r in results])
+    return PointTestResult(
+        decision_rate=float(d.mean()),
+        p_values=p,
+        decisions=d,
+        n=n,
+        straps=straps,
+        crit=crit,
+        allow_same=allow_same,
+        seed=seed,
+    )

@@ -1,0 +1,272 @@
+"""Linear encoding scores (the interpretive-equivalence paper's similarity) and linear maps.
+
+The encoding score from ``X`` to ``Y`` is how well a ridge regression from ``X`` predicts ``Y``
+on held-out samples: ``sqrt(max(R^2_test, 0))``, a **similarity in [0, 1]** (1 = ``Y`` is an
+exact affine function of ``X``). It is **directional**: ``score(X -> Y)`` and
+``score(Y -> X)`` differ in general, so both are reported.
+
+Protocol (reference code: ``encoder_fit`` in alansun17904/interp-equiv, ``RidgeCV`` with
+``alpha_per_target=False``, intercept, 90/10 split): a seeded permutation splits rows into
+train and test (``test_fraction``, default 0.1, test size rounded up); on the training rows a
+single ridge penalty shared by all targets is chosen from a fixed grid by K-fold
+cross-validation over fixed, seeded, contiguous folds (the reference's ``RidgeCV`` uses
+leave-one-out instead; K-fold keeps the folds explicit); the model is refitted on all
+training rows and scored on the test rows with scikit-learn's ``R^2`` convention (mean of
+per-target ``R^2``, or variance-weighted). Everything is deterministic under ``seed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..results import Result
+from ._checks import check_matrix, check_pair
+
+__all__ = [
+    "EncodingConfig",
+    "EncodingScores",
+    "LinearMap",
+    "encoding_r2",
+    "encoding_score",
+    "encoding_scores",
+    "fit_linear_map",
+]
+
+DEFAULT_ALPHAS = (0.1, 1.0, 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodingConfig:
+    """Settings of the encoding score.
+
+    Attributes
+    ----------
+    alphas : tuple of float
+        Ridge penalties tried (on the centred, unscaled design); default is ``RidgeCV``'s.
+    n_folds : int
+        Folds of the inner cross-validation choosing ``alpha``.
+    test_fraction : float
+        Share of rows held out for the reported ``R^2``.
+    multioutput : {"uniform_average", "variance_weighted"}
+        How per-target ``R^2`` are combined (scikit-learn's names; the reference uses uniform).
+    seed : int
+        Seed of the split and the folds.
+    """
+
+    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+    n_folds: int = 5
+    test_fraction: float = 0.1
+    multioutput: str = "uniform_average"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.alphas or any(not a > 0 for a in self.alphas):
+            raise ValueError(f"alphas must be a non-empty tuple of positive values: {self.alphas}")
+        if self.n_folds < 2:
+            raise ValueError(f"n_folds must be at least 2, got {self.n_folds}.")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must lie in (0, 1), got {self.test_fraction}.")
+        if self.multioutput not in ("uniform_average", "variance_weighted"):
+            raise ValueError(
+                "multioutput must be 'uniform_average' or 'variance_weighted', "
+                f"got {self.multioutput!r}."
+            )
+
+
+def _ridge_paths(
+    x_tr: np.ndarray, y_tr: np.ndarray, alphas: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Centre the training rows and return (mean_x, mean_y, [coef for each alpha])."""
+    mx, my = x_tr.mean(0), y_tr.mean(0)
+    xc, yc = x_tr - mx, y_tr - my
+    u, s, vt = np.linalg.svd(xc, full_matrices=False)
+    uty = u.T @ yc
+    coefs = [vt.T @ ((s / (s**2 + a))[:, None] * uty) for a in alphas]
+    return mx, my, coefs
+
+
+def _r2(y: np.ndarray, pred: np.ndarray, multioutput: str) -> float:
+    ss_res = np.sum((y - pred) ** 2, axis=0)
+    ss_tot = np.sum((y - y.mean(0)) ** 2, axis=0)
+    if multioutput == "variance_weighted":
+        total = ss_tot.sum()
+        if total == 0:
+            return 1.0 if ss_res.sum() == 0 else 0.0
+        return float(1.0 - ss_res.sum() / total)
+    # scikit-learn's force_finite convention for constant targets
+    per = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), 0.0)
+    per = np.where((ss_tot == 0) & (ss_res == 0), 1.0, per)
+    return float(per.mean())
+
+
+def _split(n: int, cfg: EncodingConfig) -> tuple[np.ndarray, np.ndarray]:
+    n_test = math.ceil(cfg.test_fraction * n)
+    n_train = n - n_test
+    if n_test < 2 or n_train < 2 * cfg.n_folds:
+        raise ValueError(
+            f"{n} samples are too few for a {cfg.test_fraction:.0%} test split and "
+            f"{cfg.n_folds}-fold cross-validation (need >= 2 test rows and >= 2 rows per "
+            "fold); use a larger probe set or fewer folds."
+        )
+    perm = np.random.default_rng(cfg.seed).permutation(n)
+    return perm[n_test:], perm[:n_test]
+
+
+def _choose_alpha(x: np.ndarray, y: np.ndarray, cfg: EncodingConfig) -> float:
+    folds = np.array_split(np.arange(x.shape[0]), cfg.n_folds)
+    err = np.zeros(len(cfg.alphas))
+    for val in folds:
+        tr = np.setdiff1d(np.arange(x.shape[0]), val, assume_unique=True)
+        mx, my, coefs = _ridge_paths(x[tr], y[tr], cfg.alphas)
+        xv = x[val] - mx
+        for i, coef in enumerate(coefs):
+            err[i] += np.sum((y[val] - my - xv @ coef) ** 2)
+    return float(cfg.alphas[int(np.argmin(err))])
+
+
+def encoding_r2(x: object, y: object, config: EncodingConfig | None = None) -> tuple[float, float]:
+    """Held-out ``R^2`` of the ridge encoding ``x -> y`` and the penalty chosen.
+
+    Returns ``(r2, alpha)``; ``r2`` can be negative (worse than predicting the mean).
+    """
+    cfg = config or EncodingConfig()
+    a, b = check_pair(x, y)
+    a = a.astype(np.float64, copy=False)
+    b = b.astype(np.float64, copy=False)
+    train, test = _split(a.shape[0], cfg)
+    alpha = _choose_alpha(a[train], b[train], cfg)
+    mx, my, (coef,) = _ridge_paths(a[train], b[train], (alpha,))
+    pred = (a[test] - mx) @ coef + my
+    return _r2(b[test], pred, cfg.multioutput), alpha
+
+
+def encoding_score(x: object, y: object, config: EncodingConfig | None = None) -> float:
+    """Encoding similarity ``sqrt(max(R^2_test, 0))`` of ``y`` from ``x``, in ``[0, 1]``.
+
+    Parameters
+    ----------
+    x, y : array_like
+        ``[n, d_x]`` predictors and ``[n, d_y]`` targets on the same inputs (rows).
+    config : EncodingConfig, optional
+        Split, folds, penalty grid and seed; see the module docstring.
+    """
+    r2, _ = encoding_r2(x, y, config)
+    return float(np.sqrt(max(r2, 0.0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodingScores(Result):
+    """Encoding similarities in both directions, with their ``R^2`` and chosen penalties."""
+
+    score_xy: float
+    score_yx: float
+    r2_xy: float
+    r2_yx: float
+    alpha_xy: float
+    alpha_yx: float
+    n_samples: int
+    config: dict
+
+    @property
+    def symmetric(self) -> float:
+        """Mean of the two directions (a symmetric summary; report both)."""
+        return 0.5 * (self.score_xy + self.score_yx)
+
+
+def encoding_scores(x: object, y: object, config: EncodingConfig | None = None) -> EncodingScores:
+    """Encoding scores ``x -> y`` and ``y -> x`` with the same split, folds and grid."""
+    cfg = config or EncodingConfig()
+    r_xy, a_xy = encoding_r2(x, y, cfg)
+    r_yx, a_yx = encoding_r2(y, x, cfg)
+    return EncodingScores(
+        score_xy=float(np.sqrt(max(r_xy, 0.0))),
+        score_yx=float(np.sqrt(max(r_yx, 0.0))),
+        r2_xy=r_xy,
+        r2_yx=r_yx,
+        alpha_xy=a_xy,
+        alpha_yx=a_yx,
+        n_samples=int(check_matrix(x, "X").shape[0]),
+        config=dataclasses.asdict(cfg),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearMap(Result):
+    """An affine map ``y ~ x @ weight + bias`` between representation spaces.
+
+    Used to replace a component's activations in model B by the mapped activations of its
+    matched component in model A when the two spaces differ.
+    """
+
+    weight: np.ndarray  # [d_x, d_y]
+    bias: np.ndarray  # [d_y]
+    method: str
+    alpha: float
+    r2_train: float
+
+    def apply(self, x: object) -> np.ndarray:
+        """Map rows ``x`` ``[n, d_x]`` (or ``[..., d_x]``) into the target space."""
+        a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+        if a.shape[-1] != self.weight.shape[0]:
+            raise ValueError(
+                f"input width {a.shape[-1]} does not match the map's source width "
+                f"{self.weight.shape[0]}."
+            )
+        return a @ self.weight + self.bias
+
+
+def fit_linear_map(
+    x: object,
+    y: object,
+    method: str = "ridge",
+    alpha: float | None = None,
+    config: EncodingConfig | None = None,
+) -> LinearMap:
+    """Fit an affine map from ``x`` ``[n, d_x]`` to ``y`` ``[n, d_y]`` (rows = same inputs).
+
+    Parameters
+    ----------
+    method : {"ridge", "procrustes"}
+        ``"ridge"``: least squares with penalty ``alpha`` (chosen by the cross-validation of
+        :class:`EncodingConfig` on all rows when ``None``). ``"procrustes"``: a scaled
+        (semi-)orthogonal map ``s Q`` (``Q^T Q = I`` or ``Q Q^T = I`` when widths differ)
+        fitted on centred data, preserving geometry; ``alpha`` is unused.
+    """
+    cfg = config or EncodingConfig()
+    a, b = check_pair(x, y)
+    a = a.astype(np.float64, copy=False)
+    b = b.astype(np.float64, copy=False)
+    if method == "ridge":
+        if alpha is None:
+            if a.shape[0] < 2 * cfg.n_folds:
+                raise ValueError(
+                    f"{a.shape[0]} samples are too few to choose alpha by {cfg.n_folds}-fold "
+                    "cross-validation; pass alpha explicitly or use more samples."
+                )
+            alpha = _choose_alpha(a, b, cfg)
+        elif not alpha > 0:
+            raise ValueError(f"alpha must be positive, got {alpha}.")
+        mx, my, (w,) = _ridge_paths(a, b, (alpha,))
+    elif method == "procrustes":
+        mx, my = a.mean(0), b.mean(0)
+        xc, yc = a - mx, b - my
+        u, s, vt = np.linalg.svd(xc.T @ yc, full_matrices=False)
+        denom = float(np.sum(xc**2))
+        if denom == 0:
+            raise ValueError("x is constant; a Procrustes map is undefined.")
+        w = (s.sum() / denom) * (u @ vt)
+        alpha = 0.0
+    else:
+        raise ValueError(f"method must be 'ridge' or 'procrustes', got {method!r}.")
+    bias = my - mx @ w
+    return LinearMap(
+        weight=w,
+        bias=bias,
+        method=method,
+        alpha=float(alpha),
+        r2_train=_r2(b, a @ w + bias, "variance_weighted"),
+    )

@@ -1,0 +1,208 @@
+"""Equivalence score: the share of matched components that pass validation, with a CI.
+
+Validation (done by the caller through head/layer patching): on a held-out probe set, the
+activations of each matched component of model B are replaced by those of its partner in
+model A (through a :class:`~structlens.equivalence.LinearMap` when the spaces differ), and
+the downstream predictions of B are compared with B's unpatched predictions.
+
+**Sufficient condition** (our documented choice; the public material states none): a matched
+pair passes when every criterion that is set holds
+
+* ``kl <= max_kl`` -- mean ``KL(p_original || p_patched)`` over held-out predicted positions,
+  in **nats** (default 0.1 nats);
+* ``top1 >= min_top1`` -- share of positions whose arg-max token is unchanged (default 0.9);
+* ``metric_ratio >= min_metric_ratio`` -- patched / original task metric (e.g. logit
+  difference), off by default;
+* ``similarity >= min_similarity`` -- the pair's representation similarity, off by default.
+
+The score is ``passed / matched`` in ``[0, 1]`` (1 = every matched component can stand in
+for its partner), reported with a Wilson score interval (default) or a percentile bootstrap
+over components.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from statistics import NormalDist
+
+import numpy as np
+
+from ..results import Result
+from ._checks import to_numpy
+
+__all__ = [
+    "ValidationCriterion",
+    "EquivalenceScore",
+    "wilson_interval",
+    "bootstrap_interval",
+    "equivalence_score",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationCriterion:
+    """Thresholds of the sufficient condition; ``None`` switches a criterion off."""
+
+    max_kl: float | None = 0.1
+    min_top1: float | None = 0.9
+    min_metric_ratio: float | None = None
+    min_similarity: float | None = None
+
+    def __post_init__(self) -> None:
+        if all(
+            v is None
+            for v in (self.max_kl, self.min_top1, self.min_metric_ratio, self.min_similarity)
+        ):
+            raise ValueError("a ValidationCriterion needs at least one threshold set.")
+        if self.max_kl is not None and self.max_kl < 0:
+            raise ValueError(f"max_kl must be non-negative (nats), got {self.max_kl}.")
+        if self.min_top1 is not None and not 0.0 <= self.min_top1 <= 1.0:
+            raise ValueError(f"min_top1 must lie in [0, 1], got {self.min_top1}.")
+
+    def passes(
+        self,
+        kl: object | None = None,
+        top1: object | None = None,
+        metric_ratio: object | None = None,
+        similarity: object | None = None,
+    ) -> np.ndarray:
+        """Per-pair pass/fail (bool array) from per-pair validation measurements."""
+        checks = (
+            ("kl", kl, self.max_kl, np.less_equal),
+            ("top1", top1, self.min_top1, np.greater_equal),
+            ("metric_ratio", metric_ratio, self.min_metric_ratio, np.greater_equal),
+            ("similarity", similarity, self.min_similarity, np.greater_equal),
+        )
+        out: np.ndarray | None = None
+        for name, values, threshold, op in checks:
+            if threshold is None:
+                continue
+            if values is None:
+                raise ValueError(
+                    f"the criterion sets a threshold on {name!r} but no {name} values were given."
+                )
+            v = to_numpy(values, name).astype(np.float64).ravel()
+            if np.isnan(v).any():
+                raise ValueError(f"{name} contains NaN; a failed patch run must be recomputed.")
+            if out is not None and v.shape != out.shape:
+                raise ValueError(f"{name} has {v.size} values, other measurements {out.size}.")
+            ok = op(v, threshold)
+            out = ok if out is None else out & ok
+        assert out is not None
+        return out
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (sensible at 0 and n successes)."""
+    if n < 1:
+        raise ValueError("a proportion needs at least one trial.")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, {n}], got {successes}.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def bootstrap_interval(
+    passed: np.ndarray, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the pass rate, resampling components."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be positive, got {n_boot}.")
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, passed.size, size=(n_boot, passed.size))
+    rates = passed[draws].mean(1)
+    lo, hi = np.quantile(rates, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(lo), float(hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class EquivalenceScore(Result):
+    """Share of matched components satisfying the sufficient condition, with its interval.
+
+    ``validation`` holds one record per matched pair: ``pair``, ``passed`` and the
+    measurements that were given (``kl`` in nats, ``top1``, ``metric_ratio``, ``similarity``).
+    """
+
+    score: float
+    score_ci: list
+    n_matched: int
+    n_passed: int
+    ci_method: str
+    confidence: float
+    criterion: dict
+    validation: list
+
+
+def equivalence_score(
+    pairs: list,
+    criterion: ValidationCriterion | None = None,
+    *,
+    kl: object | None = None,
+    top1: object | None = None,
+    metric_ratio: object | None = None,
+    similarity: object | None = None,
+    ci: str = "wilson",
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> EquivalenceScore:
+    """Equivalence score of a matching from per-pair validation measurements.
+
+    Parameters
+    ----------
+    pairs : list
+        The matched pairs (``MatchingResult.pairs``), in the order of the measurements.
+    criterion : ValidationCriterion, optional
+        Thresholds; defaults to ``max_kl=0.1`` nats and ``min_top1=0.9``.
+    kl, top1, metric_ratio, similarity : array_like, optional
+        One value per pair; those the criterion uses are required.
+    ci : {"wilson", "bootstrap"}
+        Interval for the pass rate over components.
+    """
+    crit = criterion or ValidationCriterion()
+    if not pairs:
+        raise ValueError("no matched pairs to score.")
+    passed = crit.passes(kl=kl, top1=top1, metric_ratio=metric_ratio, similarity=similarity)
+    if passed.size != len(pairs):
+        raise ValueError(f"{passed.size} validation outcomes for {len(pairs)} matched pairs.")
+    k, n = int(passed.sum()), int(passed.size)
+    if ci == "wilson":
+        interval = wilson_interval(k, n, confidence)
+    elif ci == "bootstrap":
+        interval = bootstrap_interval(passed, confidence, n_boot, seed)
+    else:
+        raise ValueError(f"ci must be 'wilson' or 'bootstrap', got {ci!r}.")
+    given = {
+        name: to_numpy(v, name).astype(np.float64).ravel()
+        for name, v in (
+            ("kl", kl),
+            ("top1", top1),
+            ("metric_ratio", metric_ratio),
+            ("similarity", similarity),
+        )
+        if v is not None
+    }
+    for name, v in given.items():
+        if v.size != n:
+            raise ValueError(f"{name} has {v.size} values for {n} matched pairs.")
+    records = []
+    for i, pair in enumerate(pairs):
+        rec = {"pair": pair, "passed": bool(passed[i])}
+        rec.update({name: float(v[i]) for name, v in given.items()})
+        records.append(rec)
+    return EquivalenceScore(
+        score=k / n,
+        score_ci=list(interval),
+        n_matched=n,
+        n_passed=k,
+        ci_method=ci,
+        confidence=confidence,
+        criterion=dataclasses.asdict(crit),
+        validation=records,
+    )
