@@ -26,8 +26,10 @@ from dataclasses import dataclass
 LAYER_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
 MODEL_KINDS = ("embed", "pos_embed", "ln_final", "logits")
 
-_BLOCK_RE = re.compile(r"^blocks\.(-?\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
-                       r"hook_attn_out|hook_mlp_out|attn\.hook_z)$")
+_BLOCK_RE = re.compile(
+    r"^blocks\.(-?\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
+    r"hook_attn_out|hook_mlp_out|attn\.hook_z)$"
+)
 _MODEL_NAMES = {
     "hook_embed": "embed",
     "hook_pos_embed": "pos_embed",

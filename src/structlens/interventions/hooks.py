@@ -57,8 +57,13 @@ def _replace_input(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tupl
 class _Session:
     """Registers the hooks of one :func:`hooked` context and holds the per-forward state."""
 
-    def __init__(self, model: Model, reads: Mapping[str, Reader | None],
-                 writes: Mapping[str, Writer], grad: bool) -> None:
+    def __init__(
+        self,
+        model: Model,
+        reads: Mapping[str, Reader | None],
+        writes: Mapping[str, Writer],
+        grad: bool,
+    ) -> None:
         self.model = model
         self.fam = model.family
         self.grad = grad
@@ -76,7 +81,8 @@ class _Session:
 
     def _pre(self, module: torch.nn.Module, fn: Callable[[tuple, dict], Any]) -> None:
         self.handles.append(
-            module.register_forward_pre_hook(lambda m, a, kw: fn(a, kw), with_kwargs=True))
+            module.register_forward_pre_hook(lambda m, a, kw: fn(a, kw), with_kwargs=True)
+        )
 
     def _out_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
         self._fwd(module, lambda out: _replace_first(out, f(_first(out))))
@@ -95,6 +101,7 @@ class _Session:
         def f(t: torch.Tensor) -> torch.Tensor:
             self.stash[key] = t
             return t
+
         return f
 
     # -- the hooks ------------------------------------------------------------------------
@@ -132,8 +139,10 @@ class _Session:
         elif site.kind == "attn_out":
             if fam.post_ln:
                 pre = ("pre", L)
-                self._out_map(m.layer_module(L, fam.mid_writer),
-                              lambda mid: self.stash[pre] + fn(mid - self.stash[pre]))
+                self._out_map(
+                    m.layer_module(L, fam.mid_writer),
+                    lambda mid: self.stash[pre] + fn(mid - self.stash[pre]),
+                )
             else:
                 self._out_map(self._attn_module(L), fn)
         elif site.kind == "resid_mid":
@@ -141,13 +150,15 @@ class _Session:
                 self._out_map(m.layer_module(L, fam.mid_writer), fn)
             else:
                 pre = ("pre", L)
-                self._out_map(self._attn_module(L),
-                              lambda a: fn(self.stash[pre] + a) - self.stash[pre])
+                self._out_map(
+                    self._attn_module(L), lambda a: fn(self.stash[pre] + a) - self.stash[pre]
+                )
         elif site.kind == "mlp_out":
             if fam.post_ln:
                 mid = ("mid", L)
-                self._out_map(m.layer_module(L),
-                              lambda post: self.stash[mid] + fn(post - self.stash[mid]))
+                self._out_map(
+                    m.layer_module(L), lambda post: self.stash[mid] + fn(post - self.stash[mid])
+                )
             else:
                 self._out_map(m.layer_module(L, fam.mlp_write), fn)
         elif site.kind in ("embed", "pos_embed"):
@@ -167,6 +178,7 @@ class _Session:
             def g(t: torch.Tensor) -> torch.Tensor:
                 f(t)
                 return t
+
             return g
 
         def derived(module: torch.nn.Module, base_key: tuple[str, int], sign: int):
@@ -179,6 +191,7 @@ class _Session:
                 if not self.grad:
                     return out
                 return value - base if sign > 0 else base + value
+
             self._out_map(module, g)
 
         if site.kind == "resid_pre":
@@ -186,7 +199,9 @@ class _Session:
         elif site.kind == "resid_post":
             self._out_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
         elif site.kind == "z":
-            self._in_map(m.layer_module(L, fam.z_reader), passthrough(lambda t: rec(site, self._z(t))))
+            self._in_map(
+                m.layer_module(L, fam.z_reader), passthrough(lambda t: rec(site, self._z(t)))
+            )
         elif site.kind == "attn_out":
             if fam.post_ln:
                 derived(m.layer_module(L, fam.mid_writer), ("pre", L), -1)
@@ -194,7 +209,9 @@ class _Session:
                 self._out_map(self._attn_module(L), passthrough(lambda t: rec(site, t)))
         elif site.kind == "resid_mid":
             if fam.post_ln:
-                self._out_map(m.layer_module(L, fam.mid_writer), passthrough(lambda t: rec(site, t)))
+                self._out_map(
+                    m.layer_module(L, fam.mid_writer), passthrough(lambda t: rec(site, t))
+                )
             elif m.parallel:
                 derived(self._attn_module(L), ("pre", L), +1)
             else:
@@ -205,7 +222,9 @@ class _Session:
             else:
                 self._out_map(m.layer_module(L, fam.mlp_write), passthrough(lambda t: rec(site, t)))
         elif site.kind in ("embed", "pos_embed"):
-            self._out_map(m.base_module(getattr(fam, site.kind)), passthrough(lambda t: rec(site, t)))
+            self._out_map(
+                m.base_module(getattr(fam, site.kind)), passthrough(lambda t: rec(site, t))
+            )
         elif site.kind == "ln_final":
             self._out_map(m.base_module(fam.final_norm), passthrough(lambda t: rec(site, t)))
         elif site.kind == "logits":

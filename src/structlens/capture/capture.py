@@ -1,0 +1,336 @@
+"""Streaming capture of activations at any set of sites over prompts.
+
+:func:`iter_activations` yields activations batch by batch (memory: one batch);
+:func:`collect` gathers them in memory for small jobs; :func:`capture` writes them into an
+:class:`~structlens.capture.store.ActivationStore` shard by shard through an executor, with
+resume and caching.
+
+Positions
+---------
+``"all"`` every real (non-padding) token; ``"last"`` the last token of each prompt;
+``"skip-first"`` every token but the first (which often carries a BOS/attention-sink outlier);
+a comma-separated list of names (``"IO,S2,END"``) looked up in ``named_positions``; or an
+explicit list of position lists, one per prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import structlens
+from structlens.capture.store import (
+    STORE_FORMAT,
+    ActivationStore,
+    content_key,
+    plan_shards,
+    write_metadata,
+    write_shard,
+)
+from structlens.execution import Executor, get_executor
+from structlens.interventions.hooks import hooked
+from structlens.models.loading import Model, load_model, resolve_dtype
+
+PositionSpec = str | Sequence[Sequence[int]]
+
+
+def as_token_lists(prompts: Sequence[Any]) -> tuple[list[str], list[list[int]]]:
+    """Prompt ids and token id lists from Prompt-like objects, ``(id, ids)`` pairs or lists."""
+    ids, toks = [], []
+    for i, p in enumerate(prompts):
+        if hasattr(p, "token_ids"):
+            pid, t = str(getattr(p, "id", i)), list(p.token_ids)
+        elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
+            pid, t = p[0], list(p[1])
+        else:
+            pid, t = str(i), list(p)
+        if not t:
+            raise ValueError(f"prompt {pid!r} has no tokens")
+        ids.append(pid)
+        toks.append([int(x) for x in t])
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique (they are used to split data by prompt)")
+    return ids, toks
+
+
+def select_positions(
+    lengths: Sequence[int],
+    positions: PositionSpec,
+    named_positions: Mapping[str, Sequence[int]] | None = None,
+) -> list[list[int]]:
+    """Per-prompt lists of token positions to capture (see the module docstring)."""
+    if isinstance(positions, str):
+        if positions == "all":
+            return [list(range(n)) for n in lengths]
+        if positions == "last":
+            return [[n - 1] for n in lengths]
+        if positions == "skip-first":
+            return [list(range(1, n)) for n in lengths]
+        names = [s.strip() for s in positions.split(",") if s.strip()]
+        named_positions = named_positions or {}
+        missing = [n for n in names if n not in named_positions]
+        if missing:
+            raise ValueError(
+                f"positions {positions!r}: unknown name(s) {missing}; use 'all', 'last', "
+                f"'skip-first' or names among {sorted(named_positions) or '(none given)'}"
+            )
+        sel = [[int(named_positions[n][i]) for n in names] for i in range(len(lengths))]
+    else:
+        sel = [[int(p) for p in row] for row in positions]
+        if len(sel) != len(lengths):
+            raise ValueError(f"{len(sel)} position lists for {len(lengths)} prompts")
+    for i, (row, n) in enumerate(zip(sel, lengths)):
+        bad = [p for p in row if not 0 <= p < n]
+        if bad:
+            raise ValueError(f"prompt {i}: positions {bad} outside its {n} tokens")
+    return sel
+
+
+def _pad(
+    token_lists: Sequence[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for i, t in enumerate(token_lists):
+        ids[i, : len(t)] = torch.tensor(t)
+        mask[i, : len(t)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def iter_activations(
+    model: Model,
+    token_lists: Sequence[list[int]],
+    sites: Sequence[str],
+    *,
+    selections: Sequence[list[int]] | None = None,
+    dtype: str | torch.dtype = "float32",
+    batch_size: int = 8,
+    offset: int = 0,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield, per batch of prompts, the selected tokens' activations on the CPU.
+
+    Each dict maps site -> ``[n_selected, *site_shape]`` and has ``prompt_index`` (``offset``
+    plus the prompt's index in ``token_lists``), ``position`` and ``token_id``.
+    """
+    for s in sites:
+        model.site(s)
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    out_dtype = resolve_dtype(dtype)
+    selections = selections or [list(range(len(t))) for t in token_lists]
+    pad_id = int(model.tokenizer.pad_token_id)
+    for start in range(0, len(token_lists), batch_size):
+        chunk = token_lists[start : start + batch_size]
+        sel = selections[start : start + batch_size]
+        ids, mask = _pad(chunk, pad_id, model.device)
+        width = ids.shape[1]
+        rows = torch.tensor([i for i, r in enumerate(sel) for _ in r], dtype=torch.long)
+        cols = torch.tensor([p for r in sel for p in r], dtype=torch.long)
+        flat = (rows * width + cols).to(model.device)
+
+        def reader(t: torch.Tensor, flat: torch.Tensor = flat) -> torch.Tensor:
+            return t.reshape(-1, *t.shape[2:]).index_select(0, flat).to("cpu", out_dtype)
+
+        with torch.inference_mode(), hooked(model, {s: reader for s in sites}) as cache:
+            model.forward(ids, mask)
+        batch = dict(cache)
+        batch["prompt_index"] = rows + start + offset
+        batch["position"] = cols
+        batch["token_id"] = ids.cpu()[rows, cols]
+        yield batch
+
+
+def collect(
+    model: Model,
+    prompts: Sequence[Any],
+    sites: Sequence[str],
+    *,
+    positions: PositionSpec = "all",
+    named_positions: Mapping[str, Sequence[int]] | None = None,
+    dtype: str | torch.dtype = "float32",
+    batch_size: int = 8,
+) -> dict[str, torch.Tensor]:
+    """Activations of a small job in memory: site -> ``[n_tokens, *shape]`` plus indices."""
+    _, toks = as_token_lists(prompts)
+    sel = select_positions([len(t) for t in toks], positions, named_positions)
+    parts = list(
+        iter_activations(model, toks, sites, selections=sel, dtype=dtype, batch_size=batch_size)
+    )
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+@dataclass
+class ModelRef:
+    """How to get a model in a worker: the live object in this process, a reload elsewhere."""
+
+    name: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    live: Model | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, model: Model, seed: int = 0) -> ModelRef:
+        return cls(
+            model.name, str(model.device), str(model.dtype).removeprefix("torch."), seed, model
+        )
+
+    def get(self) -> Model:
+        if self.live is None:
+            self.live = load_model(self.name, device=self.device, dtype=self.dtype, seed=self.seed)
+        return self.live
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "live": None}
+
+
+@dataclass
+class _ShardJob:
+    """Everything one shard needs; picklable so an executor can run it anywhere."""
+
+    model: ModelRef
+    store: str
+    token_lists: list[list[int]]
+    selections: list[list[int]]
+    sites: list[str]
+    dtype: str
+    batch_size: int
+    plan: list[tuple[int, int, int]]
+
+    def __call__(self, index: int) -> int:
+        start, stop, _ = self.plan[index]
+        model = self.model.get()
+        parts = list(
+            iter_activations(
+                model,
+                self.token_lists[start:stop],
+                self.sites,
+                selections=self.selections[start:stop],
+                dtype=self.dtype,
+                batch_size=self.batch_size,
+                offset=start,
+            )
+        )
+        tensors = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
+        return int(tensors["prompt_index"].numel())
+
+
+def capture(
+    model: Model,
+    prompts: Sequence[Any],
+    sites: Sequence[str],
+    *,
+    root: str | Path = "activations",
+    positions: PositionSpec = "all",
+    named_positions: Mapping[str, Sequence[int]] | None = None,
+    dtype: str = "float32",
+    batch_size: int = 8,
+    shard_mb: float = 256.0,
+    data_name: str = "",
+    executor: str | Executor | None = None,
+    progress: bool = True,
+) -> ActivationStore:
+    """Capture ``sites`` over ``prompts`` into an activation store under ``root``.
+
+    The store's directory name is a content hash of the model (weights and config), the sites,
+    the token data, the positions, the dtype and the shard plan: running the same capture again
+    returns the finished store at once, and an interrupted capture resumes, writing only the
+    shards that are missing.  Memory use is bounded by one shard (``shard_mb``) whatever the
+    number of tokens.
+
+    Parameters
+    ----------
+    prompts
+        Prompt-like objects (``.id`` and ``.token_ids``, e.g. from
+        :func:`structlens.data.corpus.chunk_documents`), ``(id, token_ids)`` pairs, or lists of
+        token ids (ids become their indices).
+    sites
+        Site names (``blocks.3.hook_resid_pre``, ...).
+    positions, named_positions
+        Which tokens to keep (see the module docstring).
+    data_name
+        A label for the data, recorded in the metadata (not part of the hash: the tokens are).
+    """
+    sites = list(dict.fromkeys(sites))
+    if not sites:
+        raise ValueError("name at least one site to capture")
+    for s in sites:
+        model.site(s)
+    prompt_ids, toks = as_token_lists(prompts)
+    if not toks:
+        raise ValueError("no prompts to capture")
+    sel = select_positions([len(t) for t in toks], positions, named_positions)
+    shapes = {s: list(model.site_shape(s)) for s in sites}
+    elem = torch.tensor([], dtype=resolve_dtype(dtype)).element_size()
+    bytes_per_token = elem * sum(int(torch.tensor(v).prod()) for v in shapes.values())
+    plan = plan_shards([len(r) for r in sel], bytes_per_token, int(shard_mb * 2**20))
+    import hashlib
+
+    data_hash = hashlib.sha256(repr((prompt_ids, toks, sel)).encode()).hexdigest()[:20]
+    model_info = {
+        "name": model.name,
+        "source": model.source,
+        "family": model.family.name,
+        "fingerprint": model.fingerprint(),
+        "n_layers": model.n_layers,
+        "d_model": model.d_model,
+    }
+    key = content_key(
+        {
+            "model": model_info["fingerprint"],
+            "sites": sites,
+            "data": data_hash,
+            "dtype": dtype,
+            "plan": plan,
+            "store_format": STORE_FORMAT,
+        }
+    )
+    path = Path(root) / key
+    metadata = {
+        "store_format": STORE_FORMAT,
+        "code_version": structlens.__version__,
+        "key": key,
+        "model": model_info,
+        "sites": shapes,
+        "data": {"name": data_name, "fingerprint": data_hash, "n_prompts": len(toks)},
+        "positions": positions if isinstance(positions, str) else "explicit",
+        "dtype": dtype,
+        "n_tokens": sum(len(r) for r in sel),
+        "prompt_ids": prompt_ids,
+        "shards": [
+            {
+                "file": f"shard-{i:05d}.safetensors",
+                "prompt_start": a,
+                "prompt_stop": b,
+                "n_tokens": n,
+            }
+            for i, (a, b, n) in enumerate(plan)
+        ],
+        "complete": False,
+    }
+    if (path / "metadata.json").exists():
+        store = ActivationStore(path)
+        if store.complete:
+            return store
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        write_metadata(path, metadata)
+    store = ActivationStore(path)
+    todo = store.missing_shards()
+    job = _ShardJob(ModelRef.of(model), str(path), toks, sel, sites, dtype, batch_size, plan)
+    for _ in get_executor(executor).map(
+        job, todo, desc=f"capture {len(sites)} sites", progress=progress
+    ):
+        pass
+    missing = store.missing_shards()
+    if missing:
+        raise RuntimeError(f"capture into {path} left shards {missing} unwritten")
+    metadata["complete"] = True
+    write_metadata(path, metadata)
+    return ActivationStore(path)
