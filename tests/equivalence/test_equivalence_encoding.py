@@ -1,0 +1,80 @@
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import ortho_group
+from sklearn.linear_model import Ridge
+from sklearn.metrics import r2_score
+
+from structlens.equivalence import (
+    EncodingConfig,
+    LinearMap,
+    encoding_r2,
+    encoding_score,
+    encoding_scores,
+    fit_linear_map,
+)
+
+
+def test_score_is_one_for_exact_linear_map_and_near_zero_for_independent(rng):
+    x = rng.normal(size=(300, 10)) * 5.0
+    y = x @ rng.normal(size=(10, 4)) + 2.0
+    assert encoding_score(x, y) > 0.999
+    z = rng.normal(size=(300, 4))
+    assert encoding_score(x, z) < 0.25
+    assert encoding_r2(x, z)[0] < 0.05
+
+
+def test_directional_scores(rng):
+    x = rng.normal(size=(400, 6))
+    y = x[:, :2]  # y is a function of x, not the reverse
+    s = encoding_scores(x, y)
+    assert s.score_xy > 0.999
+    assert s.score_yx < 0.8
+    assert s.symmetric == pytest.approx((s.score_xy + s.score_yx) / 2)
+
+
+def test_matches_sklearn_ridge_on_the_same_split_and_folds(rng):
+    n, cfg = 120, EncodingConfig(alphas=(0.01, 1.0, 100.0), n_folds=4, seed=3)
+    x = rng.normal(size=(n, 30))
+    y = x[:, :3] @ rng.normal(size=(3, 5)) + 1.5 * rng.normal(size=(n, 5))
+    r2, alpha = encoding_r2(x, y, cfg)
+    perm = np.random.default_rng(3).permutation(n)
+    n_test = math.ceil(0.1 * n)
+    test, train = perm[:n_test], perm[n_test:]
+    folds = np.array_split(np.arange(train.size), 4)
+    errs = []
+    for a in cfg.alphas:
+        e = 0.0
+        for val in folds:
+            tr = np.setdiff1d(np.arange(train.size), val)
+            m = Ridge(alpha=a).fit(x[train][tr], y[train][tr])
+            e += np.sum((m.predict(x[train][val]) - y[train][val]) ** 2)
+        errs.append(e)
+    assert alpha == cfg.alphas[int(np.argmin(errs))]
+    m = Ridge(alpha=alpha).fit(x[train], y[train])
+    assert r2 == pytest.approx(r2_score(y[test], m.predict(x[test])), abs=1e-10)
+
+
+def test_deterministic_under_seed(rng):
+    x, y = rng.normal(size=(100, 5)), rng.normal(size=(100, 3))
+    y = y + x[:, :3]
+    assert encoding_score(x, y) == encoding_score(x, y)
+    assert encoding_score(x, y) != encoding_score(x, y, EncodingConfig(seed=1))
+
+
+def test_linear_maps_recover_exact_relations(rng, tmp_path):
+    x = rng.normal(size=(200, 6))
+    w = rng.normal(size=(6, 9))
+    m = fit_linear_map(x, x @ w + 1.0, alpha=1e-8)
+    np.testing.assert_allclose(m.weight, w, atol=1e-6)
+    np.testing.assert_allclose(m.apply(x[:3]), x[:3] @ w + 1.0, atol=1e-6)
+    q = ortho_group.rvs(6, random_state=5)
+    p = fit_linear_map(x, 0.5 * x @ q - 2.0, method="procrustes")
+    np.testing.assert_allclose(p.weight, 0.5 * q, atol=1e-10)
+    wide = q[:4]  # orthonormal rows: an isometric embedding of 4 dims into 6
+    e = fit_linear_map(x[:, :4], 3.0 * x[:, :4] @ wide, method="procrustes")
+    np.testing.assert_allclose(e.weight, 3.0 * wide, atol=1e-10)
+    assert p.r2_train == pytest.approx(1.0)
+    back = LinearMap.load(p.save(tmp_path / "map"))
+    np.testing.assert_allclose(back.weight, p.weight)
