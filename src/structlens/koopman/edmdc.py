@@ -74,21 +74,37 @@ class EDMDcStatistics:
     """Mergeable sufficient statistics of one (X, U, Y) stream under one dictionary.
 
     ``zy`` holds moments of ``Z = [Ψ(x), u]`` against ``Ψ(y)``; ``state`` holds moments of ``x``
-    against ``Ψ(x)`` (for the least-squares read-out and the state covariance); ``tails``
-    holds per-feature 4th moments of ``Ψ(x)`` for the heavy-tail diagnostic.
+    against ``Ψ(x)`` (for the least-squares read-out and the state covariance) and is ``None``
+    when Ψ contains the state at columns ``state_start:state_start + state_dim`` (then those
+    moments are a block of ``zy``); ``tails`` holds per-feature 4th moments of ``Ψ(x)`` for
+    the heavy-tail diagnostic.
     """
 
     n_features: int
     n_controls: int
     state_dim: int
+    state_start: int | None = None
     zy: CrossMomentAccumulator = field(init=False)
-    state: CrossMomentAccumulator = field(init=False)
+    state: CrossMomentAccumulator | None = field(init=False)
     tails: ColumnMomentAccumulator = field(init=False)
 
     def __post_init__(self) -> None:
         self.zy = CrossMomentAccumulator(self.n_features + self.n_controls, self.n_features)
-        self.state = CrossMomentAccumulator(self.state_dim, self.n_features)
+        self.state = (
+            CrossMomentAccumulator(self.state_dim, self.n_features)
+            if self.state_start is None
+            else None
+        )
         self.tails = ColumnMomentAccumulator(self.n_features)
+
+    def state_moments(self, center: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Covariance (or raw second moment) and mean of the state ``x``."""
+        if self.state is None:
+            cov, _, mean, _ = _moments(self.zy, center)
+            sl = slice(self.state_start, self.state_start + self.state_dim)
+            return cov[sl, sl], mean[sl]
+        cov, _, mean, _ = _moments(self.state, center)
+        return cov, mean
 
     @property
     def n(self) -> int:
@@ -97,24 +113,27 @@ class EDMDcStatistics:
     def update_lifted(self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray):
         """Add a block of already lifted rows."""
         self.zy.update(np.concatenate([psi_x, u], axis=1), psi_y)
-        self.state.update(x, psi_x)
+        if self.state is not None:
+            self.state.update(x, psi_x)
         self.tails.update(psi_x)
 
     def merge(self, other: EDMDcStatistics) -> EDMDcStatistics:
         """Fold ``other`` into ``self`` in place and return ``self``."""
-        if (other.n_features, other.n_controls, other.state_dim) != (
+        if (other.n_features, other.n_controls, other.state_dim, other.state_start) != (
             self.n_features,
             self.n_controls,
             self.state_dim,
+            self.state_start,
         ):
             raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
         self.zy.merge(other.zy)
-        self.state.merge(other.state)
+        if self.state is not None:
+            self.state.merge(other.state)
         self.tails.merge(other.tails)
         return self
 
     def copy(self) -> EDMDcStatistics:
-        out = EDMDcStatistics(self.n_features, self.n_controls, self.state_dim)
+        out = EDMDcStatistics(self.n_features, self.n_controls, self.state_dim, self.state_start)
         out.merge(self)
         return out
 
@@ -174,7 +193,11 @@ def accumulate(
         x, u, y = _check_triplet(*item[:3])
         if blocks is None:
             n_feat = dictionary.n_features
-            blocks = [EDMDcStatistics(n_feat, u.shape[1], x.shape[1]) for _ in range(n_blocks)]
+            sl = dictionary.state_slice
+            start = None if sl is None else sl.start
+            blocks = [
+                EDMDcStatistics(n_feat, u.shape[1], x.shape[1], start) for _ in range(n_blocks)
+            ]
         psi_x, psi_y = dictionary.transform(x), dictionary.transform(y)
         if n_blocks == 1:
             blocks[0].update_lifted(x, psi_x, u, psi_y)
@@ -325,7 +348,9 @@ def _readout(
         C = np.zeros((d, N))
         C[np.arange(d), np.arange(sl.start, sl.start + d)] = 1.0
         return C, "selector"
-    cxx, cxpsi, _, _ = _moments(stats.state, config.center)
+    if stats.state is None:
+        raise ValueError("these statistics carry no state moments; pass the dictionary.")
+    _, cxpsi, _, _ = _moments(stats.state, config.center)
     cpsi = _moments(stats.zy, config.center)[0][:N, :N]
     g = _ridge(cpsi, max(config.alpha, 1e-12))
     return scipy.linalg.solve(g, cxpsi.T, assume_a="pos").T, "least_squares"
@@ -351,7 +376,7 @@ def solve(
     A, B = K[:, :N], K[:, N:]
     C, readout = _readout(stats, config, dictionary)
     czz, _, mz, my = _moments(stats.zy, config.center)
-    cxx, _, mx, _ = _moments(stats.state, config.center)
+    cxx, mx = stats.state_moments(config.center)
     return EDMDcResult(
         A=A,
         B=B,
