@@ -147,3 +147,13 @@ def test_rbf_cka_invariances_and_minibatch(rng):
     assert rbf_cka(x, x) == pytest.approx(1.0, abs=1e-12)
     one = MinibatchCKA(kernel="rbf", bandwidth=0.8).update(x, y).value()
     assert one == pytest.approx(kernel_cka(gram_rbf(x, 0.8), gram_rbf(y, 0.8), True), abs=1e-12)
+
+
+def test_large_chunks_and_float32_products_agree_with_small_chunk_float64(rng):
+    x, y = _pair(rng, n=700, d=400, e=390, noise=20.0)
+    x = x + 100.0
+    ref = linear_cka(x, y, chunk_rows=64)  # numpy products
+    assert linear_cka(x, y) == pytest.approx(ref, abs=1e-12)  # torch products
+    assert linear_cka(x, y, precision="float32") == pytest.approx(ref, abs=1e-5)
+    with pytest.raises(ValueError, match="precision"):
+        linear_cka(x, y, precision="float16")

@@ -6,6 +6,7 @@ Conventions
 * All functions return **similarities in [0, 1]**; anatome's distances are ``1 - s``
   (SVCCA, PWCCA) and the squared Procrustes distance between unit-norm centred
   representations is ``2 - 2 s``.
+* ``chunk_rows`` and ``precision`` are passed to :class:`CrossMoments`.
 * Everything is computed from the centred scatter matrices ``C_xx``, ``C_yy``, ``C_xy`` of a
   :class:`~structlens.equivalence.moments.CrossMoments` accumulator (float64, streamed), so
   ``n`` only costs one pass over the data and memory is ``O(d^2)`` beyond the input.
@@ -35,9 +36,10 @@ __all__ = [
 RANK_RTOL = 1e-10
 
 
-def _moments(x: object, y: object, chunk_rows: int) -> CrossMoments:
+def _moments(x: object, y: object, chunk_rows: int, precision: str) -> CrossMoments:
     a, b = check_pair(x, y, min_rows=2)
-    return CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows).update(a, b)
+    m = CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision)
+    return m.update(a, b)
 
 
 def _principal(cov: np.ndarray, keep: float | int | None, keep_by: str) -> tuple[np.ndarray, ...]:
@@ -89,13 +91,15 @@ def cca_correlations_from_moments(m: CrossMoments) -> np.ndarray:
     return _cca(m, None, None, "variance")[0]
 
 
-def cca_correlations(x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> np.ndarray:
+def cca_correlations(
+    x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS, precision: str = "float64"
+) -> np.ndarray:
     """Canonical correlations between ``x`` ``[n, d_x]`` and ``y`` ``[n, d_y]``, descending.
 
     Numerically null directions (eigenvalue below ``1e-10`` of the largest) are dropped, so
     ``min(rank_x, rank_y)`` correlations are returned. With ``n <= d`` they are all 1.
     """
-    return cca_correlations_from_moments(_moments(x, y, chunk_rows))
+    return cca_correlations_from_moments(_moments(x, y, chunk_rows, precision))
 
 
 def svcca_from_moments(
@@ -112,6 +116,7 @@ def svcca(
     keep: float | int = 0.99,
     keep_by: str = "variance",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    precision: str = "float64",
 ) -> float:
     """SVCCA (Raghu et al. 2017): mean canonical correlation after an SVD reduction.
 
@@ -131,7 +136,7 @@ def svcca(
     float
         Mean of the ``min(k_x, k_y)`` canonical correlations: a similarity in ``[0, 1]``.
     """
-    return svcca_from_moments(_moments(x, y, chunk_rows), keep, keep_by)
+    return svcca_from_moments(_moments(x, y, chunk_rows, precision), keep, keep_by)
 
 
 def pwcca_from_moments(m: CrossMoments) -> float:
@@ -147,7 +152,9 @@ def pwcca_from_moments(m: CrossMoments) -> float:
     return float(weights @ rho / weights.sum())
 
 
-def pwcca(x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> float:
+def pwcca(
+    x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS, precision: str = "float64"
+) -> float:
     """Projection-weighted CCA (Morcos et al. 2018): a similarity in ``[0, 1]``.
 
     Canonical correlations ``rho_i`` weighted by ``alpha_i = sum_j |<h_i, x_j>|``, where
@@ -156,7 +163,7 @@ def pwcca(x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> float:
     centring here keeps the measure invariant to translation. The canonical variates of one
     side are orthonormal, so no re-orthonormalisation is needed.
     """
-    return pwcca_from_moments(_moments(x, y, chunk_rows))
+    return pwcca_from_moments(_moments(x, y, chunk_rows, precision))
 
 
 def procrustes_from_moments(m: CrossMoments) -> float:
@@ -168,11 +175,13 @@ def procrustes_from_moments(m: CrossMoments) -> float:
     return float(np.linalg.svd(m.cov_xy, compute_uv=False).sum() / denom)
 
 
-def procrustes_similarity(x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> float:
+def procrustes_similarity(
+    x: object, y: object, chunk_rows: int = DEFAULT_CHUNK_ROWS, precision: str = "float64"
+) -> float:
     """Orthogonal Procrustes similarity ``||X^T Y||_* / (||X||_F ||Y||_F)`` of centred data.
 
     The maximum over orthogonal (semi-orthogonal when widths differ) ``Q`` of
     ``<X, Y Q>``: a similarity in ``[0, 1]``. The squared Procrustes distance between the
     centred, unit-Frobenius-norm representations is ``2 - 2 s`` (anatome reports ``1 - s``).
     """
-    return procrustes_from_moments(_moments(x, y, chunk_rows))
+    return procrustes_from_moments(_moments(x, y, chunk_rows, precision))

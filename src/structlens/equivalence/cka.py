@@ -56,7 +56,11 @@ def cka_from_moments(moments: CrossMoments, debiased: bool = False) -> np.ndarra
 
 
 def linear_cka(
-    x: object, y: object, debiased: bool = False, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    x: object,
+    y: object,
+    debiased: bool = False,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    precision: str = "float64",
 ) -> float:
     """Linear CKA between representations ``x`` ``[n, d_x]`` and ``y`` ``[n, d_y]``.
 
@@ -70,6 +74,9 @@ def linear_cka(
         (Murphy et al. 2024). Needs ``n >= 4``.
     chunk_rows : int
         Rows converted to float64 at a time.
+    precision : {"float64", "float32"}
+        Precision of the per-chunk products (see :class:`CrossMoments`); centring and
+        accumulation are float64 either way.
 
     Returns
     -------
@@ -82,8 +89,8 @@ def linear_cka(
     ``CKA = ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``. Cost ``O(n (d_x + d_y)^2)``.
     """
     a, b = check_pair(x, y, min_rows=4 if debiased else 2)
-    m = CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows).update(a, b)
-    t_xy, t_xx, t_yy = m.hsic_terms(debiased)
+    m = CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision)
+    t_xy, t_xx, t_yy = m.update(a, b).hsic_terms(debiased)
     return _ratio(float(t_xy[0, 0]), float(t_xx[0]), float(t_yy[0]))
 
 

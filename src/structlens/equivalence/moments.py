@@ -17,10 +17,33 @@ accumulator.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ._checks import check_finite, to_numpy
 
 DEFAULT_CHUNK_ROWS = 8192
+PRECISIONS = ("float64", "float32")
+_TORCH_MIN_SIZE = 1 << 18
+
+
+def _at_b(a: np.ndarray, b: np.ndarray | None, precision: str) -> np.ndarray:
+    """``a^T b`` (``a^T a`` when ``b`` is None) of float64 arrays, returned in float64.
+
+    Large products go through torch's CPU matmul, markedly faster than numpy's bundled
+    OpenBLAS for these tall-skinny shapes; small ones stay in numpy, where torch's thread
+    start-up would dominate. ``precision="float32"`` multiplies the (already centred) chunk
+    in float32, halving the cost at ~1e-6 relative error per chunk.
+    """
+    if a.size < _TORCH_MIN_SIZE:
+        dt = np.float32 if precision == "float32" else np.float64
+        a_ = a.astype(dt, copy=False)
+        b_ = a_ if b is None else b.astype(dt, copy=False)
+        return (a_.T @ b_).astype(np.float64, copy=False)
+    ta = torch.from_numpy(a)
+    tb = ta if b is None else torch.from_numpy(b)
+    if precision == "float32":
+        ta, tb = ta.float(), (ta.float() if b is None else tb.float())
+    return (ta.T @ tb).double().numpy()
 
 
 class _Pair:
@@ -37,11 +60,13 @@ class _Pair:
         self.cross, self.pq, self.pb, self.qa = cross, pq, pb, qa
 
     @classmethod
-    def from_centred(cls, c: np.ndarray, e: np.ndarray, ga: int, gb: int, same: bool) -> _Pair:
+    def from_centred(
+        cls, c: np.ndarray, e: np.ndarray, ga: int, gb: int, same: bool, precision: str
+    ) -> _Pair:
         n = c.shape[0]
         p = np.einsum("ngk,ngk->ng", c.reshape(n, ga, -1), c.reshape(n, ga, -1))
         q = p if same else np.einsum("ngk,ngk->ng", e.reshape(n, gb, -1), e.reshape(n, gb, -1))
-        cross = c.T @ c if same else c.T @ e  # c.T @ c takes BLAS syrk: half the flops
+        cross = _at_b(c, None if same else e, precision)
         pb = p.T @ e
         qa = pb if same else q.T @ c
         return cls(cross, p.T @ q, pb, qa)
@@ -109,6 +134,11 @@ class CrossMoments:
     chunk_rows : int
         Rows processed at once inside :meth:`update`; bounds the float64 working memory to
         ``chunk_rows * (d_x + d_y)`` values whatever the batch size.
+    precision : {"float64", "float32"}
+        Precision of the per-chunk products. Centring, row norms and accumulation across chunks
+        are always float64; ``"float32"`` only rounds the products of centred chunks (relative
+        error about 1e-6, about twice as fast). Keep ``"float64"`` for debiased CKA on nearly
+        independent wide representations, where its terms cancel.
 
     Notes
     -----
@@ -136,6 +166,7 @@ class CrossMoments:
         groups_x: int = 1,
         groups_y: int = 1,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        precision: str = "float64",
     ) -> None:
         if d_x < 1 or d_y < 1:
             raise ValueError(f"feature widths must be positive, got d_x={d_x}, d_y={d_y}.")
@@ -144,6 +175,9 @@ class CrossMoments:
                 raise ValueError(f"{name}={g} must be a positive divisor of the width {d}.")
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be positive, got {chunk_rows}.")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
+        self.precision = precision
         self.d_x, self.d_y = d_x, d_y
         self.groups_x, self.groups_y = groups_x, groups_y
         self.chunk_rows = chunk_rows
@@ -185,9 +219,9 @@ class CrossMoments:
             x.shape[0],
             mx,
             my,
-            _Pair.from_centred(c, c, gx, gx, same=True),
-            _Pair.from_centred(e, e, gy, gy, same=True),
-            _Pair.from_centred(c, e, gx, gy, same=False),
+            _Pair.from_centred(c, c, gx, gx, same=True, precision=self.precision),
+            _Pair.from_centred(e, e, gy, gy, same=True, precision=self.precision),
+            _Pair.from_centred(c, e, gx, gy, same=False, precision=self.precision),
         )
 
     def merge(self, other: CrossMoments) -> CrossMoments:
