@@ -260,7 +260,7 @@ def chunk_documents(
     tokenizer: Any,
     *,
     max_tokens: int,
-    min_tokens: int = 8,
+    min_tokens: int | None = None,
     max_prompts: int | None = None,
     prepend_bos: bool = False,
 ) -> list[Prompt]:
@@ -280,8 +280,9 @@ def chunk_documents(
         must return a mapping with ``input_ids``).
     max_tokens : int
         Maximum prompt length in tokens (including the BOS token if any); at least 2.
-    min_tokens : int
-        Minimum prompt length in tokens (including BOS), between 1 and ``max_tokens``.
+    min_tokens : int or None
+        Minimum prompt length in tokens (including BOS), between 1 and ``max_tokens``;
+        None means ``min(8, max_tokens)``.
     max_prompts : int or None
         Stop after this many prompts (the first ones in document order).
     prepend_bos : bool
@@ -302,6 +303,8 @@ def chunk_documents(
     """
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}.")
+    if min_tokens is None:
+        min_tokens = min(8, max_tokens)
     if not 1 <= min_tokens <= max_tokens:
         raise ValueError(f"min_tokens must be in [1, max_tokens={max_tokens}], got {min_tokens}.")
     if max_prompts is not None and max_prompts < 1:
