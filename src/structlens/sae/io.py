@@ -1,0 +1,201 @@
+"""Save and load SAEs in SAELens's on-disk format (and Gemma Scope ``params.npz``).
+
+A directory holds ``sae_weights.safetensors`` with ``W_enc`` [d_in, d_sae], ``b_enc``
+[d_sae], ``W_dec`` [d_sae, d_in], ``b_dec`` [d_in] (plus ``threshold`` [d_sae] for JumpReLU)
+and ``cfg.json`` with SAELens ≥ 6 field names: ``architecture`` (``"standard"``, ``"topk"``,
+``"jumprelu"``), ``d_in``, ``d_sae``, ``dtype``, ``device``, ``apply_b_dec_to_input``,
+``normalize_activations``, ``reshape_activations``, ``k`` (TopK),
+``rescale_acts_by_decoder_norm`` (TopK) and ``metadata`` (``hook_name``, ``model_name``, …).
+Pre-6.0 configs (``hook_point``, ``activation_fn_str``) are read too.  BatchTopK SAEs are
+written as JumpReLU with a constant threshold, as SAELens does, which is the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.results import atomic_write_bytes, atomic_write_json
+from structlens.sae.models import (
+    BatchTopKSAE,
+    JumpReLUSAE,
+    ReLUSAE,
+    SparseAutoencoder,
+    TopKSAE,
+)
+
+WEIGHTS_FILENAME = "sae_weights.safetensors"
+CFG_FILENAME = "cfg.json"
+#: SAELens version whose format we write (checked against sae-lens 6.54.12).
+SAELENS_FORMAT_VERSION = "6.54.12"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def save_sae(
+    sae: SparseAutoencoder,
+    path: str | Path,
+    *,
+    hook_name: str | None = None,
+    model_name: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``sae`` to directory ``path`` in SAELens format; returns ``path``."""
+    from safetensors.torch import save as save_tensors
+
+    path = Path(path)
+    with torch.no_grad():
+        tensors = {
+            "W_enc": sae.W_enc.detach().contiguous().clone(),
+            "b_enc": sae.b_enc.detach().clone(),
+            "W_dec": sae.W_dec.detach().contiguous().clone(),
+            "b_dec": sae.b_dec.detach().clone(),
+        }
+        if isinstance(sae, (JumpReLUSAE, BatchTopKSAE)):
+            thr = sae.threshold.detach()
+            if torch.isnan(thr).any():
+                raise ValueError("the BatchTopK SAE has no threshold yet; train it before saving.")
+            tensors["threshold"] = thr.expand(sae.d_sae).contiguous().clone()
+    meta = dict(metadata or {})
+    if hook_name is not None:
+        meta["hook_name"] = hook_name
+    if model_name is not None:
+        meta["model_name"] = model_name
+    meta.setdefault("sae_lens_version", SAELENS_FORMAT_VERSION)
+    meta.setdefault("sae_lens_training_version", SAELENS_FORMAT_VERSION)
+    meta["structlens_architecture"] = type(sae).__name__
+    cfg: dict[str, Any] = {
+        "d_in": sae.d_in,
+        "d_sae": sae.d_sae,
+        "dtype": str(sae.W_dec.dtype).removeprefix("torch."),
+        "device": "cpu",
+        "apply_b_dec_to_input": sae.apply_b_dec_to_input,
+        "normalize_activations": "none",
+        "reshape_activations": "none",
+        "metadata": meta,
+        "architecture": sae.architecture,
+    }
+    if type(sae) is TopKSAE:
+        cfg["k"] = sae.k
+        cfg["rescale_acts_by_decoder_norm"] = False
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path / WEIGHTS_FILENAME, save_tensors(tensors))
+    atomic_write_json(path / CFG_FILENAME, cfg)
+    return path
+
+
+def _from_tensors(
+    arch: str, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], dtype: torch.dtype
+) -> SparseAutoencoder:
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        if name not in tensors:
+            raise ValueError(f"SAE weights lack {name!r}; found {sorted(tensors)}.")
+    d_in, d_sae = tensors["W_enc"].shape
+    if tensors["W_dec"].shape != (d_sae, d_in):
+        raise ValueError(
+            f"W_dec has shape {tuple(tensors['W_dec'].shape)}, expected {(d_sae, d_in)}."
+        )
+    for key, want in (("d_in", d_in), ("d_sae", d_sae)):
+        if key in cfg and int(cfg[key]) != want:
+            raise ValueError(f"cfg.json says {key} = {cfg[key]} but the weights have {want}.")
+    kw = {"apply_b_dec_to_input": bool(cfg.get("apply_b_dec_to_input", True)), "dtype": dtype}
+    sae: SparseAutoencoder
+    if arch == "standard":
+        sae = ReLUSAE(d_in, d_sae, **kw)
+    elif arch == "topk":
+        k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
+        if k is None:
+            raise ValueError("a TopK cfg.json needs 'k'.")
+        sae = TopKSAE(d_in, d_sae, int(k), **kw)
+    elif arch == "jumprelu":
+        if "threshold" not in tensors:
+            raise ValueError("a JumpReLU SAE needs a 'threshold' tensor.")
+        sae = JumpReLUSAE(d_in, d_sae, **kw)
+    else:
+        raise ValueError(
+            f"unsupported SAE architecture {arch!r}; supported: standard, topk, jumprelu."
+        )
+    if cfg.get("rescale_acts_by_decoder_norm"):
+        # SAELens folds decoder norms on save; an unfolded one we fold here, same function.
+        norms = tensors["W_dec"].norm(dim=1).clamp_min(1e-12)
+        tensors = dict(tensors)
+        tensors["W_dec"] = tensors["W_dec"] / norms[:, None]
+        tensors["W_enc"] = tensors["W_enc"] * norms
+        tensors["b_enc"] = tensors["b_enc"] * norms
+    with torch.no_grad():
+        sae.W_enc_t.copy_(tensors["W_enc"].t())
+        sae.b_enc.copy_(tensors["b_enc"])
+        sae.W_dec.copy_(tensors["W_dec"])
+        sae.b_dec.copy_(tensors["b_dec"])
+        if arch == "jumprelu":
+            thr = tensors["threshold"].to(torch.float64)
+            if (thr <= 0).any():
+                # log-parametrised thresholds cannot be ≤ 0; the smallest positive float keeps
+                # [pre > θ] identical for all pre-activations that can be represented.
+                thr = thr.clamp_min(torch.finfo(dtype).tiny)
+            sae.log_threshold.copy_(thr.log().to(dtype))
+    return sae
+
+
+def load_sae(path: str | Path, *, dtype: torch.dtype | None = None) -> SparseAutoencoder:
+    """Load an SAE from a SAELens directory or a Gemma Scope ``params.npz`` file/directory.
+
+    Gemma Scope SAEs are JumpReLU with ``apply_b_dec_to_input = False``.  Files are read with
+    safetensors or ``np.load(allow_pickle=False)``; nothing is unpickled.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    npz = path if path.suffix == ".npz" else path / "params.npz"
+    if npz.is_file():
+        with np.load(npz, allow_pickle=False) as data:
+            tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
+        dt = dtype or torch.float32
+        cfg = {"apply_b_dec_to_input": False}
+        return _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
+    if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
+        raise ValueError(
+            f"{path} is not an SAE directory: expected {WEIGHTS_FILENAME} and {CFG_FILENAME} "
+            "(SAELens format) or params.npz (Gemma Scope)."
+        )
+    cfg = json.loads((path / CFG_FILENAME).read_text())
+    arch = cfg.get("architecture")
+    if arch is None:  # pre-6.0 SAELens
+        fn = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
+        arch = "topk" if fn == "topk" else "standard"
+    if cfg.get("normalize_activations", "none") not in ("none", None):
+        raise ValueError(
+            f"normalize_activations = {cfg['normalize_activations']!r} is not supported; "
+            "fold the normalisation into the weights first."
+        )
+    dt = dtype or _DTYPES.get(str(cfg.get("dtype", "float32")).removeprefix("torch."))
+    if dt is None:
+        raise ValueError(f"unsupported dtype {cfg.get('dtype')!r} in cfg.json.")
+    tensors = {k: v.to(dt) for k, v in load_file(str(path / WEIGHTS_FILENAME)).items()}
+    if "log_threshold" in tensors and "threshold" not in tensors:
+        tensors["threshold"] = tensors.pop("log_threshold").exp()
+    sae = _from_tensors(arch, tensors, cfg, dt)
+    return sae
+
+
+def sae_metadata(path: str | Path) -> dict[str, Any]:
+    """``hook_name``, ``model_name`` and the rest of a SAELens ``cfg.json``'s metadata."""
+    cfg = json.loads((Path(path) / CFG_FILENAME).read_text())
+    meta = dict(cfg.get("metadata") or {})
+    for old, new in (
+        ("hook_point", "hook_name"),
+        ("hook_name", "hook_name"),
+        ("model_name", "model_name"),
+    ):
+        if old in cfg and new not in meta:
+            meta[new] = cfg[old]
+    return meta

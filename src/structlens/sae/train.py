@@ -1,0 +1,399 @@
+"""Streaming SAE training, matched-L0 control and one-pass width sweeps.
+
+Training reads any iterable of activation batches (``torch.Tensor`` ``[batch, d_in]``, rows =
+tokens): an ActivationStore iterator, a generator running the model on the fly, or a list.
+
+Learning-rate rule
+------------------
+Unless ``lr`` is set, ``lr = lr_base / sqrt(d_sae / 2**14)`` (the rule of Gao et al. 2024 used
+by sparsify and dictionary_learning): wider dictionaries take proportionally smaller steps,
+so ``lr_base`` tuned at 16k latents transfers across a width sweep.  Adam, β = (0.9, 0.999).
+
+Decoder norms
+-------------
+With ``decoder_norm="unit"`` (default) decoder rows are kept at unit norm: the radial part of
+their gradient is removed before each step and the rows are renormalised after it (the
+function the SAE computes is preserved by rescaling the encoder).  ``"free"`` leaves them
+unconstrained (the ReLU penalty is weighted by ``‖W_dec[i]‖`` either way).
+
+Dead features
+-------------
+A feature is *dead* once it has not fired for ``dead_tokens`` consecutive training tokens.
+TopK/BatchTopK SAEs feed dead features to the AuxK loss (coefficient ``aux_k_coefficient``).
+
+Matched L0
+----------
+For TopK/BatchTopK the L0 is ``k`` by construction (``target_l0`` sets ``k``).  For ReLU and
+JumpReLU, ``target_l0`` turns on a multiplicative controller on the sparsity coefficient,
+``λ ← λ·exp(controller_rate·clip(log(L0_batch/target), −1, 1))``, so every width of a sweep ends at the
+same L0; the result records the final L0 and whether it is within ``l0_tolerance``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from structlens.results import Result, atomic_write_json
+from structlens.sae.models import (
+    BatchTopKSAE,
+    JumpReLUSAE,
+    ReLUSAE,
+    SparseAutoencoder,
+    TopKSAE,
+)
+
+Architecture = Literal["relu", "topk", "batchtopk", "jumprelu"]
+_ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class SAETrainConfig:
+    """Settings of one SAE training run.
+
+    Attributes
+    ----------
+    architecture : {"relu", "topk", "batchtopk", "jumprelu"}
+    d_sae : int
+        Dictionary width.
+    k : int
+        Active features per row for TopK, mean per row for BatchTopK.
+    target_l0 : float | None
+        Target mean L0.  Sets ``k`` for TopK/BatchTopK (rounded); drives the coefficient
+        controller for ReLU/JumpReLU.  ``None``: no matching.
+    l0_tolerance : float
+        Relative tolerance for ``l0_matched`` in the result.
+    sparsity_coefficient : float | None
+        L1 coefficient (ReLU) or L0 coefficient (JumpReLU); default 5.0 and 1e-3 respectively
+        (for inputs of unit-order norm per dimension).
+    controller_rate : float
+        Step size of the L0 controller in log-coefficient space.
+    lr : float | None
+        Fixed learning rate; ``None`` uses the width rule with ``lr_base``.
+    lr_base : float
+        Learning rate at width 2**14 for the width rule.
+    aux_k_coefficient : float
+        AuxK loss weight (TopK/BatchTopK); 1/32 as in Gao et al.
+    dead_tokens : int
+        Tokens without firing after which a feature counts as dead.
+    decoder_norm : {"unit", "free"}
+    jumprelu_bandwidth, jumprelu_init_threshold : float
+        JumpReLU pseudo-gradient kernel width and initial threshold.
+    seed : int
+        Seeds the initialisation.
+    """
+
+    architecture: Architecture = "topk"
+    d_sae: int = 4096
+    k: int = 32
+    target_l0: float | None = None
+    l0_tolerance: float = 0.1
+    sparsity_coefficient: float | None = None
+    controller_rate: float = 0.05
+    lr: float | None = None
+    lr_base: float = 2e-4
+    aux_k_coefficient: float = 1 / 32
+    dead_tokens: int = 1_000_000
+    decoder_norm: Literal["unit", "free"] = "unit"
+    jumprelu_bandwidth: float = 0.05
+    jumprelu_init_threshold: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.architecture not in _ARCHITECTURES:
+            raise ValueError(
+                f"unknown architecture {self.architecture!r}; choose one of {_ARCHITECTURES}."
+            )
+        if self.d_sae < 1 or self.k < 1:
+            raise ValueError("d_sae and k must be positive.")
+        if self.target_l0 is not None and not 0 < self.target_l0 <= self.d_sae:
+            raise ValueError(f"target_l0 must lie in (0, d_sae], got {self.target_l0}.")
+        if self.decoder_norm not in ("unit", "free"):
+            raise ValueError("decoder_norm must be 'unit' or 'free'.")
+        if self.dead_tokens < 1 or self.l0_tolerance <= 0:
+            raise ValueError("dead_tokens and l0_tolerance must be positive.")
+        if self.architecture == "batchtopk" and self.decoder_norm != "unit":
+            raise ValueError("BatchTopK needs decoder_norm='unit' (one global threshold).")
+
+    @property
+    def effective_k(self) -> int:
+        return int(round(self.target_l0)) if self.target_l0 is not None else self.k
+
+    @property
+    def learning_rate(self) -> float:
+        """The rate actually used: ``lr`` or ``lr_base / sqrt(d_sae / 2**14)``."""
+        return self.lr if self.lr is not None else self.lr_base / math.sqrt(self.d_sae / 2**14)
+
+    @property
+    def initial_coefficient(self) -> float:
+        if self.sparsity_coefficient is not None:
+            return self.sparsity_coefficient
+        return {"relu": 5.0, "jumprelu": 1e-3}.get(self.architecture, self.aux_k_coefficient)
+
+
+def build_sae(config: SAETrainConfig, d_in: int) -> SparseAutoencoder:
+    """An untrained SAE of ``config``'s architecture and width for inputs of size ``d_in``."""
+    kw: dict[str, Any] = {"seed": config.seed}
+    if config.architecture == "relu":
+        return ReLUSAE(d_in, config.d_sae, **kw)
+    if config.architecture == "topk":
+        return TopKSAE(d_in, config.d_sae, config.effective_k, **kw)
+    if config.architecture == "batchtopk":
+        return BatchTopKSAE(d_in, config.d_sae, config.effective_k, **kw)
+    return JumpReLUSAE(
+        d_in,
+        config.d_sae,
+        bandwidth=config.jumprelu_bandwidth,
+        init_threshold=config.jumprelu_init_threshold,
+        **kw,
+    )
+
+
+def _validate_batch(x: Any, d_in: int | None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"activation batches must be torch tensors, got {type(x).__name__}.")
+    if x.ndim != 2:
+        raise ValueError(
+            f"activation batches must be [batch, d_in], got shape {tuple(x.shape)}; "
+            "flatten positions into the batch dimension first."
+        )
+    if d_in is not None and x.shape[1] != d_in:
+        raise ValueError(f"batch has d_in = {x.shape[1]}, earlier batches had {d_in}.")
+    if not torch.isfinite(x).all():
+        raise ValueError("activation batch contains NaN or inf.")
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class SAETrainingResult(Result):
+    """Outcome of training one SAE.
+
+    Attributes
+    ----------
+    sae : SparseAutoencoder
+        The trained module (saved in SAELens format under ``<dir>/sae``).
+    config : dict
+        The :class:`SAETrainConfig` as a dict.
+    d_in, tokens, steps : int
+    learning_rate : float
+    final_coefficient : float
+        Sparsity coefficient at the end (moves only under L0 matching).
+    final_l0 : float
+        Mean L0 over the last ``tail_tokens`` training tokens.
+    final_fvu : float
+        Training-batch FVU over the same tail (``Σ‖x−x̂‖² / Σ‖x−x̄_batch‖²``).
+    l0_matched : bool | None
+        Whether ``final_l0`` is within ``l0_tolerance`` of ``target_l0`` (None: no target).
+    dead_fraction : float
+        Fraction of features dead at the end (``dead_tokens`` rule).
+    loss_history, l0_history : np.ndarray
+        Per-step total loss and L0.
+    """
+
+    sae: Any
+    config: dict
+    d_in: int
+    tokens: int
+    steps: int
+    learning_rate: float
+    final_coefficient: float
+    final_l0: float
+    final_fvu: float
+    l0_matched: bool | None
+    dead_fraction: float
+    loss_history: np.ndarray
+    l0_history: np.ndarray
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out["sae"] = {"architecture": self.sae.architecture, "d_sae": self.sae.d_sae}
+        return out
+
+    def save(self, directory: str | Path) -> Path:
+        from safetensors.numpy import save as save_arrays
+
+        from structlens.results import atomic_write_bytes
+        from structlens.sae.io import save_sae
+
+        directory = Path(directory)
+        save_sae(self.sae, directory / "sae")
+        arrays = {"loss_history": self.loss_history, "l0_history": self.l0_history}
+        atomic_write_bytes(directory / "arrays.safetensors", save_arrays(arrays))
+        atomic_write_json(directory / "result.json", self.to_json())
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> SAETrainingResult:
+        from safetensors.numpy import load_file
+
+        from structlens.sae.io import load_sae
+
+        directory = Path(directory)
+        meta = json.loads((directory / "result.json").read_text())
+        if meta.get("kind") != cls.__name__:
+            raise ValueError(f"{directory} holds a {meta.get('kind')!r}, not {cls.__name__}.")
+        arrays = load_file(str(directory / "arrays.safetensors"))
+        kw = {f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta}
+        kw.update(arrays)
+        kw["sae"] = load_sae(directory / "sae")
+        return cls(**kw)
+
+
+class SAETrainer:
+    """Trains one SAE step by step from activation batches.
+
+    Examples
+    --------
+    >>> trainer = SAETrainer(SAETrainConfig(architecture="topk", d_sae=512, k=8), d_in=64)
+    >>> for x in batches:                               # doctest: +SKIP
+    ...     trainer.step(x)
+    >>> result = trainer.result()                       # doctest: +SKIP
+    """
+
+    def __init__(self, config: SAETrainConfig, d_in: int, tail_tokens: int = 100_000) -> None:
+        self.config = config
+        self.d_in = int(d_in)
+        self.sae = build_sae(config, self.d_in)
+        self.coefficient = (
+            config.aux_k_coefficient
+            if config.architecture in ("topk", "batchtopk")
+            else config.initial_coefficient
+        )
+        self.optimizer = torch.optim.Adam(
+            self.sae.parameters(), lr=config.learning_rate, betas=(0.9, 0.999)
+        )
+        self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
+        self.tokens = 0
+        self.steps = 0
+        self.tail_tokens = int(tail_tokens)
+        self._losses: list[float] = []
+        self._l0s: list[float] = []
+        self._tail: list[tuple[int, float, float, float]] = []  # (tokens, l0, sse, sst)
+        self._initialised = False
+
+    @torch.no_grad()
+    def _initialise(self, x: torch.Tensor) -> None:
+        # b_dec starts at the data mean so the encoder sees centred inputs from step one.
+        self.sae.b_dec.copy_(x.mean(0).to(self.sae.b_dec.dtype))
+        self._initialised = True
+
+    def step(self, x: torch.Tensor) -> dict[str, float]:
+        """One optimiser step on batch ``x`` [batch, d_in]; returns loss, mse, l0."""
+        x = _validate_batch(x, self.d_in).to(self.sae.W_dec.dtype)
+        if not self._initialised:
+            self._initialise(x)
+        dead = self.tokens_since_fired >= self.config.dead_tokens
+        out = self.sae.training_output(x, dead if bool(dead.any()) else None, self.coefficient)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if self.config.decoder_norm == "unit":
+            self.sae.remove_parallel_decoder_grad()
+        self.optimizer.step()
+        if self.config.decoder_norm == "unit":
+            self.sae.normalize_decoder()
+        b = x.shape[0]
+        self.tokens_since_fired += b
+        self.tokens_since_fired[out.fired > 0] = 0
+        self.tokens += b
+        self.steps += 1
+        target = self.config.target_l0
+        if target is not None and self.config.architecture in ("relu", "jumprelu"):
+            # Log-ratio error, clipped, so one odd batch cannot blow the coefficient up.
+            err = max(-1.0, min(1.0, math.log(max(out.l0, 1e-3) / target)))
+            self.coefficient *= math.exp(self.config.controller_rate * err)
+        with torch.no_grad():
+            sst = float((x - x.mean(0)).pow(2).sum())
+        sse = float(out.mse.detach()) * b
+        self._tail.append((b, out.l0, sse, sst))
+        while sum(t[0] for t in self._tail[1:]) >= self.tail_tokens:
+            self._tail.pop(0)
+        loss = float(out.loss.detach())
+        self._losses.append(loss)
+        self._l0s.append(out.l0)
+        return {"loss": loss, "mse": float(out.mse.detach()), "l0": out.l0}
+
+    def result(self) -> SAETrainingResult:
+        """Freeze the current state into an :class:`SAETrainingResult`."""
+        if self.steps == 0:
+            raise ValueError("no training step was taken; the batch iterator was empty.")
+        n = sum(t[0] for t in self._tail)
+        l0 = sum(t[0] * t[1] for t in self._tail) / n
+        fvu = sum(t[2] for t in self._tail) / max(sum(t[3] for t in self._tail), 1e-30)
+        target = self.config.target_l0
+        matched = None if target is None else abs(l0 - target) <= self.config.l0_tolerance * target
+        dead = self.tokens_since_fired >= self.config.dead_tokens
+        return SAETrainingResult(
+            sae=self.sae,
+            config=dataclasses.asdict(self.config),
+            d_in=self.d_in,
+            tokens=self.tokens,
+            steps=self.steps,
+            learning_rate=self.config.learning_rate,
+            final_coefficient=float(self.coefficient),
+            final_l0=float(l0),
+            final_fvu=float(fvu),
+            l0_matched=matched,
+            dead_fraction=float(dead.float().mean()),
+            loss_history=np.asarray(self._losses),
+            l0_history=np.asarray(self._l0s),
+        )
+
+
+def _batches(batches: Iterable[torch.Tensor], max_tokens: int | None) -> Iterator[torch.Tensor]:
+    seen = 0
+    for x in batches:
+        if max_tokens is not None and seen >= max_tokens:
+            return
+        seen += x.shape[0]
+        yield x
+
+
+def train_sae(
+    config: SAETrainConfig,
+    batches: Iterable[torch.Tensor],
+    *,
+    max_tokens: int | None = None,
+    tail_tokens: int = 100_000,
+) -> SAETrainingResult:
+    """Train one SAE on a stream of ``[batch, d_in]`` activation batches."""
+    return train_sweep([config], batches, max_tokens=max_tokens, tail_tokens=tail_tokens)[0]
+
+
+def train_sweep(
+    configs: Sequence[SAETrainConfig],
+    batches: Iterable[torch.Tensor],
+    *,
+    max_tokens: int | None = None,
+    tail_tokens: int = 100_000,
+) -> list[SAETrainingResult]:
+    """Train several SAEs (e.g. a width sweep) on ONE pass over the activation stream.
+
+    Every batch is drawn once and fed to every SAE in turn, so all SAEs see exactly the same
+    tokens in the same order and the model runs once.
+    """
+    if not configs:
+        raise ValueError("configs is empty; pass at least one SAETrainConfig.")
+    trainers: list[SAETrainer] | None = None
+    for x in _batches(batches, max_tokens):
+        x = _validate_batch(x, None)
+        if trainers is None:
+            trainers = [SAETrainer(c, x.shape[1], tail_tokens) for c in configs]
+        for t in trainers:
+            t.step(x)
+    if trainers is None:
+        raise ValueError("the batch iterator was empty; no SAE was trained.")
+    return [t.result() for t in trainers]
+
+
+def width_sweep_configs(base: SAETrainConfig, widths: Sequence[int]) -> list[SAETrainConfig]:
+    """Copies of ``base`` at each width (same k / target L0, seed and lr rule)."""
+    if not widths or any(int(w) < 1 for w in widths):
+        raise ValueError("widths must be a non-empty list of positive integers.")
+    return [dataclasses.replace(base, d_sae=int(w)) for w in widths]
