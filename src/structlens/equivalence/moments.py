@@ -154,8 +154,8 @@ class CrossMoments:
     >>> rng = np.random.default_rng(0)
     >>> x, y = rng.normal(size=(1000, 8)), rng.normal(size=(1000, 5))
     >>> a, b = CrossMoments(8, 5), CrossMoments(8, 5)
-    >>> a.update(x[:400], y[:400]); b.update(x[400:], y[400:])
-    >>> a.merge(b).n
+    >>> _ = a.update(x[:400], y[:400]).merge(b.update(x[400:], y[400:]))
+    >>> a.n
     1000
     """
 
