@@ -1,0 +1,69 @@
+"""Task registry: build a task dataset by name for a given tokenizer."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+from structlens.data.tasks.base import TaskDataset
+from structlens.data.tasks.facts import make_factual_recall, make_knowledge_conflict
+from structlens.data.tasks.greater_than import make_greater_than
+from structlens.data.tasks.ioi import make_ioi
+
+TASKS: dict[str, Callable[..., TaskDataset]] = {
+    "ioi": make_ioi,
+    "greater_than": make_greater_than,
+    "knowledge_conflict": make_knowledge_conflict,
+    "factual_recall": make_factual_recall,
+}
+
+
+def available_tasks() -> list[str]:
+    """Names accepted by :func:`make_task`."""
+    return list(TASKS)
+
+
+def make_task(
+    name: str,
+    tokenizer: Any,
+    *,
+    n: int | None = None,
+    seed: int = 0,
+    prepend_bos: bool = False,
+    **kwargs: Any,
+) -> TaskDataset:
+    """Build the task ``name`` for ``tokenizer``.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available_tasks` (``ioi``, ``greater_than``, ``knowledge_conflict``,
+        ``factual_recall``).
+    tokenizer : fast Hugging Face tokenizer
+        The model's tokenizer: names, years and answers are chosen to be single tokens in it.
+    n : int or None
+        Number of prompts; None uses the task's default (100, or every usable fact for
+        ``factual_recall``).
+    seed : int
+        Seed of all random choices; the same seed and tokenizer give the same dataset.
+    prepend_bos : bool
+        Put the tokenizer's BOS token in front of every prompt.
+    **kwargs
+        Task-specific options (e.g. ``names=`` for IOI, ``mode=`` for greater-than).
+
+    Raises
+    ------
+    ValueError
+        For an unknown task name (with close matches) or invalid task options.
+    """
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, TASKS, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"Unknown task {name!r}; available: {', '.join(TASKS)}.{hint}")
+    if n is not None:
+        kwargs["n"] = n
+    try:
+        return TASKS[name](tokenizer, seed=seed, prepend_bos=prepend_bos, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"Invalid options for task {name!r}: {e}") from e
