@@ -25,8 +25,11 @@ Matched L0
 ----------
 For TopK/BatchTopK the L0 is ``k`` by construction (``target_l0`` sets ``k``).  For ReLU and
 JumpReLU, ``target_l0`` turns on a multiplicative controller on the sparsity coefficient,
-``λ ← λ·exp(controller_rate·clip(log(L0_batch/target), −1, 1))``, so every width of a sweep ends at the
-same L0; the result records the final L0 and whether it is within ``l0_tolerance``.
+``λ ← λ·exp(controller_rate·clip(log(L0_batch/target), −1, 1))``, and at the end (unless
+``calibrate_l0=False``) one scalar is calibrated by bisection on the last ``tail_tokens``
+training tokens so the L0 lands on the target: a common shift of ``b_enc`` (ReLU) or of
+``log θ`` (JumpReLU).  The result records the L0 before and after, and whether the final L0
+is within ``l0_tolerance`` of the target.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ class SAETrainConfig:
         (for inputs of unit-order norm per dimension).
     controller_rate : float
         Step size of the L0 controller in log-coefficient space.
+    calibrate_l0 : bool
+        Calibrate the final L0 onto ``target_l0`` (ReLU/JumpReLU, see module doc).
     lr : float | None
         Fixed learning rate; ``None`` uses the width rule with ``lr_base``.
     lr_base : float
@@ -96,7 +101,8 @@ class SAETrainConfig:
     target_l0: float | None = None
     l0_tolerance: float = 0.1
     sparsity_coefficient: float | None = None
-    controller_rate: float = 0.05
+    controller_rate: float = 0.01
+    calibrate_l0: bool = True
     lr: float | None = None
     lr_base: float = 2e-4
     aux_k_coefficient: float = 1 / 32
@@ -186,9 +192,12 @@ class SAETrainingResult(Result):
     final_coefficient : float
         Sparsity coefficient at the end (moves only under L0 matching).
     final_l0 : float
-        Mean L0 over the last ``tail_tokens`` training tokens.
+        Mean L0 over the last ``tail_tokens`` training tokens (after L0 calibration).
+    l0_before_calibration : float
+        The same before calibration (equal to ``final_l0`` when none was done).
     final_fvu : float
-        Training-batch FVU over the same tail (``Σ‖x−x̂‖² / Σ‖x−x̄_batch‖²``).
+        FVU over the same tail (``Σ‖x−x̂‖² / Σ‖x−x̄‖²``; during training for TopK, with the
+        final weights after calibration).
     l0_matched : bool | None
         Whether ``final_l0`` is within ``l0_tolerance`` of ``target_l0`` (None: no target).
     dead_fraction : float
@@ -205,6 +214,7 @@ class SAETrainingResult(Result):
     learning_rate: float
     final_coefficient: float
     final_l0: float
+    l0_before_calibration: float
     final_fvu: float
     l0_matched: bool | None
     dead_fraction: float
@@ -276,6 +286,7 @@ class SAETrainer:
         self._losses: list[float] = []
         self._l0s: list[float] = []
         self._tail: list[tuple[int, float, float, float]] = []  # (tokens, l0, sse, sst)
+        self._tail_x: list[torch.Tensor] = []
         self._initialised = False
 
     @torch.no_grad()
@@ -312,8 +323,10 @@ class SAETrainer:
             sst = float((x - x.mean(0)).pow(2).sum())
         sse = float(out.mse.detach()) * b
         self._tail.append((b, out.l0, sse, sst))
+        self._tail_x.append(x.detach())
         while sum(t[0] for t in self._tail[1:]) >= self.tail_tokens:
             self._tail.pop(0)
+            self._tail_x.pop(0)
         loss = float(out.loss.detach())
         self._losses.append(loss)
         self._l0s.append(out.l0)
@@ -327,6 +340,17 @@ class SAETrainer:
         l0 = sum(t[0] * t[1] for t in self._tail) / n
         fvu = sum(t[2] for t in self._tail) / max(sum(t[3] for t in self._tail), 1e-30)
         target = self.config.target_l0
+        l0_before = l0
+        if (
+            target is not None
+            and self.config.calibrate_l0
+            and self.config.architecture in ("relu", "jumprelu")
+        ):
+            x = torch.cat(self._tail_x)
+            l0 = calibrate_l0(self.sae, x, target)
+            with torch.no_grad():
+                recon = self.sae(x)
+                fvu = float((recon - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
         matched = None if target is None else abs(l0 - target) <= self.config.l0_tolerance * target
         dead = self.tokens_since_fired >= self.config.dead_tokens
         return SAETrainingResult(
@@ -338,12 +362,48 @@ class SAETrainer:
             learning_rate=self.config.learning_rate,
             final_coefficient=float(self.coefficient),
             final_l0=float(l0),
+            l0_before_calibration=float(l0_before),
             final_fvu=float(fvu),
             l0_matched=matched,
             dead_fraction=float(dead.float().mean()),
             loss_history=np.asarray(self._losses),
             l0_history=np.asarray(self._l0s),
         )
+
+
+@torch.no_grad()
+def calibrate_l0(sae: SparseAutoencoder, x: torch.Tensor, target: float, iters: int = 50) -> float:
+    """Shift one scalar so the mean L0 of ``sae`` on ``x`` is as close to ``target`` as possible.
+
+    ReLU: ``b_enc −= c``; JumpReLU: ``log θ += c``.  L0 decreases monotonically in ``c``, so
+    bisection on ``c`` converges; returns the achieved L0.
+    """
+    if isinstance(sae, JumpReLUSAE):
+        param = sae.log_threshold
+        sign = 1.0
+    elif isinstance(sae, ReLUSAE):
+        param = sae.b_enc
+        sign = -1.0
+    else:
+        raise ValueError("L0 calibration applies to ReLU and JumpReLU SAEs only.")
+    base = param.detach().clone()
+
+    def l0_at(c: float) -> float:
+        param.copy_(base + sign * c)
+        return float((sae.encode(x) > 0).sum()) / x.shape[0]
+
+    pre = sae.preacts(x)
+    span = float(pre.abs().max()) + 1.0
+    lo, hi = (-span, span) if isinstance(sae, ReLUSAE) else (-20.0, 20.0)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if l0_at(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    # Pick the end of the final bracket whose L0 is closer to the target.
+    best = min((lo, hi), key=lambda c: abs(l0_at(c) - target))
+    return l0_at(best)
 
 
 def _batches(batches: Iterable[torch.Tensor], max_tokens: int | None) -> Iterator[torch.Tensor]:

@@ -1,0 +1,412 @@
+"""Expected Jacobian outer product ``Σ = E_x[J(x)ᵀ J(x)]`` at one residual site.
+
+The model enters as a **batched callable** ``f(H) -> Y``: ``H`` is ``[b, d]`` (one residual
+vector per row, the vector that is patched in at the site) and ``Y`` is ``[b, V]`` (outputs at
+the same position) or ``[b, P, V]`` (outputs at ``P`` downstream positions).  Rows must not
+interact (no batch norm), and ``f`` must support forward-mode AD (``torch.func.jvp``) for the
+exact method; HF models do with ``attn_implementation="eager"``.  The lead's model adapter builds
+``f`` by patching ``blocks.{l}.hook_resid_pre`` at one position and running the rest.
+
+Conventions
+-----------
+* ``J(x)`` is ``∂ vec(Y) / ∂ h`` with ``vec`` stacking positions, so for ``[b, P, V]`` outputs
+  ``JᵀJ = Σ_p J_pᵀ J_p`` (a **sum** over downstream positions, not a mean).
+* ``output="log_probs"`` applies ``log_softmax`` over the last axis first; that removes the
+  all-ones logit direction (``J`` of log-probs = ``(I − 1 pᵀ) J_logits``).  ``"raw"`` uses ``Y``.
+* ``Σ`` is the mean over residual vectors (rows), accumulated in float64.
+
+Methods
+-------
+``exact``: ``d`` Jacobian-vector products per vector (forward mode, batched by replicating the
+row once per tangent), then ``JᵀJ`` as one GEMM; cost ``d`` forward passes per vector.
+``sketch``: ``M`` vector-Jacobian products per vector with Rademacher cotangents ``u``;
+``E_u[Jᵀu uᵀJ] = JᵀJ``, and the projection error has relative MSE ≈ ``(PR + 1)/M`` per vector
+(PR = participation ratio); the reported error comes from the spread between independent groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Literal
+
+import numpy as np
+import torch
+
+from structlens.results import Result
+from structlens.stats.ranks import CONVENTION, default_rank_rtol, effective_ranks
+
+BatchedFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class EJOPAccumulator:
+    """Mergeable float64 sums of ``JᵀJ`` in ``n_groups`` independent groups.
+
+    Batches are assigned to groups round-robin; the between-group spread gives a standard
+    error.  ``merge`` adds sums and counts, so partial results from several workers combine
+    into exactly what one pass would give.
+    """
+
+    def __init__(self, d: int, n_groups: int = 8) -> None:
+        if d < 1 or n_groups < 1:
+            raise ValueError("d and n_groups must be positive.")
+        self.d = int(d)
+        self.n_groups = int(n_groups)
+        self.sums = torch.zeros(n_groups, d, d, dtype=torch.float64)
+        self.counts = torch.zeros(n_groups, dtype=torch.float64)
+        # Sketch only: Σ over vectors of (half-A mean − half-B mean)/2 of the projections.
+        self.split_diff: torch.Tensor | None = None
+        self._next = 0
+
+    def add(self, gram: torch.Tensor, count: int) -> None:
+        """Add ``gram`` = ``Σ_rows JᵀJ`` over ``count`` residual vectors to the next group."""
+        if gram.shape != (self.d, self.d):
+            raise ValueError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
+        g = self._next % self.n_groups
+        self.sums[g] += gram.to(torch.float64)
+        self.counts[g] += count
+        self._next += 1
+
+    def merge(self, other: EJOPAccumulator) -> EJOPAccumulator:
+        if (other.d, other.n_groups) != (self.d, self.n_groups):
+            raise ValueError("can only merge accumulators with the same d and n_groups.")
+        out = EJOPAccumulator(self.d, self.n_groups)
+        out.sums = self.sums + other.sums
+        out.counts = self.counts + other.counts
+        if self.split_diff is not None and other.split_diff is not None:
+            out.split_diff = self.split_diff + other.split_diff
+        out._next = self._next + other._next
+        return out
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    def sigma(self) -> torch.Tensor:
+        """The estimate ``Σ̂`` (float64, symmetrised)."""
+        if self.n == 0:
+            raise ValueError("no residual vectors were accumulated.")
+        s = self.sums.sum(0) / self.counts.sum()
+        return (s + s.T) / 2
+
+    def group_sigmas(self) -> list[torch.Tensor]:
+        """Leave-one-group-out estimates (for jackknife errors); empty if < 2 groups filled."""
+        filled = [g for g in range(self.n_groups) if self.counts[g] > 0]
+        if len(filled) < 2:
+            return []
+        total, n = self.sums.sum(0), self.counts.sum()
+        return [(total - self.sums[g]) / (n - self.counts[g]) for g in filled]
+
+
+def _as_batches(residuals: torch.Tensor | Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    if isinstance(residuals, torch.Tensor):
+        if residuals.ndim != 2:
+            raise ValueError(
+                f"residuals must be [n, d] (one residual vector per row), "
+                f"got shape {tuple(residuals.shape)}."
+            )
+        yield residuals
+        return
+    yield from residuals
+
+
+def _checked(h: torch.Tensor, d: int | None) -> torch.Tensor:
+    if not isinstance(h, torch.Tensor) or h.ndim != 2:
+        raise ValueError("each residual batch must be a [n, d] torch tensor.")
+    if d is not None and h.shape[1] != d:
+        raise ValueError(f"residual batch has d = {h.shape[1]}, earlier batches had {d}.")
+    if not torch.isfinite(h).all():
+        raise ValueError("residual vectors contain NaN or inf.")
+    return h
+
+
+def _wrap(f: BatchedFn, output: str) -> BatchedFn:
+    if output not in ("raw", "log_probs"):
+        raise ValueError(f"output must be 'raw' or 'log_probs', got {output!r}.")
+
+    def g(h: torch.Tensor) -> torch.Tensor:
+        y = f(h)
+        if not isinstance(y, torch.Tensor) or y.ndim not in (2, 3) or y.shape[0] != h.shape[0]:
+            shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ValueError(
+                f"f must map [b, d] to [b, V] or [b, P, V]; got {shape} for b = {h.shape[0]}."
+            )
+        if output == "log_probs":
+            y = torch.log_softmax(y, dim=-1)
+        return y.reshape(h.shape[0], -1)
+
+    return g
+
+
+def jacobians_forward(
+    f: BatchedFn, h: torch.Tensor, *, max_rows: int = 2048, output: str = "raw"
+) -> torch.Tensor:
+    """Transposed Jacobians ``Jᵀ`` of ``f`` at each row of ``h``: shape ``[n, d, out]``.
+
+    Forward mode: each row is replicated once per basis tangent (in chunks of at most
+    ``max_rows`` rows per call of ``f``), and one ``torch.func.jvp`` gives all columns.
+    """
+    g = _wrap(f, output)
+    n, d = h.shape
+    eye = torch.eye(d, dtype=h.dtype, device=h.device)
+    cols: list[torch.Tensor] = []
+    per = max(1, max_rows // d)  # vectors per call when a whole basis fits
+    chunk = min(d, max_rows)
+    out = []
+    for s in range(0, n, per if chunk == d else 1):
+        hs = h[s : s + (per if chunk == d else 1)]
+        cols = []
+        for c in range(0, d, chunk):
+            tang = eye[c : c + chunk]
+            inp = hs.repeat_interleave(tang.shape[0], dim=0)
+            tan = tang.repeat(hs.shape[0], 1)
+            _, jv = torch.func.jvp(g, (inp,), (tan,))
+            cols.append(jv.reshape(hs.shape[0], tang.shape[0], -1))
+        out.append(torch.cat(cols, dim=1))
+    return torch.cat(out, 0)
+
+
+def _gram(jt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``Σ_rows Jᵀ J`` for stacked ``Jᵀ`` [n, d, out] as one [d, n·out] GEMM."""
+    n, d, o = jt.shape
+    m = jt.permute(1, 0, 2).reshape(d, n * o).to(dtype)
+    return m @ m.T
+
+
+def vjp_sketch_grads(
+    f: BatchedFn,
+    h: torch.Tensor,
+    n_projections: int,
+    generator: torch.Generator,
+    *,
+    output: str = "raw",
+    projection: Literal["rademacher", "gaussian"] = "rademacher",
+) -> torch.Tensor:
+    """``g = J(h)ᵀ u`` for ``n_projections`` random ``u`` per row: shape ``[n, M, d]``.
+
+    Rows are replicated ``M`` times and one backward pass gives every sketch (no vmap needed).
+    ``u`` has i.i.d. unit-variance entries, so ``E[g gᵀ] = JᵀJ``.
+    """
+    g_fn = _wrap(f, output)
+    n, d = h.shape
+    inp = h.detach().repeat_interleave(n_projections, dim=0).requires_grad_(True)
+    with torch.enable_grad():
+        y = g_fn(inp)
+        if projection == "rademacher":
+            u = torch.randint(0, 2, y.shape, generator=generator).to(y.dtype) * 2 - 1
+        elif projection == "gaussian":
+            u = torch.randn(y.shape, generator=generator, dtype=y.dtype)
+        else:
+            raise ValueError("projection must be 'rademacher' or 'gaussian'.")
+        (grad,) = torch.autograd.grad(y, inp, grad_outputs=u.to(y.device))
+    return grad.reshape(n, n_projections, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class JacobianConfig:
+    """Settings of :class:`CausalDimension`.
+
+    Attributes
+    ----------
+    method : {"exact", "sketch"}
+    output : {"raw", "log_probs"}
+        Use ``f``'s output as is (e.g. logits) or its ``log_softmax`` over the last axis.
+    max_rows : int
+        Largest number of rows passed to ``f`` in one call (memory control).
+    n_projections : int
+        Sketch: random cotangents per residual vector.
+    projection : {"rademacher", "gaussian"}
+    n_groups : int
+        Independent groups for the standard error / jackknife (≥ 2 for an error estimate).
+    gram_dtype : torch.dtype
+        Precision of the per-batch ``JᵀJ`` product (the running sum is always float64).
+    rank_rtol : float | None
+        Tolerance for the numerical rank (default ``(d·eps_float32)²``, see stats.ranks).
+    seed : int
+    """
+
+    method: Literal["exact", "sketch"] = "exact"
+    output: Literal["raw", "log_probs"] = "raw"
+    max_rows: int = 2048
+    n_projections: int = 64
+    projection: Literal["rademacher", "gaussian"] = "rademacher"
+    n_groups: int = 8
+    gram_dtype: torch.dtype = torch.float64
+    rank_rtol: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in ("exact", "sketch"):
+            raise ValueError(f"method must be 'exact' or 'sketch', got {self.method!r}.")
+        if self.output not in ("raw", "log_probs"):
+            raise ValueError(f"output must be 'raw' or 'log_probs', got {self.output!r}.")
+        if self.max_rows < 1 or self.n_projections < 1 or self.n_groups < 1:
+            raise ValueError("max_rows, n_projections and n_groups must be positive.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalDimensionResult(Result):
+    """``Σ = E[JᵀJ]`` and its effective ranks (κ).
+
+    Attributes
+    ----------
+    sigma : np.ndarray
+        ``[d, d]`` float64 estimate of ``Σ``.
+    eigenvalues : np.ndarray
+        Eigenvalues of ``Σ``, descending.
+    erank, participation_ratio, stable_rank : float
+        κ (Roy–Vetterli entropy effective rank), κ_PR and the stable rank of ``Σ``.
+    numerical_rank : int
+    rank_rtol : float
+    kappa_over_d : float
+        ``erank / d``.
+    d, n_samples : int
+    method, output : str
+    n_projections : int | None
+        Sketch only.
+    relative_error : float | None
+        Standard error of ``Σ̂`` in Frobenius norm relative to ``‖Σ̂‖_F`` from the spread
+        between groups (token sampling, plus projections for the sketch).
+    projection_error : float | None
+        Sketch only: the error of ``Σ̂`` against the exact ``Σ`` *on the same vectors*
+        (projection noise alone), relative Frobenius, estimated from two independent halves
+        of the projections: ``‖(Σ̂_A − Σ̂_B)/2‖_F / ‖Σ̂‖_F``.
+    erank_se, participation_ratio_se : float | None
+        Jackknife (leave-one-group-out) standard errors.
+    convention : str
+    """
+
+    sigma: np.ndarray
+    eigenvalues: np.ndarray
+    erank: float
+    participation_ratio: float
+    stable_rank: float
+    numerical_rank: int
+    rank_rtol: float
+    kappa_over_d: float
+    d: int
+    n_samples: int
+    method: str
+    output: str
+    n_projections: int | None
+    relative_error: float | None
+    projection_error: float | None
+    erank_se: float | None
+    participation_ratio_se: float | None
+    convention: str = (
+        "Σ = mean over residual vectors of JᵀJ, J = ∂vec(outputs)/∂h (positions summed); "
+        + CONVENTION
+    )
+
+
+class CausalDimension:
+    """Estimate ``Σ = E[JᵀJ]`` at one site and its effective ranks.
+
+    Examples
+    --------
+    >>> W = torch.randn(50, 8)
+    >>> res = CausalDimension(JacobianConfig()).fit(lambda h: h @ W.T, torch.randn(16, 8))
+    >>> bool(np.allclose(res.sigma, (W.T @ W).double().numpy()))
+    True
+    """
+
+    def __init__(self, config: JacobianConfig | None = None) -> None:
+        self.config = config or JacobianConfig()
+
+    def accumulate(
+        self,
+        f: BatchedFn,
+        residuals: torch.Tensor | Iterable[torch.Tensor],
+        accumulator: EJOPAccumulator | None = None,
+    ) -> EJOPAccumulator:
+        """Stream residual batches into a (new or given) mergeable accumulator."""
+        cfg = self.config
+        gen = torch.Generator().manual_seed(cfg.seed)
+        d = accumulator.d if accumulator is not None else None
+        acc = accumulator
+        for h in _as_batches(residuals):
+            h = _checked(h, d)
+            d = h.shape[1]
+            if acc is None:
+                acc = EJOPAccumulator(d, cfg.n_groups)
+            # Split each batch so every group receives data even from a single batch.
+            step = max(1, -(-h.shape[0] // cfg.n_groups))
+            if cfg.method == "exact":
+                step = min(step, max(1, cfg.max_rows // d))
+            else:
+                step = min(step, max(1, cfg.max_rows // cfg.n_projections))
+            for s in range(0, h.shape[0], step):
+                part = h[s : s + step]
+                if cfg.method == "exact":
+                    jt = jacobians_forward(f, part, max_rows=cfg.max_rows, output=cfg.output)
+                    acc.add(_gram(jt.detach(), cfg.gram_dtype), part.shape[0])
+                else:
+                    g = vjp_sketch_grads(
+                        f,
+                        part,
+                        cfg.n_projections,
+                        gen,
+                        output=cfg.output,
+                        projection=cfg.projection,
+                    )
+                    half = cfg.n_projections // 2
+                    ga = g[:, :half].reshape(-1, d).to(cfg.gram_dtype)
+                    gb = g[:, half:].reshape(-1, d).to(cfg.gram_dtype)
+                    sa, sb = ga.T @ ga, gb.T @ gb
+                    acc.add((sa + sb) / cfg.n_projections, part.shape[0])
+                    if half > 0:
+                        diff = (sa / half - sb / (cfg.n_projections - half)) / 2
+                        acc.split_diff = diff if acc.split_diff is None else acc.split_diff + diff
+        if acc is None:
+            raise ValueError("no residual vectors were given.")
+        return acc
+
+    def fit(
+        self, f: BatchedFn, residuals: torch.Tensor | Iterable[torch.Tensor]
+    ) -> CausalDimensionResult:
+        """Estimate ``Σ`` from residual vectors and return it with its effective ranks."""
+        return self.result(self.accumulate(f, residuals))
+
+    def result(self, acc: EJOPAccumulator) -> CausalDimensionResult:
+        """Turn a (possibly merged) accumulator into a result."""
+        cfg = self.config
+        sigma = acc.sigma()
+        lam = torch.linalg.eigvalsh(sigma).flip(0).numpy()
+        ranks = effective_ranks(lam, rtol=cfg.rank_rtol)
+        rel = erank_se = pr_se = None
+        loo = acc.group_sigmas()
+        if loo:
+            k = len(loo)
+            # Jackknife: leave-one-group-out estimates spread (k−1)/k times the group spread.
+            dev = sum(float(torch.sum((s - sigma) ** 2)) for s in loo)
+            rel = float(np.sqrt((k - 1) / k * dev) / max(float(torch.linalg.norm(sigma)), 1e-300))
+            er, pr = [], []
+            for s in loo:
+                r = effective_ranks(torch.linalg.eigvalsh((s + s.T) / 2).numpy())
+                er.append(r.entropy_effective_rank)
+                pr.append(r.participation_ratio)
+            erank_se = float(np.sqrt((k - 1) / k * np.sum((np.array(er) - np.mean(er)) ** 2)))
+            pr_se = float(np.sqrt((k - 1) / k * np.sum((np.array(pr) - np.mean(pr)) ** 2)))
+        return CausalDimensionResult(
+            sigma=sigma.numpy(),
+            eigenvalues=lam,
+            erank=ranks.entropy_effective_rank,
+            participation_ratio=ranks.participation_ratio,
+            stable_rank=ranks.stable_rank,
+            numerical_rank=ranks.numerical_rank,
+            rank_rtol=ranks.rank_rtol if cfg.rank_rtol is not None else default_rank_rtol(acc.d),
+            kappa_over_d=ranks.entropy_effective_rank / acc.d,
+            d=acc.d,
+            n_samples=acc.n,
+            method=cfg.method,
+            output=cfg.output,
+            n_projections=cfg.n_projections if cfg.method == "sketch" else None,
+            relative_error=rel,
+            projection_error=(
+                float(torch.linalg.norm(acc.split_diff / acc.n) / torch.linalg.norm(sigma))
+                if acc.split_diff is not None
+                else None
+            ),
+            erank_se=erank_se,
+            participation_ratio_se=pr_se,
+        )
