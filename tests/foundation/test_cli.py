@@ -1,0 +1,73 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from structlens.cli.main import app
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_models_and_sites(tmp_path):
+    r = _run("models", "--out", tmp_path, "-q")
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "models.json").read_text())
+    assert doc["schema_version"] == 1
+    assert {"smollm2-135m", "minilm-l6", "tiny-llama"} <= {m["alias"] for m in doc["models"]}
+    r = _run("sites", "tiny-gpt2", "--out", tmp_path, "-q")
+    assert r.exit_code == 0, r.output
+    sites = json.loads((tmp_path / "sites.json").read_text())["sites"]
+    assert {"site": "blocks.2.attn.hook_z", "shape": [4, 16]} in sites
+    assert sites[0]["site"] == "hook_embed"
+
+
+def test_capture_command_writes_store(tmp_path):
+    args = (
+        "capture",
+        "tiny-llama",
+        "--sites",
+        "blocks.*.hook_resid_pre,blocks.0.hook_attn_out",
+        "--data",
+        "corpus",
+        "--max-prompts",
+        3,
+        "--prompt-tokens",
+        32,
+        "--out",
+        tmp_path,
+        "-q",
+    )
+    r = _run(*args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "capture.json").read_text())
+    assert doc["sites"] == [
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_pre",
+        "blocks.2.hook_resid_pre",
+        "blocks.0.hook_attn_out",
+    ]
+    assert doc["n_tokens"] == 3 * 32
+    assert _run(*args).exit_code == 0  # cache hit
+    assert json.loads((tmp_path / "capture.json").read_text())["store"] == doc["store"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("capture", "tiny-llama", "--sites", "blocks.0.hook_resid_pr"), "Did you mean"),
+        (("capture", "tiny-llama", "--sites", "blocks.*.hook_nothing"), "matches no site"),
+        (("capture", "tiny-llama", "--sites", "hook_embed", "--data", "/no/such.txt"), "such"),
+        (("sites", "org/definitely-not-local"), "offline"),
+        (("tasks", "eval", "--model", "tiny-bert"), "encoder"),
+        (("tasks", "eval", "--model", "tiny-llama", "--task", "iio"), "ioi"),
+    ],
+)
+def test_bad_input_exits_with_clear_message(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = _run(*args, "--out", tmp_path)
+    assert r.exit_code == 2, r.output
+    assert message.lower() in r.output.lower()
