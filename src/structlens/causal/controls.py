@@ -123,7 +123,10 @@ class SyntheticCausalModel:
     ``R^d`` (each token activates ``active`` atoms); the "model" reads out only the first
     ``n_causal`` atoms: ``logits = B tanh(C h)``, ``C`` = causal atoms [n_causal, d], ``B``
     random [vocab, n_causal].  So ``J = B diag(tanh') C`` and the true causal directions are
-    the rows of ``C``; every other atom is represented but causally inert.
+    the rows of ``C``; every other atom is represented but causally inert.  With
+    ``orthogonal_atoms`` (needs ``n_atoms ≤ d``) inert atoms are orthogonal to the causal
+    subspace, so their AtP is exactly zero; otherwise random atoms overlap it (|cos| ~ 1/√d),
+    which is what makes top-AtP recall hard even for a dictionary equal to the atoms.
     """
 
     def __init__(
@@ -134,11 +137,16 @@ class SyntheticCausalModel:
         vocab: int = 64,
         active: int = 4,
         seed: int = 0,
+        orthogonal_atoms: bool = False,
     ) -> None:
         if not 0 < n_causal <= n_atoms or active < 1 or d < 2:
             raise ValueError("need 0 < n_causal ≤ n_atoms, active ≥ 1 and d ≥ 2.")
+        if orthogonal_atoms and n_atoms > d:
+            raise ValueError(f"orthogonal_atoms needs n_atoms ≤ d, got {n_atoms} > {d}.")
         self.gen = torch.Generator().manual_seed(seed)
         atoms = torch.randn(n_atoms, d, generator=self.gen)
+        if orthogonal_atoms:
+            atoms = torch.linalg.qr(atoms.T)[0].T
         self.atoms = atoms / atoms.norm(dim=1, keepdim=True)
         self.causal = self.atoms[:n_causal]
         self.readout = torch.randn(vocab, n_causal, generator=self.gen)
