@@ -77,7 +77,9 @@ def test_rank_k_bottleneck_gives_numerical_rank_k():
     torch.manual_seed(0)
     for k in (1, 3, 6):
         a, b = torch.randn(k, 12), torch.randn(40, k)
-        res = CausalDimension().fit(lambda h: torch.tanh(h @ a.T) @ b.T, torch.randn(32, 12))
+        res = CausalDimension().fit(
+            lambda h, a=a, b=b: torch.tanh(h @ a.T) @ b.T, torch.randn(32, 12)
+        )
         assert res.numerical_rank == k
         assert res.erank <= k + 1e-9
 
