@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from structlens.stats.mutual_info import (
+    _numba_available,
+    mutual_information,
+    normalized_mutual_information,
+    subspace_mutual_information,
+)
+
+
+def _gaussian_pair(rng, n, d, noise):
+    """x ~ N(0, I_d), y = x + noise * e: I(x; y) = d/2 * log(1 + 1/noise^2) nats."""
+    x = rng.standard_normal((n, d))
+    y = x + noise * rng.standard_normal((n, d))
+    return x, y, 0.5 * d * np.log(1 + 1 / noise**2)
+
+
+def test_ksg_matches_closed_form_1d(rng):
+    rho = 0.8
+    x = rng.standard_normal(3000)
+    y = rho * x + np.sqrt(1 - rho**2) * rng.standard_normal(3000)
+    assert mutual_information(x, y, k=3) == pytest.approx(-0.5 * np.log(1 - rho**2), abs=0.04)
+
+
+def test_ksg_matches_closed_form_multivariate(rng):
+    x, y, truth = _gaussian_pair(rng, 3000, 2, 1.0)
+    assert mutual_information(x, y, k=3) == pytest.approx(truth, abs=0.06)
+    assert mutual_information(x, y, k=3, metric="block") == pytest.approx(truth, abs=0.06)
+
+
+def test_ksg_near_zero_for_independent_data(rng):
+    x = rng.standard_normal((2000, 2))
+    y = rng.standard_normal((2000, 3))
+    assert abs(mutual_information(x, y, k=3)) < 0.03
+
+
+@pytest.mark.parametrize("metric", ["chebyshev", "block"])
+def test_engines_agree(rng, metric):
+    x, y, _ = _gaussian_pair(rng, 400, 3, 0.7)
+    ref = mutual_information(x, y, k=2, metric=metric, algorithm="torch")
+    if metric == "chebyshev":
+        assert mutual_information(x, y, k=2, algorithm="kdtree") == pytest.approx(ref, abs=1e-12)
+        if _numba_available():
+            assert mutual_information(x, y, k=2, algorithm="numba") == pytest.approx(ref, abs=1e-12)
+    assert mutual_information(x, y, k=2, metric=metric) == pytest.approx(ref, abs=1e-12)
+
+
+def test_block_standardization_gives_scale_invariance(rng):
+    x, y, _ = _gaussian_pair(rng, 800, 3, 0.8)
+    base = mutual_information(x, y, k=3, metric="block", standardize="block")
+    scaled = mutual_information(1e3 * x, 1e-2 * y, k=3, metric="block", standardize="block")
+    assert scaled == pytest.approx(base, abs=1e-9)
+    # Without the normalisation the relative scale changes the estimate.
+    raw = mutual_information(1e3 * x, y, k=3, metric="block")
+    assert abs(raw - base) > 0.1
+
+
+def test_normalized_divides_by_dimension_sum(rng):
+    x, y, _ = _gaussian_pair(rng, 500, 2, 1.0)
+    assert normalized_mutual_information(x, y, k=3) == pytest.approx(
+        mutual_information(x, y, k=3) / 4, abs=1e-12
+    )
+
+
+def test_subspace_matrix_matches_pairwise_estimates(rng):
+    x, y, _ = _gaussian_pair(rng, 600, 2, 0.8)
+    w = rng.standard_normal((600, 3))
+    z = np.hstack([x, y, w])
+    mat = subspace_mutual_information(z, [2, 2, 3], k=2, normalize=False)
+    blocks = [x, y, w]
+    for a in range(3):
+        for b in range(a + 1, 3):
+            ref = mutual_information(blocks[a], blocks[b], k=2, metric="block", standardize="block")
+            assert mat[a, b] == pytest.approx(ref, abs=1e-8)
+            assert mat[b, a] == mat[a, b]
+    normed = subspace_mutual_information(z, [2, 2, 3], k=2, normalize=True)
+    assert normed[0, 2] == pytest.approx(mat[0, 2] / 5, abs=1e-12)
+
+
+def test_bad_input_raises(rng):
+    x = rng.standard_normal((50, 2))
+    bad = x.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        mutual_information(bad, x)
+    with pytest.raises(ValueError, match="k=50"):
+        mutual_information(x, x, k=50)
+    with pytest.raises(ValueError, match="samples"):
+        mutual_information(x, x[:40])
+    with pytest.raises(ValueError, match="sums to 2"):
+        subspace_mutual_information(np.hstack([x, x[:, :1]]), [1, 1], k=1)
+    with pytest.raises(ValueError, match="duplicate"):
+        mutual_information(np.zeros((10, 1)), np.zeros((10, 1)), k=1)
