@@ -1,0 +1,39 @@
+"""NDM subspace decomposition: trainer, neighbour search, toy model, baselines, preimage index."""
+
+from structlens.subspaces.baselines import (
+    identity_rotation,
+    pca_rotation,
+    random_rotation,
+    sae_cluster_rotation,
+)
+from structlens.subspaces.ndm import NDM, NDMConfig, NDMResult, subspace_variances
+from structlens.subspaces.preimage import SubspaceIndex
+from structlens.subspaces.search import RotatedKeys, neighbor_distance_loss
+from structlens.subspaces.toy import (
+    ToyConfig,
+    ToyModel,
+    principal_angles,
+    recovery_report,
+    subspace_overlap,
+    train_toy_model,
+)
+
+__all__ = [
+    "NDM",
+    "NDMConfig",
+    "NDMResult",
+    "RotatedKeys",
+    "SubspaceIndex",
+    "ToyConfig",
+    "ToyModel",
+    "identity_rotation",
+    "neighbor_distance_loss",
+    "pca_rotation",
+    "principal_angles",
+    "random_rotation",
+    "recovery_report",
+    "sae_cluster_rotation",
+    "subspace_overlap",
+    "subspace_variances",
+    "train_toy_model",
+]

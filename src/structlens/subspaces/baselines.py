@@ -1,0 +1,88 @@
+"""Baseline rotations that reuse a partition found by NDM (Huang & Hahn's comparison).
+
+Each function returns an orthogonal ``(d, d)`` float64 matrix ``R`` whose column blocks, cut by
+the same ``partition``, are the baseline's subspaces (``z = h @ R``, rows = samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from structlens.stats.mutual_info import _check_partition
+
+
+def identity_rotation(d: int) -> np.ndarray:
+    """``R = I``: subspaces are blocks of the model's own basis."""
+    return np.eye(d)
+
+
+def random_rotation(d: int, seed: int = 0) -> np.ndarray:
+    """A Haar-random orthogonal matrix (QR of a Gaussian matrix with the sign fix)."""
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, d)))
+    return q * np.sign(np.diag(r))
+
+
+def pca_rotation(
+    h: np.ndarray, order: Literal["ascending", "descending"] = "ascending"
+) -> np.ndarray:
+    """Covariance eigenvectors of activations ``h`` ``(n, d)`` as columns.
+
+    ``"ascending"`` (the reference code's choice) puts the smallest-variance directions first,
+    so with NDM's descending partition they fill the largest subspace; ``"descending"`` flips it.
+    """
+    h = np.asarray(h, dtype=np.float64)
+    if h.ndim != 2 or h.shape[0] < 2 or not np.isfinite(h).all():
+        raise ValueError("h must be a finite (n_samples >= 2, d) array.")
+    _, vecs = np.linalg.eigh(np.cov(h, rowvar=False))
+    return vecs if order == "ascending" else vecs[:, ::-1].copy()
+
+
+def sae_cluster_rotation(
+    decoder: np.ndarray, partition: Sequence[int], n_iter: int = 20, seed: int = 0
+) -> np.ndarray:
+    """Subspaces from clustering SAE decoder directions (K-subspaces with fixed sizes).
+
+    ``decoder`` is ``(n_features, d)``, one feature direction per row (e.g. an SAE's ``W_dec``).
+    Directions are normalised; starting from a random rotation cut by ``partition``, each
+    direction is assigned to the subspace holding most of its squared norm, then the subspaces
+    are refitted one at a time, largest cluster first, as the top singular vectors of the
+    cluster's directions projected onto the orthogonal complement of the subspaces already
+    fitted — which keeps them orthogonal and of exactly the partition's sizes.  Subspace ``s``
+    keeps size ``partition[s]``; the returned matrix's blocks follow ``partition``.
+    """
+    dec = np.asarray(decoder, dtype=np.float64)
+    if dec.ndim != 2 or not np.isfinite(dec).all():
+        raise ValueError("decoder must be a finite (n_features, d) array of feature directions.")
+    sizes = _check_partition(partition, dec.shape[1])
+    norms = np.linalg.norm(dec, axis=1)
+    dirs = dec[norms > 0] / norms[norms > 0, None]
+    d = dec.shape[1]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    R = random_rotation(d, seed)
+    for _ in range(n_iter):
+        energy = np.stack(
+            [((dirs @ R[:, bounds[s] : bounds[s + 1]]) ** 2).sum(1) for s in range(len(sizes))]
+        )
+        assign = energy.argmax(0)
+        order = sorted(range(len(sizes)), key=lambda s: (-int((assign == s).sum()), s))
+        new = np.zeros_like(R)
+        complement = np.eye(d)
+        for s in order:
+            members = dirs[assign == s]
+            proj = members @ complement  # coordinates in the remaining orthonormal basis
+            if proj.shape[0] == 0:
+                basis = complement[:, : sizes[s]]
+            else:
+                _, _, vt = np.linalg.svd(proj, full_matrices=True)
+                basis = complement @ vt[: sizes[s]].T
+            new[:, bounds[s] : bounds[s + 1]] = basis
+            # Remaining directions: the complement of the basis within the old complement.
+            _, _, vt = np.linalg.svd(basis.T @ complement, full_matrices=True)
+            complement = complement @ vt[sizes[s] :].T
+        if np.allclose(new, R):
+            break
+        R = new
+    return R

@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+from structlens.subspaces.baselines import (
+    identity_rotation,
+    pca_rotation,
+    random_rotation,
+    sae_cluster_rotation,
+)
+from structlens.subspaces.preimage import SubspaceIndex
+
+
+def _orthogonal(R):
+    return np.allclose(R.T @ R, np.eye(R.shape[0]), atol=1e-10)
+
+
+def test_baselines_are_orthogonal(rng):
+    h = rng.standard_normal((300, 6)) * np.arange(1, 7)
+    for R in (identity_rotation(6), random_rotation(6, 1), pca_rotation(h)):
+        assert _orthogonal(R)
+    variances = (h @ pca_rotation(h)).var(0)
+    assert np.all(np.diff(variances) > 0)  # ascending: smallest variance first
+
+
+def test_sae_clustering_recovers_planted_subspaces(rng):
+    q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    spans = [q[:, :3], q[:, 3:5], q[:, 5:]]
+    decoder = np.vstack([rng.standard_normal((30, s.shape[1])) @ s.T for s in spans])
+    R = sae_cluster_rotation(decoder, [3, 2, 1], seed=0)
+    assert _orthogonal(R)
+    bounds = [0, 3, 5, 6]
+    for s, span in enumerate(spans):
+        block = R[:, bounds[s] : bounds[s + 1]]
+        assert np.allclose(block @ block.T, span @ span.T, atol=1e-8)
+
+
+def test_preimage_index_matches_brute_force(rng):
+    d = 8
+    R = random_rotation(d, 3)
+    h = rng.standard_normal((1000, d)).astype(np.float32)
+    index = SubspaceIndex(R, [5, 3], chunk_size=128)
+    index.add(iter([h[:400], h[400:]]))
+    assert len(index) == 1000
+    queries = h[:7]
+    idx, sims = index.query(queries, subspace=1, k=5, exclude=range(7))
+    z = h @ R[:, 5:]
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    ref = z[:7] @ z.T
+    ref[np.arange(7), np.arange(7)] = -np.inf
+    assert np.array_equal(idx, np.argsort(-ref, axis=1)[:, :5])
+    assert np.allclose(sims, np.sort(ref, axis=1)[:, ::-1][:, :5], atol=1e-5)
+    idx_thr, sims_thr = index.query(queries, subspace=1, k=5, min_similarity=0.999)
+    assert (idx_thr[:, 0] == np.arange(7)).all()  # only the query itself is that close
+    with pytest.raises(ValueError, match="subspace"):
+        index.query(queries, subspace=2)
