@@ -111,11 +111,15 @@ def worker(impl: str, n: int, extra: int) -> dict:
     if impl.startswith("anatome"):
         _stub_uutils()
         from anatome import similarity as an
+    if impl == "torch_cka_minibatch_centred":
+        # centring changes no CKA value; it shows the float32 cancellation of the raw run
+        x, y = x - x.mean(0, dtype=np.float64), y - y.mean(0, dtype=np.float64)
+        x, y = x.astype(np.float32), y.astype(np.float32)
     if impl.startswith("anatome") and impl.endswith("fp64"):
         tx, ty = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y.astype(np.float64))
     else:
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    if impl == "torch_cka_minibatch":
+    if impl.startswith("torch_cka_minibatch"):
         from torch.utils.data import DataLoader, TensorDataset
         from torch_cka import CKA
 
@@ -155,12 +159,14 @@ def worker(impl: str, n: int, extra: int) -> dict:
         value = 1.0 - float(
             an.svcca_distance_keeping_fixed_dims(tx, ty, extra, "svd", "original_anatome")
         )
-    elif impl == "torch_cka_minibatch":
+    elif impl.startswith("torch_cka_minibatch"):
         cka.compare(loader)
         value = float(cka.export()["CKA"][0, 0])
     elif impl in ("gram_cka", "gram_cka_debiased"):
-        xd, yd = x.astype(np.float64), y.astype(np.float64)
-        k, ell = xd @ xd.T, yd @ yd.T
+        # torch's matmul: numpy's bundled OpenBLAS segfaults on the 20k x 20k product here
+        xd, yd = torch.from_numpy(x).double(), torch.from_numpy(y).double()
+        k, ell = (xd @ xd.T).numpy(), (yd @ yd.T).numpy()
+        del xd, yd
         deb = impl.endswith("debiased")
         value = hsic(k, ell, deb) / np.sqrt(hsic(k, k, deb) * hsic(ell, ell, deb))
     else:
@@ -173,7 +179,10 @@ def run(impl: str, n: int, extra: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--worker", impl, str(n), str(extra)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
-        return {"impl": impl, "n": n, "error": out.stderr.strip().splitlines()[-1]}
+        lines = out.stderr.strip().splitlines()
+        why = lines[-1] if lines else f"exit status {out.returncode}"
+        print(f"{impl:28s} n={n:>6d}  FAILED: {why}", flush=True)
+        return {"impl": impl, "n": n, "error": why}
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res.update(impl=impl, n=n)
     print(
@@ -207,6 +216,7 @@ def main() -> None:
         run("anatome_svcca_fp64", N_FULL, k),
         run("structlens_minibatch", N_FULL, MINIBATCH),
         run("torch_cka_minibatch", N_FULL, MINIBATCH),
+        run("torch_cka_minibatch_centred", N_FULL, MINIBATCH),
     ]
     for n in (10_000, 20_000):
         rows += [run("gram_cka", n), run("structlens_cka", n)]
@@ -226,6 +236,7 @@ def main() -> None:
         ("structlens_svcca_fp32", "anatome_svcca", N_FULL),
         ("structlens_svcca", "anatome_svcca_fp64", N_FULL),
         ("structlens_minibatch", "torch_cka_minibatch", N_FULL),
+        ("structlens_minibatch", "torch_cka_minibatch_centred", N_FULL),
         ("structlens_cka", "gram_cka", 10_000),
         ("structlens_cka", "gram_cka", 20_000),
         ("structlens_cka_debiased", "gram_cka_debiased", 10_000),
@@ -233,7 +244,9 @@ def main() -> None:
     for ours, peer, n in pairs:
         a, b = get(ours, n), get(peer, n)
         if "error" in a or "error" in b:
-            comparisons.append({"ours": ours, "peer": peer, "n": n, "error": b.get("error")})
+            comparisons.append(
+                {"ours": ours, "peer": peer, "n": n, "error": a.get("error") or b.get("error")}
+            )
             continue
         comparisons.append(
             {

@@ -28,8 +28,12 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def check_matrix(x: Any, name: str, min_rows: int = 2) -> np.ndarray:
-    """Validate a ``[samples, features]`` matrix: 2-D, enough rows, all finite."""
+def check_matrix(x: Any, name: str, min_rows: int = 2, finite: bool = True) -> np.ndarray:
+    """Validate a ``[samples, features]`` matrix: 2-D, enough rows, all finite.
+
+    ``finite=False`` skips the NaN scan for callers that stream the data through
+    :class:`CrossMoments`, which checks every chunk itself.
+    """
     a = to_numpy(x, name)
     if a.ndim != 2:
         raise ValueError(
@@ -43,7 +47,8 @@ def check_matrix(x: Any, name: str, min_rows: int = 2) -> np.ndarray:
         )
     if a.shape[1] < 1:
         raise ValueError(f"{name} has no features (shape {a.shape}).")
-    check_finite(a, name)
+    if finite:
+        check_finite(a, name)
     return a
 
 
@@ -57,10 +62,12 @@ def check_finite(a: np.ndarray, name: str) -> None:
         )
 
 
-def check_pair(x: Any, y: Any, min_rows: int = 2) -> tuple[np.ndarray, np.ndarray]:
+def check_pair(
+    x: Any, y: Any, min_rows: int = 2, finite: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Validate two matrices describing the same probe set (same number of rows)."""
-    a = check_matrix(x, "X", min_rows)
-    b = check_matrix(y, "Y", min_rows)
+    a = check_matrix(x, "X", min_rows, finite)
+    b = check_matrix(y, "Y", min_rows, finite)
     if a.shape[0] != b.shape[0]:
         raise ValueError(
             f"X has {a.shape[0]} samples and Y has {b.shape[0]}: both representations must "
