@@ -70,9 +70,16 @@ def eval_cmd(
     model: Annotated[
         str, typer.Option("--model", help="Alias, hub name, directory or .gguf.")
     ] = "smollm2-135m",
-    task: Annotated[str, typer.Option("--task", help="Task name (structlens tasks list).")] = "ioi",
+    task: Annotated[
+        str, typer.Option("--task", help="Task name (structlens tasks list) or 'all'.")
+    ] = "ioi",
     n: Annotated[int | None, typer.Option("-n", help="Number of prompts.")] = None,
-    corruption: Annotated[str | None, typer.Option(help="Evaluate a corrupted variant.")] = None,
+    corruptions: Annotated[
+        bool,
+        typer.Option(
+            "--corruptions", help="Also evaluate every corrupted variant (scored on clean answers)."
+        ),
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
     out: Out = Path("results"),
     quiet: Quiet = False,
@@ -81,37 +88,40 @@ def eval_cmd(
     seed: Seed = 0,
 ) -> None:
     """Accuracy and mean task metric (with 95% CIs) of MODEL on TASK."""
+    from structlens.data.tasks import available_tasks
+
     m = load_model_or_fail(model, device, dtype, seed)
     if not m.causal:
         fail(f"{model} is an encoder; the circuit tasks need a causal LM")
-    result = evaluate(m, task, n=n, seed=seed, batch_size=batch_size, corruption=corruption)
-    summary = {
-        k: result[k]
-        for k in (
-            "task",
-            "corruption",
-            "n",
-            "accuracy",
-            "accuracy_ci",
-            "metric_mean",
-            "metric_ci",
-            "metric_description",
-            "top1",
+    names = available_tasks() if task == "all" else [task]
+    table = Table("task", "variant", "n", "accuracy (95% CI)", "metric mean (95% CI)")
+    for name in names:
+        results = [evaluate(m, name, n=n, seed=seed, batch_size=batch_size)]
+        if corruptions:
+            from structlens.data.tasks import make_task
+
+            variants = sorted(make_task(name, m.tokenizer, n=1, seed=seed).corrupted)
+            results += [
+                evaluate(m, name, n=n, seed=seed, batch_size=batch_size, corruption=c)
+                for c in variants
+            ]
+        path = write_results(
+            out,
+            f"tasks-{name}",
+            {"model": m.name, "seed": seed, "clean": results[0], "corrupted": results[1:]},
+            command="tasks eval",
         )
-    }
-    path = write_results(
-        out, f"tasks-{task}", {"model": m.name, "seed": seed, **result}, command="tasks eval"
-    )
+        for r in results:
+            lo, hi = r["accuracy_ci"]
+            mlo, mhi = r["metric_ci"]
+            table.add_row(
+                name,
+                r["corruption"] or "clean",
+                str(r["n"]),
+                f"{r['accuracy']:.3f} ({lo:.3f}-{hi:.3f})",
+                f"{r['metric_mean']:+.3f} ({mlo:+.3f} to {mhi:+.3f})",
+            )
+        if not quiet:
+            console.print(f"{name}: {results[0]['metric_description']} -> {path}")
     if not quiet:
-        table = Table("model", "task", "n", "accuracy (95% CI)", "metric mean (95% CI)")
-        lo, hi = summary["accuracy_ci"]
-        mlo, mhi = summary["metric_ci"]
-        table.add_row(
-            m.name,
-            task + (f" [{corruption}]" if corruption else ""),
-            str(summary["n"]),
-            f"{summary['accuracy']:.3f} ({lo:.3f}-{hi:.3f})",
-            f"{summary['metric_mean']:.3f} ({mlo:.3f}-{mhi:.3f})",
-        )
         console.print(table)
-        console.print(f"metric: {summary['metric_description']}\nwrote {path}")
