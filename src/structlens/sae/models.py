@@ -167,6 +167,26 @@ class SparseAutoencoder(nn.Module):
         parallel = (self.W_dec.grad * self.W_dec).sum(dim=1, keepdim=True)
         self.W_dec.grad.sub_(parallel * self.W_dec)
 
+    def _gather(
+        self,
+        s: torch.Tensor,
+        pre: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """Differentiable ``pre[rows, cols]`` (w.r.t. encoder weights and ``b_dec``)."""
+        return GatherPreacts.apply(
+            s.detach(),
+            self.W_enc_t,
+            self.b_enc,
+            self.b_dec if self.apply_b_dec_to_input else None,
+            pre,
+            rows,
+            cols,
+            offsets,
+        )
+
     def _sparse_pass(
         self,
         x: torch.Tensor,
@@ -175,7 +195,7 @@ class SparseAutoencoder(nn.Module):
         pattern: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         cols, offsets, rows = pattern
-        vals = GatherPreacts.apply(s, self.W_enc_t, self.b_enc, pre, rows, cols, offsets).relu()
+        vals = self._gather(s, pre, rows, cols, offsets).relu()
         recon = sparse_decode(cols, offsets, vals, self.W_dec) + self.b_dec
         fired = torch.bincount(cols[vals.detach() > 0], minlength=self.d_sae)
         return recon, vals, cols, fired
@@ -268,9 +288,7 @@ class TopKSAE(SparseAutoencoder):
             k_aux = min(self.aux_k, n_dead)
             scale = min(n_dead / self.aux_k, 1.0)
             cols, offsets, rows = masked_topk_pattern(pre, dead_mask, k_aux)
-            avals = GatherPreacts.apply(
-                s, self.W_enc_t, self.b_enc, pre, rows, cols, offsets
-            ).relu()
+            avals = self._gather(s, pre, rows, cols, offsets).relu()
             arecon = sparse_decode(cols, offsets, avals, self.W_dec)
             # Dead features learn to predict what the live ones miss (residual is detached).
             aux = scale * (arecon + err.detach()).pow(2).sum(-1).mean()

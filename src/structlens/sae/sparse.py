@@ -55,38 +55,38 @@ def sparse_decode(
 
 
 class GatherPreacts(torch.autograd.Function):
-    """Selected entries of ``pre = x @ W_encᵀ + b_enc`` with a sparse backward.
+    """Selected entries of ``pre = s @ W_encᵀ + b_enc``, ``s = x − b_dec``, with a sparse backward.
 
-    ``forward(x, W_enc_t, b_enc, pre, rows, cols, offsets)`` returns ``pre[rows, cols]``
-    (already computed densely without grad); the backward gives
-    ``∂/∂x = Gᵀ-decode`` (one ``embedding_bag``), ``∂/∂W_enc_t = Gᵀ x`` (a sparse-dense
-    product) and ``∂/∂b_enc = column sums of G``, where ``G`` is the sparse upstream gradient.
-    ``W_enc_t`` is the encoder in ``[d_sae, d_in]`` layout.
+    ``forward(s, W_enc_t, b_enc, b_dec, pre, rows, cols, offsets)`` returns ``pre[rows, cols]``
+    (``pre`` was computed densely without grad; ``s`` is detached data; ``b_dec`` is None when
+    it is not subtracted from the input).  With ``G`` the sparse upstream gradient the backward
+    gives ``∂/∂W_enc_t = Gᵀ s`` (a sparse-dense product, ``n·d`` work), ``∂/∂b_enc = c``, the
+    column sums of ``G``, and ``∂/∂b_dec = −c @ W_enc_t`` (``m·d`` work: the ``[B, d]`` input
+    gradient is never formed).  ``W_enc_t`` is the encoder in ``[d_sae, d_in]`` layout.
     """
 
     @staticmethod
-    def forward(ctx, x, W_enc_t, b_enc, pre, rows, cols, offsets):  # type: ignore[override]
-        ctx.save_for_backward(x, W_enc_t, rows, cols, offsets)
+    def forward(ctx, s, W_enc_t, b_enc, b_dec, pre, rows, cols, offsets):  # type: ignore[override]
+        ctx.save_for_backward(s, W_enc_t, rows, cols)
         return pre[rows, cols]
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        x, W_enc_t, rows, cols, offsets = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = F.embedding_bag(
-                cols, W_enc_t, offsets, mode="sum", per_sample_weights=grad.to(W_enc_t.dtype)
-            )
+        s, W_enc_t, rows, cols = ctx.saved_tensors
+        grad_w = grad_b = grad_b_dec = None
         if ctx.needs_input_grad[1]:
             # COO [d_sae, B] times dense [B, d_in]: the n·d sparse product, never B·m·d.
             g = torch.sparse_coo_tensor(
                 torch.stack([cols, rows]),
                 grad,
-                (W_enc_t.shape[0], x.shape[0]),
+                (W_enc_t.shape[0], s.shape[0]),
                 check_invariants=False,
             )
-            grad_w = torch.sparse.mm(g, x)
+            grad_w = torch.sparse.mm(g, s)
+        colsum = torch.zeros(W_enc_t.shape[0], dtype=grad.dtype, device=grad.device)
+        colsum.index_add_(0, cols, grad)
         if ctx.needs_input_grad[2]:
-            grad_b = torch.zeros(W_enc_t.shape[0], dtype=grad.dtype, device=grad.device)
-            grad_b.index_add_(0, cols, grad)
-        return grad_x, grad_w, grad_b, None, None, None, None
+            grad_b = colsum
+        if ctx.needs_input_grad[3]:
+            grad_b_dec = -(colsum @ W_enc_t)
+        return None, grad_w, grad_b, grad_b_dec, None, None, None, None

@@ -256,6 +256,15 @@ class SAETrainingResult(Result):
         return cls(**kw)
 
 
+def _adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """Adam with the fused kernel where the device supports it (one pass per tensor instead of
+    about six; the update is the same algorithm)."""
+    try:
+        return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999), fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.999))
+
+
 class SAETrainer:
     """Trains one SAE step by step from activation batches.
 
@@ -276,9 +285,7 @@ class SAETrainer:
             if config.architecture in ("topk", "batchtopk")
             else config.initial_coefficient
         )
-        self.optimizer = torch.optim.Adam(
-            self.sae.parameters(), lr=config.learning_rate, betas=(0.9, 0.999)
-        )
+        self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
         self.tokens = 0
         self.steps = 0
