@@ -31,6 +31,7 @@ from structlens.capture.store import (
     write_metadata,
     write_shard,
 )
+from structlens.data.tasks.base import pad_batch
 from structlens.execution import Executor, get_executor
 from structlens.interventions.hooks import hooked
 from structlens.models.loading import Model, load_model, resolve_dtype
@@ -90,18 +91,6 @@ def select_positions(
     return sel
 
 
-def _pad(
-    token_lists: Sequence[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
-    for i, t in enumerate(token_lists):
-        ids[i, : len(t)] = torch.tensor(t)
-        mask[i, : len(t)] = 1
-    return ids.to(device), mask.to(device)
-
-
 def iter_activations(
     model: Model,
     token_lists: Sequence[list[int]],
@@ -127,7 +116,7 @@ def iter_activations(
     for start in range(0, len(token_lists), batch_size):
         chunk = token_lists[start : start + batch_size]
         sel = selections[start : start + batch_size]
-        ids, mask = _pad(chunk, pad_id, model.device)
+        ids, mask = (t.to(model.device) for t in pad_batch(chunk, pad_id))
         width = ids.shape[1]
         rows = torch.tensor([i for i, r in enumerate(sel) for _ in r], dtype=torch.long)
         cols = torch.tensor([p for r in sel for p in r], dtype=torch.long)
