@@ -80,6 +80,7 @@ class SparseAutoencoder(nn.Module):
         apply_b_dec_to_input: bool = True,
         dtype: torch.dtype = torch.float32,
         seed: int | None = None,
+        decoder_init_norm: float = 1.0,
     ) -> None:
         super().__init__()
         if d_in < 1 or d_sae < 1:
@@ -89,7 +90,7 @@ class SparseAutoencoder(nn.Module):
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         gen = torch.Generator().manual_seed(0 if seed is None else seed)
         w = torch.randn(d_sae, d_in, generator=gen, dtype=torch.float64)
-        w /= w.norm(dim=1, keepdim=True)
+        w *= decoder_init_norm / w.norm(dim=1, keepdim=True)
         # Tied initialisation (encoder = decoderᵀ) is the TopK/Anthropic recipe and avoids
         # early dead features for every architecture here.
         self.W_dec = nn.Parameter(w.to(dtype).clone())
@@ -218,19 +219,20 @@ class ReLUSAE(SparseAutoencoder):
         self, x: torch.Tensor, dead_mask: torch.Tensor | None, coefficient: float
     ) -> TrainingOutput:
         s = self.sae_in(x)
-        with torch.no_grad():
-            pre_nograd = torch.nn.functional.linear(s, self.W_enc_t, self.b_enc)
-            positive = pre_nograd > 0
-            nnz = int(positive.sum())
+        # One encoder GEMM with grad; the sparse path reads it detached and leaves the dense
+        # graph unused (no backward runs through it).
+        pre = torch.nn.functional.linear(s, self.W_enc_t, self.b_enc)
+        positive = pre.detach() > 0
+        nnz = int(positive.sum())
         dec_norms = self.W_dec.norm(dim=1)
         if nnz < self.sparse_density * positive.numel():
             rows, cols = torch.nonzero(positive, as_tuple=True)
             counts = torch.bincount(rows, minlength=x.shape[0])
             offsets = torch.cumsum(counts, 0) - counts
-            recon, vals, cols, fired = self._sparse_pass(x, s, pre_nograd, (cols, offsets, rows))
+            recon, vals, cols, fired = self._sparse_pass(x, s, pre.detach(), (cols, offsets, rows))
             l1 = (vals * dec_norms[cols]).sum() / x.shape[0]
         else:
-            f = torch.relu(torch.nn.functional.linear(s, self.W_enc_t, self.b_enc))
+            f = torch.relu(pre)
             recon = torch.addmm(self.b_dec, f, self.W_dec)
             l1 = (f @ dec_norms).mean()
             fired = positive.sum(0)

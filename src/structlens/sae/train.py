@@ -11,10 +11,10 @@ so ``lr_base`` tuned at 16k latents transfers across a width sweep.  Adam, β = 
 
 Decoder norms
 -------------
-With ``decoder_norm="unit"`` (default) decoder rows are kept at unit norm: the radial part of
-their gradient is removed before each step and the rows are renormalised after it (the
-function the SAE computes is preserved by rescaling the encoder).  ``"free"`` leaves them
-unconstrained (the ReLU penalty is weighted by ``‖W_dec[i]‖`` either way).
+With ``decoder_norm="unit"`` (default except for ReLU) decoder rows are kept at unit norm:
+the radial part of their gradient is removed before each step and the rows are projected
+back onto the unit sphere after it.  ``"free"`` (default for ReLU, whose L1 penalty is
+weighted by ``‖W_dec[i]‖``) leaves them unconstrained; ReLU decoders start at norm 0.1.
 
 Dead features
 -------------
@@ -88,7 +88,9 @@ class SAETrainConfig:
         AuxK loss weight (TopK/BatchTopK); 1/32 as in Gao et al.
     dead_tokens : int
         Tokens without firing after which a feature counts as dead.
-    decoder_norm : {"unit", "free"}
+    decoder_norm : {"unit", "free"} | None
+        ``None``: ``"free"`` for ReLU (its L1 penalty is weighted by decoder norms, as in
+        SAELens's standard SAE), ``"unit"`` otherwise.
     jumprelu_bandwidth, jumprelu_init_threshold : float
         JumpReLU pseudo-gradient kernel width and initial threshold.
     seed : int
@@ -107,7 +109,7 @@ class SAETrainConfig:
     lr_base: float = 2e-4
     aux_k_coefficient: float = 1 / 32
     dead_tokens: int = 1_000_000
-    decoder_norm: Literal["unit", "free"] = "unit"
+    decoder_norm: Literal["unit", "free"] | None = None
     jumprelu_bandwidth: float = 0.05
     jumprelu_init_threshold: float = 0.01
     seed: int = 0
@@ -121,12 +123,18 @@ class SAETrainConfig:
             raise ValueError("d_sae and k must be positive.")
         if self.target_l0 is not None and not 0 < self.target_l0 <= self.d_sae:
             raise ValueError(f"target_l0 must lie in (0, d_sae], got {self.target_l0}.")
-        if self.decoder_norm not in ("unit", "free"):
-            raise ValueError("decoder_norm must be 'unit' or 'free'.")
+        if self.decoder_norm not in ("unit", "free", None):
+            raise ValueError("decoder_norm must be 'unit', 'free' or None.")
         if self.dead_tokens < 1 or self.l0_tolerance <= 0:
             raise ValueError("dead_tokens and l0_tolerance must be positive.")
-        if self.architecture == "batchtopk" and self.decoder_norm != "unit":
+        if self.architecture == "batchtopk" and self.decoder_norm == "free":
             raise ValueError("BatchTopK needs decoder_norm='unit' (one global threshold).")
+
+    @property
+    def effective_decoder_norm(self) -> str:
+        if self.decoder_norm is not None:
+            return self.decoder_norm
+        return "free" if self.architecture == "relu" else "unit"
 
     @property
     def effective_k(self) -> int:
@@ -148,7 +156,9 @@ def build_sae(config: SAETrainConfig, d_in: int) -> SparseAutoencoder:
     """An untrained SAE of ``config``'s architecture and width for inputs of size ``d_in``."""
     kw: dict[str, Any] = {"seed": config.seed}
     if config.architecture == "relu":
-        return ReLUSAE(d_in, config.d_sae, **kw)
+        # Small initial rows (SAELens's decoder_init_norm = 0.1): with ~half of all ReLU
+        # features active at initialisation, unit rows would start at FVU ≫ 1.
+        return ReLUSAE(d_in, config.d_sae, decoder_init_norm=0.1, **kw)
     if config.architecture == "topk":
         return TopKSAE(d_in, config.d_sae, config.effective_k, **kw)
     if config.architecture == "batchtopk":
@@ -311,10 +321,11 @@ class SAETrainer:
         out = self.sae.training_output(x, dead if bool(dead.any()) else None, self.coefficient)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        if self.config.decoder_norm == "unit":
+        unit = self.config.effective_decoder_norm == "unit"
+        if unit:
             self.sae.remove_parallel_decoder_grad()
         self.optimizer.step()
-        if self.config.decoder_norm == "unit":
+        if unit:
             self.sae.normalize_decoder()
         b = x.shape[0]
         self.tokens_since_fired += b
