@@ -1,5 +1,6 @@
 """SAELens-format round trips, training, matched L0, one-pass sweeps and evaluation."""
 
+import functools
 import json
 
 import numpy as np
@@ -31,9 +32,10 @@ def _sparse_data(n_batches, batch=128, d=16, atoms=48, seed=0):
         yield (dictionary[idx] * coef[..., None]).sum(1)
 
 
+@functools.cache
 def _trained(arch):
     cfg = SAETrainConfig(architecture=arch, d_sae=64, k=4, lr=3e-3, target_l0=None)
-    return train_sae(cfg, _sparse_data(40)).sae
+    return train_sae(cfg, _sparse_data(15)).sae
 
 
 @pytest.mark.parametrize("arch", ["relu", "topk", "batchtopk", "jumprelu"])
