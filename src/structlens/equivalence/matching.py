@@ -141,7 +141,8 @@ def layer_similarity_matrix(
         may differ between the models). Apply :func:`~structlens.equivalence.prepare` first.
     metric : str or callable
         ``"linear_cka"`` (default), ``"linear_cka_debiased"``, a name in :data:`METRICS`, or a
-        function ``f(x, y) -> float`` (higher = more similar).
+        function ``f(x, y) -> float`` (higher = more similar). Directional metrics
+        (``"encoding"``) give entry ``[i, j] = f(A_i -> B_j)``.
 
     Returns
     -------

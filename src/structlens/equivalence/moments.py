@@ -23,7 +23,7 @@ import torch
 
 from ._checks import check_finite, to_numpy
 
-DEFAULT_CHUNK_ROWS = 8192
+DEFAULT_CHUNK_ROWS = 16384
 PRECISIONS = ("float64", "float32")
 
 
@@ -57,8 +57,9 @@ def _chunk_moments(
         mx32, my32 = c.mean(0), e.mean(0)
         c, e = c - mx32, e - my32  # new tensors: the caller's data is never modified
         mx, my = mx32.double(), my32.double()
-    p = (c * c).reshape(n, gx, -1).sum(-1).double()
-    q = (e * e).reshape(n, gy, -1).sum(-1).double()
+    # vector_norm reduces without materialising c * c
+    p = torch.linalg.vector_norm(c.reshape(n, gx, -1), dim=-1).double().square()
+    q = torch.linalg.vector_norm(e.reshape(n, gy, -1), dim=-1).double().square()
     # a NaN or inf anywhere in a row makes its norm non-finite: one cheap test on [n, g]
     if not bool(torch.isfinite(p).all()):
         check_finite(np.asarray(x), "x")
