@@ -1,0 +1,379 @@
+"""Subspace activation patching: how concentrated a circuit's information is across subspaces.
+
+Huang & Hahn evaluate a decomposition ``(R, partition)`` by patching one subspace at a time
+from a corrupted run into the clean run at a few token positions of one layer and measuring
+the drop of the task metric.  If the decomposition is good, one subspace carries (almost) the
+whole effect of patching the entire space, and the Gini coefficient of the per-subspace
+effects is high.
+
+Conventions
+-----------
+* Activations are rows; subspace ``s`` of a rotation ``R`` is its column block
+  ``partition[s]``; patching it at the selected positions sets
+  ``x <- x + (x_corrupt - x) Q Q^T`` with ``Q`` that block (as
+  :func:`structlens.interventions.patch` with ``basis=subspace_basis(R, cols)``).
+* The effect of a patch on prompt ``i`` is ``metric_clean(i) - metric_patched(i)`` (positive
+  when patching destroys the behaviour), always scored against the clean prompt's answers.
+  The *normalised* effect divides the mean effect by the mean effect of patching the whole
+  space at the same positions.
+* Gini coefficients use the mean (over prompts) effect per subspace, see
+  :mod:`structlens.stats.gini`; confidence intervals are percentile bootstraps over prompts.
+
+GPT-2 small (12 layers) to a model with ``L`` layers: ``resid_post`` of layer ``l`` sits after
+``l + 1`` of 12 blocks; the matching layer is ``round((l + 1) L / 12) - 1`` with halves rounded
+up, so 4, 6, 8, 9 map to 12, 17, 22, 24 for SmolLM2's 30 layers (relative depths 0.417, 0.583,
+0.75, 0.833 vs 0.433, 0.6, 0.767, 0.833).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.data.tasks import TaskDataset, pad_batch
+from structlens.interventions import run_with_cache
+from structlens.models.loading import Model
+from structlens.stats.gini import gini, gini_dimension_normalized, gini_variance_normalized
+from structlens.subspaces.data import resid_site
+from structlens.subspaces.fastrun import metric_logits, resumed, truncated
+
+GINI_VARIANTS = ("unnormalized", "dimension", "variance")
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchTest:
+    """One subspace patching test of the paper.
+
+    ``layer`` is the GPT-2-small ``resid_post`` layer of the paper (see :func:`map_layer`),
+    ``positions`` names the task positions patched (``task.positions[name]``), ``corruption``
+    a key of ``task.corrupted`` or ``"name_swap"`` (:func:`name_swap_corruption`).
+    """
+
+    name: str
+    task: str
+    corruption: str
+    gpt2_layer: int
+    positions: tuple[str, ...]
+
+
+PAPER_TESTS: tuple[PatchTest, ...] = (
+    PatchTest("previous_token", "ioi", "position_swap", 4, ("IO+1", "S+1")),
+    PatchTest("duplicate_token", "ioi", "position_swap", 6, ("S2",)),
+    PatchTest("s_inhibition_position", "ioi", "position_swap", 8, ("END",)),
+    PatchTest("s_inhibition_name", "ioi", "name_swap", 8, ("END",)),
+    PatchTest("greater_than", "greater_than", "01", 9, ("METRIC",)),
+)
+
+
+def map_layer(gpt2_layer: int, n_layers: int, source_layers: int = 12) -> int:
+    """The layer of an ``n_layers`` model at the relative depth of ``gpt2_layer`` of 12."""
+    if not 0 <= gpt2_layer < source_layers:
+        raise ValueError(f"gpt2_layer must be in [0, {source_layers}), got {gpt2_layer}.")
+    return int(math.floor((gpt2_layer + 1) * n_layers / source_layers + 0.5)) - 1
+
+
+def name_swap_corruption(task: TaskDataset) -> list[list[int]]:
+    """The paper's ``S_name`` corruption of IOI: the S name (both mentions) becomes the IO name
+    and the IO name becomes the S name, so the lengths and positions stay the same."""
+    if task.name != "ioi":
+        raise ValueError(f"name_swap is defined for the ioi task, got {task.name!r}.")
+    out = []
+    for i, toks in enumerate(task.clean):
+        t = list(toks)
+        io, s, s2 = (task.positions[k][i] for k in ("IO", "S", "S2"))
+        t[io], t[s], t[s2] = toks[s], toks[io], toks[io]
+        out.append(t)
+    return out
+
+
+def corrupted_prompts(task: TaskDataset, corruption: str) -> list[list[int]]:
+    if corruption == "name_swap":
+        return name_swap_corruption(task)
+    if corruption not in task.corrupted:
+        raise ValueError(
+            f"task {task.name!r} has no corruption {corruption!r}; "
+            f"choose from {sorted(task.corrupted)} (or 'name_swap' for ioi)."
+        )
+    return [list(t) for t in task.corrupted[corruption]]
+
+
+def metric_positions(task: TaskDataset) -> list[list[int]]:
+    """Per prompt, the positions whose logits the task metric reads."""
+    return [
+        [task.positions[name][i] for name in task.metric_positions] for i in range(len(task.clean))
+    ]
+
+
+def patch_positions(task: TaskDataset, names: Sequence[str]) -> list[list[int]] | None:
+    """Per-prompt positions for the given names; ``"METRIC"`` means the metric positions and
+    ``"ALL"`` every position (returned as ``None``)."""
+    if list(names) == ["ALL"]:
+        return None
+    out: list[list[int]] = [[] for _ in task.clean]
+    for name in names:
+        rows = (
+            metric_positions(task)
+            if name == "METRIC"
+            else [[p] for p in task.positions[name]]
+            if name in task.positions
+            else None
+        )
+        if rows is None:
+            raise ValueError(
+                f"task {task.name!r} has no position {name!r}; choose from "
+                f"{sorted(task.positions)}, 'METRIC' or 'ALL'."
+            )
+        for i, r in enumerate(rows):
+            out[i] += r
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchRun:
+    """Per-prompt outputs of patching each subspace (``bases[s]``) and the whole space.
+
+    ``effects[i, s] = clean_metric[i] - patched_metric[i, s]``; ``full_effect`` is the same for
+    the whole space; ``top1[i, s]`` the top-1 token at the last metric position of each patched
+    run (``top1_clean`` / ``top1_full`` likewise), for routing analyses.
+    """
+
+    clean_metric: np.ndarray
+    corrupt_metric: np.ndarray
+    effects: np.ndarray
+    full_effect: np.ndarray
+    top1: np.ndarray
+    top1_clean: np.ndarray
+    top1_full: np.ndarray
+
+    def mean_effects(self) -> np.ndarray:
+        return self.effects.mean(0)
+
+    def normalized_effects(self) -> np.ndarray:
+        """Mean effect per subspace divided by the mean whole-space effect."""
+        return self.effects.mean(0) / self.full_effect.mean()
+
+
+def _check_bases(bases: Sequence[np.ndarray | torch.Tensor], d: int) -> list[torch.Tensor]:
+    out = []
+    for s, b in enumerate(bases):
+        q = torch.as_tensor(np.asarray(b), dtype=torch.float64)
+        if q.ndim != 2 or q.shape[0] != d:
+            raise ValueError(f"basis {s} must be (d={d}, k), got {tuple(q.shape)}.")
+        if not torch.allclose(q.T @ q, torch.eye(q.shape[1], dtype=q.dtype), atol=1e-4):
+            raise ValueError(f"basis {s} does not have orthonormal columns.")
+        out.append(q)
+    return out
+
+
+def patch_subspaces(
+    model: Model,
+    task: TaskDataset,
+    corrupted: Sequence[Sequence[int]],
+    layer: int,
+    positions: Sequence[Sequence[int]] | None,
+    bases: Mapping[str, Sequence[np.ndarray | torch.Tensor]],
+    *,
+    batch_size: int = 16,
+) -> dict[str, PatchRun]:
+    """Patch every subspace of every method from the corrupted run at ``resid_post`` of
+    ``layer`` and the given positions (``None``: all), and score the task metric.
+
+    ``bases`` maps a method name to its list of ``(d, d_s)`` orthonormal bases.  Prompts are
+    batched; the clean and corrupted ``resid_post`` are computed once per batch (the model
+    truncated after ``layer``) and each patched run only computes the layers after ``layer``
+    (:func:`structlens.subspaces.fastrun.resumed`), unembedding only the metric positions.
+    Returns one :class:`PatchRun` per method.
+    """
+    n = len(task.clean)
+    if len(corrupted) != n:
+        raise ValueError(f"{len(corrupted)} corrupted prompts for {n} clean prompts.")
+    if any(len(c) != len(t) for c, t in zip(corrupted, task.clean, strict=True)):
+        raise ValueError("every corrupted prompt must have its clean prompt's length.")
+    if positions is not None and len(positions) != n:
+        raise ValueError(f"{len(positions)} position lists for {n} prompts.")
+    checked = {m: _check_bases(b, model.d_model) for m, b in bases.items()}
+    site = resid_site(layer)
+    pad = model.tokenizer.pad_token_id or 0
+    mpos = metric_positions(task)
+    acc: dict[str, dict[str, list[np.ndarray]]] = {
+        m: {k: [] for k in ("effects", "full", "top1", "top1_full")} for m in checked
+    }
+    clean_all, corrupt_all, top_clean_all = [], [], []
+
+    def score(ids, mask, resid, idx):
+        with torch.no_grad(), resumed(model, layer, resid):
+            logits = metric_logits(model, ids, mask, [mpos[i] for i in idx])
+        metric = task.metric(logits[:, 0] if logits.shape[1] == 1 else logits, idx)
+        return metric.double().cpu().numpy(), logits[:, -1].argmax(-1).cpu().numpy()
+
+    for start in range(0, n, batch_size):
+        idx = list(range(start, min(n, start + batch_size)))
+        ids, mask = pad_batch([task.clean[i] for i in idx], pad)
+        cids, _ = pad_batch([list(corrupted[i]) for i in idx], pad)
+        ids, mask, cids = ids.to(model.device), mask.to(model.device), cids.to(model.device)
+        with truncated(model, layer):
+            _, cache = run_with_cache(model, ids, mask, [site])
+            _, ccache = run_with_cache(model, cids, mask, [site])
+        clean, corrupt = cache[site].double(), ccache[site].double()
+        delta = corrupt - clean
+        if positions is not None:
+            pmask = torch.zeros(delta.shape[:2], dtype=torch.float64, device=delta.device)
+            for r, i in enumerate(idx):
+                pmask[r, list(positions[i])] = 1.0
+            delta = delta * pmask[..., None]
+        m_clean, top_clean = score(ids, mask, clean, idx)
+        m_corrupt, _ = score(ids, mask, clean + delta if positions is None else corrupt, idx)
+        clean_all.append(m_clean)
+        corrupt_all.append(m_corrupt)
+        top_clean_all.append(top_clean)
+        m_full, top_full = score(ids, mask, clean + delta, idx)
+        for method, qs in checked.items():
+            effects, tops = [], []
+            for q in qs:
+                q = q.to(delta.device)
+                m_patch, top = score(ids, mask, clean + (delta @ q) @ q.T, idx)
+                effects.append(m_clean - m_patch)
+                tops.append(top)
+            acc[method]["effects"].append(np.stack(effects, 1))
+            acc[method]["top1"].append(np.stack(tops, 1))
+            acc[method]["full"].append(m_clean - m_full)
+            acc[method]["top1_full"].append(top_full)
+    return {
+        method: PatchRun(
+            clean_metric=np.concatenate(clean_all),
+            corrupt_metric=np.concatenate(corrupt_all),
+            effects=np.concatenate(a["effects"]),
+            full_effect=np.concatenate(a["full"]),
+            top1=np.concatenate(a["top1"]),
+            top1_clean=np.concatenate(top_clean_all),
+            top1_full=np.concatenate(a["top1_full"]),
+        )
+        for method, a in acc.items()
+    }
+
+
+def gini_variants(
+    mean_effects: np.ndarray, dims: Sequence[int], variances: Sequence[float]
+) -> dict[str, float]:
+    """The three Gini variants of one vector of mean effects per subspace."""
+    return {
+        "unnormalized": gini(mean_effects),
+        "dimension": gini_dimension_normalized(mean_effects, dims),
+        "variance": gini_variance_normalized(mean_effects, variances),
+    }
+
+
+def bootstrap_gini(
+    effects: np.ndarray,
+    dims: Sequence[int],
+    variances: Sequence[float],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Gini variants of the mean effects over ``n_boot`` resamplings of the prompts (rows of
+    ``effects``), as arrays of length ``n_boot``.  The same ``seed`` gives the same resamples
+    for every method, so differences between methods are paired."""
+    eff = np.asarray(effects, dtype=np.float64)
+    if eff.ndim != 2 or eff.shape[0] < 2:
+        raise ValueError(f"effects must be (n_prompts >= 2, n_subspaces), got {eff.shape}.")
+    rng = np.random.default_rng(seed)
+    out = {k: np.empty(n_boot) for k in GINI_VARIANTS}
+    for b in range(n_boot):
+        means = eff[rng.integers(0, eff.shape[0], eff.shape[0])].mean(0)
+        if not np.any(means):
+            for k in GINI_VARIANTS:
+                out[k][b] = np.nan
+            continue
+        for k, v in gini_variants(means, dims, variances).items():
+            out[k][b] = v
+    return out
+
+
+def interval(samples: np.ndarray, confidence: float = 0.95) -> list[float]:
+    """Percentile interval of bootstrap samples (NaNs dropped)."""
+    s = np.asarray(samples, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    a = (1.0 - confidence) / 2.0
+    return [float(np.quantile(s, a)), float(np.quantile(s, 1.0 - a))]
+
+
+def summarize_gini(
+    runs: Mapping[str, Mapping[str, PatchRun]],
+    dims: Mapping[str, Sequence[int]],
+    variances: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Gini per test and method, their means over tests, with bootstrap CIs over prompts.
+
+    ``runs[test][method]`` are :class:`PatchRun` s, ``dims[test]`` the partition used by that
+    test, ``variances[test][method]`` the activation variance in each of the method's
+    subspaces.  Returns ``gini[test][method][variant] = {"value", "ci"}``,
+    ``gini_mean[method][variant] = {"value", "ci"}`` and ``gini_mean_diff`` (NDM minus each
+    other method, paired bootstrap) when a method is called ``"ndm"``.
+    """
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    boots: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for t_i, (test, by_method) in enumerate(runs.items()):
+        table[test], boots[test] = {}, {}
+        for method, run in by_method.items():
+            point = gini_variants(run.mean_effects(), dims[test], variances[test][method])
+            bs = bootstrap_gini(
+                run.effects, dims[test], variances[test][method], n_boot=n_boot, seed=seed + t_i
+            )
+            boots[test][method] = bs
+            table[test][method] = {
+                k: {"value": point[k], "ci": interval(bs[k])} for k in GINI_VARIANTS
+            }
+    methods = list(next(iter(runs.values())))
+    mean: dict[str, dict[str, Any]] = {}
+    mean_boot: dict[str, dict[str, np.ndarray]] = {}
+    for method in methods:
+        mean[method], mean_boot[method] = {}, {}
+        for k in GINI_VARIANTS:
+            mean_boot[method][k] = np.mean([boots[t][method][k] for t in runs], axis=0)
+            mean[method][k] = {
+                "value": float(np.mean([table[t][method][k]["value"] for t in runs])),
+                "ci": interval(mean_boot[method][k]),
+            }
+    out: dict[str, Any] = {"gini": table, "gini_mean": mean}
+    if "ndm" in methods:
+        out["gini_mean_diff"] = {
+            other: {
+                k: {
+                    "value": mean["ndm"][k]["value"] - mean[other][k]["value"],
+                    "ci": interval(mean_boot["ndm"][k] - mean_boot[other][k]),
+                }
+                for k in GINI_VARIANTS
+            }
+            for other in methods
+            if other != "ndm"
+        }
+    return out
+
+
+def routing_rates(run: PatchRun, task: TaskDataset) -> dict[str, Any]:
+    """Knowledge-conflict routing per patched subspace: the fraction of prompts whose top-1
+    token is the context answer (``context_rate``) or the parametric answer
+    (``param_rate``), for the clean run, each subspace patch and the whole-space patch."""
+    ctx = np.asarray(task.answers["context"])
+    par = np.asarray(task.answers["parametric"])
+
+    def rates(top: np.ndarray) -> dict[str, float]:
+        return {
+            "context_rate": float(np.mean(top == ctx)),
+            "param_rate": float(np.mean(top == par)),
+        }
+
+    return {
+        "clean": rates(run.top1_clean),
+        "full": rates(run.top1_full),
+        "subspaces": [rates(run.top1[:, s]) for s in range(run.top1.shape[1])],
+    }
