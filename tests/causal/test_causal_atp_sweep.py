@@ -188,3 +188,12 @@ def test_atp_bad_input():
         exact_zero_ablation(sae, torch.randn(2, 12), lambda h: h.sum(1), [99])
     with pytest.raises(ValueError, match="percentile"):
         WidthSweepConfig(percentile=100)
+
+
+def test_results_save_and_load(tmp_path):
+    model = SyntheticCausalModel(d=8, n_atoms=16, n_causal=3, vocab=10, seed=0)
+    res = CausalDimension().fit(model, model.sample(16))
+    res.save(tmp_path / "kappa")
+    back = type(res).load(tmp_path / "kappa")
+    assert back.erank == res.erank and back.numerical_rank == 3
+    np.testing.assert_array_equal(back.sigma, res.sigma)

@@ -180,3 +180,13 @@ def test_training_bad_input():
         train_sae(SAETrainConfig(d_sae=8, k=2), [torch.randn(2, 3, 4)])
     with pytest.raises(ValueError, match="empty"):
         train_sae(SAETrainConfig(d_sae=8, k=2), [])
+
+
+def test_training_result_save_load(tmp_path):
+    r = train_sae(SAETrainConfig(architecture="topk", d_sae=32, k=3, lr=1e-3), _sparse_data(5))
+    r.save(tmp_path / "run")
+    back = type(r).load(tmp_path / "run")
+    assert back.tokens == r.tokens and back.config == r.config
+    np.testing.assert_array_equal(back.loss_history, r.loss_history)
+    x = next(_sparse_data(1, seed=3))
+    torch.testing.assert_close(back.sae(x), r.sae(x))
