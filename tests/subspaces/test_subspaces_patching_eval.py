@@ -24,6 +24,15 @@ from structlens.subspaces.evaluate import (
 from structlens.subspaces.fastrun import metric_logits, resumed, truncated
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The shared CI machine is oversubscribed; intra-op threads then mostly wait on each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tok():
     return load_model("smollm2-135m").tokenizer

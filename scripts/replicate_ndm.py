@@ -1,0 +1,376 @@
+"""Reproduce the NDM paper's claims on SmolLM2-135M-Instruct and write docs/replication/ndm.md.
+
+    .venv/bin/python scripts/replicate_ndm.py            # everything (cached stages are reused)
+    .venv/bin/python scripts/replicate_ndm.py --render   # only rewrite the markdown
+
+Stages (each a ``structlens ndm`` command run as a subprocess, single-threaded, several in
+parallel because this 2-core machine is shared and oversubscribed):
+
+1. ``ndm train`` once per layer (12, 17, 22, 24: the paper's GPT-2 layers 4, 6, 8, 9 at the
+   same relative depth), then one collecting run that reuses the finished checkpoints;
+2. ``ndm evaluate`` once per patching test, then one run that reuses the cached patch runs and
+   adds the Gini summary, knowledge conflict and the toy recovery; a second toy variant with
+   the ``min_subspaces`` guard runs alongside;
+3. ``ndm browse`` for two queries;
+4. the markdown, from the JSON files only.
+
+Results go under ``results/ndm/`` (git-ignored); the markdown to ``docs/replication/ndm.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "ndm"
+DOC = ROOT / "docs" / "replication" / "ndm.md"
+LAYERS = (12, 17, 22, 24)
+TESTS = (
+    "previous_token",
+    "duplicate_token",
+    "s_inhibition_position",
+    "s_inhibition_name",
+    "greater_than",
+)
+TRAIN_ARGS = [
+    "--capture-layers", ",".join(map(str, LAYERS)), "--corpus-prompts", "150",
+    "--task-prompts", "40", "--unit-size", "48", "--steps", "60", "--bank-size", "8192",
+    "--batch-size", "128", "--refresh-interval", "20", "--lr", "3e-3", "--merge-start", "20",
+    "--merge-interval", "20", "--merge-threshold", "0.04", "--mi-samples", "2048",
+]  # fmt: skip
+EVAL_ARGS = [
+    "-n", "24", "--batch-size", "12", "--n-boot", "1000", "--sae-width", "1024", "--sae-k", "32",
+    "--sae-epochs", "2",
+]  # fmt: skip
+QUERIES = [
+    ("When Mary and John went to the store, John gave a drink to", -1),
+    ("It is a truth universally acknowledged, that a single man in possession", -1),
+]
+PAPER_GINI = {"ndm": 0.71, "baselines": (0.21, 0.38)}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from structlens.cli.ndm import app; app()", *args]
+
+
+def _run_parallel(commands: list[tuple[list[str], Path]]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs = []
+    for cmd, log in commands:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as fh:
+            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh), log))
+    failed = [str(log) for p, log in procs if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"stage failed; see {failed}")
+
+
+def train() -> None:
+    ckpt = RESULTS / "train" / "checkpoints"
+    _run_parallel(
+        [
+            (
+                _cli("train", "--layers", str(layer), *TRAIN_ARGS, "--checkpoints", str(ckpt),
+                     "--out", str(RESULTS / f"train-L{layer}"), "-q"),
+                RESULTS / "logs" / f"train-L{layer}.log",
+            )
+            for layer in LAYERS
+        ]
+    )  # fmt: skip
+    _run_parallel(
+        [
+            (
+                _cli("train", "--layers", ",".join(map(str, LAYERS)), *TRAIN_ARGS,
+                     "--checkpoints", str(ckpt), "--out", str(RESULTS / "train"), "-q"),
+                RESULTS / "logs" / "train.log",
+            )
+        ]
+    )  # fmt: skip
+
+
+def evaluate() -> None:
+    common = ["--train", str(RESULTS / "train"), *EVAL_ARGS, "--out", str(RESULTS / "eval")]
+    toy2 = [
+        sys.executable,
+        "-c",
+        "import json,sys; from structlens.subspaces import NDMConfig, ToyConfig; "
+        "from structlens.subspaces.pipeline import toy_recovery; "
+        "from structlens.results import atomic_write_json; "
+        "c = NDMConfig(unit_size=2, lr=1e-3, max_steps=3000, bank_size=8192, "
+        "refresh_interval=50, merge_start=1000, merge_interval=500, mi_samples=2000, "
+        "min_subspaces=2, seed=0); "
+        "atomic_write_json(sys.argv[1], toy_recovery(ToyConfig(seed=0), c, seed=0))",
+        str(RESULTS / "toy_min_subspaces_2.json"),
+    ]
+    jobs = [
+        (
+            _cli("evaluate", "--tests", t, "--no-conflict", "--no-toy", *common, "-q"),
+            RESULTS / "logs" / f"eval-{t}.log",
+        )
+        for t in TESTS
+    ]
+    if not (RESULTS / "toy_min_subspaces_2.json").exists():
+        jobs.append((toy2, RESULTS / "logs" / "toy-min2.log"))
+    _run_parallel(jobs)
+    _run_parallel([(_cli("evaluate", *common), RESULTS / "logs" / "eval.log")])
+
+
+def browse() -> None:
+    _run_parallel(
+        [
+            (
+                _cli("browse", "--train", str(RESULTS / "train"), "--prompt", text,
+                     "--position", str(pos), "--k", "5", "--out",
+                     str(RESULTS / f"browse-{i}"), "-q"),
+                RESULTS / "logs" / f"browse-{i}.log",
+            )
+            for i, (text, pos) in enumerate(QUERIES)
+        ]
+    )  # fmt: skip
+
+
+def _ci(entry: dict) -> str:
+    return f"{entry['value']:.2f} [{entry['ci'][0]:.2f}, {entry['ci'][1]:.2f}]"
+
+
+def render() -> str:
+    tr = json.loads((RESULTS / "train" / "ndm_train.json").read_text())
+    ev = json.loads((RESULTS / "eval" / "ndm_evaluate.json").read_text())
+    toy2_path = RESULTS / "toy_min_subspaces_2.json"
+    toy2 = json.loads(toy2_path.read_text()) if toy2_path.exists() else None
+    per_layer = {}
+    for layer in LAYERS:
+        p = RESULTS / f"train-L{layer}" / "ndm_train.json"
+        if p.exists():
+            per_layer[layer] = json.loads(p.read_text())["results"][str(layer)]
+    methods = ev["methods"]
+    cfg = tr["config"]
+    lines = [
+        "# NDM replication on SmolLM2-135M-Instruct",
+        "",
+        "Produced by `.venv/bin/python scripts/replicate_ndm.py` (stages cached under "
+        "`results/ndm/`; `--render` only rewrites this file). Paper: Huang & Hahn, "
+        "*Decomposing Representation Space into Interpretable Subspaces with Unsupervised "
+        "Learning* (ICLR 2026). Machine: 2 shared CPU cores (load average ≈ 10 from other "
+        "jobs), no GPU.",
+        "",
+        "## Verdicts",
+        "",
+        "| claim (paper) | our measurement | verdict |",
+        "|---|---|---|",
+    ]
+    gm = ev["gini_mean"]
+    ndm_dim = gm["ndm"]["dimension"]
+    base_dims = {m: gm[m]["dimension"] for m in methods if m != "ndm"}
+    best_base = max(base_dims.values(), key=lambda e: e["value"])
+    diffs = ev.get("gini_mean_diff", {})
+    above = all(d["dimension"]["ci"][0] > 0 for d in diffs.values())
+    verdict_gini = (
+        "partly: NDM above every baseline, far below 0.71"
+        if above and ndm_dim["value"] < 0.6
+        else "reproduced"
+        if above and ndm_dim["value"] >= 0.6
+        else "not reproduced"
+    )
+    toy = ev["toy"]
+    lines += [
+        f"| mean Gini (dimension-normalised) over 5 tests: NDM 0.71 vs baselines 0.21–0.38 "
+        f"(GPT-2 small) | NDM {_ci(ndm_dim)}; best baseline {_ci(best_base)} "
+        f"(95% bootstrap CIs over prompts) | {verdict_gini} |",
+        f"| toy: one subspace per mutually exclusive feature group | merging to the threshold: "
+        f"partition {toy['partition']} (truth {toy['truth_dims']}), min matched overlap "
+        f"{toy['overlap']:.3f}"
+        + (
+            f"; with `min_subspaces=2`: partition {toy2['partition']}, overlap "
+            f"{toy2['overlap']:.3f}"
+            if toy2
+            else ""
+        )
+        + " | "
+        + (
+            "reproduced"
+            if toy["right_number_of_subspaces"] and toy["overlap"] > 0.9
+            else "partly (groups recovered only with the stop guard)"
+            if toy2 and toy2["overlap"] > 0.9
+            else "not reproduced"
+        )
+        + " |",
+    ]
+    if ev.get("conflict"):
+        c = ev["conflict"]
+        lines.append(
+            "| knowledge conflict: single subspaces nearly match whole-space patching of the "
+            "context/parametric routing (Qwen2.5-1.5B) | see the table below (layer "
+            f"{c['layer']}, n = {c['n']}) | see below |"
+        )
+    lines += [
+        "",
+        "## Settings and distance from the paper",
+        "",
+        "| | paper (GPT-2 small) | here (SmolLM2-135M, d = 576, 30 layers) |",
+        "|---|---|---|",
+        "| layers (resid_post) | 4, 6, 8, 9 of 12 | "
+        + ", ".join(str(v) for v in LAYERS)
+        + " of 30: `round((l+1)·30/12) − 1`, halves up |",
+        f"| training data | MiniPile, ≈ 400k-key bank per step | {tr['data']['n_tokens_captured']} "
+        f"activations (bundled Austen corpus: {tr['data']['corpus_prompts']} windows of 128 "
+        f"tokens; {tr['data']['task_prompts']} prompts each of IOI, greater-than, knowledge "
+        "conflict; first position skipped) |",
+        f"| bank / batch | 409,600 keys / 128 | {cfg['bank_size']} keys / {cfg['batch_size']}, "
+        f"refreshed every {cfg['refresh_interval']} steps |",
+        f"| initial subspaces | 32 dims (24) | {cfg['unit_size']} dims "
+        f"({576 // cfg['unit_size']}) |",
+        f"| steps, merges | 100k; merges every 8k from 20k | {cfg['max_steps']}; merges every "
+        f"{cfg['merge_interval']} from {cfg['merge_start']} (≤ 1 pair per round) |",
+        f"| optimiser | Adam 3e-4 | Adam {cfg['lr']:g} |",
+        f"| KSG | k = 1, 98,304 reference keys | k = {cfg['mi_k']}, {cfg['mi_samples']} rows, "
+        f"threshold {cfg['merge_threshold']} |",
+        f"| patching prompts | 1000 per test | {ev['n_prompts']} per test, "
+        f"{ev['n_boot']} bootstrap resamples |",
+        "",
+        "Training is ~1,700× shorter than the paper's (60 vs 100,000 steps) and each step "
+        "searches a 50× smaller bank: one step costs ≈ 1 CPU-second here (dominated by the "
+        "576×576 float64 matrix exponential and its gradient), and the machine gave each "
+        "process ≈ 10 % of a core. The learned rotations are therefore close to the identity "
+        "start and the partitions come from a handful of merge rounds; this is a smoke-scale "
+        "replication, not a converged one.",
+        "",
+        "| layer | final partition | steps | merges | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for layer in LAYERS:
+        r = tr["results"][str(layer)]
+        sec = per_layer.get(layer, {}).get("seconds", r["seconds"])
+        lines.append(
+            f"| {layer} | {r['partition']} | {r['steps']} | {len(r['merge_history'])} | {sec:.0f} |"
+        )
+    lines += [
+        "",
+        "## Subspace patching (Gini of per-subspace effects)",
+        "",
+        "Effect of a patch = clean metric − patched metric, mean over prompts; every method "
+        "uses NDM's partition at that layer. Baselines: identity, Haar-random rotation, PCA "
+        "(covariance eigenvectors ascending, as in the reference code), SAE clustering (TopK "
+        "SAE trained on the same activations, decoder directions clustered into subspaces of "
+        "the partition's sizes by K-subspaces, orthonormalised).",
+        "",
+        "| test | layer | positions | corruption | clean metric | whole-space effect |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t, e in ev["effects"].items():
+        lines.append(
+            f"| {t} | {e['layer']} | {', '.join(e['positions'])} | {e['corruption']} | "
+            f"{e['clean_metric_mean']:+.3f} | {e['full_effect_mean']:+.3f} |"
+        )
+    for variant in ("dimension", "unnormalized", "variance"):
+        lines += [
+            "",
+            f"**Gini, {variant}** (value [95% CI])",
+            "",
+            "| test | " + " | ".join(methods) + " |",
+            "|---|" + "---|" * len(methods),
+        ]
+        for t in ev["gini"]:
+            lines.append(
+                f"| {t} | " + " | ".join(_ci(ev["gini"][t][m][variant]) for m in methods) + " |"
+            )
+        lines.append("| **mean** | " + " | ".join(_ci(gm[m][variant]) for m in methods) + " |")
+    if diffs:
+        lines += [
+            "",
+            "Paired bootstrap difference of the mean dimension-normalised Gini, NDM − baseline: "
+            + "; ".join(f"{m} {_ci(d['dimension'])}" for m, d in diffs.items())
+            + ".",
+        ]
+    if ev.get("conflict"):
+        c = ev["conflict"]
+        lines += [
+            "",
+            "## Knowledge conflict routing",
+            "",
+            f"Layer {c['layer']} (the Qwen2.5-1.5B layer 11 of 28 at ≈ 0.4 depth), NDM "
+            "subspaces, the whole sequence patched from a corrupted prompt. `true_answer`: the "
+            "context states the true (parametric) answer; `other_answer`: the context states a "
+            "third answer. context-rate / param-rate = share of prompts whose top-1 token is "
+            "the clean prompt's context / parametric answer. (The paper's corruptions replace "
+            "the entity instead; our task provides answer-side corruptions.)",
+            "",
+            "| patched | " + " | ".join(f"{k} ctx / param" for k in c["corruptions"]) + " |",
+            "|---|" + "---|" * len(c["corruptions"]),
+        ]
+        first = next(iter(c["corruptions"].values()))
+
+        def cell(r: dict) -> str:
+            return f"{r['context_rate']:.2f} / {r['param_rate']:.2f}"
+
+        lines.append(
+            "| none (clean) | " + " | ".join(cell(v["clean"]) for v in c["corruptions"].values())
+            + " |"
+        )  # fmt: skip
+        lines.append(
+            "| whole space | " + " | ".join(cell(v["full"]) for v in c["corruptions"].values())
+            + " |"
+        )  # fmt: skip
+        part = ev["partition"][str(c["layer"])]
+        for s in range(len(first["subspaces"])):
+            lines.append(
+                f"| subspace {s} ({part[s]}d) | "
+                + " | ".join(cell(v["subspaces"][s]) for v in c["corruptions"].values())
+                + " |"
+            )
+    lines += ["", "## Preimage browser", ""]
+    for i in range(len(QUERIES)):
+        p = RESULTS / f"browse-{i}" / "ndm_browse.json"
+        if not p.exists():
+            continue
+        b = json.loads(p.read_text())
+        lines += [
+            f"Query `{b['query']['context']}` at layer {b['layer']} over "
+            f"{b['n_activations']:,} indexed activations (cosine, top 3 per subspace):",
+            "",
+        ]
+        for sub in b["subspaces"]:
+            hits = "; ".join(f"`{h['context']}` ({h['similarity']:.2f})" for h in sub["hits"][:3])
+            lines.append(f"- subspace {sub['subspace']} ({sub['dim']}d): {hits}")
+        lines.append("")
+    lines += [
+        "## Honest notes",
+        "",
+        "- The toy's merge rule (KSG normalised MI > 0.04) did not stop at the ground-truth "
+        "split in the core engineer's tests either: noise-free toy activations make KSG very "
+        "sensitive to small leakage, so merging continues past the right partition unless "
+        "read-out noise is added or a `min_subspaces` guard is used (as the authors' fork "
+        "reports for its copy transformers).",
+        "- Whole-space effects are small for some tests (see the effects table); a Gini of "
+        "near-zero effects is dominated by noise and its CI is wide.",
+        "- Greater-than on SmolLM2 uses the digit-wise adaptation of the task (docs/tasks.md); "
+        "the patched positions are the two positions its metric reads (TENS, END).",
+        "- S-inhibition with name corruption uses the paper's S_name swap (S1, S2 → IO; "
+        "IO → S), built from the clean prompts.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--render", action="store_true", help="only rewrite the markdown")
+    args = ap.parse_args()
+    t0 = time.time()
+    if not args.render:
+        train()
+        evaluate()
+        browse()
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(render())
+    print(f"wrote {DOC} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Preimage browsing: which stored contexts look alike inside one learned subspace.
+
+A :class:`PreimageBrowser` wraps a :class:`structlens.subspaces.SubspaceIndex` (exact cosine
+similarity per subspace) with the provenance of every stored activation (prompt, position)
+and the prompts' tokens, so a hit can be shown as its context with the token highlighted —
+the practical version of the authors' browser (they use faiss ``IndexFlatIP`` on
+L2-normalised projections and show hits above cosine 0.85).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.subspaces.preimage import SubspaceIndex
+
+HIGHLIGHT = ("[[", "]]")
+
+
+def highlight_context(
+    tokenizer: Any, token_ids: Sequence[int], position: int, left: int = 12, right: int = 4
+) -> str:
+    """Decoded text of ``token_ids[position - left : position + right + 1]`` with the token at
+    ``position`` wrapped in ``[[ ]]``."""
+    if not 0 <= position < len(token_ids):
+        raise ValueError(f"position {position} outside a prompt of {len(token_ids)} tokens.")
+    before = tokenizer.decode(list(token_ids[max(0, position - left) : position]))
+    tok = tokenizer.decode([token_ids[position]])
+    after = tokenizer.decode(list(token_ids[position + 1 : position + 1 + right]))
+    return f"{before}{HIGHLIGHT[0]}{tok}{HIGHLIGHT[1]}{after}".replace("\n", "\\n")
+
+
+class PreimageBrowser:
+    """Nearest stored contexts of a query activation inside each subspace.
+
+    Parameters
+    ----------
+    rotation, partition
+        The decomposition (``(d, d)`` orthogonal, sizes summing to ``d``).
+    prompts
+        ``(id, token_ids)`` of every prompt the stored activations come from.
+    """
+
+    def __init__(
+        self,
+        rotation: np.ndarray,
+        partition: Sequence[int],
+        prompts: Sequence[tuple[str, Sequence[int]]],
+    ) -> None:
+        self.index = SubspaceIndex(rotation, partition)
+        self.prompts = list(prompts)
+        self._prompt_index: list[np.ndarray] = []
+        self._position: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(
+        self,
+        chunks: Iterable[tuple[torch.Tensor | np.ndarray, Sequence[int], Sequence[int]]],
+    ) -> None:
+        """Add ``(activations (n, d), prompt_index (n,), position (n,))`` chunks; prompt
+        indices refer to ``prompts``."""
+        for h, pi, pos in chunks:
+            pi = np.asarray(pi, dtype=np.int64)
+            pos = np.asarray(pos, dtype=np.int64)
+            if not (len(pi) == len(pos) == len(h)):
+                raise ValueError("activations, prompt_index and position must have one row each.")
+            if len(pi) and (pi.min() < 0 or pi.max() >= len(self.prompts)):
+                raise ValueError(f"prompt_index must lie in [0, {len(self.prompts)}).")
+            lengths = np.asarray([len(self.prompts[i][1]) for i in pi], dtype=np.int64)
+            if len(pos) and ((pos < 0).any() or (pos >= lengths).any()):
+                raise ValueError("a position lies outside its prompt.")
+            self.index.add(h)
+            self._prompt_index.append(pi)
+            self._position.append(pos)
+
+    def query(
+        self,
+        tokenizer: Any,
+        activation: torch.Tensor | np.ndarray,
+        subspace: int,
+        *,
+        k: int = 10,
+        min_similarity: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """The ``k`` most similar stored activations in ``subspace`` (cosine, best first), as
+        dicts with ``row``, ``prompt_id``, ``position``, ``token``, ``similarity`` and
+        ``context`` (the token highlighted)."""
+        rows, sims = self.index.query(activation, subspace, k=k, min_similarity=min_similarity)
+        pis = np.concatenate(self._prompt_index)
+        poss = np.concatenate(self._position)
+        hits = []
+        for r, s in zip(rows[0].tolist(), sims[0].tolist(), strict=True):
+            if r < 0:
+                continue
+            pid, toks = self.prompts[int(pis[r])]
+            p = int(poss[r])
+            hits.append(
+                {
+                    "row": int(r),
+                    "prompt_id": pid,
+                    "position": p,
+                    "token": tokenizer.decode([toks[p]]),
+                    "similarity": float(s),
+                    "context": highlight_context(tokenizer, toks, p),
+                }
+            )
+        return hits
