@@ -2,9 +2,9 @@
 
 Workload: SmolLM2-135M-Instruct (30 layers, d=576), prompts of 128 tokens from the bundled
 corpus, batch 8; capture every resid_pre/resid_mid/resid_post/attn_out/mlp_out site (150
-sites) at all positions.  Each contender is timed over the same batches in the same process,
-best of ``--repeats`` passes after one warm-up pass; results go to results.json and the
-README table.
+sites) at all positions.  Each contender is timed over the same batches in the same process:
+best of ``--repeats`` rounds after a warm-up, the contenders interleaved in every round so
+that outside load hits them alike.  Results go to results.json.
 
     python benchmarks/capture/run.py [--prompts 64] [--repeats 3]
 """
@@ -27,14 +27,18 @@ HERE = Path(__file__).parent
 KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 
 
-def _best(fn, repeats: int) -> float:
-    fn()
-    times = []
+def _interleaved_best(contenders: dict, repeats: int) -> dict[str, float]:
+    """Best wall time of each contender, running them in turn in every round so that load
+    from other processes affects all of them alike."""
+    for fn in contenders.values():
+        fn()  # warm-up
+    best = {name: float("inf") for name in contenders}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def main() -> None:
@@ -66,9 +70,9 @@ def main() -> None:
         for _ in iter_activations(model, toks, sites, batch_size=args.batch):
             pass
 
-    results["hf_forward_hidden_states"] = {"seconds": _best(bare, args.repeats),
-                                           "what": "31 hidden states, no attn/mlp outputs"}
-    results["structlens"] = {"seconds": _best(ours, args.repeats), "what": "150 sites"}
+    contenders = {"hf_forward_hidden_states": bare, "structlens": ours}
+    results["hf_forward_hidden_states"] = {"what": "31 hidden states, no attn/mlp outputs"}
+    results["structlens"] = {"what": "150 sites"}
 
     try:
         from transformer_lens.model_bridge import TransformerBridge
@@ -82,8 +86,9 @@ def main() -> None:
                     _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n in tl_names)
                     [cache[n].cpu() for n in tl_names]
 
-        results["transformer_lens_bridge"] = {"seconds": _best(tl, args.repeats),
-                                              "what": "150 sites via run_with_cache"}
+        tl()
+        contenders["transformer_lens_bridge"] = tl
+        results["transformer_lens_bridge"] = {"what": "150 sites via run_with_cache"}
     except Exception as err:  # noqa: BLE001 - report why the peer could not run
         results["transformer_lens_bridge"] = {"error": f"{type(err).__name__}: {err}"[:300]}
 
@@ -95,19 +100,22 @@ def main() -> None:
 
         def nn():
             for ids in batches:
+                saved: list = []  # filled inside the trace; nnsight runs its body separately
                 with lm.trace(ids):
-                    saved = []
                     for layer in layers:
-                        saved += [layer.input.save(), layer.self_attn.output[0].save(),
-                                  layer.post_attention_layernorm.input.save(),
-                                  layer.mlp.output.save(), layer.output.save()]
+                        saved.extend([layer.input.save(), layer.self_attn.output[0].save(),
+                                      layer.post_attention_layernorm.input.save(),
+                                      layer.mlp.output.save(), layer.output.save()])
                 [s.cpu() for s in saved]
 
-        results["nnsight"] = {"seconds": _best(nn, args.repeats),
-                              "what": "150 module inputs/outputs in one trace"}
+        nn()
+        contenders["nnsight"] = nn
+        results["nnsight"] = {"what": "150 module inputs/outputs in one trace"}
     except Exception as err:  # noqa: BLE001
         results["nnsight"] = {"error": f"{type(err).__name__}: {err}"[:300]}
 
+    for name, seconds in _interleaved_best(contenders, args.repeats).items():
+        results[name]["seconds"] = seconds
     base = results["hf_forward_hidden_states"]["seconds"]
     for r in results.values():
         if "seconds" in r:
