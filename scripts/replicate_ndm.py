@@ -45,8 +45,8 @@ TRAIN_ARGS = [
     "--merge-interval", "20", "--merge-threshold", "0.04", "--mi-samples", "2048",
 ]  # fmt: skip
 EVAL_ARGS = [
-    "-n", "24", "--batch-size", "12", "--n-boot", "1000", "--sae-width", "1024", "--sae-k", "32",
-    "--sae-epochs", "2",
+    "-n", "16", "--batch-size", "16", "--n-boot", "1000", "--sae-width", "512", "--sae-k", "32",
+    "--sae-epochs", "1", "--conflict-n", "16",
 ]  # fmt: skip
 QUERIES = [
     ("When Mary and John went to the store, John gave a drink to", -1),
@@ -126,7 +126,7 @@ def browse() -> None:
         [
             (
                 _cli("browse", "--train", str(RESULTS / "train"), "--prompt", text,
-                     "--position", str(pos), "--k", "5", "--out",
+                     "--position", str(pos), "--k", "5", "--extra-corpus-prompts", "120", "--out",
                      str(RESULTS / f"browse-{i}"), "-q"),
                 RESULTS / "logs" / f"browse-{i}.log",
             )

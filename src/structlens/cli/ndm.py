@@ -336,8 +336,7 @@ def evaluate(
         toy_recovery,
     )
 
-    model = load_model_or_fail(model_name, device, dtype, seed)
-    meta, store, _ = _train_context(model, train)
+    _load_train(train)
     chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
     bad = [m for m in chosen_methods if m not in METHODS]
     if bad or "ndm" not in chosen_methods:
@@ -349,6 +348,8 @@ def evaluate(
         fail(f"unknown tests {unknown}; choose from {list(by_name)} or 'all'")
     if n < 2:
         fail(f"-n must be at least 2 (bootstrap over prompts), got {n}")
+    model = load_model_or_fail(model_name, device, dtype, seed)
+    meta, store, _ = _train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
     chosen_tests = [by_name[t] for t in names]
     layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in chosen_tests}
