@@ -226,3 +226,24 @@ def test_routing_rates_count_top1(tok):
     assert r["clean"] == {"context_rate": 1.0, "param_rate": 0.0}
     assert r["full"] == {"context_rate": 0.0, "param_rate": 1.0}
     assert r["subspaces"][2] == {"context_rate": 0.0, "param_rate": 0.0}
+
+
+@pytest.mark.slow
+def test_smollm2_subspace_patch_matches_foundation_patch():
+    model = load_model("smollm2-135m")
+    task = make_task("ioi", model.tokenizer, n=4, seed=0)
+    R = random_rotation(model.d_model, seed=0)
+    corr = corrupted_prompts(task, "position_swap")
+    positions = patch_positions(task, ["S2"])
+    runs = patch_subspaces(model, task, corr, 17, positions, {"r": [R[:, :64]]}, batch_size=4)
+    ids, mask = pad_batch(task.clean, model.tokenizer.pad_token_id)
+    cids, _ = pad_batch(corr, model.tokenizer.pad_token_id)
+    site = "blocks.17.hook_resid_post"
+    from structlens.interventions import run_with_cache
+
+    _, ccache = run_with_cache(model, cids, mask, [site])
+    basis = subspace_basis(torch.as_tensor(R, dtype=torch.float32), range(64))
+    out = patch(model, ids, mask, site, ccache[site], positions=positions, basis=basis)
+    idx = list(range(4))
+    patched = task.metric(task.gather_logits(out, idx), idx).double().numpy()
+    np.testing.assert_allclose(runs["r"].clean_metric - patched, runs["r"].effects[:, 0], atol=2e-3)
