@@ -1,0 +1,161 @@
+"""Train small causal LMs on the CPU, for the seed and depth scenarios of interpretive equivalence.
+
+The models are Llama-family transformers with the byte-level tokenizer of
+:mod:`structlens.models.tiny` (257 tokens), trained for next-byte prediction on the bundled
+Jane Austen corpus (``structlens.data.corpus.load_texts(None)``). Everything that decides the
+weights is in :class:`SmallLMConfig`; under one config and seed the run is deterministic on
+one device and thread count. The checkpoint is an ordinary Hugging Face directory (safetensors
+plus tokenizer), so ``structlens.models.load_model(path)`` loads it like any other model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["SmallLMConfig", "corpus_batches", "train_small_lm"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallLMConfig:
+    """Architecture and schedule of a small byte-level LM.
+
+    Attributes
+    ----------
+    n_layers, d_model, n_heads, d_mlp : int
+        Depth, width, heads (``d_head = d_model / n_heads``) and MLP width.
+    seq_len, batch_size, steps : int
+        Training windows of ``seq_len`` bytes, ``batch_size`` windows per step.
+    lr : float
+        Peak AdamW learning rate (linear warm-up over 5 % of the steps, cosine decay).
+    seed : int
+        Seeds the initialisation and the order of the windows.
+    """
+
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    d_mlp: int = 512
+    seq_len: int = 64
+    batch_size: int = 8
+    steps: int = 400
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}.")
+        if min(self.n_layers, self.steps, self.batch_size) < 1 or self.seq_len < 2:
+            raise ValueError("n_layers, steps and batch_size must be >= 1 and seq_len >= 2.")
+
+
+def _corpus_bytes(tokenizer: object) -> torch.Tensor:
+    from structlens.data.corpus import load_texts
+
+    ids: list[int] = []
+    eos = int(tokenizer.eos_token_id)  # type: ignore[attr-defined]
+    for doc in load_texts(None):
+        ids.extend(tokenizer(doc.text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def corpus_batches(
+    tokens: torch.Tensor, seq_len: int, batch_size: int, steps: int, seed: int
+) -> list[torch.Tensor]:
+    """``steps`` batches ``[batch_size, seq_len]`` of windows at seeded random offsets."""
+    if tokens.numel() <= seq_len:
+        raise ValueError(f"corpus of {tokens.numel()} tokens is shorter than seq_len={seq_len}.")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, tokens.numel() - seq_len, (steps, batch_size), generator=gen)
+    offsets = torch.arange(seq_len)
+    return [tokens[s[:, None] + offsets] for s in starts]
+
+
+def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 100) -> Path:
+    """Train one small byte-level LM and save it to ``out_dir`` (HF format).
+
+    Skips training when ``out_dir/train.json`` records the same config (a finished run).
+    Returns ``out_dir``. ``train.json`` holds the config, the loss curve (nats per byte,
+    every ``log_every`` steps) and the wall time.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structlens.models.tiny import VOCAB, byte_tokenizer
+
+    out = Path(out_dir)
+    record = out / "train.json"
+    cfg = dataclasses.asdict(config)
+    if record.exists() and json.loads(record.read_text()).get("config") == cfg:
+        return out
+    tok = byte_tokenizer()
+    hf_cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=config.d_model,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_heads,
+        intermediate_size=config.d_mlp,
+        max_position_embeddings=max(256, config.seq_len),
+        pad_token_id=VOCAB - 1,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        model = LlamaForCausalLM(hf_cfg)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    warm = max(1, config.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return config.lr * (step + 1) / warm
+        frac = (step - warm) / max(1, config.steps - warm)
+        return config.lr * 0.5 * (1 + math.cos(math.pi * frac))
+
+    batches = corpus_batches(
+        _corpus_bytes(tok), config.seq_len, config.batch_size, config.steps, config.seed
+    )
+    losses: list[tuple[int, float]] = []
+    t0 = time.perf_counter()
+    running = 0.0
+    for step, batch in enumerate(batches):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        running += float(loss.detach())
+        if (step + 1) % log_every == 0 or step + 1 == config.steps:
+            n = (step % log_every) + 1
+            losses.append((step + 1, running / n))
+            running = 0.0
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    record.write_text(
+        json.dumps(
+            {"config": cfg, "loss": losses, "seconds": time.perf_counter() - t0}, indent=1
+        )
+    )
+    return out
