@@ -81,6 +81,8 @@ def train() -> None:
                 RESULTS / "logs" / f"train-L{layer}.log",
             )
             for layer in LAYERS
+            # a finished per-layer run keeps its JSON (and its honest timing)
+            if not (RESULTS / f"train-L{layer}" / "ndm_train.json").exists()
         ]
     )  # fmt: skip
     _run_parallel(
