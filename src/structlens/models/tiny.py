@@ -88,7 +88,7 @@ TINY_NAMES: tuple[str, ...] = tuple(_configs())
 
 
 def build_tiny(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
-    """Build the tiny model ``name`` with weights drawn under ``seed``; returns (model, tokenizer)."""
+    """Build tiny model ``name`` with weights drawn under ``seed``; returns (model, tokenizer)."""
     import transformers
 
     configs = _configs()
