@@ -1,0 +1,245 @@
+"""``structlens equiv compare|similarity``: interpretive equivalence of two models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from structlens.cli.common import (
+    Device,
+    Dtype,
+    ModelArg,
+    Out,
+    Quiet,
+    Seed,
+    console,
+    fail,
+    load_model_or_fail,
+    write_results,
+)
+
+app = typer.Typer(
+    help="Interpretive equivalence: do two models implement the same mechanism?",
+    no_args_is_help=True,
+)
+
+Task = Annotated[
+    str,
+    typer.Option(
+        "--task", help="Probe set: 'corpus' (bundled sentences) or a task name (ioi, ...)."
+    ),
+]
+N = Annotated[int, typer.Option("-n", help="Number of probe prompts (half held out).")]
+Metric = Annotated[
+    str,
+    typer.Option(
+        "--metric",
+        help="Similarity: linear_cka, linear_cka_debiased, rbf_cka, svcca, pwcca, procrustes, "
+        "encoding, mutual_knn.",
+    ),
+]
+LayerMatching = Annotated[
+    str, typer.Option("--layer-matching", help="monotone (depth-preserving) or hungarian.")
+]
+HeadMatching = Annotated[str, typer.Option("--head-matching", help="global or per_layer.")]
+Representation = Annotated[
+    str, typer.Option("--representation", help="auto, tokens or sentence (mean over tokens).")
+]
+
+
+def _probe(model_a: Any, model_b: Any, task: str, n: int, seed: int) -> Any:
+    from structlens.equivalence.compare import corpus_probe, task_probe
+
+    try:
+        if task == "corpus":
+            return corpus_probe(model_a, model_b, n=n)
+        return task_probe(model_a, model_b, task, n=n, seed=seed)
+    except ValueError as err:
+        fail(str(err))
+
+
+def _run(
+    model_a: str,
+    model_b: str,
+    task: str,
+    n: int,
+    config_kw: dict[str, Any],
+    out: Path,
+    name: str,
+    quiet: bool,
+    device: str,
+    dtype: str,
+    seed: int,
+) -> Any:
+    from structlens.equivalence import Preprocess, ValidationCriterion
+    from structlens.equivalence.compare import CompareConfig, compare
+    from structlens.report.equivalence import plot_layer_matching
+
+    a = load_model_or_fail(model_a, device, dtype, seed)
+    b = load_model_or_fail(model_b, device, dtype, seed + 1 if model_a == model_b else seed)
+    probe = _probe(a, b, task, n, seed)
+    try:
+        cfg = CompareConfig(
+            preprocess=Preprocess(exclude_bos=True),
+            criterion=ValidationCriterion(
+                max_kl=config_kw.pop("max_kl"), min_top1=config_kw.pop("min_top1")
+            ),
+            seed=seed,
+            **config_kw,
+        )
+        result = compare(a, b, probe, cfg)
+    except ValueError as err:
+        fail(str(err))
+    out.mkdir(parents=True, exist_ok=True)
+    result.save(out / f"{name}_result")
+    path = write_results(out, name, result.summary(), command=f"equiv {name}")
+    layer_passed = (
+        [r["passed"] for r in result.layer_validation] if result.layer_validation else None
+    )
+    plot_layer_matching(
+        result.layer_similarity,
+        result.matching["layers"]["pairs"],
+        out / f"{name}_layers.png",
+        label_a=model_a,
+        label_b=model_b,
+        title=f"{cfg.metric}, {result.matching['layers']['method']} matching",
+        passed=layer_passed,
+    )
+    if not quiet:
+        console.print(
+            f"{model_a} vs {model_b} on {probe.name} ({result.representation} rows): "
+            f"score {result.score:.3f} [{result.score_ci[0]:.3f}, {result.score_ci[1]:.3f}] "
+            f"({result.validation_method}), layers {result.layer_score:.3f}"
+        )
+        if result.congruity:
+            console.print(
+                f"congruity: point-test decision rate A->B "
+                f"{result.congruity['point_test_ab']['decision_rate']:.2f}, B->A "
+                f"{result.congruity['point_test_ba']['decision_rate']:.2f}; verdicts "
+                f"{result.verdicts}"
+            )
+        console.print(f"wrote {path}")
+    return result
+
+
+@app.command("compare")
+def compare_cmd(
+    model_a: ModelArg,
+    model_b: ModelArg,
+    out: Out = Path("results/equiv"),
+    task: Task = "corpus",
+    n: N = 64,
+    metric: Metric = "linear_cka_debiased",
+    layer_matching: LayerMatching = "monotone",
+    head_matching: HeadMatching = "global",
+    representation: Representation = "auto",
+    map_method: Annotated[
+        str, typer.Option("--map", help="Linear map for validation: ridge or procrustes.")
+    ] = "ridge",
+    max_kl: Annotated[float, typer.Option("--max-kl", help="Pass if KL <= this (nats).")] = 0.1,
+    min_top1: Annotated[
+        float, typer.Option("--min-top1", help="Pass if top-1 agreement >= this.")
+    ] = 0.9,
+    max_validate_heads: Annotated[
+        int | None,
+        typer.Option("--max-validate-heads", help="Validate a random subset of matched heads."),
+    ] = None,
+    congruity: Annotated[
+        bool, typer.Option("--congruity/--no-congruity", help="Run the CONGRUITY estimator.")
+    ] = True,
+    top_k: Annotated[int, typer.Option("--top-k", help="CONGRUITY heads per model.")] = 4,
+    congruity_max_layers: Annotated[
+        int | None,
+        typer.Option("--congruity-max-layers", help="Rank heads of at most this many layers."),
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
+    quiet: Quiet = False,
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    seed: Seed = 0,
+) -> None:
+    """Match layers and heads of MODEL_A and MODEL_B, validate by patching, run CONGRUITY.
+
+    Writes compare.json (score, score_ci, matching, validation, congruity, verdicts),
+    compare_result/ (arrays) and compare_layers.png. The same alias twice compares two
+    seeds of a tiny model (B gets seed + 1).
+    """
+    _run(
+        model_a,
+        model_b,
+        task,
+        n,
+        dict(
+            metric=metric,
+            layer_matching=layer_matching,
+            head_matching=head_matching,
+            representation=representation,
+            map_method=map_method,
+            max_kl=max_kl,
+            min_top1=min_top1,
+            max_validate_heads=max_validate_heads,
+            congruity=congruity,
+            congruity_top_k=top_k,
+            congruity_max_layers=congruity_max_layers,
+            batch_size=batch_size,
+        ),
+        out,
+        "compare",
+        quiet,
+        device,
+        dtype,
+        seed,
+    )
+
+
+@app.command("similarity")
+def similarity_cmd(
+    model_a: ModelArg,
+    model_b: ModelArg,
+    out: Out = Path("results/equiv"),
+    task: Task = "corpus",
+    n: N = 64,
+    metric: Metric = "linear_cka_debiased",
+    layer_matching: LayerMatching = "monotone",
+    head_matching: HeadMatching = "global",
+    representation: Representation = "auto",
+    threshold: Annotated[
+        float, typer.Option("--threshold", help="Similarity a matched pair must reach.")
+    ] = 0.5,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
+    quiet: Quiet = False,
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    seed: Seed = 0,
+) -> None:
+    """Layer and head similarity matrices and matchings only (no patching, no CONGRUITY).
+
+    Writes similarity.json (layer_similarity, matching, the similarity-only score) and
+    similarity_layers.png.
+    """
+    _run(
+        model_a,
+        model_b,
+        task,
+        n,
+        dict(
+            metric=metric,
+            layer_matching=layer_matching,
+            head_matching=head_matching,
+            representation=representation,
+            similarity_threshold=threshold,
+            validate=False,
+            congruity=False,
+            max_kl=0.1,
+            min_top1=0.9,
+            batch_size=batch_size,
+        ),
+        out,
+        "similarity",
+        quiet,
+        device,
+        dtype,
+        seed,
+    )

@@ -1,0 +1,146 @@
+"""Model-level equivalence: sanity models with known answers, end-to-end compare, CLI, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from structlens.equivalence import Preprocess, ValidationCriterion
+from structlens.equivalence.compare import CompareConfig, Probe, compare, corpus_probe
+from structlens.equivalence.scenarios import finetune_on_task, rotate_and_permute
+from structlens.interventions import run_with_cache
+from structlens.models import load_model
+
+FAST = dict(batch_size=16, point_n=5, straps=3, congruity_top_k=1, congruity_max_layers=1)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> object:
+    return load_model("tiny-llama", seed=1)
+
+
+@pytest.fixture(scope="module")
+def rotated(tiny: object) -> tuple:
+    return rotate_and_permute(tiny, seed=3)
+
+
+def test_rotated_permuted_model_keeps_logits_and_moves_heads(tiny, rotated) -> None:
+    model, head_map, r = rotated
+    assert not torch.allclose(model.hf.model.embed_tokens.weight, tiny.hf.model.embed_tokens.weight)
+    assert any(m != list(range(tiny.n_heads)) for m in head_map)
+    ids, mask = tiny.tokenize(["Emma was handsome, clever, and rich.", "It is a truth"])
+    sites = ["blocks.1.attn.hook_z", "blocks.2.hook_resid_post"]
+    la, ca = run_with_cache(tiny, ids, mask, sites)
+    lb, cb = run_with_cache(model, ids, mask, sites)
+    assert torch.allclose(la, lb, atol=1e-4)
+    za, zb = ca[sites[0]], cb[sites[0]]
+    for h in range(tiny.n_heads):
+        assert torch.allclose(za[:, :, h], zb[:, :, head_map[1][h]], atol=1e-5)
+    assert torch.allclose(ca[sites[1]] @ r, cb[sites[1]], atol=1e-4)
+    # the rotation really mixes the basis: the raw residuals differ
+    assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
+
+
+def test_rotate_rejects_layernorm_models() -> None:
+    with pytest.raises(ValueError, match="LayerNorm"):
+        rotate_and_permute(load_model("tiny-gpt2"))
+
+
+def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
+    model, head_map, _ = rotated
+    probe = corpus_probe(tiny, model, n=12, max_chars=60)
+    res = compare(tiny, model, probe, CompareConfig(congruity=False, batch_size=16))
+    assert res.score == 1.0 and res.layer_score == 1.0
+    assert res.validation_method == "patching"
+    for (la, ha), (lb, hb) in res.matching["heads"]["pairs"]:
+        assert la == lb and head_map[la][ha] == hb
+    assert res.matching["layers"]["pairs"] == [[i, i] for i in range(tiny.n_layers)]
+    np.testing.assert_allclose(np.diag(res.layer_similarity), 1.0, atol=1e-9)
+    assert max(r["kl"] for r in res.validation) < 1e-3
+    # without rotation-invariant metrics the matching still holds: Procrustes maps are exact
+    proc = compare(
+        tiny, model, probe, CompareConfig(congruity=False, map_method="procrustes", batch_size=16)
+    )
+    assert proc.score == 1.0 and max(r["kl"] for r in proc.validation) < 1e-6
+
+
+def test_compare_two_seeds_end_to_end(tiny) -> None:
+    other = load_model("tiny-llama", seed=2)
+    probe = corpus_probe(tiny, other, n=12, max_chars=60)
+    crit = ValidationCriterion(max_kl=0.05, min_top1=0.8)
+    res = compare(tiny, other, probe, CompareConfig(criterion=crit, **FAST))
+    n_heads = tiny.n_layers * tiny.n_heads
+    assert len(res.matching["heads"]["pairs"]) == n_heads == len(res.validation)
+    for rec in res.validation:
+        assert rec["passed"] == (rec["kl"] <= 0.05 and rec["top1"] >= 0.8)
+    k = sum(r["passed"] for r in res.validation)
+    assert res.score == pytest.approx(k / n_heads)
+    assert res.score_ci[0] <= res.score <= res.score_ci[1]
+    cg = res.congruity
+    assert 0.0 <= cg["point_test_ab"]["decision_rate"] <= 1.0
+    assert len(cg["point_test_ab"]["p_values"]) == 3
+    assert res.verdicts["agree"] == (res.verdicts["matching"] == res.verdicts["congruity"])
+    # the saved result round-trips
+    assert set(res.summary()) >= {"score", "score_ci", "matching", "validation", "congruity"}
+
+
+def test_sentence_level_against_encoder_uses_similarity_score(tiny) -> None:
+    bert = load_model("tiny-bert")
+    probe = corpus_probe(bert, tiny, n=12, max_chars=60)
+    res = compare(
+        bert, tiny, probe, CompareConfig(representation="sentence", similarity_threshold=0.3, **FAST)
+    )
+    assert res.representation == "sentence" and res.validation_method == "similarity"
+    sims = np.array(res.matching["heads"]["similarities"])
+    assert res.score == pytest.approx(np.mean(sims >= 0.3))
+    assert res.n_fit == 6 and res.layer_similarity.shape == (3, 3)
+
+
+def test_bad_probes_raise(tiny) -> None:
+    with pytest.raises(ValueError, match="mismatched probe sets"):
+        Probe("x", ["a"] * 12, [[1, 2]] * 12, [[1, 2]] * 11)
+    with pytest.raises(ValueError, match="too few probe prompts"):
+        Probe("x", ["a"] * 5, [[1, 2]] * 5, [[1, 2]] * 5)
+    probe = Probe("x", ["a"] * 12, [[1, 2, 3]] * 12, [[1, 2, 4]] * 12)
+    with pytest.raises(ValueError, match="identical token sequences"):
+        compare(tiny, tiny, probe, CompareConfig(representation="tokens"))
+    with pytest.raises(ValueError, match="layer_matching"):
+        CompareConfig(layer_matching="greedy")
+
+
+def test_finetune_changes_only_trained_layers(tiny) -> None:
+    toks = [list(range(1, 6 + i % 3)) for i in range(8)]
+    tuned, losses = finetune_on_task(
+        tiny, toks, [7] * 8, steps=2, lr=1e-2, batch_size=4, train_layers=[2]
+    )
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    before = dict(tiny.hf.named_parameters())
+    for name, p in tuned.hf.named_parameters():
+        changed = not torch.equal(p, before[name])
+        assert changed == name.startswith("model.layers.2."), name
+
+
+def test_cli_compare_writes_documented_keys(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from structlens.cli import equiv
+
+    args = ["tiny-llama", "tiny-llama", "--task", "corpus", "-n", "12", "--no-congruity"]
+    res = CliRunner().invoke(
+        equiv.app, ["compare", *args, "--out", str(tmp_path), "--quiet", "--batch-size", "16"]
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "compare.json").read_text())
+    for key in ("score", "score_ci", "matching", "validation", "congruity", "layer_similarity"):
+        assert key in doc
+    assert doc["validation"][0].keys() >= {"pair", "passed", "kl", "top1", "similarity"}
+    assert (tmp_path / "compare_layers.png").stat().st_size > 0
+    bad = CliRunner().invoke(equiv.app, ["compare", *args[:2], "-n", "4", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "too few" in bad.output
+
+
+def test_preprocess_default_excludes_first_position() -> None:
+    assert CompareConfig().preprocess == Preprocess(exclude_bos=True)
