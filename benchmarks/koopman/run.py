@@ -204,9 +204,13 @@ Scaling ×10, structlens only, streaming generated i.i.d. (x, u, y) blocks:
 {_scale_row(10 * m, g10)}
 
 Time ratio ×{sc["time_ratio"]:.2f}; memory ratio ×{sc["traced_memory_ratio"]:.3f}, i.e. flat in M.
+The work is linear in M; a time ratio below 10 reflects the machine load changing between the
+two runs, not sub-linear cost. structlens' peak RSS in the trajectory run counts the pages of
+the memory-mapped input file it read; its own allocations are the tracemalloc column.
 Peers at 10×: {sc["peers"]}.
 
-Peer installation: `pip install --no-deps pykoopman pydmd`, because pykoopman pins
+Peers: pykoopman 1.2.1, PyDMD 2025.8.1, installed with `pip install --no-deps pykoopman pydmd`
+because pykoopman pins
 torch~=2.1 and would replace the installed torch. pykoopman then also needs `optht`,
 `derivative`, `lightning`, `lightning-utilities` and `torchmetrics` (all `--no-deps`), plus
 `setuptools<81` for `pkg_resources`.
