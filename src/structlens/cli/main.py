@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from structlens.cli import capture, demo, models, tasks
+from structlens.cli import capture, demo, equiv, models, ndm, tasks
 
 app = typer.Typer(
     name="structlens",
@@ -17,6 +17,8 @@ app = typer.Typer(
 models.register(app)
 capture.register(app)
 app.add_typer(tasks.app, name="tasks")
+app.add_typer(ndm.app, name="ndm")
+app.add_typer(equiv.app, name="equiv")
 demo.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
