@@ -57,7 +57,7 @@ def plot_merge_history(runs: Mapping[str, Mapping[str, Any]], path: str | Path) 
         a.step(steps, counts, where="post", label=label)
         every = r["config"]["log_interval"]
         loss = r["loss_history"]
-        b.plot(np.arange(1, len(loss) + 1) * every, loss, label=label)
+        b.plot(np.arange(1, len(loss) + 1) * every, loss, marker="o" if len(loss) < 20 else None)
     a.set_xlabel("step")
     a.set_ylabel("subspaces")
     a.set_title("merge history")
