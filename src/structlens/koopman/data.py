@@ -1,0 +1,164 @@
+"""Depth-as-time streams from captured activations.
+
+For a layer ``l`` the sample triplet is ``x = resid_pre(l)``, ``u = attn_out(l)``,
+``y = resid_pre(l + 1)`` (``resid_post(l)`` for the last layer, the same tensor), one row per
+token position.  Every row carries the integer index of its prompt, so that splits and
+median-of-means blocks are by prompt.  A pooled stream over a layer range concatenates the
+per-layer streams; prompt ids stay prompt ids, so a prompt's rows at every layer fall into
+the same block.
+
+This module reads an :class:`~structlens.capture.ActivationStore` (or captures one); the
+numerical code in :mod:`structlens.koopman` only ever sees the arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "depth_sites",
+    "layer_sites",
+    "depth_prompts",
+    "capture_depth",
+    "load_layer",
+    "load_layers",
+    "iter_layer_chunks",
+]
+
+
+def layer_sites(n_layers: int, layer: int) -> tuple[str, str, str]:
+    """Site names ``(x, u, y)`` of layer ``layer`` in a model with ``n_layers`` blocks."""
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} out of range; the model has layers 0..{n_layers - 1}.")
+    y = (
+        f"blocks.{layer + 1}.hook_resid_pre"
+        if layer + 1 < n_layers
+        else f"blocks.{layer}.hook_resid_post"
+    )
+    return f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out", y
+
+
+def depth_sites(n_layers: int, layers: Sequence[int]) -> list[str]:
+    """All sites needed for the triplets of ``layers`` (deduplicated, in order)."""
+    if len(layers) == 0:
+        raise ValueError("pass at least one layer.")
+    names: list[str] = []
+    for layer in layers:
+        names += layer_sites(n_layers, int(layer))
+    return list(dict.fromkeys(names))
+
+
+def depth_prompts(
+    tokenizer: Any,
+    *,
+    n_corpus: int = 200,
+    max_tokens: int = 64,
+    task: str | None = "ioi",
+    n_task: int = 50,
+    seed: int = 0,
+) -> list[Any]:
+    """Prompts for a depth fit: ``n_corpus`` chunks of the bundled corpus plus ``n_task``
+    clean prompts of ``task`` (``None``: corpus only), with distinct ids."""
+    from structlens.data.corpus import chunk_documents, load_texts
+
+    if n_corpus < 0 or n_task < 0:
+        raise ValueError(f"n_corpus and n_task must be >= 0; got {n_corpus}, {n_task}.")
+    prompts: list[Any] = []
+    if n_corpus:
+        prompts += chunk_documents(
+            load_texts(None), tokenizer, max_tokens=max_tokens, max_prompts=n_corpus
+        )
+    if task is not None and n_task:
+        from structlens.data.tasks import make_task
+
+        t = make_task(task, tokenizer, n=n_task, seed=seed)
+        prompts += [(f"{task}:{pid}", ids) for pid, ids in zip(t.prompt_ids, t.clean)]
+    if not prompts:
+        raise ValueError("no prompts: set n_corpus or n_task above 0.")
+    return prompts
+
+
+def capture_depth(
+    model: Any,
+    prompts: Sequence[Any],
+    layers: Sequence[int],
+    *,
+    root: str | Path = "activations",
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Any:
+    """Capture the sites of ``layers`` over ``prompts`` (all positions) into a store.
+
+    Content-hashed: a second call with the same model, prompts and layers is a cache hit.
+    """
+    from structlens.capture import capture
+
+    sites = depth_sites(model.n_layers, layers)
+    return capture(
+        model,
+        prompts,
+        sites,
+        root=root,
+        positions="all",
+        batch_size=batch_size,
+        data_name="koopman-depth",
+        progress=progress,
+    )
+
+
+def _site_triplet(store: Any, layer: int) -> tuple[str, str, str]:
+    # The successor state is resid_pre(l + 1), or resid_post(l) for the last block; the
+    # store tells which one was captured.
+    nxt = f"blocks.{layer + 1}.hook_resid_pre"
+    if nxt not in store.sites:
+        nxt = f"blocks.{layer}.hook_resid_post"
+    sites = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out", nxt)
+    missing = [s for s in sites if s not in store.sites]
+    if missing:
+        raise ValueError(
+            f"the store lacks {missing}; capture layer {layer} with capture_depth(...)."
+        )
+    return sites
+
+
+def load_layer(store: Any, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(X, U, Y, prompt_ids)`` of one layer, float64 arrays, rows = token positions.
+
+    ``prompt_ids`` are integer indices into ``store.prompt_ids``.
+    """
+    sx, su, sy = _site_triplet(store, int(layer))
+    X, U, Y = (store.load(s).double().numpy() for s in (sx, su, sy))
+    pid = store.load_index()["prompt_index"].numpy().astype(np.int64)
+    return X, U, Y, pid
+
+
+def load_layers(
+    store: Any, layers: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pooled stream over ``layers``: the per-layer triplets stacked, prompt ids kept."""
+    parts = [load_layer(store, layer) for layer in layers]
+    if not parts:
+        raise ValueError("pass at least one layer.")
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+
+def iter_layer_chunks(
+    store: Any, layers: Sequence[int], batch_size: int = 8192
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Stream ``(X, U, Y, prompt_ids)`` chunks of the pooled layers without loading a site
+    whole: memory is one batch of each of the three sites."""
+    if not layers:
+        raise ValueError("pass at least one layer.")
+    for layer in layers:
+        sx, su, sy = _site_triplet(store, int(layer))
+        for batch in store.iter_batches([sx, su, sy], batch_size):
+            yield (
+                batch[sx].double().numpy(),
+                batch[su].double().numpy(),
+                batch[sy].double().numpy(),
+                batch["prompt_index"].numpy().astype(np.int64),
+            )
