@@ -1,0 +1,119 @@
+"""Glue shared by the ``koopman`` CLI and the replication script: dictionaries by name and
+JSON summaries of fits.  Array-level only (no model loading)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structlens.koopman.dictionaries import (
+    Dictionary,
+    IdentityDictionary,
+    PCADictionary,
+    RandomFourierDictionary,
+    RandomReLUDictionary,
+    SAEDictionary,
+    SpectralDictionary,
+)
+from structlens.koopman.edmdc import EDMDcResult
+from structlens.koopman.spectral import modal_principal_dissociation, non_normality
+
+__all__ = [
+    "DICTIONARIES",
+    "make_dictionary",
+    "load_sae_dictionary",
+    "summarise_fit",
+    "complex_list",
+]
+
+DICTIONARIES = ("identity", "pca", "rff", "relu", "spectral", "sae")
+
+
+def load_sae_dictionary(path: str | Path) -> SAEDictionary:
+    """An SAE encoder dictionary from a directory in SAELens format (``cfg.json`` +
+    ``sae_weights.safetensors`` with ``W_enc``, ``b_enc``, ``b_dec``)."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    weights, cfg = path / "sae_weights.safetensors", path / "cfg.json"
+    if not weights.exists():
+        raise ValueError(f"{path} has no sae_weights.safetensors; pass an SAELens-format SAE.")
+    w = load_file(str(weights))
+    conf = json.loads(cfg.read_text()) if cfg.exists() else {}
+    arch = conf.get("architecture", "standard")
+    activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}.get(arch, "relu")
+    k = conf.get("k") or (conf.get("activation_fn_kwargs") or {}).get("k")
+    return SAEDictionary(
+        w["W_enc"],
+        w["b_enc"],
+        w["b_dec"],
+        activation=activation,
+        k=k,
+        threshold=w.get("threshold"),
+    )
+
+
+def make_dictionary(
+    name: str, size: int, *, seed: int = 0, sae_path: str | Path | None = None
+) -> Dictionary:
+    """An unfitted dictionary by name (``identity``, ``pca``, ``rff``, ``relu``, ``spectral``,
+    ``sae``); ``size`` is k for PCA, D for RFF/ReLU and the number of modes for spectral."""
+    if name not in DICTIONARIES:
+        raise ValueError(f"unknown dictionary {name!r}; choose from {', '.join(DICTIONARIES)}.")
+    if size < 1:
+        raise ValueError(f"dictionary size must be >= 1, got {size}.")
+    if name == "identity":
+        return IdentityDictionary()
+    if name == "pca":
+        return PCADictionary(size)
+    if name == "rff":
+        return RandomFourierDictionary(size, seed=seed)
+    if name == "relu":
+        return RandomReLUDictionary(size, seed=seed)
+    if name == "spectral":
+        return SpectralDictionary(n_modes=size, k=max(2 * size, 16), q=8)
+    if sae_path is None:
+        raise ValueError("the sae dictionary needs --sae PATH (an SAELens-format directory).")
+    return load_sae_dictionary(sae_path)
+
+
+def complex_list(ev: np.ndarray) -> list[list[float]]:
+    """Complex values as JSON-friendly ``[[re, im], ...]``."""
+    ev = np.asarray(ev)
+    return [[float(z.real), float(z.imag)] for z in ev]
+
+
+def summarise_fit(res: EDMDcResult, k_dissociation: int = 8) -> dict[str, Any]:
+    """JSON summary of a fit: spectrum, conditioning, non-normality, modal/principal
+    dissociation (top-``k`` PCA vs dominant modes)."""
+    nn = non_normality(res.A)
+    out: dict[str, Any] = {
+        "eigenvalues": complex_list(res.eigenvalues),
+        "spectral_radius": float(np.max(np.abs(res.eigenvalues))),
+        "n_samples": int(res.n_samples),
+        "n_features": int(res.A.shape[0]),
+        "control_rank": int(res.control_rank),
+        "control_energy_kept": float(res.control_energy_kept),
+        "cond_gram": float(res.cond_gram),
+        "readout": res.readout,
+        "non_normality": {
+            "henrici": float(nn.henrici),
+            "henrici_relative": float(nn.henrici_relative),
+            "kappa_V": float(nn.kappa_V),
+            "eig_condition_max": float(np.max(nn.eig_condition)),
+            "eig_condition_median": float(np.median(nn.eig_condition)),
+        },
+    }
+    k = min(k_dissociation, res.A.shape[0] - 1, res.state_mean.shape[0] - 1)
+    if k >= 1:
+        dis = modal_principal_dissociation(res, k)
+        out["dissociation"] = {
+            "k": int(dis.dimension),
+            "largest_angle_deg": float(np.degrees(dis.largest_angle)),
+            "mean_cos2": float(dis.mean_cos2),
+        }
+    return out
