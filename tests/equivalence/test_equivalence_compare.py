@@ -60,11 +60,6 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.matching["layers"]["pairs"] == [[i, i] for i in range(tiny.n_layers)]
     np.testing.assert_allclose(np.diag(res.layer_similarity), 1.0, atol=1e-9)
     assert max(r["kl"] for r in res.validation) < 1e-3
-    # without rotation-invariant metrics the matching still holds: Procrustes maps are exact
-    proc = compare(
-        tiny, model, probe, CompareConfig(congruity=False, map_method="procrustes", batch_size=16)
-    )
-    assert proc.score == 1.0 and max(r["kl"] for r in proc.validation) < 1e-6
 
 
 def test_compare_two_seeds_end_to_end(tiny) -> None:
@@ -91,7 +86,10 @@ def test_sentence_level_against_encoder_uses_similarity_score(tiny) -> None:
     bert = load_model("tiny-bert")
     probe = corpus_probe(bert, tiny, n=12, max_chars=60)
     res = compare(
-        bert, tiny, probe, CompareConfig(representation="sentence", similarity_threshold=0.3, **FAST)
+        bert,
+        tiny,
+        probe,
+        CompareConfig(representation="sentence", similarity_threshold=0.3, **FAST),
     )
     assert res.representation == "sentence" and res.validation_method == "similarity"
     sims = np.array(res.matching["heads"]["similarities"])

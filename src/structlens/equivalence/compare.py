@@ -196,6 +196,12 @@ class CompareConfig:
         Validate a seeded random subset of matched heads (all when None).
     validate_layers : bool
         Also validate matched layers (``resid_post`` replacement).
+    max_validate_layers : int or None
+        Validate a seeded random subset of matched layers (all when None).
+    null_baseline : bool
+        Also score a null: each validated head of B mean-ablated (its fit-set mean) instead
+        of replaced by its partner. A null score near the real one means the criterion
+        cannot tell a matched partner from no information (e.g. heads with little effect).
     congruity : bool
     congruity_top_k : int
         Intervened implementations per model (its top-KL heads).
@@ -220,6 +226,8 @@ class CompareConfig:
     validate: bool = True
     max_validate_heads: int | None = None
     validate_layers: bool = True
+    max_validate_layers: int | None = None
+    null_baseline: bool = True
     congruity: bool = True
     congruity_top_k: int = 4
     congruity_max_layers: int | None = None
@@ -254,9 +262,10 @@ class ComparisonResult(Result):
     ``layer_score``/``layer_score_ci``: the same over matched layers (NaN when not validated);
     ``matching``: layer and head pairs with their similarities; ``validation``: one record per
     validated head pair (``pair``, ``passed``, ``kl`` nats, ``top1``, ``metric_ratio``,
-    ``similarity``), ``layer_validation`` likewise; ``congruity``: point-test decision rates
-    and p-values in both directions, selectivity scores, the top heads; ``verdicts``: each
-    estimator's verdict and whether they agree.
+    ``similarity``), ``layer_validation`` likewise; ``null_score``: the share of the same heads
+    passing when mean-ablated instead (NaN without patching); ``congruity``: point-test
+    decision rates and p-values in both directions, selectivity scores, the top heads;
+    ``verdicts``: each estimator's verdict and whether they agree.
     """
 
     model_a: str
@@ -270,6 +279,8 @@ class ComparisonResult(Result):
     score_ci: list
     layer_score: float
     layer_score_ci: list
+    null_score: float
+    null_score_ci: list
     matching: dict
     validation: list
     layer_validation: list
@@ -392,7 +403,9 @@ def _validate(
                 out = model_b.forward(ids, mask)
             patched_rows[k].append(_eval_rows(out, mask, task_b, idx, start).double())
             if task_b is not None:
-                patched_metric[k].append(task_b.metric(task_b.gather_logits(out, idx), idx).double())
+                patched_metric[k].append(
+                    task_b.metric(task_b.gather_logits(out, idx), idx).double()
+                )
     ref = torch.cat(orig_rows)
     ref_top = ref.argmax(-1)
     records = []
@@ -417,7 +430,9 @@ def _score(
     config: CompareConfig,
 ) -> tuple[Any, str]:
     if records is None:
-        crit = ValidationCriterion(max_kl=None, min_top1=None, min_similarity=config.similarity_threshold)
+        crit = ValidationCriterion(
+            max_kl=None, min_top1=None, min_similarity=config.similarity_threshold
+        )
         return equivalence_score(pairs, crit, similarity=sims, ci=config.ci), "similarity"
     crit = config.criterion
     kw: dict[str, Any] = {
@@ -445,7 +460,9 @@ def _congruity_group(
     resid = ["blocks.0.hook_resid_pre", *[f"blocks.{l}.hook_resid_post" for l in range(n_layers)]]
     layers = list(range(n_layers))
     if config.congruity_max_layers is not None and config.congruity_max_layers < n_layers:
-        layers = sorted({round(x) for x in np.linspace(0, n_layers - 1, config.congruity_max_layers)})
+        layers = sorted(
+            {round(x) for x in np.linspace(0, n_layers - 1, config.congruity_max_layers)}
+        )
     batches = _batches(len(tokens), config.batch_size)
     z_sites = [f"blocks.{l}.attn.hook_z" for l in layers]
 
@@ -488,7 +505,10 @@ def _congruity_group(
         return np.concatenate(parts)
 
     ref_logits = np.concatenate(
-        [rows(o, m, idx).double().cpu().numpy() for (o, _, m), idx in zip(clean, batches, strict=True)]
+        [
+            rows(o, m, idx).double().cpu().numpy()
+            for (o, _, m), idx in zip(clean, batches, strict=True)
+        ]
     )
     base = rep([c[1] for c in clean], [c[2] for c in clean])
     kl = np.full((n_layers, model.n_heads), -np.inf)
@@ -523,13 +543,19 @@ def _congruity_group(
 
 def _congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfig) -> dict:
     position = "last" if probe.task_a is not None else "mean"
-    ga = _congruity_group(model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config)
-    gb = _congruity_group(model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config)
+    ga = _congruity_group(
+        model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config
+    )
+    gb = _congruity_group(
+        model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config
+    )
     group_a = [ga["base"], *ga["intervened"]]
     group_b = [gb["base"], *gb["intervened"]]
     out: dict[str, Any] = {
         "representation": f"accumulated residual stream, {position} token(s)",
-        "intervention": "head hook_z from corrupted run" if probe.corrupted_a else "head mean ablation",
+        "intervention": "head hook_z from corrupted run"
+        if probe.corrupted_a
+        else "head mean ablation",
         "top_heads_a": ga["top_heads"],
         "top_kl_a": ga["top_kl"],
         "top_heads_b": gb["top_heads"],
@@ -607,8 +633,13 @@ def compare(
         pick = sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False).tolist())
         head_pairs = [head_pairs[i] for i in pick]
         head_sims = [head_sims[i] for i in pick]
+    layer_pairs, layer_sims = layer_match.pairs, layer_match.similarities
+    if cfg.max_validate_layers is not None and cfg.max_validate_layers < len(layer_pairs):
+        pick = sorted(rng.choice(len(layer_pairs), cfg.max_validate_layers, replace=False).tolist())
+        layer_pairs = [layer_pairs[i] for i in pick]
+        layer_sims = [layer_sims[i] for i in pick]
     can_patch = cfg.validate and not sentence and model_b.causal
-    head_records = layer_records = None
+    head_records = layer_records = null_records = None
     if can_patch:
         head_writers = []
         for (la, ha), (lb, hb) in head_pairs:
@@ -625,7 +656,7 @@ def compare(
             head_writers.append((f"blocks.{lb}.attn.hook_z", fn))
         layer_writers = []
         if cfg.validate_layers:
-            for la, lb in layer_match.pairs:
+            for la, lb in layer_pairs:
                 lmap = fit_linear_map(raw_a[la], raw_b[lb], cfg.map_method)
                 w = torch.as_tensor(lmap.weight, dtype=model_b.dtype)
                 bias = torch.as_tensor(lmap.bias, dtype=model_b.dtype)
@@ -639,8 +670,19 @@ def compare(
                 layer_writers.append((f"blocks.{lb}.hook_resid_post", fn))
         a_sites = sorted(
             {f"blocks.{a[0]}.attn.hook_z" for a, _ in head_pairs}
-            | {f"blocks.{la}.hook_resid_post" for la, _ in layer_match.pairs}
+            | {f"blocks.{la}.hook_resid_post" for la, _ in layer_pairs}
         )
+        null_writers = []
+        if cfg.null_baseline:
+            for _, (lb, hb) in head_pairs:
+                mean = torch.as_tensor(raw_zb[lb][:, hb].mean(0), dtype=model_b.dtype)
+
+                def fn(act, src, hb=hb, mean=mean):
+                    out = act.clone()
+                    out[:, start:, hb] = mean
+                    return out
+
+                null_writers.append((f"blocks.{lb}.attn.hook_z", fn))
         records = _validate(
             model_a,
             model_b,
@@ -648,15 +690,22 @@ def compare(
             heldout,
             probe.task_b,
             start,
-            head_writers + layer_writers,
+            head_writers + layer_writers + null_writers,
             a_sites,
             cfg.batch_size,
         )
-        head_records = records[: len(head_writers)]
-        layer_records = records[len(head_writers) :] if cfg.validate_layers else None
+        nh, nl = len(head_writers), len(layer_writers)
+        head_records = records[:nh]
+        layer_records = records[nh : nh + nl] if cfg.validate_layers else None
+        null_records = records[nh + nl :] if cfg.null_baseline else None
     head_score, method = _score(head_pairs, head_sims, head_records, cfg)
+    if null_records is not None:
+        null = _score(head_pairs, head_sims, null_records, cfg)[0]
+        n_score, n_ci = null.score, null.score_ci
+    else:
+        n_score, n_ci = float("nan"), [float("nan"), float("nan")]
     if layer_records is not None or not can_patch:
-        layer_score, _ = _score(layer_match.pairs, layer_match.similarities, layer_records, cfg)
+        layer_score, _ = _score(layer_pairs, layer_sims, layer_records, cfg)
         l_score, l_ci, l_val = layer_score.score, layer_score.score_ci, layer_score.validation
     else:
         l_score, l_ci, l_val = float("nan"), [float("nan"), float("nan")], []
@@ -678,6 +727,8 @@ def compare(
         score_ci=head_score.score_ci,
         layer_score=l_score,
         layer_score_ci=l_ci,
+        null_score=n_score,
+        null_score_ci=n_ci,
         matching={
             "layers": {
                 "method": layer_match.method,

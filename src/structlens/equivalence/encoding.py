@@ -77,14 +77,32 @@ class EncodingConfig:
             )
 
 
+def _ridge_factors(
+    x_tr: np.ndarray, y_tr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Centre the training rows; return ``(mean_x, mean_y, V^T, s, U^T y)`` of the thin SVD.
+
+    Predictions for any penalty follow without forming the ``[d_x, d_y]`` coefficients
+    (:func:`_ridge_predict`), which matters when both widths are large (accumulated residual
+    streams have ``(L + 1) d`` features) and ``n`` is small.
+    """
+    mx, my = x_tr.mean(0), y_tr.mean(0)
+    u, s, vt = np.linalg.svd(x_tr - mx, full_matrices=False)
+    return mx, my, vt, s, u.T @ (y_tr - my)
+
+
+def _ridge_predict(
+    xc: np.ndarray, vt: np.ndarray, s: np.ndarray, uty: np.ndarray, alpha: float
+) -> np.ndarray:
+    """Centred predictions ``xc @ coef(alpha)`` with ``coef = V diag(s / (s^2 + a)) U^T y``."""
+    return ((xc @ vt.T) * (s / (s**2 + alpha))) @ uty
+
+
 def _ridge_paths(
     x_tr: np.ndarray, y_tr: np.ndarray, alphas: Sequence[float]
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Centre the training rows and return (mean_x, mean_y, [coef for each alpha])."""
-    mx, my = x_tr.mean(0), y_tr.mean(0)
-    xc, yc = x_tr - mx, y_tr - my
-    u, s, vt = np.linalg.svd(xc, full_matrices=False)
-    uty = u.T @ yc
+    mx, my, vt, s, uty = _ridge_factors(x_tr, y_tr)
     coefs = [vt.T @ ((s / (s**2 + a))[:, None] * uty) for a in alphas]
     return mx, my, coefs
 
@@ -121,10 +139,10 @@ def _choose_alpha(x: np.ndarray, y: np.ndarray, cfg: EncodingConfig) -> float:
     err = np.zeros(len(cfg.alphas))
     for val in folds:
         tr = np.setdiff1d(np.arange(x.shape[0]), val, assume_unique=True)
-        mx, my, coefs = _ridge_paths(x[tr], y[tr], cfg.alphas)
+        mx, my, vt, sv, uty = _ridge_factors(x[tr], y[tr])
         xv = x[val] - mx
-        for i, coef in enumerate(coefs):
-            err[i] += np.sum((y[val] - my - xv @ coef) ** 2)
+        for i, a in enumerate(cfg.alphas):
+            err[i] += np.sum((y[val] - my - _ridge_predict(xv, vt, sv, uty, a)) ** 2)
     return float(cfg.alphas[int(np.argmin(err))])
 
 
@@ -139,8 +157,8 @@ def encoding_r2(x: object, y: object, config: EncodingConfig | None = None) -> t
     b = b.astype(np.float64, copy=False)
     train, test = _split(a.shape[0], cfg)
     alpha = _choose_alpha(a[train], b[train], cfg)
-    mx, my, (coef,) = _ridge_paths(a[train], b[train], (alpha,))
-    pred = (a[test] - mx) @ coef + my
+    mx, my, vt, sv, uty = _ridge_factors(a[train], b[train])
+    pred = _ridge_predict(a[test] - mx, vt, sv, uty, alpha) + my
     return _r2(b[test], pred, cfg.multioutput), alpha
 
 

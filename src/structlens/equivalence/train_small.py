@@ -154,8 +154,6 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     record.write_text(
-        json.dumps(
-            {"config": cfg, "loss": losses, "seconds": time.perf_counter() - t0}, indent=1
-        )
+        json.dumps({"config": cfg, "loss": losses, "seconds": time.perf_counter() - t0}, indent=1)
     )
     return out
