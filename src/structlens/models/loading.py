@@ -235,6 +235,10 @@ def _load_hf(
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     kw: dict[str, Any] = dict(trust_remote_code=trust_remote_code)
+    # Read at call time (huggingface_hub reads it once at import), so a session that turns
+    # offline mode on later gets a fast, clear error instead of network retries.
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        kw["local_files_only"] = True
     if gguf_file:
         kw["gguf_file"] = gguf_file
     try:
