@@ -252,6 +252,7 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
         for n, c in ft.items()
     ]
     text = TEMPLATE.format(
+        discussion=discussion(results),
         table=table,
         detail="\n".join(detail),
         train="\n".join(train_lines),
@@ -263,6 +264,33 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
     )
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
+
+
+def discussion(results: dict[str, ComparisonResult]) -> str:
+    """Bullet points derived from the numbers: per group, score vs null vs paper; where the
+    two estimators disagree."""
+    out = []
+    for group, (claim, _, _) in PAPER.items():
+        rs = [results[sc.name] for sc in SCENARIOS if sc.group == group and sc.name in results]
+        if not rs:
+            continue
+        score = float(np.mean([r.score for r in rs]))
+        nulls = [r.null_score for r in rs if not np.isnan(r.null_score)]
+        line = f"* **{group}** ({len(rs)} pair(s)): mean score {score:.2f} vs paper {claim}"
+        if nulls:
+            null = float(np.mean(nulls))
+            gap = "does not separate" if null >= score - 0.1 else "separates"
+            line += f"; mean null score {null:.2f}, so patching {gap} partners from mean ablation"
+        verdicts = sorted({verdict(group, r.score, r.score_ci) for r in rs})
+        line += f"; verdict vs paper: {', '.join(verdicts)}."
+        out.append(line)
+    dis = [n for n, r in results.items() if r.verdicts.get("agree") is False]
+    out.append(
+        "* The estimators disagree on: "
+        + (", ".join(f"`{n}` ({results[n].verdicts})" for n in dis) if dis else "none")
+        + "."
+    )
+    return "\n".join(out)
 
 
 def _cfg_text(cfg: CompareConfig) -> str:
@@ -326,7 +354,13 @@ score ≥ 0.5.
 
 ## Reading the table
 
-See the discussion below (written from the numbers above).
+{discussion}
+
+Caveats that hold whatever the numbers: the sufficient condition is per component (one head
+replaced at a time), so in a model with many heads most single replacements change little and
+pass; the null score measures exactly this. The summary's numbers come from models we cannot
+run (GPT-2 family, 12 vs 24 layers) with a matching step and threshold the public code does not
+contain, so "consistent" means only that the paper's value lies inside our interval.
 """
 
 

@@ -127,6 +127,7 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     from structlens.cli import equiv
 
     args = ["tiny-llama", "tiny-llama", "--task", "corpus", "-n", "12", "--no-congruity"]
+    args += ["--max-validate-heads", "3"]
     res = CliRunner().invoke(
         equiv.app, ["compare", *args, "--out", str(tmp_path), "--quiet", "--batch-size", "16"]
     )

@@ -447,6 +447,14 @@ def _score(
     return equivalence_score(pairs, crit, ci=config.ci, **kw), "patching"
 
 
+def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
+    """Head importance: KL of the next-token distributions (nats) for causal LMs; for
+    encoders, whose output is a hidden state, the relative squared change of that state."""
+    if model.causal:
+        return kl_from_logits(reference, patched)
+    return float(np.sum((patched - reference) ** 2) / np.sum(reference**2))
+
+
 def _congruity_group(
     model: Model,
     tokens: list[list[int]],
@@ -528,7 +536,7 @@ def _congruity_group(
                 outs.append(rows(o, m, idx).double().cpu().numpy())
                 caches.append(c)
                 masks.append(m)
-            kl[l, h] = kl_from_logits(ref_logits, np.concatenate(outs))
+            kl[l, h] = _effect(model, ref_logits, np.concatenate(outs))
             reps[(l, h)] = rep(caches, masks)
     grid = np.where(np.isfinite(kl), kl, -1.0)
     top = rank_heads(grid, top_k=min(config.congruity_top_k, len(reps)))
