@@ -292,7 +292,7 @@ def render(R: dict[str, Any]) -> str:
     )
     L.append("## 2. Non-normal realisation with modal/principal dissociation\n")
     L.append(
-        "| fit | ρ(A) | Henrici rel. | κ(V) | max κ(λ) | dissociation k | largest angle (°) | mean cos² |"
+        "| fit | ρ(A) | Henrici rel. | κ(V) | max κ(λ) | dissociation k | largest angle (°) | mean cos² |"  # noqa: E501
     )
     L.append("|---|---|---|---|---|---|---|---|")
     for key, v in R["fits"].items():
@@ -300,7 +300,7 @@ def render(R: dict[str, Any]) -> str:
         L.append(
             f"| {key} | {v['spectral_radius']:.3f} | {nn['henrici_relative']:.3f} | "
             f"{nn['kappa_V']:.3g} | {nn['eig_condition_max']:.3g} | {d.get('k', '-')} | "
-            f"{d.get('largest_angle_deg', float('nan')):.1f} | {d.get('mean_cos2', float('nan')):.3f} |"
+            f"{d.get('largest_angle_deg', float('nan')):.1f} | {d.get('mean_cos2', float('nan')):.3f} |"  # noqa: E501
         )
     nonnormal = all(v["non_normality"]["henrici_relative"] > 0.1 for v in R["fits"].values())
     dissoc = all(v.get("dissociation", {}).get("mean_cos2", 1) < 0.5 for v in R["fits"].values())
@@ -313,11 +313,11 @@ def render(R: dict[str, Any]) -> str:
     )
     L.append(
         f"\nRule: non-normal if the relative Henrici departure > 0.1; dissociated if the mean cos² "
-        f"between the top-k PCA directions and the dominant modes' span is < 0.5. **Verdict: {verdict}.**\n"
+        f"between the top-k PCA directions and the dominant modes' span is < 0.5. **Verdict: {verdict}.**\n"  # noqa: E501
     )
     L.append("## 3. Invariance gap: SAE vs spectral vs random\n")
     L.append(
-        f"SAE: TopK trained here by `structlens.sae.train_sae` on the layer's resid_pre: {R.get('sae')}.\n"
+        f"SAE: TopK trained here by `structlens.sae.train_sae` on the layer's resid_pre: {R.get('sae')}.\n"  # noqa: E501
     )
     L.append("| dictionary | pooled 1−R² (held-out prompts) | mean | median | dead |")
     L.append("|---|---|---|---|---|")
@@ -331,22 +331,22 @@ def render(R: dict[str, Any]) -> str:
     partly = g["sae_topk512"] > g["spectral32"] or g["sae_topk512"] > g["relu512"]
     verdict = "reproduced" if ok else "partly reproduced" if partly else "not reproduced"
     L.append(
-        f"\nClaim: the SAE's residual is larger than both the spectral and the random dictionary's. "
+        f"\nClaim: the SAE's residual is larger than both the spectral and the random dictionary's. "  # noqa: E501
         f"**Verdict: {verdict}.** Widths differ (SAE 512, spectral 32, random 512): the spectral "
         "dictionary is selected for invariance on held-out rows, so its low residual is by "
         "construction.\n"
     )
     L.append("## 4. IOI ablation ordering PCA > modes > random\n")
     L.append(
-        "Normalised logit-difference change (LD_abl − LD_clean)/mean LD_clean, k = 4 real dimensions, mean-ablation to the corpus mean at resid_pre(l), 95% bootstrap CI over prompts; random = mean of 3 orthonormal draws.\n"
+        "Normalised logit-difference change (LD_abl − LD_clean)/mean LD_clean, k = 4 real dimensions, mean-ablation to the corpus mean at resid_pre(l), 95% bootstrap CI over prompts; random = mean of 3 orthonormal draws.\n"  # noqa: E501
     )
     L.append("| layer/positions | layers to read-out | modes | PCA | random |")
     L.append("|---|---|---|---|---|")
     orders = []
     for key, v in R["ioi"].items():
         L.append(
-            f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {_ci(v['modes']['ci'])} | "
-            f"{v['pca']['mean']:+.3f} {_ci(v['pca']['ci'])} | {v['random']['mean']:+.3f} {_ci(v['random']['ci'])} |"
+            f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {_ci(v['modes']['ci'])} | "  # noqa: E501
+            f"{v['pca']['mean']:+.3f} {_ci(v['pca']['ci'])} | {v['random']['mean']:+.3f} {_ci(v['random']['ci'])} |"  # noqa: E501
         )
         eff = {m: abs(v[m]["mean"]) for m in ("modes", "pca", "random")}
         orders.append(eff["pca"] > eff["modes"] > eff["random"])
@@ -383,7 +383,7 @@ def render(R: dict[str, Any]) -> str:
     red = R["reduction"]
     L.append(f"Pooled operator over layers {red['layers']} (PCA-32), horizon {red['horizon']}.\n")
     L.append(
-        "| order | actual error | Enns–Glover | a-posteriori Markov | instance error | instance bound | eff. rank Σ_u | ρ₀ |"
+        "| order | actual error | Enns–Glover | a-posteriori Markov | instance error | instance bound | eff. rank Σ_u | ρ₀ |"  # noqa: E501
     )
     L.append("|---|---|---|---|---|---|---|---|")
     tighter = []
@@ -391,7 +391,7 @@ def render(R: dict[str, Any]) -> str:
         v = red[r]
         L.append(
             f"| {r} | {v['error']:.3g} | {v['enns_glover']:.3g} | {v['markov_bound']:.3g} | "
-            f"{v['instance_error']:.3g} | {v['instance_bound']:.3g} | {v['effective_rank']:.2f} | {v['rho0']:.3f} |"
+            f"{v['instance_error']:.3g} | {v['instance_bound']:.3g} | {v['effective_rank']:.2f} | {v['rho0']:.3f} |"  # noqa: E501
         )
         tighter.append(v["instance_bound"] < v["enns_glover"] and v["error"] <= v["enns_glover"])
     verdict = (
