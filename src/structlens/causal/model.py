@@ -219,9 +219,7 @@ def model_causal_dimension(
     acc: EJOPAccumulator | None = None
     with eager_attention(model):
         for toks in prompts:
-            f, h0 = residual_function(
-                model, layer, toks, position, outputs, compress_head=compress
-            )
+            f, h0 = residual_function(model, layer, toks, position, outputs, compress_head=compress)
             acc = est.accumulate(f, h0, acc)
     assert acc is not None
     return est.result(acc)
@@ -380,3 +378,42 @@ def exact_feature_effects(
             logits = model.hf(input_ids=ids, use_cache=False).logits
         out.append(metric(logits) - base)
     return torch.cat(out)
+
+
+class _Stop(Exception):
+    """Raised from a hook to end a forward pass once the needed site has been read."""
+
+
+@torch.no_grad()
+def residual_batches(
+    model: Model,
+    layer: int,
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 8,
+    skip_first: bool = True,
+) -> Iterator[torch.Tensor]:
+    """Yield ``[n_tokens, d]`` float32 residuals at ``blocks.{layer}.hook_resid_pre``.
+
+    The forward pass stops at ``layer`` (layers above it and the unembedding never run), so
+    streaming SAE training data costs ``layer/n_layers`` of a full forward.  Pads (and
+    position 0 with ``skip_first``) are dropped.
+    """
+    from structlens.data.tasks import pad_batch
+
+    site = resid_site(model, layer)
+    pad = int(model.tokenizer.pad_token_id)
+
+    def stop(a: torch.Tensor) -> torch.Tensor:
+        raise _Stop(a)
+
+    for s in range(0, len(prompts), batch_size):
+        ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
+        try:
+            with hooked(model, reads={site: stop}):
+                model.forward(ids, mask)
+        except _Stop as done:
+            act = done.args[0]
+        else:  # pragma: no cover - the read hook always fires
+            raise AssertionError(site)
+        yield act[_select(mask, skip_first)].float().cpu()

@@ -1,0 +1,276 @@
+"""End-to-end causal-dimensionality experiments on a model (used by the CLI and the
+replication script): κ by layer, a width sweep of SAEs at one layer with AtP on the LM loss,
+CE loss recovered, the four-cell ablation and IOI task-specific recovery.
+
+Every function takes a loaded :class:`~structlens.models.Model` and token-id lists and returns
+plain dicts of JSON-ready values (plus trained SAEs where relevant).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.causal.controls import four_cell_ablation
+from structlens.causal.jacobian import JacobianConfig
+from structlens.causal.model import (
+    ce_runner,
+    eager_attention,
+    model_causal_dimension,
+    residual_batches,
+    residual_function,
+    residual_grads,
+    sae_splice_writer,
+)
+from structlens.causal.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
+from structlens.models.loading import Model
+from structlens.sae import (
+    SAETrainConfig,
+    SparseAutoencoder,
+    ce_loss_recovered,
+    evaluate_sae,
+    train_sweep,
+    width_sweep_configs,
+)
+
+
+def kappa_by_layer(
+    model: Model,
+    layers: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    config: JacobianConfig | None = None,
+    *,
+    position: int = -1,
+    outputs: str = "same",
+) -> dict[str, Any]:
+    """Exact κ (erank), κ_PR, stable and numerical rank of Σ at each layer, with spectra."""
+    cfg = config or JacobianConfig(output="log_probs", n_groups=max(2, len(prompts)))
+    out: dict[str, Any] = {"layers": [], "d": model.d_model}
+    for layer in layers:
+        res = model_causal_dimension(
+            model,
+            layer,
+            prompts,
+            cfg,
+            position=position,
+            outputs=outputs,  # type: ignore[arg-type]
+        )
+        out["layers"].append(
+            {
+                "layer": int(layer),
+                "erank": res.erank,
+                "participation_ratio": res.participation_ratio,
+                "stable_rank": res.stable_rank,
+                "numerical_rank": res.numerical_rank,
+                "kappa_over_d": res.kappa_over_d,
+                "erank_se": res.erank_se,
+                "participation_ratio_se": res.participation_ratio_se,
+                "n_vectors": res.n_samples,
+                "eigenvalues": res.eigenvalues.tolist(),
+            }
+        )
+    out["settings"] = {
+        "output": cfg.output,
+        "outputs": outputs,
+        "position": position,
+        "n_prompts": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "convention": res.convention,
+    }
+    return out
+
+
+def shuffled_batches(
+    acts: torch.Tensor, batch_size: int, epochs: int, seed: int = 0
+) -> list[torch.Tensor]:
+    """``epochs`` passes over the rows of ``acts`` in fresh random orders, in batches."""
+    if acts.ndim != 2 or acts.shape[0] < batch_size:
+        raise ValueError(f"need a [n ≥ {batch_size}, d] activation matrix, got {acts.shape}.")
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(epochs):
+        perm = torch.randperm(acts.shape[0], generator=gen)
+        out += [acts[perm[s : s + batch_size]] for s in range(0, acts.shape[0], batch_size)]
+    return [b for b in out if b.shape[0] == batch_size]
+
+
+def collect_residuals(
+    model: Model, layer: int, prompts: Sequence[Sequence[int]], batch_size: int = 8
+) -> torch.Tensor:
+    """All residuals (position 0 dropped) at ``layer`` over ``prompts``: ``[n_tokens, d]``."""
+    return torch.cat(list(residual_batches(model, layer, prompts, batch_size=batch_size)))
+
+
+def train_width_sweep(
+    acts: torch.Tensor,
+    widths: Sequence[int],
+    base: SAETrainConfig,
+    *,
+    batch_size: int = 1024,
+    epochs: int = 1,
+    seed: int = 0,
+) -> dict[int, Any]:
+    """Train one SAE per width on one shared stream (same tokens, same order)."""
+    cfgs = width_sweep_configs(base, widths)
+    results = train_sweep(
+        cfgs, shuffled_batches(acts, batch_size, epochs, seed), tail_tokens=20_000
+    )
+    return {int(w): r for w, r in zip(widths, results, strict=True)}
+
+
+def sweep_analysis(
+    saes: dict[int, SparseAutoencoder],
+    acts_grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: WidthSweepConfig | None = None,
+    *,
+    n_blocks: int = 64,
+    exact_erank: float | None = None,
+) -> tuple[Any, dict[int, FeatureStats]]:
+    """FeatureStats for every width from the SAME cached ``(acts, grads)``, then the analysis."""
+    stats = {m: FeatureStats(m, n_blocks) for m in saes}
+    for acts, grads in acts_grads:
+        for m, sae in saes.items():
+            stats[m].update(sae, acts, grads)
+    return analyze_width_sweep(stats, config, exact_erank=exact_erank), stats
+
+
+def ce_recovered_by_width(
+    model: Model,
+    layer: int,
+    saes: dict[int, SparseAutoencoder],
+    prompts: Sequence[Sequence[int]],
+) -> dict[int, dict[str, float]]:
+    """CE loss recovered per width (SAELens ``ce_loss_score``, zero ablation); the clean and
+    ablated runs are done once and shared by all widths."""
+    run = ce_runner(model, layer, prompts)
+    clean = run(None)
+    ablated = run(torch.zeros_like)
+    out = {}
+    for m, sae in saes.items():
+        first = True
+
+        def shared(fn: Any, sae: SparseAutoencoder = sae) -> float:
+            nonlocal first
+            if fn is None:
+                return clean
+            if first:  # ce_loss_recovered's call order: clean, SAE, ablated
+                first = False
+                return run(fn)
+            return ablated
+
+        out[m] = ce_loss_recovered(sae, shared).to_json()
+    return out
+
+
+def four_cell(
+    sae: SparseAutoencoder, acts_grads: Sequence[tuple[torch.Tensor, torch.Tensor]], seed: int = 0
+) -> dict[str, Any]:
+    res = four_cell_ablation(sae, acts_grads, seed=seed)
+    return {
+        "width": sae.d_sae,
+        "n_causal": res.n_causal,
+        "n_repr": res.n_repr,
+        "inflation": res.inflation,
+        "epsilon": res.epsilon,
+        "n_tokens": res.n_tokens,
+    }
+
+
+def ioi_recovery(
+    model: Model,
+    layer: int,
+    sae: SparseAutoencoder,
+    *,
+    n_prompts: int = 32,
+    n_ground_truth: int = 10,
+    top_fraction: float = 0.05,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Task-specific recovery on IOI at the END position of ``blocks.{layer}.hook_resid_pre``.
+
+    Ground truth: the ``n_ground_truth`` features with the largest mean ``|Δ metric|`` under
+    exact zero-ablation (SAE spliced with its error term, feature removed at END only, metric
+    logit(IO) − logit(S)); AtP: ``mean_p |−f_i ⟨W_dec[i], ∇_h metric⟩|`` at END.  Reports the
+    share of the ground truth inside AtP's top ``top_fraction`` of ALL ``d_sae`` features and
+    of the features that fire at END on some prompt, and the Spearman correlation over those.
+    """
+    from scipy.stats import spearmanr
+
+    from structlens.data.tasks import make_task
+
+    task = make_task("ioi", model.tokenizer, n=n_prompts, seed=seed)
+    end = task.positions["END"]
+    acts_l, grads_l = [], []
+    for i, toks in enumerate(task.clean):
+
+        def metric(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, i: int = i):
+            return task.metric(task.gather_logits(logits, [i]), [i])
+
+        for acts, grads in residual_grads(model, layer, [toks], metric=metric, skip_first=False):
+            acts_l.append(acts[end[i]])
+            grads_l.append(grads[end[i]])
+    acts, grads = torch.stack(acts_l), torch.stack(grads_l)
+    with torch.no_grad():
+        f = sae.encode(acts.to(sae.W_dec.dtype))  # [n, m]
+        atp = (-f * (grads.to(sae.W_dec.dtype) @ sae.W_dec.T)).abs().double()
+    exact = torch.zeros_like(atp)
+    with eager_attention(model), torch.no_grad():
+        for i, toks in enumerate(task.clean):
+            feats = torch.nonzero(f[i] > 0).squeeze(1)
+            if feats.numel() == 0:
+                continue
+            fn, h0 = residual_function(model, layer, toks, end[i], "same")
+            base = task.metric(fn(h0), [i])
+            rows = h0 - f[i, feats, None] * sae.W_dec[feats]
+            vals = task.metric(fn(rows.to(h0.dtype)), [i] * feats.numel())
+            exact[i, feats] = (vals - base).abs().double()
+    atp_s, exact_s = atp.mean(0).numpy(), exact.mean(0).numpy()
+    fired = np.flatnonzero((f > 0).any(0).numpy())
+    gt = np.argsort(-exact_s, kind="stable")[:n_ground_truth]
+    k_all = math.ceil(top_fraction * sae.d_sae)
+    k_fired = max(1, math.ceil(top_fraction * fired.size))
+    top_all = set(np.argsort(-atp_s, kind="stable")[:k_all].tolist())
+    top_fired = set(fired[np.argsort(-atp_s[fired], kind="stable")[:k_fired]].tolist())
+    return {
+        "width": sae.d_sae,
+        "n_prompts": n_prompts,
+        "n_fired_at_end": int(fired.size),
+        "n_ground_truth": n_ground_truth,
+        "top_fraction": top_fraction,
+        "recall_top_of_all": float(np.mean([g in top_all for g in gt])),
+        "k_all": k_all,
+        "recall_top_of_fired": float(np.mean([g in top_fired for g in gt])),
+        "k_fired": k_fired,
+        "spearman_fired": float(spearmanr(atp_s[fired], exact_s[fired]).statistic),
+        "ground_truth": gt.tolist(),
+    }
+
+
+def sae_quality(
+    sae: SparseAutoencoder, eval_acts: torch.Tensor, min_count: int = 1
+) -> dict[str, float]:
+    res = evaluate_sae(sae, eval_acts, min_count=min_count)
+    return {
+        "fvu": res.fvu,
+        "l0": res.l0,
+        "dead_fraction": res.dead_fraction,
+        "n_tokens": res.n_tokens,
+    }
+
+
+__all__ = [
+    "ce_recovered_by_width",
+    "collect_residuals",
+    "four_cell",
+    "ioi_recovery",
+    "kappa_by_layer",
+    "sae_quality",
+    "sae_splice_writer",
+    "shuffled_batches",
+    "sweep_analysis",
+    "train_width_sweep",
+]
