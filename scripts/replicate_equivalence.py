@@ -50,13 +50,15 @@ FT_SETTINGS = dict(steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 
 
 SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16)
 SMOL_CFG = CompareConfig(
-    max_validate_heads=27,
-    max_validate_layers=10,
-    congruity_top_k=3,
-    congruity_max_layers=2,
+    max_validate_heads=12,
+    max_validate_layers=4,
+    congruity_top_k=2,
+    congruity_max_layers=1,
     batch_size=12,
 )
-ENC_CFG = CompareConfig(representation="sentence", congruity_top_k=3, congruity_max_layers=2)
+ENC_CFG = CompareConfig(
+    representation="sentence", congruity_top_k=2, congruity_max_layers=1, batch_size=16
+)
 
 
 def small_model(root: Path, name: str):
@@ -184,6 +186,10 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
     for sc in SCENARIOS:
         r = results.get(sc.name)
         if r is None:
+            lines.append(
+                f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | not run yet "
+                "(rerun the script) |" + " |" * 9
+            )
             continue
         cg = r.congruity
         rate = (
@@ -368,7 +374,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="results/equivalence")
     ap.add_argument("--only", nargs="*", default=None, help="scenario names to (re)run")
+    ap.add_argument(
+        "--doc-only", action="store_true", help="rewrite the doc from cached results only"
+    )
     args = ap.parse_args(argv)
+    if args.doc_only:
+        args.only = []
     root = Path(args.root)
     results = {}
     for sc in SCENARIOS:
