@@ -234,6 +234,11 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
                 f"{_fmt(e['participation_ratio_se'], 1)} | {e['stable_rank']:.2f} | "
                 f"{e['numerical_rank']} |"
             )
+        missing = sorted(set(settings.get("jacobian_layers", [])) - {
+            e["layer"] for e in kappa["layers"]})
+        if missing:
+            lines += ["", f"Layers {missing} were configured but not run (time budget); rerun "
+                      "the script to add them (finished layers are kept)."]
         lines.append("")
     if sweep:
         lines += [
