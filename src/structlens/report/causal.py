@@ -326,6 +326,24 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             f"{ioi['spearman_fired']:.3f}.",
             "",
         ]
+    lines += [
+        "## Caveats",
+        "",
+        "- Scale: d = 576 instead of 2304, and SAEs trained on ~10⁵ tokens instead of 4–16B; "
+        "wide SAEs here are far from converged (see FVU and dead fractions), which by itself "
+        "depresses N_causal at large widths. The width span is 32× (paper 64×).",
+        "- κ is estimated from few residual vectors (the exact Σ costs d forward-mode passes "
+        "per vector on a 2-core machine); erank of a mean over more tokens can only grow "
+        "(concavity of entropy), so our κ values are lower bounds on the population κ for "
+        "this position/output convention.",
+        "- The paper's κ̂ comes from saturating fits of N_causal(m); AtP probes "
+        "E[∇L ∇Lᵀ] (rank ≤ 1 per token), not E[JᵀJ], so κ̂ ≈ erank(Σ) is an assumption we "
+        "test, not an identity. Σ here is of log-probs at the same position; "
+        "`--positions downstream` and `--output raw` are available.",
+        "- ε is the 98th percentile over all base-width features (non-firing ones included), "
+        "so N_causal(base) = ⌈0.02·m_base⌉ up to ties by construction.",
+        "",
+    ]
     return _finish(lines, path)
 
 
