@@ -333,9 +333,9 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
         "wide SAEs here are far from converged (see FVU and dead fractions), which by itself "
         "depresses N_causal at large widths. The width span is 32× (paper 64×).",
         "- κ is estimated from few residual vectors (the exact Σ costs d forward-mode passes "
-        "per vector on a 2-core machine); erank of a mean over more tokens can only grow "
-        "(concavity of entropy), so our κ values are lower bounds on the population κ for "
-        "this position/output convention.",
+        "per vector on a 2-core machine). The spectral entropy is concave in Σ/tr Σ, so by "
+        "Jensen the erank of a few-vector Σ̂ is biased low in expectation: read our κ as "
+        "likely underestimates of the population κ for this position/output convention.",
         "- The paper's κ̂ comes from saturating fits of N_causal(m); AtP probes "
         "E[∇L ∇Lᵀ] (rank ≤ 1 per token), not E[JᵀJ], so κ̂ ≈ erank(Σ) is an assumption we "
         "test, not an identity. Σ here is of log-probs at the same position; "
