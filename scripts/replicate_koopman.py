@@ -23,7 +23,6 @@ from structlens.data.tasks import make_task
 from structlens.koopman import (
     EDMDc,
     EDMDcConfig,
-    IdentityDictionary,
     PCADictionary,
     RandomFourierDictionary,
     RandomReLUDictionary,
@@ -148,6 +147,7 @@ def main() -> None:
             curves[f"L{layer} {name}"] = (sh.n_samples, sh.w_inf_mean, sh.slope)
     plot_split_half(curves, out / "split_half.png")
     log("split-half done", t0)
+    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
 
     # 2. non-normality and dissociation; 5. tails
     R["fits"], R["tails"] = {}, {}
@@ -158,7 +158,7 @@ def main() -> None:
         rff = RandomFourierDictionary(256, seed=a.seed, include_state=False).fit(X)
         R["tails"][f"L{layer}/rff256_lifted"] = tail_diagnostic(rff.transform(X)).__dict__
         for name, dic in (
-            ("identity", IdentityDictionary()),
+            ("pca64", PCADictionary(64)),
             ("pca32", PCADictionary(32)),
         ):
             dic.fit(X)
@@ -175,6 +175,7 @@ def main() -> None:
                 spectra[f"L{layer} pca32"] = res.eigenvalues
     plot_eigenvalues(spectra, out / "eigenvalues.png")
     log("fits done", t0)
+    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
 
     # 3. invariance gap
     R["invariance"] = {}
@@ -198,6 +199,7 @@ def main() -> None:
                 "n_dead": inv.n_dead,
             }
     log("invariance done", t0)
+    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
 
     # 4. IOI ablation ordering
     task = make_task("ioi", model.tokenizer, n=a.n_ioi, seed=a.seed + 1)
@@ -222,6 +224,7 @@ def main() -> None:
             }
             rows.append((f"L{layer} {positions}", c.methods, c.mean, c.ci))
             log(f"IOI L{layer} {positions}: {c.mean}", t0)
+            (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
     plot_ablation(rows, out / "ioi_ablation.png")
 
     # 6. reduction bounds on the pooled operator
