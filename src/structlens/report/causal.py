@@ -167,11 +167,15 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             for e in kappa["layers"]
         )
         ratios = [e["kappa_over_d"] for e in kappa["layers"]]
-        row("Causal dimension is a large share of d (κ̂/d ≈ 0.86)", "0.86 (Gemma-2-2B L12)",
-            "exact κ/d = " + ", ".join(
-                f"L{e['layer']}: {e['kappa_over_d']:.3f}" for e in kappa["layers"]),
-            "not reproduced (exact erank is a small share of d)" if max(ratios) < 0.5
-            else "reproduced")
+        row(
+            "Causal dimension is a large share of d (κ̂/d ≈ 0.86)",
+            "0.86 (Gemma-2-2B L12)",
+            "exact κ/d = "
+            + ", ".join(f"L{e['layer']}: {e['kappa_over_d']:.3f}" for e in kappa["layers"]),
+            "not reproduced (exact erank is a small share of d)"
+            if max(ratios) < 0.5
+            else "reproduced",
+        )
         lower = all(e["participation_ratio"] <= e["erank"] for e in kappa["layers"])
         row(
             "κ_PR is a lower bound on κ (280 vs 1990)",
@@ -240,11 +244,15 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
                 f"{_fmt(e['participation_ratio_se'], 1)} | {e['stable_rank']:.2f} | "
                 f"{e['numerical_rank']} |"
             )
-        missing = sorted(set(settings.get("jacobian_layers", [])) - {
-            e["layer"] for e in kappa["layers"]})
+        missing = sorted(
+            set(settings.get("jacobian_layers", [])) - {e["layer"] for e in kappa["layers"]}
+        )
         if missing:
-            lines += ["", f"Layers {missing} were configured but not run (time budget); rerun "
-                      "the script to add them (finished layers are kept)."]
+            lines += [
+                "",
+                f"Layers {missing} were configured but not run (time budget); rerun "
+                "the script to add them (finished layers are kept).",
+            ]
         lines.append("")
     if sweep:
         lines += [
