@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from structlens.cli import capture, demo, equiv, models, ndm, tasks
+from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
 
 app = typer.Typer(
     name="structlens",
@@ -19,6 +19,9 @@ capture.register(app)
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(ndm.app, name="ndm")
 app.add_typer(equiv.app, name="equiv")
+app.add_typer(koopman.app, name="koopman")
+app.add_typer(sae.app, name="sae")
+app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
