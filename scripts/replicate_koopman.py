@@ -1,6 +1,6 @@
 """Replicate the Koopman spectral-identifiability claims on SmolLM2-135M-Instruct.
 
-    .venv/bin/python scripts/replicate_koopman.py [--out koopman-replication] [--quick]
+    .venv/bin/python scripts/replicate_koopman.py [--out results/replication/koopman] [--quick]
 
 Captures resid_pre / attn_out over the bundled corpus plus IOI prompts for a layer range,
 measures each claim, writes ``<out>/replication.json``, figures under ``<out>`` and renders
@@ -77,7 +77,7 @@ def train_small_sae(X: np.ndarray, d_sae: int, k: int, seed: int) -> tuple[SAEDi
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="koopman-replication")
+    ap.add_argument("--out", default="results/replication/koopman")
     ap.add_argument("--n-corpus", type=int, default=300)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--n-task", type=int, default=50)
@@ -272,7 +272,7 @@ def render(R: dict[str, Any]) -> str:
     L.append("# Replication: Koopman spectral identifiability on SmolLM2-135M-Instruct\n")
     L.append(
         "Produced by `.venv/bin/python scripts/replicate_koopman.py` (figures and "
-        "`replication.json` under `koopman-replication/`). The paper has no public text or "
+        "`replication.json` under `results/replication/koopman/`). The paper has no public text or "
         "code, so its figures cannot be quoted; each claim is the one stated in issue 3.\n"
     )
     L.append(
