@@ -29,7 +29,9 @@ SETTINGS = {
     "widths": [512, 1024, 2048, 4096, 8192, 16384],
     "architecture": "topk",
     "k": 32,
-    "lr_base": 1e-3,
+    # A fixed rate: with the width rule and lr_base 1e-3, widths 512–2048 got 2.8e-3–5.7e-3
+    # and diverged (training FVU 2.7–5.1) in a first run; 1e-3 trained 16384 to FVU 0.32.
+    "lr": 1e-3,
     "batch_size": 512,
     "epochs": 3,
     "prompt_tokens": 128,
@@ -109,6 +111,13 @@ def stage_jacobian(out: Path, s: dict) -> None:
         )
 
 
+def sweep_tag(s: dict) -> str:
+    return (
+        f"sweep-L{s['sweep_layer']}-{s['architecture']}-k{s['k']}-lr{s['lr']:g}-"
+        f"e{s['epochs']}-n{s['n_train_prompts']}"
+    )
+
+
 def stage_sweep(out: Path, s: dict) -> None:
     from structlens.causal.experiment import (
         ce_recovered_by_width,
@@ -128,15 +137,17 @@ def stage_sweep(out: Path, s: dict) -> None:
     model = load_model(s["model"])
     train, evalp, rest = prompts_split(model, s)
     layer = s["sweep_layer"]
+    # Everything that depends on the SAEs lives under a directory named by their settings,
+    # so changing a training setting retrains instead of reusing stale results.
+    out = out / sweep_tag(s)
+    out.mkdir(parents=True, exist_ok=True)
     sae_dir = out / "saes"
     widths = s["widths"]
     if not all((sae_dir / str(w) / "cfg.json").exists() for w in widths):
         t = time.time()
         acts = collect_residuals(model, layer, train)
         log(f"captured {acts.shape[0]} training tokens at layer {layer} ({time.time() - t:.0f} s)")
-        base = SAETrainConfig(
-            architecture=s["architecture"], k=s["k"], lr_base=s["lr_base"], seed=s["seed"]
-        )
+        base = SAETrainConfig(architecture=s["architecture"], k=s["k"], lr=s["lr"], seed=s["seed"])
         t = time.time()
         trained = train_width_sweep(
             acts, widths, base, batch_size=s["batch_size"], epochs=s["epochs"], seed=s["seed"]
@@ -175,7 +186,7 @@ def stage_sweep(out: Path, s: dict) -> None:
             f"eval acts+grads: {sum(a.shape[0] for a, _ in pairs)} tokens ({time.time() - t:.0f} s)"
         )
     eval_acts = torch.cat([a for a, _ in pairs])
-    kappa = out / "kappa.json"
+    kappa = out.parent / "kappa.json"
     exact = None
     if kappa.exists():
         for e in json.loads(kappa.read_text())["layers"]:
@@ -221,6 +232,8 @@ def stage_synthetic(out: Path, s: dict) -> None:
     from structlens.causal import SyntheticCausalModel, atp_recall
     from structlens.sae import SAETrainConfig, train_sae
 
+    if (out / "synthetic.json").exists():
+        return
     model = SyntheticCausalModel(d=32, n_atoms=256, n_causal=8, vocab=64, active=4, seed=0)
     sae = train_sae(
         SAETrainConfig(architecture="topk", d_sae=512, k=4, lr=2e-3),
@@ -257,7 +270,7 @@ def main() -> None:
         from structlens.report.causal import write_replication_doc
 
         doc = args.out / "doc.md" if args.quick else DOC
-        write_replication_doc(args.out, settings, doc)
+        write_replication_doc(args.out, settings, doc, sweep_dir=args.out / sweep_tag(settings))
         log(f"wrote {doc}")
 
 

@@ -114,16 +114,17 @@ def _fmt(x: Any, nd: int = 2) -> str:
         return str(x)
 
 
-def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str | Path) -> Path:
-    """Render the replication report from the JSON files in ``out`` (figures go to ``out``)."""
+def write_replication_doc(
+    out: str | Path, settings: dict[str, Any], path: str | Path, sweep_dir: str | Path | None = None
+) -> Path:
+    """Render the replication report from the JSON files in ``out`` (κ, synthetic) and
+    ``sweep_dir`` (default ``out``: SAE-dependent results); figures go to ``out``."""
     out = Path(out)
-    kappa, sweep = _load(out, "kappa.json"), _load(out, "sweep.json")
-    train, ce = _load(out, "training.json"), _load(out, "ce.json")
-    four, ioi, syn = (
-        _load(out, "fourcell.json"),
-        _load(out, "ioi.json"),
-        _load(out, "synthetic.json"),
-    )
+    sd = Path(sweep_dir) if sweep_dir is not None else out
+    kappa, sweep = _load(out, "kappa.json"), _load(sd, "sweep.json")
+    train, ce = _load(sd, "training.json"), _load(sd, "ce.json")
+    four, ioi = _load(sd, "fourcell.json"), _load(sd, "ioi.json")
+    syn = _load(out, "synthetic.json")
     if kappa:
         plot_spectrum(kappa, out / "sigma_spectrum.png")
     if sweep:
@@ -262,7 +263,7 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             f"widths {sweep['widths']}, trained together on one stream of "
             f"{train['n_train_tokens'] if train else '?'} residual tokens × "
             f"{settings['epochs']} epochs (batch {settings['batch_size']}, lr = "
-            f"{settings['lr_base']:g}/√(m/2¹⁴), Adam). The paper's SAEs saw 4–16B tokens: ours "
+            f"{settings['lr']:g} at every width, Adam). The paper's SAEs saw 4–16B tokens: ours "
             f"saw ~{(train['n_train_tokens'] * settings['epochs'] / 4e9) if train else 0:.1e}× "
             "that. AtP metric: LM loss (summed next-token NLL) on "
             f"{sweep['n_tokens']} held-out tokens, one backward pass per batch reused across "
