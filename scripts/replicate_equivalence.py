@@ -149,6 +149,38 @@ PAPER = {
 }
 
 
+def fold_check(root: Path) -> dict:
+    """SmolLM2 against its rotated, head-permuted copy on one IOI-style prompt: logits,
+    hook_z of the moved heads and the rotated residual stream (cached)."""
+    path = root / "sanity_smollm2_fold.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from structlens.interventions import run_with_cache
+
+    a = load_model("smollm2-135m")
+    b, head_map, r = rotate_and_permute(a, seed=3)
+    ids, mask = a.tokenize(["When Mary and John went to the store, John gave a drink to"])
+    sites = ["blocks.12.attn.hook_z", "blocks.12.hook_resid_post"]
+    la, ca = run_with_cache(a, ids, mask, sites)
+    lb, cb = run_with_cache(b, ids, mask, sites)
+    za, zb = ca[sites[0]], cb[sites[0]]
+    out = {
+        "max_abs_logit_diff": float((la - lb).abs().max()),
+        "max_abs_logit": float(la.abs().max()),
+        "top1_unchanged": bool((la.argmax(-1) == lb.argmax(-1)).all()),
+        "max_abs_z_diff_layer12": max(
+            float((za[:, :, h] - zb[:, :, head_map[12][h]]).abs().max()) for h in range(a.n_heads)
+        ),
+        "max_abs_resid_rotation_error_layer12": float(
+            (ca[sites[1]] @ r - cb[sites[1]]).abs().max()
+        ),
+        "max_abs_resid_layer12": float(ca[sites[1]].abs().max()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
 def run_scenario(root: Path, sc: Scenario) -> ComparisonResult:
     out = root / "compare" / sc.name
     a, b, probe, cfg = sc.build(root)
@@ -257,7 +289,20 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
         f"(first → last step), {c['seconds']:.0f} s"
         for n, c in ft.items()
     ]
+    fold_path = root / "sanity_smollm2_fold.json"
+    fold = json.loads(fold_path.read_text()) if fold_path.exists() else None
+    fold_text = (
+        "SmolLM2-135M-Instruct folded (norm gains into readers, tied unembedding untied), rotated "
+        f"and head-permuted: max |Δlogit| {fold['max_abs_logit_diff']:.2g} (max |logit| "
+        f"{fold['max_abs_logit']:.1f}), top-1 unchanged: {fold['top1_unchanged']}; moved heads' "
+        f"hook_z equal to {fold['max_abs_z_diff_layer12']:.2g}; resid_post · R equals the new "
+        f"residual to {fold['max_abs_resid_rotation_error_layer12']:.2g} (max |resid| "
+        f"{fold['max_abs_resid_layer12']:.0f}, float32)."
+        if fold
+        else "not run yet."
+    )
     text = TEMPLATE.format(
+        fold=fold_text,
         discussion=discussion(results),
         table=table,
         detail="\n".join(detail),
@@ -340,6 +385,8 @@ score ≥ 0.5.
 
 ## Results
 
+Function-preserving fold check: {fold}
+
 {table}
 
 {detail}
@@ -378,9 +425,11 @@ def main(argv: list[str] | None = None) -> None:
         "--doc-only", action="store_true", help="rewrite the doc from cached results only"
     )
     args = ap.parse_args(argv)
+    root = Path(args.root)
     if args.doc_only:
         args.only = []
-    root = Path(args.root)
+    else:
+        fold_check(root)
     results = {}
     for sc in SCENARIOS:
         out = root / "compare" / sc.name
