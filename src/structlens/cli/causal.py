@@ -33,6 +33,7 @@ from structlens.cli.sae import (
     Tokens,
     _config,
     corpus_prompts,
+    load_sae_for_model,
     parse_widths,
 )
 
@@ -238,14 +239,8 @@ def ablate(
     """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation."""
     from structlens.causal.experiment import four_cell
     from structlens.causal.model import residual_grads
-    from structlens.sae import load_sae
 
-    if not (sae / "cfg.json").exists():
-        fail(f"{sae} is not an SAE directory (no cfg.json).")
-    s = load_sae(sae)
-    m = load_model_or_fail(model, device, dtype, seed)
-    if s.d_in != m.d_model:
-        fail(f"the SAE has d_in = {s.d_in} but {m.name} has d_model = {m.d_model}.")
+    s, m = load_sae_for_model(sae, model, device, dtype, seed)
     _layers(str(layer), m.n_layers)
     _, ev = corpus_prompts(m, prompt_tokens, 1, eval_prompts)
     payload = {

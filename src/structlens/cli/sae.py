@@ -58,6 +58,20 @@ def corpus_prompts(
     return train, held[:n_eval]
 
 
+def load_sae_for_model(sae: Path, model: str, device: str, dtype: str, seed: int):
+    """The SAE saved at ``sae`` and the model it reads; exits with a clear error if the
+    directory holds no SAE or the SAE's width does not match the model's residual stream."""
+    from structlens.sae import load_sae
+
+    if not (sae / "cfg.json").exists():
+        fail(f"{sae} is not an SAE directory (no cfg.json).")
+    s = load_sae(sae)
+    m = load_model_or_fail(model, device, dtype, seed)
+    if s.d_in != m.d_model:
+        fail(f"the SAE has d_in = {s.d_in} but {m.name} has d_model = {m.d_model}.")
+    return s, m
+
+
 def _config(arch: str, k: int, target_l0: float | None, lr_base: float, seed: int, width: int):
     from structlens.sae import SAETrainConfig
 
@@ -224,14 +238,8 @@ def evaluate(
 ) -> None:
     """FVU, L0, dead fraction and CE loss recovered of a saved SAE at --layer."""
     from structlens.causal.experiment import ce_recovered_by_width, collect_residuals, sae_quality
-    from structlens.sae import load_sae
 
-    if not (sae / "cfg.json").exists():
-        fail(f"{sae} is not an SAE directory (no cfg.json).")
-    s = load_sae(sae)
-    m = load_model_or_fail(model, device, dtype, seed)
-    if s.d_in != m.d_model:
-        fail(f"the SAE has d_in = {s.d_in} but {m.name} has d_model = {m.d_model}.")
+    s, m = load_sae_for_model(sae, model, device, dtype, seed)
     _, ev = corpus_prompts(m, prompt_tokens, 1, eval_prompts)
     try:
         acts = collect_residuals(m, layer, ev)
