@@ -49,7 +49,14 @@ def evaluate(
     try:
         task = make_task(task_name, model.tokenizer, n=n, seed=seed)
     except ValueError as err:
-        fail(str(err))
+        # A task with a finite prompt pool (factual_recall: one prompt per usable fact) may
+        # have fewer than n prompts; "n prompts per task" then means all it has.
+        try:
+            task = make_task(task_name, model.tokenizer, seed=seed)
+        except ValueError:
+            fail(str(err))
+        if n is None or len(task) >= n:
+            fail(str(err))
     if corruption is not None and corruption not in task.corrupted:
         fail(
             f"task {task_name!r} has no corruption {corruption!r}; it has {sorted(task.corrupted)}"
@@ -73,7 +80,9 @@ def eval_cmd(
     task: Annotated[
         str, typer.Option("--task", help="Task name (structlens tasks list) or 'all'.")
     ] = "ioi",
-    n: Annotated[int | None, typer.Option("-n", help="Number of prompts.")] = None,
+    n: Annotated[
+        int | None, typer.Option("-n", help="Prompts per task (all a task has, if fewer).")
+    ] = None,
     corruptions: Annotated[
         bool,
         typer.Option(
