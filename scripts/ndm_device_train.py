@@ -1,0 +1,193 @@
+"""Train NDM on pre-captured activations on another machine (e.g. a GPU host without the model).
+
+``structlens ndm train`` captures and trains in one process, which needs the model where the
+training runs.  This script splits the two so the optimisation can run on an accelerator that
+only receives activations:
+
+    # here: pack the residuals of an `ndm train` activation store (float16, a file per layer group)
+    python scripts/ndm_device_train.py pack results/ndm/train --layers 12,17 --out .devdata/a.safetensors
+    # there: one process per layer, each stopped after --seconds of wall time (checkpointed)
+    python scripts/ndm_device_train.py train .devdata/a.safetensors --device cuda --seconds 240 --out OUT
+    # here: OUT has the layout of `ndm train --out` (ndm_train.json, ndm-L*/, R-L*.safetensors),
+    # so `structlens ndm evaluate --train OUT` and `scripts/replicate_ndm.py --train OUT` use it.
+
+Activations travel as float16 (the residual stream of SmolLM2 stays far inside float16's range;
+its relative rounding, 5e-4, is far below nearest-neighbour distances).  Every optimisation
+setting is recorded in ``ndm_train.json``; the run is deterministic in the number of steps, and
+the wall-time limit only decides how many steps are taken (recorded, with ``converged``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+DEVICE_CONFIG = {
+    # the paper's unit size, batch and threshold; a bank as large as ~19k activations allow
+    "unit_size": 32,
+    "batch_size": 128,
+    "bank_size": 16_384,
+    "refresh_interval": 20,
+    "lr": 1e-3,
+    "max_steps": 40_000,
+    "merge_start": 3_000,
+    "merge_interval": 1_500,
+    "merge_threshold": 0.04,
+    "mi_samples": 4_096,
+    "log_interval": 100,
+    "seed": 0,
+}
+CHUNK_STEPS = 500
+
+
+def pack(train_dir: Path, layers: list[int], out: Path) -> None:
+    from structlens.capture.store import ActivationStore
+    from structlens.subspaces.data import resid_site
+
+    meta = json.loads((train_dir / "ndm_train.json").read_text())
+    store = ActivationStore(meta["store"])
+    tensors = {f"L{layer}": store.load(resid_site(layer)).to(torch.float16) for layer in layers}
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            raise SystemExit(f"{name}: float16 overflow; pack in float32 instead.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = {k: meta[k] for k in ("model", "store", "data")}
+    save_file(tensors, str(out), metadata={"train_meta": json.dumps(header)})
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {list(tensors)}")
+
+
+def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict[str, Any]:
+    path, name, device, seconds, out, overrides = args
+    from structlens.subspaces import NDM, NDMConfig
+
+    torch.set_num_threads(2)
+    with safe_open(path, framework="pt") as f:
+        h = f.get_tensor(name).float()
+    settings = {**DEVICE_CONFIG, **overrides}
+    chunk = settings.pop("chunk_steps", CHUNK_STEPS)
+    cfg = NDMConfig(**settings, device=device)
+    layer = int(name[1:])
+    ckpt = Path(out) / "checkpoints" / f"L{layer}"
+    t0 = time.perf_counter()
+    target = 0
+    while True:
+        target += chunk
+        res = NDM(cfg).fit(h, checkpoint_dir=ckpt, stop_at_step=target)
+        elapsed = time.perf_counter() - t0
+        print(f"L{layer}: step {res.steps}, partition {res.partition}, {elapsed:.0f} s", flush=True)
+        if res.converged or res.steps >= cfg.max_steps or elapsed > seconds:
+            break
+    res.save(Path(out) / f"ndm-L{layer}")
+    from safetensors.numpy import save
+
+    (Path(out) / f"R-L{layer}.safetensors").write_bytes(
+        save(
+            {"R": np.ascontiguousarray(res.rotation)},
+            metadata={"partition": json.dumps(res.partition)},
+        )
+    )
+    return {
+        "layer": layer,
+        "partition": res.partition,
+        "steps": res.steps,
+        "converged": res.converged,
+        "merge_history": res.merge_history,
+        "loss_history": res.loss_history,
+        "config": res.config,
+        "n_activations": int(h.shape[0]),
+        "seconds": elapsed,
+        "queries_per_second": res.steps * cfg.batch_size / max(elapsed, 1e-9),
+    }
+
+
+def train(
+    path: Path, device: str, seconds: float, out: Path, overrides: dict[str, Any]
+) -> None:
+    from structlens.results import atomic_write_json
+
+    with safe_open(str(path), framework="pt") as f:
+        names = sorted(f.keys(), key=lambda s: int(s[1:]))
+        header = json.loads(f.metadata()["train_meta"])
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(path), n, device, seconds, str(out), overrides) for n in names]
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        rows = pool.map(_train_layer, jobs)
+    results = {str(r.pop("layer")): r for r in rows}
+    payload = {
+        **header,
+        "command": "scripts/ndm_device_train.py train",
+        "layers": [int(k) for k in results],
+        "partition": {k: v["partition"] for k, v in results.items()},
+        "config": {**rows[0]["config"]},
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
+        "seconds_limit": seconds,
+        "results": results,
+    }
+    atomic_write_json(out / "ndm_train.json", payload)
+    print(json.dumps({k: (v["steps"], v["partition"]) for k, v in results.items()}))
+
+
+def merge(parts: list[Path], out: Path) -> None:
+    """Join the outputs of several ``train`` runs (layer groups) into one training directory."""
+    import shutil
+
+    from structlens.results import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    payload: dict[str, Any] | None = None
+    for part in parts:
+        meta = json.loads((part / "ndm_train.json").read_text())
+        if payload is None:
+            payload = meta
+        else:
+            payload["results"].update(meta["results"])
+            payload["partition"].update(meta["partition"])
+        for item in part.iterdir():
+            if item.name.startswith(("ndm-L", "R-L")):
+                dest = out / item.name
+                if item.is_dir():
+                    shutil.copytree(item, dest, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(item, dest)
+    assert payload is not None
+    payload["layers"] = sorted(int(k) for k in payload["results"])
+    atomic_write_json(out / "ndm_train.json", payload)
+    print(f"wrote {out}: layers {payload['layers']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("train_dir", type=Path)
+    p.add_argument("--layers", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    t = sub.add_parser("train")
+    t.add_argument("arrays", type=Path)
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--seconds", type=float, default=240.0)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--config", default="{}", help="JSON overrides of DEVICE_CONFIG (smoke runs)")
+    m = sub.add_parser("merge")
+    m.add_argument("parts", type=Path, nargs="+")
+    m.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    if a.cmd == "pack":
+        pack(a.train_dir, [int(x) for x in a.layers.split(",")], a.out)
+    elif a.cmd == "train":
+        train(a.arrays, a.device, a.seconds, a.out, json.loads(a.config))
+    else:
+        merge(a.parts, a.out)
+
+
+if __name__ == "__main__":
+    main()
