@@ -5,9 +5,9 @@ training runs.  This script splits the two so the optimisation can run on an acc
 only receives activations:
 
     # here: pack the residuals of an `ndm train` activation store (float16, a file per layer group)
-    python scripts/ndm_device_train.py pack results/ndm/train --layers 12,17 --out .devdata/a.safetensors
+    python scripts/ndm_device_train.py pack results/ndm/train --layers 12,17 --out a.safetensors
     # there: one process per layer, each stopped after --seconds of wall time (checkpointed)
-    python scripts/ndm_device_train.py train .devdata/a.safetensors --device cuda --seconds 240 --out OUT
+    python scripts/ndm_device_train.py train a.safetensors --device cuda --seconds 240 --out OUT
     # here: OUT has the layout of `ndm train --out` (ndm_train.json, ndm-L*/, R-L*.safetensors),
     # so `structlens ndm evaluate --train OUT` and `scripts/replicate_ndm.py --train OUT` use it.
 
@@ -109,9 +109,7 @@ def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict
     }
 
 
-def train(
-    path: Path, device: str, seconds: float, out: Path, overrides: dict[str, Any]
-) -> None:
+def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[str, Any]) -> None:
     from structlens.results import atomic_write_json
 
     with safe_open(str(path), framework="pt") as f:
