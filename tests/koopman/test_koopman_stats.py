@@ -51,6 +51,27 @@ def test_cross_moment_merge_equals_one_pass(rng):
         np.testing.assert_allclose(acc.s_bb_diag, (bc**2).sum(0), atol=1e-10)
 
 
+def test_cross_moments_of_tensors_equal_numpy_path(rng):
+    # torch blocks are reduced with torch on their own device; the result must not depend on it
+    torch = pytest.importorskip("torch")
+    a = rng.standard_normal((120, 4)) * 5 + 3
+    b = a[:, :2] @ rng.standard_normal((2, 3)) + rng.standard_normal((120, 3))
+    ref, tor = CrossMomentAccumulator(4, 3), CrossMomentAccumulator(4, 3)
+    for s in (slice(0, 70), slice(70, 120)):
+        ref.update(a[s], b[s])
+        tor.update(torch.from_numpy(a[s]).float(), torch.from_numpy(b[s]).float())
+    assert tor.n == ref.n == 120
+    np.testing.assert_allclose(tor.s_aa, ref.s_aa, rtol=1e-5)
+    np.testing.assert_allclose(tor.s_ab, ref.s_ab, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(tor.mean_a, ref.mean_a, rtol=1e-6)
+    with pytest.raises(ValueError, match="NaN"):
+        bad = torch.zeros(3, 4)
+        bad[1, 2] = float("nan")
+        CrossMomentAccumulator(4, 3).update(bad, torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="columns"):
+        CrossMomentAccumulator(4, 3).update(torch.zeros(3, 5), torch.zeros(3, 3))
+
+
 def test_column_kurtosis_matches_scipy_and_merges(rng):
     x = rng.standard_t(5, size=(1000, 3))
     acc, p, q = ColumnMomentAccumulator(3), ColumnMomentAccumulator(3), ColumnMomentAccumulator(3)

@@ -10,8 +10,13 @@ rule, statistics accumulated by several workers and merged give the same answer 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+
+def _is_tensor(x: object) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "device")
 
 
 def as_float64_block(block: object, name: str, dim: int | None = None) -> np.ndarray:
@@ -120,7 +125,15 @@ class CrossMomentAccumulator:
         self.s_bb_diag = np.zeros(self.dim_b)
 
     def update(self, a: object, b: object) -> None:
-        """Add the paired rows of ``a`` (m, dim_a) and ``b`` (m, dim_b)."""
+        """Add the paired rows of ``a`` (m, dim_a) and ``b`` (m, dim_b).
+
+        Two torch tensors on the same device are reduced there (float64 products on a GPU
+        block, only the ``dim × dim`` results cross to the host); anything else goes through
+        NumPy.
+        """
+        if _is_tensor(a) and _is_tensor(b) and a.device == b.device:
+            self.merge(self._block_moments_torch(a, b))
+            return
         a = as_float64_block(a, "a", self.dim_a)
         b = as_float64_block(b, "b", self.dim_b)
         if a.shape[0] != b.shape[0]:
@@ -137,6 +150,35 @@ class CrossMomentAccumulator:
         other.s_ab = ac.T @ bc
         other.s_bb_diag = np.einsum("ij,ij->j", bc, bc)
         self.merge(other)
+
+    def _block_moments_torch(self, a: Any, b: Any) -> CrossMomentAccumulator:
+        import torch
+
+        for name, t, dim in (("a", a, self.dim_a), ("b", b, self.dim_b)):
+            if t.ndim != 2 or t.shape[1] != dim:
+                raise ValueError(
+                    f"{name} must be 2-D with {dim} columns; got shape {tuple(t.shape)}."
+                )
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(f"a has {a.shape[0]} rows but b has {b.shape[0]}; rows must pair.")
+        other = CrossMomentAccumulator(self.dim_a, self.dim_b)
+        if a.shape[0] == 0:
+            return other
+        a = a.detach().to(torch.float64)
+        b = b.detach().to(torch.float64)
+        if not bool(torch.isfinite(a).all() & torch.isfinite(b).all()):
+            raise ValueError(
+                "a or b contains NaN/inf values; drop or repair those rows before accumulating "
+                "(e.g. check the activation capture for overflow)."
+            )
+        mean_a, mean_b = a.mean(0), b.mean(0)
+        ac, bc = a - mean_a, b - mean_b
+        other.n = a.shape[0]
+        other.mean_a, other.mean_b = mean_a.cpu().numpy(), mean_b.cpu().numpy()
+        other.s_aa = (ac.T @ ac).cpu().numpy()
+        other.s_ab = (ac.T @ bc).cpu().numpy()
+        other.s_bb_diag = (bc * bc).sum(0).cpu().numpy()
+        return other
 
     def merge(self, other: CrossMomentAccumulator) -> None:
         """Fold ``other`` into ``self`` in place (exact pairwise update)."""
