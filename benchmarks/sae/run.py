@@ -35,6 +35,7 @@ SETTINGS = {
     "active_atoms": 24,
     "seed": 0,
     "threads": 1,
+    "device": "cpu",
 }
 PEERS = {
     # SAELens's use_sparse_activations=True TopK fails in training_forward_pass on the CPU
@@ -67,7 +68,14 @@ def fvu(x: torch.Tensor, recon: torch.Tensor) -> float:
 def worker(lib: str, arch: str, s: dict) -> dict:
     torch.set_num_threads(s["threads"])
     torch.manual_seed(s["seed"])
+    dev = torch.device(s["device"])
     batches, held = make_data(s)
+    batches, held = [b.to(dev) for b in batches], held.to(dev)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     d, m, k, lr = s["d_in"], s["d_sae"], s["k"], s["lr"]
     if lib == "structlens":
@@ -81,7 +89,7 @@ def worker(lib: str, arch: str, s: dict) -> dict:
             sparsity_coefficient=s["l1"],
             decoder_norm="unit" if arch == "topk" else "free",
         )
-        trainer = SAETrainer(cfg, d)
+        trainer = SAETrainer(cfg, d, device=dev)
 
         def step(x: torch.Tensor) -> None:
             trainer.step(x)
@@ -141,7 +149,7 @@ def worker(lib: str, arch: str, s: dict) -> dict:
     elif lib == "sparsify":
         from sparsify import SparseCoder, SparseCoderConfig
 
-        sae = SparseCoder(d, SparseCoderConfig(num_latents=m, k=k), device="cpu")
+        sae = SparseCoder(d, SparseCoderConfig(num_latents=m, k=k), device=dev)
         opt = torch.optim.Adam(sae.parameters(), lr=lr, betas=(0.9, 0.999))
 
         def step(x: torch.Tensor) -> None:
@@ -160,9 +168,11 @@ def worker(lib: str, arch: str, s: dict) -> dict:
     else:
         raise ValueError(lib)
     step(batches[0])  # warm-up (allocations, lazy init) is not timed
+    sync()
     t0 = time.perf_counter()
     for x in batches[1:]:
         step(x)
+    sync()
     elapsed = time.perf_counter() - t0
     with torch.no_grad():
         quality = fvu(held, recon(held))

@@ -278,6 +278,10 @@ def _adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
 class SAETrainer:
     """Trains one SAE step by step from activation batches.
 
+    The SAE and its dead-feature counters live on ``device``; batches are moved there, so a
+    host-side activation stream can feed a GPU trainer.  ``tail_tokens`` is how many of the most
+    recent training tokens the final L0/FVU (and the L0 calibration) are measured on.
+
     Examples
     --------
     >>> trainer = SAETrainer(SAETrainConfig(architecture="topk", d_sae=512, k=8), d_in=64)
@@ -286,17 +290,24 @@ class SAETrainer:
     >>> result = trainer.result()                       # doctest: +SKIP
     """
 
-    def __init__(self, config: SAETrainConfig, d_in: int, tail_tokens: int = 100_000) -> None:
+    def __init__(
+        self,
+        config: SAETrainConfig,
+        d_in: int,
+        tail_tokens: int = 100_000,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.config = config
         self.d_in = int(d_in)
-        self.sae = build_sae(config, self.d_in)
+        self.device = torch.device(device)
+        self.sae = build_sae(config, self.d_in).to(self.device)
         self.coefficient = (
             config.aux_k_coefficient
             if config.architecture in ("topk", "batchtopk")
             else config.initial_coefficient
         )
         self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
-        self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
+        self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64, device=self.device)
         self.tokens = 0
         self.steps = 0
         self.tail_tokens = int(tail_tokens)
@@ -314,7 +325,7 @@ class SAETrainer:
 
     def step(self, x: torch.Tensor) -> dict[str, float]:
         """One optimiser step on batch ``x`` [batch, d_in]; returns loss, mse, l0."""
-        x = _validate_batch(x, self.d_in).to(self.sae.W_dec.dtype)
+        x = _validate_batch(x, self.d_in).to(device=self.device, dtype=self.sae.W_dec.dtype)
         if not self._initialised:
             self._initialise(x)
         dead = self.tokens_since_fired >= self.config.dead_tokens
