@@ -35,7 +35,7 @@ DEVICE_CONFIG = {
     # the paper's unit size, batch and threshold; a bank as large as ~19k activations allow
     "unit_size": 32,
     "batch_size": 128,
-    "bank_size": 16_384,
+    "bank_size": 9_856,  # + 20 x 128 queries per refresh = 12,416 rows (the packed subset)
     "refresh_interval": 20,
     "lr": 1e-3,
     "max_steps": 40_000,
@@ -46,16 +46,20 @@ DEVICE_CONFIG = {
     "log_interval": 100,
     "seed": 0,
 }
-CHUNK_STEPS = 500
+CHUNK_STEPS = 250
 
 
-def pack(train_dir: Path, layers: list[int], out: Path) -> None:
+def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None) -> None:
     from structlens.capture.store import ActivationStore
     from structlens.subspaces.data import resid_site
 
     meta = json.loads((train_dir / "ndm_train.json").read_text())
     store = ActivationStore(meta["store"])
     tensors = {f"L{layer}": store.load(resid_site(layer)).to(torch.float16) for layer in layers}
+    if rows is not None:  # the same seeded subset of token rows at every layer
+        n = next(iter(tensors.values())).shape[0]
+        keep = torch.randperm(n, generator=torch.Generator().manual_seed(0))[: min(rows, n)]
+        tensors = {k: v[keep.sort().values].contiguous() for k, v in tensors.items()}
     for name, t in tensors.items():
         if not bool(torch.isfinite(t).all()):
             raise SystemExit(f"{name}: float16 overflow; pack in float32 instead.")
@@ -169,6 +173,7 @@ def main() -> None:
     p.add_argument("train_dir", type=Path)
     p.add_argument("--layers", required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rows", type=int, default=None, help="keep a seeded subset of token rows")
     t = sub.add_parser("train")
     t.add_argument("arrays", type=Path)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -180,7 +185,7 @@ def main() -> None:
     m.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "pack":
-        pack(a.train_dir, [int(x) for x in a.layers.split(",")], a.out)
+        pack(a.train_dir, [int(x) for x in a.layers.split(",")], a.out, a.rows)
     elif a.cmd == "train":
         train(a.arrays, a.device, a.seconds, a.out, json.loads(a.config))
     else:
