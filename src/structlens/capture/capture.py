@@ -313,8 +313,9 @@ def capture(
     store = ActivationStore(path)
     todo = store.missing_shards()
     job = _ShardJob(ModelRef.of(model), str(path), toks, sel, sites, dtype, batch_size, plan)
+    # resident: a distributed executor keeps one loaded model per worker, not one per shard
     for _ in get_executor(executor).map(
-        job, todo, desc=f"capture {len(sites)} sites", progress=progress
+        job, todo, desc=f"capture {len(sites)} sites", progress=progress, resident=True
     ):
         pass
     missing = store.missing_shards()
