@@ -85,3 +85,20 @@ def test_selectivity_intervention_that_destroys_the_mechanism(rng):
     # an intervention that changes nothing is never selective
     null = selectivity_test(base, base, targets, seed=1, config=CFG)
     assert null.score == 0.0
+
+
+def test_point_test_p_values_equal_fresh_encoding_scores(rng):
+    # the point test factorises each predictor once for all its targets; its p must be the
+    # share of wins computed with independent encoding_score calls on the same draws
+    n, trials = 40, 15
+    latent = rng.normal(size=(n, 3))
+    g1 = _implementations(rng, latent, 3, 0.5)
+    g2 = _implementations(rng, latent, 3, 0.5)
+    res = bootstrap_point_test(g1, g2, n=trials, straps=3, seed=4, config=CFG)
+    draw = np.random.default_rng(4)
+    for p in res.p_values:
+        wins = 0
+        for _ in range(trials):
+            i, j, k = (int(draw.integers(3)) for _ in range(3))
+            wins += encoding_score(g1[i], g1[j], CFG) > encoding_score(g1[i], g2[k], CFG)
+        assert p == wins / trials

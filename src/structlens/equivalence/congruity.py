@@ -29,7 +29,7 @@ import numpy as np
 
 from ..results import Result
 from ._checks import check_finite, check_matrix, to_numpy
-from .encoding import EncodingConfig, encoding_score
+from .encoding import EncodingConfig, _XEncoder
 
 __all__ = [
     "accumulated_representation",
@@ -128,16 +128,21 @@ def rank_heads(kl: object, top_k: int | None = None) -> np.ndarray:
 
 class _Encoder:
     """Encoding scores between implementations, cached: the split is fixed by the seed, so
-    the score of an ordered pair never changes and repeated triples cost nothing."""
+    the score of an ordered pair never changes and repeated triples cost nothing; each
+    predictor is factorised once for all the targets it encodes."""
 
     def __init__(self, config: EncodingConfig | None) -> None:
-        self.config = config
+        self.config = config or EncodingConfig()
         self.cache: dict[tuple[int, int], float] = {}
+        self.predictors: dict[int, _XEncoder] = {}
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> float:
         key = (id(x), id(y))
         if key not in self.cache:
-            self.cache[key] = encoding_score(x, y, self.config)
+            if id(x) not in self.predictors:
+                self.predictors[id(x)] = _XEncoder(x, self.config)
+            r2, _ = self.predictors[id(x)].r2(y)
+            self.cache[key] = float(np.sqrt(max(r2, 0.0)))
         return self.cache[key]
 
 

@@ -77,18 +77,23 @@ class EncodingConfig:
             )
 
 
-def _ridge_factors(
-    x_tr: np.ndarray, y_tr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Centre the training rows; return ``(mean_x, mean_y, V^T, s, U^T y)`` of the thin SVD.
+def _x_factors(x_tr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Centre the training rows; return ``(mean_x, V^T, s, U^T)`` of their thin SVD.
 
-    Predictions for any penalty follow without forming the ``[d_x, d_y]`` coefficients
-    (:func:`_ridge_predict`), which matters when both widths are large (accumulated residual
-    streams have ``(L + 1) d`` features) and ``n`` is small.
+    With ``U^T (y - mean_y)`` (:func:`_y_factor`) predictions for any penalty follow without
+    forming the ``[d_x, d_y]`` coefficients (:func:`_ridge_predict`), which matters when both
+    widths are large (accumulated residual streams have ``(L + 1) d`` features) and ``n`` is
+    small. The SVD depends on ``x`` only, so it is shared by every target ``y``.
     """
-    mx, my = x_tr.mean(0), y_tr.mean(0)
+    mx = x_tr.mean(0)
     u, s, vt = np.linalg.svd(x_tr - mx, full_matrices=False)
-    return mx, my, vt, s, u.T @ (y_tr - my)
+    return mx, vt, s, u.T
+
+
+def _y_factor(ut: np.ndarray, y_tr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean_y, U^T (y - mean_y))`` for the SVD factors of :func:`_x_factors`."""
+    my = y_tr.mean(0)
+    return my, ut @ (y_tr - my)
 
 
 def _ridge_predict(
@@ -102,7 +107,8 @@ def _ridge_paths(
     x_tr: np.ndarray, y_tr: np.ndarray, alphas: Sequence[float]
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Centre the training rows and return (mean_x, mean_y, [coef for each alpha])."""
-    mx, my, vt, s, uty = _ridge_factors(x_tr, y_tr)
+    mx, vt, s, ut = _x_factors(x_tr)
+    my, uty = _y_factor(ut, y_tr)
     coefs = [vt.T @ ((s / (s**2 + a))[:, None] * uty) for a in alphas]
     return mx, my, coefs
 
@@ -134,16 +140,60 @@ def _split(n: int, cfg: EncodingConfig) -> tuple[np.ndarray, np.ndarray]:
     return perm[n_test:], perm[:n_test]
 
 
+class _Predictor:
+    """One predictor ``x`` factorised for every fit the protocol makes: the K cross-validation
+    folds of its rows and all its rows. Encoding the same ``x`` into many targets (the
+    CONGRUITY point test draws dozens of pairs from a few implementations) then costs one set
+    of SVDs instead of one per target; the numbers are those of a fresh fit."""
+
+    def __init__(self, x: np.ndarray, cfg: EncodingConfig) -> None:
+        self.x = x
+        self.cfg = cfg
+        rows = np.arange(x.shape[0])
+        self.folds = []
+        for val in np.array_split(rows, cfg.n_folds):
+            tr = np.setdiff1d(rows, val, assume_unique=True)
+            self.folds.append((tr, val, _x_factors(x[tr])))
+        self.full = _x_factors(x)
+
+    def choose_alpha(self, y: np.ndarray) -> float:
+        """The penalty of the grid with the least K-fold validation error."""
+        err = np.zeros(len(self.cfg.alphas))
+        for tr, val, (mx, vt, sv, ut) in self.folds:
+            my, uty = _y_factor(ut, y[tr])
+            xv = self.x[val] - mx
+            for i, a in enumerate(self.cfg.alphas):
+                err[i] += np.sum((y[val] - my - _ridge_predict(xv, vt, sv, uty, a)) ** 2)
+        return float(self.cfg.alphas[int(np.argmin(err))])
+
+
 def _choose_alpha(x: np.ndarray, y: np.ndarray, cfg: EncodingConfig) -> float:
-    folds = np.array_split(np.arange(x.shape[0]), cfg.n_folds)
-    err = np.zeros(len(cfg.alphas))
-    for val in folds:
-        tr = np.setdiff1d(np.arange(x.shape[0]), val, assume_unique=True)
-        mx, my, vt, sv, uty = _ridge_factors(x[tr], y[tr])
-        xv = x[val] - mx
-        for i, a in enumerate(cfg.alphas):
-            err[i] += np.sum((y[val] - my - _ridge_predict(xv, vt, sv, uty, a)) ** 2)
-    return float(cfg.alphas[int(np.argmin(err))])
+    return _Predictor(x, cfg).choose_alpha(y)
+
+
+class _XEncoder:
+    """Encoding scores from one predictor ``x`` (rows already checked, float64) into any
+    number of targets, factorising ``x`` once (train/test split, folds, full training fit)."""
+
+    def __init__(self, x: np.ndarray, cfg: EncodingConfig) -> None:
+        self.cfg = cfg
+        self.train, self.test = _split(x.shape[0], cfg)
+        self.x_test = x[self.test]
+        self.predictor = _Predictor(x[self.train], cfg)
+
+    def r2(self, y: np.ndarray) -> tuple[float, float]:
+        """``(held-out R^2, chosen alpha)`` of the encoding ``x -> y``."""
+        if y.shape[0] != self.x_test.shape[0] + self.train.size:
+            raise ValueError(
+                f"x has {self.x_test.shape[0] + self.train.size} rows and y {y.shape[0]}; "
+                "rows must be the same inputs."
+            )
+        y_tr = y[self.train]
+        alpha = self.predictor.choose_alpha(y_tr)
+        mx, vt, sv, ut = self.predictor.full
+        my, uty = _y_factor(ut, y_tr)
+        pred = _ridge_predict(self.x_test - mx, vt, sv, uty, alpha) + my
+        return _r2(y[self.test], pred, self.cfg.multioutput), alpha
 
 
 def encoding_r2(x: object, y: object, config: EncodingConfig | None = None) -> tuple[float, float]:
@@ -155,11 +205,7 @@ def encoding_r2(x: object, y: object, config: EncodingConfig | None = None) -> t
     a, b = check_pair(x, y)
     a = a.astype(np.float64, copy=False)
     b = b.astype(np.float64, copy=False)
-    train, test = _split(a.shape[0], cfg)
-    alpha = _choose_alpha(a[train], b[train], cfg)
-    mx, my, vt, sv, uty = _ridge_factors(a[train], b[train])
-    pred = _ridge_predict(a[test] - mx, vt, sv, uty, alpha) + my
-    return _r2(b[test], pred, cfg.multioutput), alpha
+    return _XEncoder(a, cfg).r2(b)
 
 
 def encoding_score(x: object, y: object, config: EncodingConfig | None = None) -> float:
