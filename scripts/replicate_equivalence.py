@@ -50,14 +50,14 @@ FT_SETTINGS = dict(steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 
 
 SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16)
 SMOL_CFG = CompareConfig(
-    max_validate_heads=12,
+    max_validate_heads=30,
     max_validate_layers=4,
     congruity_top_k=2,
-    congruity_max_layers=1,
+    congruity_max_layers=3,
     batch_size=12,
 )
 ENC_CFG = CompareConfig(
-    representation="sentence", congruity_top_k=2, congruity_max_layers=1, batch_size=16
+    representation="sentence", congruity_top_k=2, congruity_max_layers=3, batch_size=16
 )
 
 
@@ -424,19 +424,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--doc-only", action="store_true", help="rewrite the doc from cached results only"
     )
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 on a shared machine)"
+    )
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    unknown = set(args.only or []) - {sc.name for sc in SCENARIOS}
+    if unknown:
+        ap.error(
+            f"unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in SCENARIOS]}"
+        )
     root = Path(args.root)
     if args.doc_only:
         args.only = []
     else:
         fold_check(root)
     results = {}
+    todo = []
     for sc in SCENARIOS:
         out = root / "compare" / sc.name
         if args.only is not None and sc.name not in args.only:
             if (out / "result.json").exists():
                 results[sc.name] = ComparisonResult.load(out)
-            continue
+        else:
+            todo.append(sc)
+    if args.only:  # run in the order asked, e.g. the cheap scenarios first
+        todo.sort(key=lambda sc: args.only.index(sc.name))
+    for sc in todo:
         t0 = time.perf_counter()
         results[sc.name] = run_scenario(root, sc)
         r = results[sc.name]

@@ -60,6 +60,9 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.matching["layers"]["pairs"] == [[i, i] for i in range(tiny.n_layers)]
     np.testing.assert_allclose(np.diag(res.layer_similarity), 1.0, atol=1e-9)
     assert max(r["kl"] for r in res.validation) < 1e-3
+    # heads whose mean ablation fails are exactly rescued by their partners
+    assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
+    assert res.informative["n_passed"] == res.informative["n_heads"]
 
 
 def test_compare_two_seeds_end_to_end(tiny) -> None:
@@ -74,6 +77,14 @@ def test_compare_two_seeds_end_to_end(tiny) -> None:
     k = sum(r["passed"] for r in res.validation)
     assert res.score == pytest.approx(k / n_heads)
     assert res.score_ci[0] <= res.score <= res.score_ci[1]
+    # the null (mean ablation) is scored per head on the same pairs; the informative score
+    # keeps the heads whose null fails
+    assert [r["pair"] for r in res.null_validation] == [r["pair"] for r in res.validation]
+    assert res.null_score == pytest.approx(np.mean([r["passed"] for r in res.null_validation]))
+    keep = [p["passed"] for p, q in zip(res.validation, res.null_validation) if not q["passed"]]
+    assert res.informative["n_heads"] == len(keep) and res.informative["n_passed"] == sum(keep)
+    if keep:
+        assert res.informative["score"] == pytest.approx(np.mean(keep))
     cg = res.congruity
     assert 0.0 <= cg["point_test_ab"]["decision_rate"] <= 1.0
     assert len(cg["point_test_ab"]["p_values"]) == 3

@@ -113,6 +113,12 @@ def _run(
             f"score {result.score:.3f} [{result.score_ci[0]:.3f}, {result.score_ci[1]:.3f}] "
             f"({result.validation_method}), layers {result.layer_score:.3f}"
         )
+        if result.informative:
+            inf = result.informative
+            console.print(
+                f"null (mean ablation) score {result.null_score:.3f}; partner passes on "
+                f"{inf['n_passed']} of the {inf['n_heads']} heads whose mean ablation fails"
+            )
         if result.congruity:
             console.print(
                 f"congruity: point-test decision rate A->B "

@@ -58,7 +58,12 @@ from .matching import (
     match_monotone,
 )
 from .preprocess import Preprocess, prepare
-from .score import ValidationCriterion, equivalence_score
+from .score import (
+    ValidationCriterion,
+    bootstrap_interval,
+    equivalence_score,
+    wilson_interval,
+)
 
 __all__ = [
     "Probe",
@@ -263,9 +268,13 @@ class ComparisonResult(Result):
     ``matching``: layer and head pairs with their similarities; ``validation``: one record per
     validated head pair (``pair``, ``passed``, ``kl`` nats, ``top1``, ``metric_ratio``,
     ``similarity``), ``layer_validation`` likewise; ``null_score``: the share of the same heads
-    passing when mean-ablated instead (NaN without patching); ``congruity``: point-test
-    decision rates and p-values in both directions, selectivity scores, the top heads;
-    ``verdicts``: each estimator's verdict and whether they agree.
+    passing when mean-ablated instead (NaN without patching), ``null_validation`` its
+    per-head records; ``informative``: the score restricted to the *informative* heads, those
+    whose mean ablation fails the criterion (``n_heads``, ``n_passed``, ``score``,
+    ``score_ci``; score NaN when there are none, i.e. the criterion cannot tell a partner
+    from no information on any validated head); ``congruity``: point-test decision rates and
+    p-values in both directions, selectivity scores, the top heads; ``verdicts``: each
+    estimator's verdict and whether they agree.
     """
 
     model_a: str
@@ -289,6 +298,8 @@ class ComparisonResult(Result):
     config: dict
     layer_similarity: np.ndarray
     head_similarity: np.ndarray
+    null_validation: list = dataclasses.field(default_factory=list)
+    informative: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON payload of the CLI: scalar fields plus the layer similarity matrix (the
@@ -445,6 +456,25 @@ def _score(
     elif crit.min_metric_ratio is not None:
         raise ValueError("criterion.min_metric_ratio needs a task probe (a task metric).")
     return equivalence_score(pairs, crit, ci=config.ci, **kw), "patching"
+
+
+def _informative(partner: list[dict], null: list[dict], ci: str) -> dict[str, Any]:
+    """Pass rate of the partner replacement over the heads whose mean ablation fails.
+
+    A head whose mean ablation already passes says nothing about its partner (any input
+    would pass), so only the others can show that a matched partner carries the information
+    B needs there.
+    """
+    keep = [p["passed"] for p, q in zip(partner, null, strict=True) if not q["passed"]]
+    if not keep:
+        return {"n_heads": 0, "n_passed": 0, "score": float("nan"), "score_ci": [float("nan")] * 2}
+    k, n = int(sum(keep)), len(keep)
+    lo, hi = (
+        wilson_interval(k, n)
+        if ci == "wilson"
+        else bootstrap_interval(np.array(keep, dtype=float), 0.95, 2000, 0)
+    )
+    return {"n_heads": n, "n_passed": k, "score": k / n, "score_ci": [lo, hi]}
 
 
 def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
@@ -707,11 +737,13 @@ def compare(
         layer_records = records[nh : nh + nl] if cfg.validate_layers else None
         null_records = records[nh + nl :] if cfg.null_baseline else None
     head_score, method = _score(head_pairs, head_sims, head_records, cfg)
+    informative: dict[str, Any] = {}
     if null_records is not None:
         null = _score(head_pairs, head_sims, null_records, cfg)[0]
-        n_score, n_ci = null.score, null.score_ci
+        n_score, n_ci, n_val = null.score, null.score_ci, null.validation
+        informative = _informative(head_score.validation, n_val, cfg.ci)
     else:
-        n_score, n_ci = float("nan"), [float("nan"), float("nan")]
+        n_score, n_ci, n_val = float("nan"), [float("nan"), float("nan")], []
     if layer_records is not None or not can_patch:
         layer_score, _ = _score(layer_pairs, layer_sims, layer_records, cfg)
         l_score, l_ci, l_val = layer_score.score, layer_score.score_ci, layer_score.validation
@@ -756,4 +788,6 @@ def compare(
         config=dataclasses.asdict(cfg),
         layer_similarity=s_layers,
         head_similarity=s_heads,
+        null_validation=n_val,
+        informative=informative,
     )
