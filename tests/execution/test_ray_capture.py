@@ -70,7 +70,7 @@ def test_killed_capture_worker_is_retried_and_store_is_identical(
         root=tmp_path / "run",
         shard_mb=0.02,
         progress=False,
-        executor=KillingRayExecutor(victim, marker, max_workers=2),
+        executor=KillingRayExecutor(victim, marker, max_workers=1),
     )
     assert marker.exists(), "the worker was never killed: the test did not test anything"
     assert store.complete
@@ -100,7 +100,7 @@ def test_interrupted_driver_resumes_on_ray_without_rewriting(
         root=root,
         shard_mb=0.02,
         progress=False,
-        executor=get_executor("ray", max_workers=2),
+        executor=get_executor("ray", max_workers=1),
     )
     for i, st in kept.items():
         now = store.shard_path(i).stat()

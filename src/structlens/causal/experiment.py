@@ -8,6 +8,7 @@ plain dicts of JSON-ready values (plus trained SAEs where relevant).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from structlens.causal.model import (
     sae_splice_writer,
 )
 from structlens.causal.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
+from structlens.execution import Executor, get_executor
 from structlens.models.loading import Model
 from structlens.sae import (
     SAETrainConfig,
@@ -105,6 +107,17 @@ def collect_residuals(
     return torch.cat(list(residual_batches(model, layer, prompts, batch_size=batch_size)))
 
 
+@dataclasses.dataclass
+class _TrainWidth:
+    """One width of a sweep; picklable so an executor can train widths in parallel."""
+
+    batches: list[torch.Tensor]
+    tail_tokens: int
+
+    def __call__(self, config: SAETrainConfig) -> Any:
+        return train_sweep([config], self.batches, tail_tokens=self.tail_tokens)[0]
+
+
 def train_width_sweep(
     acts: torch.Tensor,
     widths: Sequence[int],
@@ -113,12 +126,16 @@ def train_width_sweep(
     batch_size: int = 1024,
     epochs: int = 1,
     seed: int = 0,
+    executor: str | Executor | None = None,
 ) -> dict[int, Any]:
-    """Train one SAE per width on one shared stream (same tokens, same order)."""
+    """Train one SAE per width on one shared stream (same tokens, same order).
+
+    Widths train independently (each SAE has its own seeded initialisation and optimiser), so
+    ``executor`` may run them in parallel (``"ray"``) with the same results as in-process.
+    """
     cfgs = width_sweep_configs(base, widths)
-    results = train_sweep(
-        cfgs, shuffled_batches(acts, batch_size, epochs, seed), tail_tokens=20_000
-    )
+    job = _TrainWidth(shuffled_batches(acts, batch_size, epochs, seed), tail_tokens=20_000)
+    results = get_executor(executor).map(job, cfgs, desc="SAE width sweep")
     return {int(w): r for w, r in zip(widths, results, strict=True)}
 
 
