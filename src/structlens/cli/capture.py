@@ -9,13 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from structlens.cli.common import (
+    Address,
     Device,
     Dtype,
+    ExecutorName,
     ModelArg,
     Out,
     Quiet,
     Seed,
     console,
+    executor_or_fail,
     fail,
     load_model_or_fail,
     write_results,
@@ -101,10 +104,19 @@ def capture_cmd(
     device: Device = "cpu",
     dtype: Dtype = "float32",
     seed: Seed = 0,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Capture activations into a content-addressed, resumable store under OUT/activations."""
+    """Capture activations into a content-addressed, resumable store under OUT/activations.
+
+    With --executor ray, model-holding Ray actors (one GPU each with --device cuda) write the
+    shards; OUT must then be on storage every Ray node can reach.
+    """
     from structlens.capture import capture
 
+    runner = executor_or_fail(
+        executor, address, num_gpus_per_task=1.0 if device.startswith("cuda") else 0.0
+    )
     m = load_model_or_fail(model, device, dtype, seed)
     site_list = expand_sites(m, sites)
     prompts, named, label = load_prompts(
@@ -122,6 +134,7 @@ def capture_cmd(
             batch_size=batch_size,
             shard_mb=shard_mb,
             data_name=label,
+            executor=runner,
             progress=not quiet,
         )
     except ValueError as err:
@@ -137,6 +150,7 @@ def capture_cmd(
             "n_tokens": store.n_tokens,
             "data": label,
             "positions": positions,
+            "executor": executor,
         },
         command="capture",
     )

@@ -9,13 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from structlens.cli.common import (
+    Address,
     Device,
     Dtype,
+    ExecutorName,
     ModelArg,
     Out,
     Quiet,
     Seed,
     console,
+    executor_or_fail,
     fail,
     load_model_or_fail,
     write_results,
@@ -125,14 +128,24 @@ def jacobian(
 
 
 def _train_saes(
-    m: Any, layer: int, ws: list[int], cfg: Any, tr: list, epochs: int, batch_size: int, seed: int
+    m: Any,
+    layer: int,
+    ws: list[int],
+    cfg: Any,
+    tr: list,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    executor: Any = None,
 ) -> dict[int, Any]:
     from structlens.causal.experiment import collect_residuals, train_width_sweep
 
     acts = collect_residuals(m, layer, tr)
     if acts.shape[0] < batch_size:
         fail(f"only {acts.shape[0]} training tokens for --batch-size {batch_size}.")
-    trained = train_width_sweep(acts, ws, cfg, batch_size=batch_size, epochs=epochs, seed=seed)
+    trained = train_width_sweep(
+        acts, ws, cfg, batch_size=batch_size, epochs=epochs, seed=seed, executor=executor
+    )
     return {w: r.sae for w, r in trained.items()}
 
 
@@ -163,8 +176,13 @@ def sweep(
     dtype: Dtype = "float32",
     seed: Seed = 0,
     quiet: Quiet = False,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Width sweep at one layer: train SAEs, AtP on the LM loss, N_repr/N_causal, κ̂."""
+    """Width sweep at one layer: train SAEs, AtP on the LM loss, N_repr/N_causal, κ̂.
+
+    With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
+    """
     from structlens.causal.experiment import sweep_analysis
     from structlens.causal.model import residual_grads
     from structlens.causal.sweep import WidthSweepConfig
@@ -185,7 +203,8 @@ def sweep(
     _layers(str(layer), m.n_layers)
     tr, ev = corpus_prompts(m, prompt_tokens, prompts, eval_prompts)
     cfg = _config(arch, k, target_l0, lr_base, seed, ws[0])
-    saes = _train_saes(m, layer, ws, cfg, tr, epochs, batch_size, seed)
+    runner = executor_or_fail(executor, address)
+    saes = _train_saes(m, layer, ws, cfg, tr, epochs, batch_size, seed, runner)
     kappa = _kappa(m, [layer], jacobian_prompts, jacobian_tokens, "log_probs", "same")
     pairs = list(residual_grads(m, layer, ev))
     erank = kappa["layers"][0]["erank"]

@@ -27,6 +27,43 @@ ModelArg = Annotated[
     ),
 ]
 
+ExecutorName = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        help="Where independent work (capture shards, sweep points) runs: 'local' (this "
+        "process) or 'ray' (a Ray cluster; needs pip install \"structlens[ray]\").",
+    ),
+]
+Address = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Ray cluster to join with --executor ray ('auto', 'ray://HEAD:10001', "
+        "'HOST:6379'); default: start Ray on this machine.",
+    ),
+]
+
+
+def executor_or_fail(
+    name: str, address: str | None = None, *, num_gpus_per_task: float | None = None
+):
+    """The executor called ``name`` with the command's ``--address``; exits 2 on bad input."""
+    from structlens.execution import EXECUTORS, get_executor
+
+    if name not in EXECUTORS:
+        fail(f"--executor must be one of {', '.join(EXECUTORS)}; got {name!r}.")
+    if name == "local":
+        if address is not None:
+            fail("--address names a Ray cluster; add --executor ray to use it.")
+        return get_executor("local")
+    try:
+        return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
+    except ImportError as err:
+        from rich.markup import escape
+
+        fail(escape(str(err)))  # the message names the extra "structlens[ray]": not markup
+
 
 def write_results(out: Path, name: str, payload: dict[str, Any], *, command: str) -> Path:
     """Write ``payload`` to ``out/name.json`` with the schema version and provenance."""

@@ -9,13 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from structlens.cli.common import (
+    Address,
     Device,
     Dtype,
+    ExecutorName,
     ModelArg,
     Out,
     Quiet,
     Seed,
     console,
+    executor_or_fail,
     fail,
     load_model_or_fail,
     write_results,
@@ -94,6 +97,7 @@ def _train(
     batch_size: int,
     seed: int,
     out: Path,
+    executor: Any = None,
 ) -> dict[str, Any]:
     from structlens.causal.experiment import (
         ce_recovered_by_width,
@@ -111,7 +115,9 @@ def _train(
     acts = collect_residuals(model, layer, prompts)
     if acts.shape[0] < batch_size:
         fail(f"only {acts.shape[0]} training tokens for --batch-size {batch_size}.")
-    trained = train_width_sweep(acts, widths, cfg, batch_size=batch_size, epochs=epochs, seed=seed)
+    trained = train_width_sweep(
+        acts, widths, cfg, batch_size=batch_size, epochs=epochs, seed=seed, executor=executor
+    )
     eval_acts = collect_residuals(model, layer, eval_prompts)
     saes = {w: r.sae for w, r in trained.items()}
     ce = ce_recovered_by_width(model, layer, saes, eval_prompts) if model.causal else {}
@@ -202,13 +208,19 @@ def sweep(
     dtype: Dtype = "float32",
     seed: Seed = 0,
     quiet: Quiet = False,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Train SAEs of several widths on ONE activation stream (same tokens, same order)."""
+    """Train SAEs of several widths on ONE activation stream (same tokens, same order).
+
+    With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
+    """
     ws = parse_widths(widths)
+    runner = executor_or_fail(executor, address)
     m = load_model_or_fail(model, device, dtype, seed)
     tr, ev = corpus_prompts(m, prompt_tokens, prompts, eval_prompts)
     cfg = _config(arch, k, target_l0, lr_base, seed, ws[0])
-    payload = _train(m, layer, ws, cfg, tr, ev, epochs, batch_size, seed, out)
+    payload = _train(m, layer, ws, cfg, tr, ev, epochs, batch_size, seed, out, runner)
     write_results(out, "sae_sweep", payload, command="sae sweep")
     _summary(payload, quiet)
 

@@ -1,0 +1,93 @@
+"""``--executor`` / ``--address`` on the commands that capture or sweep."""
+
+import json
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from structlens.cli import capture as capture_cli
+from structlens.cli import causal as causal_cli
+from structlens.cli import sae as sae_cli
+from structlens.execution import get_executor
+
+runner = CliRunner()
+
+
+def _capture_app() -> typer.Typer:
+    app = typer.Typer()
+    capture_cli.register(app)
+    app.command("noop")(lambda: None)  # two commands, so "capture" stays a sub-command
+    return app
+
+
+def _capture(out, *extra):
+    args = ["capture", "tiny-llama", "--sites", "blocks.1.hook_resid_post,hook_embed"]
+    args += ["--max-prompts", "6", "--prompt-tokens", "16", "--shard-mb", "0.005"]
+    return runner.invoke(_capture_app(), [*args, "--out", str(out), "-q", *extra])
+
+
+def test_cli_capture_on_ray_writes_the_local_store(ray_cluster, tmp_path):
+    r = _capture(tmp_path / "local")
+    assert r.exit_code == 0, r.output
+    r = _capture(tmp_path / "ray", "--executor", "ray")
+    assert r.exit_code == 0, r.output
+    local = json.loads((tmp_path / "local" / "capture.json").read_text())
+    dist = json.loads((tmp_path / "ray" / "capture.json").read_text())
+    assert dist["executor"] == "ray" and local["executor"] == "local"
+    a = tmp_path / "local" / "activations"
+    b = tmp_path / "ray" / "activations"
+    files_a = {p.relative_to(a): p.read_bytes() for p in sorted(a.rglob("*")) if p.is_file()}
+    files_b = {p.relative_to(b): p.read_bytes() for p in sorted(b.rglob("*")) if p.is_file()}
+    assert len(files_a) >= 3 and files_a == files_b
+
+
+@pytest.mark.parametrize(
+    ("app", "args"),
+    [
+        (None, ["capture", "tiny-llama", "--sites", "hook_embed"]),
+        (sae_cli.app, ["sweep", "tiny-llama", "--out", "x"]),
+        (causal_cli.app, ["sweep", "tiny-llama", "--out", "x"]),
+    ],
+)
+def test_cli_rejects_unknown_executor_and_stray_address(app, args, tmp_path):
+    app = app or _capture_app()
+    r = runner.invoke(app, [*args, "--out", str(tmp_path), "--executor", "dask"])
+    assert r.exit_code == 2 and "--executor must be one of local, ray" in r.output
+    r = runner.invoke(app, [*args, "--out", str(tmp_path), "--address", "auto"])
+    assert r.exit_code == 2 and "add --executor ray" in r.output
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray sees
+    with pytest.raises(ImportError, match=r'pip install "structlens\[ray\]"'):
+        get_executor("ray")
+    assert get_executor().name == "local"  # the default never needs Ray
+    r = _capture_app()
+    out = runner.invoke(r, ["capture", "tiny-llama", "--sites", "hook_embed", "--executor", "ray"])
+    assert out.exit_code == 2 and "structlens[ray]" in out.output
+
+
+def test_get_executor_validates():
+    with pytest.raises(ValueError, match="choose one of"):
+        get_executor("spark")
+    with pytest.raises(ValueError, match="takes no options"):
+        get_executor("local", address="auto")
+
+
+def test_cli_koopman_convergence_grid_on_ray_equals_local(ray_cluster, tmp_path):
+    from structlens.cli import koopman as kcli
+
+    args = ["convergence", "tiny-llama", "--n-corpus", "16", "--prompt-tokens", "32"]
+    args += ["--n-task", "0", "--layers", "1,2", "--dictionary", "pca", "--size", "4"]
+    args += ["--n-blocks", "4", "--n-repeats", "3", "--control-rank", "4", "-q"]
+    docs = {}
+    for name in ("local", "ray"):
+        out = tmp_path / name
+        r = runner.invoke(kcli.app, [*args, "--out", str(out), "--executor", name])
+        assert r.exit_code == 0, r.output
+        docs[name] = json.loads((out / "convergence.json").read_text())["results"]
+    # one grid point per layer, each identical whichever executor ran it
+    assert {(k, d) for k in docs["local"] for d in docs["local"][k]} == {("1", "pca"), ("2", "pca")}
+    assert docs["ray"] == docs["local"]
