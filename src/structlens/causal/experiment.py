@@ -8,6 +8,7 @@ plain dicts of JSON-ready values (plus trained SAEs where relevant).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -167,7 +168,9 @@ def ce_recovered_by_width(
     clean = run(None)
     ablated = run(torch.zeros_like)
     out = {}
-    for m, sae in saes.items():
+    for m, cpu_sae in saes.items():
+        # The splice runs inside the model's forward, so the SAE must sit on its device.
+        sae = copy.deepcopy(cpu_sae).to(model.device)
         first = True
 
         def shared(fn: Any, sae: SparseAutoencoder = sae) -> float:
@@ -231,6 +234,7 @@ def ioi_recovery(
             acts_l.append(acts[end[i]])
             grads_l.append(grads[end[i]])
     acts, grads = torch.stack(acts_l), torch.stack(grads_l)
+    sae = copy.deepcopy(sae).cpu()  # codes and scores on the CPU, like acts and grads
     with torch.no_grad():
         f = sae.encode(acts.to(sae.W_dec.dtype))  # [n, m]
         atp = (-f * (grads.to(sae.W_dec.dtype) @ sae.W_dec.T)).abs().double()
@@ -242,9 +246,9 @@ def ioi_recovery(
                 continue
             fn, h0 = residual_function(model, layer, toks, end[i], "same")
             base = task.metric(fn(h0), [i])
-            rows = h0 - f[i, feats, None] * sae.W_dec[feats]
+            rows = h0 - (f[i, feats, None] * sae.W_dec[feats]).to(h0.device)
             vals = task.metric(fn(rows.to(h0.dtype)), [i] * feats.numel())
-            exact[i, feats] = (vals - base).abs().double()
+            exact[i, feats] = (vals - base).abs().double().cpu()
     atp_s, exact_s = atp.mean(0).numpy(), exact.mean(0).numpy()
     fired = np.flatnonzero((f > 0).any(0).numpy())
     gt = np.argsort(-exact_s, kind="stable")[:n_ground_truth]

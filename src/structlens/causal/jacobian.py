@@ -63,7 +63,8 @@ class EJOPAccumulator:
         if gram.shape != (self.d, self.d):
             raise ValueError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
         g = self._next % self.n_groups
-        self.sums[g] += gram.to(torch.float64)
+        # Sums live on the CPU whatever device the Jacobians were computed on.
+        self.sums[g] += gram.to(device=self.sums.device, dtype=torch.float64)
         self.counts[g] += count
         self._next += 1
 

@@ -225,6 +225,33 @@ def model_causal_dimension(
     return est.result(acc)
 
 
+def vector_grams(
+    model: Model,
+    layer: int,
+    prompts: Sequence[Sequence[int]],
+    config: JacobianConfig | None = None,
+    *,
+    position: int = -1,
+    outputs: Outputs = "same",
+) -> Iterator[torch.Tensor]:
+    """Yield one exact ``J(x)ᵀJ(x)`` [d, d] (float64) per prompt, in prompt order.
+
+    Same ``f`` and conventions as :func:`model_causal_dimension` with ``compress_head``; the
+    stack feeds :func:`structlens.causal.kappa.kappa_from_grams` (per-vector jackknife and
+    bootstrap) and can be saved vector by vector, so a long run resumes where it stopped.
+    """
+    cfg = dataclasses.replace(config or JacobianConfig(), n_groups=1)
+    if cfg.method != "exact":
+        raise ValueError("vector_grams needs method='exact'.")
+    est = CausalDimension(dataclasses.replace(cfg, output="raw"))
+    with eager_attention(model):
+        for toks in prompts:
+            f, h0 = residual_function(
+                model, layer, toks, position, outputs, compress_head=cfg.output
+            )
+            yield est.accumulate(f, h0).sums[0].clone()
+
+
 def _select(mask: torch.Tensor, skip_first: bool) -> torch.Tensor:
     sel = mask.bool().clone()
     if skip_first:
@@ -257,19 +284,39 @@ def residual_grads(
     summed over positions, so ``grads`` at token ``t`` include its effect on every later
     prediction).  Pad positions (and position 0 with ``skip_first``) are dropped.
     """
+    for out in residual_grads_multi(
+        model, [layer], prompts, metric=metric, batch_size=batch_size, skip_first=skip_first
+    ):
+        yield out[layer]
+
+
+def residual_grads_multi(
+    model: Model,
+    layers: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    *,
+    metric: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    batch_size: int = 8,
+    skip_first: bool = True,
+) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+    """:func:`residual_grads` at several layers from the same forward and backward pass:
+    yields ``{layer: (acts, grads)}`` per batch of prompts."""
     from structlens.data.tasks import pad_batch
     from structlens.interventions import run_with_grads
 
-    site = resid_site(model, layer)
+    sites = {layer: resid_site(model, layer) for layer in layers}
     metric = metric or next_token_nll
     pad = int(model.tokenizer.pad_token_id)
     for s in range(0, len(prompts), batch_size):
         ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
         _, acts, grads = run_with_grads(
-            model, ids, mask, [site], lambda out, i=ids, m=mask: metric(out, i, m)
+            model, ids, mask, list(sites.values()), lambda out, i=ids, m=mask: metric(out, i, m)
         )
         sel = _select(mask, skip_first)
-        yield acts[site][sel].float().cpu(), grads[site][sel].float().cpu()
+        yield {
+            layer: (acts[site][sel].float().cpu(), grads[site][sel].float().cpu())
+            for layer, site in sites.items()
+        }
 
 
 def sae_splice_writer(
@@ -384,7 +431,6 @@ class _Stop(Exception):
     """Raised from a hook to end a forward pass once the needed site has been read."""
 
 
-@torch.no_grad()
 def residual_batches(
     model: Model,
     layer: int,
@@ -399,9 +445,29 @@ def residual_batches(
     streaming SAE training data costs ``layer/n_layers`` of a full forward.  Pads (and
     position 0 with ``skip_first``) are dropped.
     """
+    for out in residual_batches_multi(
+        model, [layer], prompts, batch_size=batch_size, skip_first=skip_first
+    ):
+        yield out[layer]
+
+
+@torch.no_grad()
+def residual_batches_multi(
+    model: Model,
+    layers: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 8,
+    skip_first: bool = True,
+) -> Iterator[dict[int, torch.Tensor]]:
+    """:func:`residual_batches` at several layers from one forward pass per batch (which
+    stops at the deepest of them): yields ``{layer: [n_tokens, d]}``."""
     from structlens.data.tasks import pad_batch
 
-    site = resid_site(model, layer)
+    if not layers:
+        raise ValueError("layers is empty; pass at least one layer.")
+    sites = {layer: resid_site(model, layer) for layer in layers}
+    last = sites[max(sites)]
     pad = int(model.tokenizer.pad_token_id)
 
     def stop(a: torch.Tensor) -> torch.Tensor:
@@ -409,11 +475,14 @@ def residual_batches(
 
     for s in range(0, len(prompts), batch_size):
         ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
+        sel = _select(mask, skip_first)
+        reads = {site: (lambda a, sel=sel: a[sel].float().cpu()) for site in sites.values()}
+        reads[last] = stop
         try:
-            with hooked(model, reads={site: stop}):
+            with hooked(model, reads=reads) as cache:
                 model.forward(ids, mask)
         except _Stop as done:
-            act = done.args[0]
+            cache[last] = done.args[0][sel].float().cpu()
         else:  # pragma: no cover - the read hook always fires
-            raise AssertionError(site)
-        yield act[_select(mask, skip_first)].float().cpu()
+            raise AssertionError(last)
+        yield {layer: cache[site] for layer, site in sites.items()}

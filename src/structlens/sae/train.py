@@ -450,9 +450,12 @@ def train_sae(
     *,
     max_tokens: int | None = None,
     tail_tokens: int = 100_000,
+    device: str | torch.device = "cpu",
 ) -> SAETrainingResult:
-    """Train one SAE on a stream of ``[batch, d_in]`` activation batches."""
-    return train_sweep([config], batches, max_tokens=max_tokens, tail_tokens=tail_tokens)[0]
+    """Train one SAE on a stream of ``[batch, d_in]`` activation batches (on ``device``)."""
+    return train_sweep(
+        [config], batches, max_tokens=max_tokens, tail_tokens=tail_tokens, device=device
+    )[0]
 
 
 def train_sweep(
@@ -461,6 +464,7 @@ def train_sweep(
     *,
     max_tokens: int | None = None,
     tail_tokens: int = 100_000,
+    device: str | torch.device = "cpu",
 ) -> list[SAETrainingResult]:
     """Train several SAEs (e.g. a width sweep) on ONE pass over the activation stream.
 
@@ -473,7 +477,7 @@ def train_sweep(
     for x in _batches(batches, max_tokens):
         x = _validate_batch(x, None)
         if trainers is None:
-            trainers = [SAETrainer(c, x.shape[1], tail_tokens) for c in configs]
+            trainers = [SAETrainer(c, x.shape[1], tail_tokens, device) for c in configs]
         for t in trainers:
             t.step(x)
     if trainers is None:

@@ -1,0 +1,117 @@
+"""κ from per-vector Grams: closed forms, jackknife, the few-vector curve, and the model-side
+per-vector Grams and multi-layer captures agreeing with their single-layer counterparts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from structlens.causal import JacobianConfig
+from structlens.causal.kappa import kappa_curve, kappa_from_grams
+from structlens.causal.model import (
+    model_causal_dimension,
+    residual_batches,
+    residual_batches_multi,
+    residual_grads,
+    residual_grads_multi,
+    vector_grams,
+)
+from structlens.models import load_model
+from structlens.stats.ranks import effective_ranks
+
+
+def _rank_one_basis(n: int, d: int) -> np.ndarray:
+    """G_i = e_i e_iᵀ: the mean of any s of them has s equal eigenvalues."""
+    g = np.zeros((n, d, d))
+    for i in range(n):
+        g[i, i, i] = 1.0
+    return g
+
+
+def test_identical_grams_have_exact_rank_and_zero_spread():
+    g = np.stack([np.diag([1.0, 1.0, 1.0, 0.0, 0.0])] * 6)
+    res = kappa_from_grams(g, n_bootstrap=20)
+    assert res.erank == pytest.approx(3.0)
+    assert res.participation_ratio == pytest.approx(3.0)
+    assert res.erank_se == pytest.approx(0.0, abs=1e-9)
+    assert res.erank_ci == pytest.approx([3.0, 3.0])
+    assert res.kappa_over_d == pytest.approx(3 / 5)
+    assert res.n_vectors == 6 and res.d == 5
+
+
+def test_mean_gram_ranks_and_jackknife_match_direct_computation():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(9, 3, 7))
+    g = np.einsum("nki,nkj->nij", a, a)  # rank-3 PSD Grams
+    res = kappa_from_grams(g, n_bootstrap=50, seed=1)
+    ref = effective_ranks(matrix=g.mean(0))
+    assert res.erank == pytest.approx(ref.entropy_effective_rank)
+    assert res.participation_ratio == pytest.approx(ref.participation_ratio)
+    loo = np.array(
+        [
+            effective_ranks(matrix=np.delete(g, i, 0).mean(0)).entropy_effective_rank
+            for i in range(9)
+        ]
+    )
+    assert res.erank_se == pytest.approx(np.sqrt(8 / 9 * np.sum((loo - loo.mean()) ** 2)))
+    assert res.erank_ci[0] <= res.erank_ci[1]
+    # Deterministic under the seed.
+    again = kappa_from_grams(g, n_bootstrap=50, seed=1)
+    assert again.erank_ci == res.erank_ci
+
+
+def test_curve_on_rank_one_basis_equals_subset_size():
+    g = _rank_one_basis(8, 10)
+    curve = kappa_curve(g, [1, 2, 5, 8], n_draws=5)
+    assert curve["sizes"] == [1.0, 2.0, 5.0, 8.0]
+    assert curve["erank"] == pytest.approx([1.0, 2.0, 5.0, 8.0])
+    assert curve["pr"] == pytest.approx([1.0, 2.0, 5.0, 8.0])
+    assert curve["erank_sd"] == pytest.approx([0.0] * 4, abs=1e-9)
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match=r"\[n, d, d\]"):
+        kappa_from_grams(np.eye(3))
+    with pytest.raises(ValueError, match="at least 2"):
+        kappa_from_grams(np.eye(3)[None])
+    bad = np.stack([np.eye(3)] * 3)
+    bad[1, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        kappa_from_grams(bad)
+    with pytest.raises(ValueError, match="sizes"):
+        kappa_curve(np.stack([np.eye(3)] * 3), [4])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("tiny-llama")
+
+
+PROMPTS = [list(range(5, 15)), list(range(30, 42)), list(range(50, 57))]
+
+
+def test_vector_grams_average_to_model_sigma(model):
+    cfg = JacobianConfig(output="log_probs", max_rows=model.d_model)
+    grams = torch.stack(list(vector_grams(model, 1, PROMPTS, cfg)))
+    assert grams.shape == (3, model.d_model, model.d_model) and grams.dtype == torch.float64
+    ref = model_causal_dimension(model, 1, PROMPTS, cfg)
+    np.testing.assert_allclose(grams.mean(0).numpy(), ref.sigma, rtol=1e-6, atol=1e-9)
+    res = kappa_from_grams(grams, n_bootstrap=0)
+    assert res.erank == pytest.approx(ref.erank, rel=1e-6)
+    assert np.isnan(res.erank_ci[0])
+
+
+def test_multi_layer_captures_match_single_layer(model):
+    multi = list(residual_batches_multi(model, [2, 0], PROMPTS, batch_size=2))
+    for layer in (0, 2):
+        single = list(residual_batches(model, layer, PROMPTS, batch_size=2))
+        for m, s in zip(multi, single, strict=True):
+            torch.testing.assert_close(m[layer], s)
+    gm = list(residual_grads_multi(model, [0, 2], PROMPTS, batch_size=2))
+    for layer in (0, 2):
+        for m, (a, g) in zip(gm, residual_grads(model, layer, PROMPTS, batch_size=2), strict=True):
+            torch.testing.assert_close(m[layer][0], a)
+            torch.testing.assert_close(m[layer][1], g)
+    with pytest.raises(ValueError, match="layers is empty"):
+        next(residual_batches_multi(model, [], PROMPTS))
