@@ -3,11 +3,17 @@
     .venv/bin/python scripts/replicate_ndm.py            # everything (cached stages are reused)
     .venv/bin/python scripts/replicate_ndm.py --render   # only rewrite the markdown
 
+    .venv/bin/python scripts/replicate_ndm.py --device cuda   # converged training on a GPU
+
 Stages (each a ``structlens ndm`` command run as a subprocess, single-threaded, several in
 parallel because this 2-core machine is shared and oversubscribed):
 
-1. ``ndm train`` once per layer (12, 17, 22, 24: the paper's GPT-2 layers 4, 6, 8, 9 at the
-   same relative depth), then one collecting run that reuses the finished checkpoints;
+1. training at layers 12, 17, 22, 24 (the paper's GPT-2 layers 4, 6, 8, 9 at the same relative
+   depth).  The CPU stage (``ndm train`` once per layer, then a collecting run that reuses the
+   checkpoints) is a 60-step smoke run into ``results/ndm/train``; ``--device cuda`` packs the
+   same activations and trains them to the paper's stopping rule with
+   ``scripts/ndm_device_train.py`` into ``results/ndm/train-device``.  Later stages use the
+   device run when it exists (it can be trained on a GPU host and copied here);
 2. ``ndm evaluate`` once per patching test, then one run that reuses the cached patch runs and
    adds the Gini summary, knowledge conflict and the toy recovery; a second toy variant with
    the ``min_subspaces`` guard runs alongside;
@@ -29,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "ndm"
+CPU_TRAIN = RESULTS / "train"
+DEVICE_TRAIN = RESULTS / "train-device"
 DOC = ROOT / "docs" / "replication" / "ndm.md"
 LAYERS = (12, 17, 22, 24)
 TESTS = (
@@ -45,9 +53,10 @@ TRAIN_ARGS = [
     "--merge-interval", "20", "--merge-threshold", "0.04", "--mi-samples", "2048",
 ]  # fmt: skip
 EVAL_ARGS = [
-    "-n", "16", "--batch-size", "16", "--n-boot", "1000", "--sae-width", "512", "--sae-k", "32",
-    "--sae-epochs", "1", "--conflict-n", "16",
+    "-n", "48", "--batch-size", "16", "--n-boot", "1000", "--sae-width", "512", "--sae-k", "32",
+    "--sae-epochs", "1", "--conflict-n", "32",
 ]  # fmt: skip
+DEVICE_ROWS = 12_416  # activations per layer sent to the device (float16, under 64 MiB)
 QUERIES = [
     ("When Mary and John went to the store, John gave a drink to", -1),
     ("It is a truth universally acknowledged, that a single man in possession", -1),
@@ -96,8 +105,34 @@ def train() -> None:
     )  # fmt: skip
 
 
+def train_device(device: str) -> None:
+    if (DEVICE_TRAIN / "ndm_train.json").exists():
+        return
+    script = str(ROOT / "scripts" / "ndm_device_train.py")
+    packed = RESULTS / "device-activations.safetensors"
+    layers = ",".join(map(str, LAYERS))
+    subprocess.run(
+        [sys.executable, script, "pack", str(CPU_TRAIN), "--layers", layers,
+         "--rows", str(DEVICE_ROWS), "--out", str(packed)],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
+    subprocess.run(
+        [sys.executable, script, "train", str(packed), "--device", device, "--seconds", "1e9",
+         "--out", str(DEVICE_TRAIN)],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
+
+
+def train_dir() -> Path:
+    return DEVICE_TRAIN if (DEVICE_TRAIN / "ndm_train.json").exists() else CPU_TRAIN
+
+
+def eval_dir() -> Path:
+    return RESULTS / ("eval-device" if train_dir() == DEVICE_TRAIN else "eval")
+
+
 def evaluate() -> None:
-    common = ["--train", str(RESULTS / "train"), *EVAL_ARGS, "--out", str(RESULTS / "eval")]
+    common = ["--train", str(train_dir()), *EVAL_ARGS, "--out", str(eval_dir())]
     toy2 = [
         sys.executable,
         "-c",
@@ -123,18 +158,23 @@ def evaluate() -> None:
     _run_parallel([(_cli("evaluate", *common), RESULTS / "logs" / "eval.log")])
 
 
-def browse() -> None:
+def _browse_one(i: int, text: str, pos: int) -> None:
     _run_parallel(
         [
             (
-                _cli("browse", "--train", str(RESULTS / "train"), "--prompt", text,
-                     "--position", str(pos), "--k", "5", "--extra-corpus-prompts", "120", "--out",
-                     str(RESULTS / f"browse-{i}"), "-q"),
+                _cli("browse", "--train", str(train_dir()), "--prompt", text,
+                     "--position", str(pos), "--k", "5", "--out", str(RESULTS / f"browse-{i}"),
+                     "-q"),
                 RESULTS / "logs" / f"browse-{i}.log",
             )
-            for i, (text, pos) in enumerate(QUERIES)
         ]
     )  # fmt: skip
+
+
+def browse() -> None:
+    # sequential: the first query captures the whole corpus once, the second reuses that store
+    for i, (text, pos) in enumerate(QUERIES):
+        _browse_one(i, text, pos)
 
 
 def _ci(entry: dict) -> str:
@@ -142,8 +182,9 @@ def _ci(entry: dict) -> str:
 
 
 def render() -> str:
-    tr = json.loads((RESULTS / "train" / "ndm_train.json").read_text())
-    ev = json.loads((RESULTS / "eval" / "ndm_evaluate.json").read_text())
+    tdir = train_dir()
+    tr = json.loads((tdir / "ndm_train.json").read_text())
+    ev = json.loads((eval_dir() / "ndm_evaluate.json").read_text())
     toy2_path = RESULTS / "toy_min_subspaces_2.json"
     toy2 = json.loads(toy2_path.read_text()) if toy2_path.exists() else None
     per_layer = {}
@@ -282,8 +323,8 @@ def render() -> str:
 
     for layer in LAYERS:
         r = tr["results"][str(layer)]
-        sec = per_layer.get(layer, {}).get("seconds", r["seconds"])
-        R, _ = load_rotation(RESULTS / "train" / f"R-L{layer}.safetensors")
+        sec = (per_layer.get(layer, {}) if tdir == CPU_TRAIN else {}).get("seconds", r["seconds"])
+        R, _ = load_rotation(tdir / f"R-L{layer}.safetensors")
         mis = ", ".join(f"{h['mi'][0]:.3f}" for h in r["merge_history"])
         lines.append(
             f"| {layer} | {r['partition']} | {r['steps']} | {len(r['merge_history'])} ({mis}) | "
@@ -437,10 +478,15 @@ def render() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--render", action="store_true", help="only rewrite the markdown")
+    ap.add_argument(
+        "--device", default="cpu", help="'cuda': converged training on a GPU (see module doc)"
+    )
     args = ap.parse_args()
     t0 = time.time()
     if not args.render:
         train()
+        if args.device != "cpu":
+            train_device(args.device)
         evaluate()
         browse()
     DOC.parent.mkdir(parents=True, exist_ok=True)
