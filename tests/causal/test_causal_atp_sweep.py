@@ -130,6 +130,12 @@ def test_width_sweep_analysis_end_to_end():
     assert res.kappa_hat_over_erank == pytest.approx(res.kappa_hat / kappa)
     lo, hi = res.kappa_hat_ci
     assert lo <= hi
+    # Growth CIs: the base width's ratio is 1 in every replicate; bands bracket sensibly.
+    assert res.n_repr_growth_ci.shape == (2, 4)
+    np.testing.assert_allclose(res.n_repr_growth_ci[:, 0], 1.0)
+    assert np.all(res.n_repr_growth_ci[0] <= res.n_repr_growth_ci[1])
+    if np.isfinite(res.wedge):
+        assert res.wedge_ci[0] <= res.wedge_ci[1]
     # Merging split accumulators equals one pass over all tokens.
     one = _stats_for(TopKSAE(16, 50, k=4, seed=50), acts, grads)
     np.testing.assert_allclose(one.scores()[0], stats[50].scores()[0], rtol=1e-12)

@@ -161,7 +161,9 @@ class WidthSweepConfig:
 class WidthSweepResult(Result):
     """N_repr, N_causal, growth ratios, fits and κ̂ for one width sweep.
 
-    Array attributes are aligned with ``widths`` (ascending).  ``fits`` maps each model name
+    Array attributes are aligned with ``widths`` (ascending); ``*_ci`` are ``[2, n_widths]``
+    (lower, upper) bootstrap percentile intervals, growth CIs are of the per-replicate ratios
+    to the base width (replicates with a zero base count are dropped).  ``fits`` maps each model name
     to its parameters on the full data plus ``K_ci``; ``kappa_hat``/``kappa_hat_ci`` come from
     ``fit_model``.  ``exact_erank`` / ``kappa_hat_over_erank`` are filled when the exact
     effective rank of Σ was supplied.  ``definitions`` records every convention used.
@@ -177,6 +179,9 @@ class WidthSweepResult(Result):
     epsilon_ci: list
     n_causal_ci: np.ndarray
     n_repr_ci: np.ndarray
+    n_repr_growth_ci: np.ndarray
+    n_causal_growth_ci: np.ndarray
+    wedge_ci: list
     fits: dict
     fit_model: str
     kappa_hat: float
@@ -252,6 +257,15 @@ def analyze_width_sweep(
     for name in fits:
         fits[name]["K_ci"] = ci(boot_k[name])
         fits[name]["n_bootstrap_fitted"] = len(boot_k[name])
+    def growth_ci(boot: list[np.ndarray]) -> np.ndarray:
+        ok = [b / b[0] for b in boot if b[0] > 0]
+        return np.asarray(ci(ok)) if len(ok) >= 2 else np.full((2, widths.size), np.nan)
+
+    wedges = [
+        (r[-1] / r[0]) / (c[-1] / c[0])
+        for r, c in zip(boot_r, boot_c, strict=True)
+        if r[0] > 0 and c[0] > 0 and c[-1] > 0
+    ]
     chosen = fits.get(cfg.fit_model)
     kappa = chosen["K"] if chosen else float("nan")
     kappa_ci = chosen["K_ci"] if chosen else [float("nan"), float("nan")]
@@ -271,6 +285,9 @@ def analyze_width_sweep(
         epsilon_ci=ci(boot_eps),
         n_causal_ci=np.asarray(ci(boot_c)) if boot_c else empty,
         n_repr_ci=np.asarray(ci(boot_r)) if boot_r else empty,
+        n_repr_growth_ci=growth_ci(boot_r),
+        n_causal_growth_ci=growth_ci(boot_c),
+        wedge_ci=ci(wedges),
         fits=fits,
         fit_model=cfg.fit_model,
         kappa_hat=float(kappa),
