@@ -9,6 +9,7 @@ Results are nested ``results[<layers>][<dictionary>]``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,12 +17,15 @@ import numpy as np
 import typer
 
 from structlens.cli.common import (
+    Address,
     Device,
     Dtype,
+    ExecutorName,
     Out,
     Quiet,
     Seed,
     console,
+    executor_or_fail,
     fail,
     load_model_or_fail,
     write_results,
@@ -100,6 +104,7 @@ def _setup(
     dtype: str,
     seed: int,
     quiet: bool,
+    executor: Any = None,
 ) -> tuple[Any, list[int], dict[str, tuple[np.ndarray, ...]]]:
     """Load the model, capture the depth sites and return the streams by label."""
     from structlens.koopman.data import capture_depth, depth_prompts, load_layer, load_layers
@@ -118,7 +123,12 @@ def _setup(
     except ValueError as err:
         fail(str(err))
     store = capture_depth(
-        model, prompts, layers, root=Path(out) / "activations", progress=not quiet
+        model,
+        prompts,
+        layers,
+        root=Path(out) / "activations",
+        progress=not quiet,
+        executor=executor,
     )
     if pooled:
         label = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
@@ -141,6 +151,46 @@ def _fitted(
         return dic.fit(X, U, Y)
     except ValueError as err:
         fail(f"{name} dictionary: {err}")
+
+
+@dataclass
+class _SplitHalfPoint:
+    """One (layer label, dictionary) point of the convergence grid; picklable for executors.
+
+    Returns the split-half result, or the error message of bad input.
+    """
+
+    streams: dict[str, tuple[np.ndarray, ...]]
+    size: int
+    seed: int
+    sae: Path | None
+    config: Any
+    n_blocks: int
+    n_repeats: int
+
+    def __call__(self, point: tuple[str, str]) -> Any:
+        from structlens.koopman import EDMDc, split_half_convergence
+        from structlens.koopman.pipeline import make_dictionary
+
+        label, name = point
+        X, U, Y, pid = self.streams[label]
+        try:
+            dic = make_dictionary(name, self.size, seed=self.seed, sae_path=self.sae)
+        except ValueError as err:
+            return str(err)
+        try:
+            dic.fit(X, U, Y)
+        except ValueError as err:
+            return f"{name} dictionary: {err}"
+        try:
+            blocks = EDMDc(dic, self.config).statistics(
+                X, U, Y, pid, n_blocks=self.n_blocks, seed=self.seed
+            )
+            return split_half_convergence(
+                blocks, self.config, n_repeats=self.n_repeats, seed=self.seed
+            )
+        except ValueError as err:
+            return f"layer {label}, {name}: {err}"
 
 
 def _config(alpha: float, energy: float, rank: int | None = None) -> Any:
@@ -256,45 +306,58 @@ def convergence_cmd(
     dtype: Dtype = "float32",
     seed: Seed = 0,
     quiet: Quiet = False,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Split-half W∞ distance against M and its log-log slope (claim: −1/2)."""
-    from structlens.koopman import EDMDc, split_half_convergence
+    """Split-half W∞ distance against M and its log-log slope (claim: −1/2).
+
+    With --executor ray the capture and every (layer, dictionary) point run on Ray.
+    """
     from structlens.report.koopman import plot_split_half
 
     names = _dict_names(dictionary)
     cfg = _config(alpha, control_energy, control_rank)
     if n_blocks < 4 or n_repeats < 2:
         fail(f"need --n-blocks >= 4 and --n-repeats >= 2; got {n_blocks}, {n_repeats}.")
+    runner = executor_or_fail(executor, address)
     _, _, streams = _setup(
-        model, layers, pooled, out, n_corpus, prompt_tokens, n_task, device, dtype, seed, quiet
+        model,
+        layers,
+        pooled,
+        out,
+        n_corpus,
+        prompt_tokens,
+        n_task,
+        device,
+        dtype,
+        seed,
+        quiet,
+        runner,
     )
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {label: {} for label in streams}
     curves: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
-    for label, (X, U, Y, pid) in streams.items():
-        results[label] = {}
-        for name in names:
-            dic = _fitted(name, size, seed, sae, X, U, Y)
-            try:
-                blocks = EDMDc(dic, cfg).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=seed)
-                sh = split_half_convergence(blocks, cfg, n_repeats=n_repeats, seed=seed)
-            except ValueError as err:
-                fail(f"layer {label}, {name}: {err}")
-            results[label][name] = {
-                "split_half": {
-                    "slope": sh.slope,
-                    "slope_ci": sh.slope_ci,
-                    "slope_last4": sh.slope_last4,
-                    "slope_w2": sh.slope_w2,
-                    "n_samples": sh.n_samples.tolist(),
-                    "w_inf_mean": sh.w_inf_mean.tolist(),
-                    "w2_mean": sh.w2_mean.tolist(),
-                    "eig_condition_max": sh.eig_condition_max,
-                    "eig_condition_median": float(np.median(sh.eig_condition)),
-                    "n_blocks": n_blocks,
-                    "n_repeats": n_repeats,
-                }
+    grid = [(label, name) for label in streams for name in names]
+    job = _SplitHalfPoint(streams, size, seed, sae, cfg, n_blocks, n_repeats)
+    outcomes = list(runner.map(job, grid, desc="split-half grid", progress=not quiet))
+    for (label, name), sh in zip(grid, outcomes, strict=True):
+        if isinstance(sh, str):
+            fail(sh)
+        results[label][name] = {
+            "split_half": {
+                "slope": sh.slope,
+                "slope_ci": sh.slope_ci,
+                "slope_last4": sh.slope_last4,
+                "slope_w2": sh.slope_w2,
+                "n_samples": sh.n_samples.tolist(),
+                "w_inf_mean": sh.w_inf_mean.tolist(),
+                "w2_mean": sh.w2_mean.tolist(),
+                "eig_condition_max": sh.eig_condition_max,
+                "eig_condition_median": float(np.median(sh.eig_condition)),
+                "n_blocks": n_blocks,
+                "n_repeats": n_repeats,
             }
-            curves[f"L{label} {name}"] = (sh.n_samples, sh.w_inf_mean, sh.slope)
+        }
+        curves[f"L{label} {name}"] = (sh.n_samples, sh.w_inf_mean, sh.slope)
     fig = plot_split_half(curves, Path(out) / "split_half.png")
     path = write_results(
         out,

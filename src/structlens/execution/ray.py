@@ -79,8 +79,8 @@ class RayExecutor:
     max_retries
         How often a task (or actor call) is resubmitted after its worker process died.
     max_workers
-        At most this many actors for resident work (default: as many as the cluster's
-        resources allow).  Plain tasks are limited by the cluster's resources only.
+        At most this many tasks in flight, or actors for resident work (default: as many as
+        the cluster's resources allow).
     runtime_env
         Ray runtime environment for the workers (e.g. ``{"pip": ["structlens[ray]"]}`` on a
         cluster whose image lacks structlens); passed to ``ray.init``.
@@ -195,9 +195,13 @@ class RayExecutor:
                     max_retries=self.max_retries,
                     retry_exceptions=False,
                 )
-                refs = [remote.remote(fn_ref, item) for item in items]
-                for ref in refs:
-                    out = ray.get(ref)
+                window = self.max_workers or len(items)
+                refs = [remote.remote(fn_ref, item) for item in items[:window]]
+                for i in range(len(items)):
+                    out = ray.get(refs[i])
+                    refs[i] = None  # drop the result from the object store once read
+                    if i + window < len(items):
+                        refs.append(remote.remote(fn_ref, items[i + window]))
                     bar.update()
                     yield out
         finally:

@@ -90,10 +90,12 @@ def capture_depth(
     root: str | Path = "activations",
     batch_size: int = 8,
     progress: bool = False,
+    executor: Any = None,
 ) -> Any:
     """Capture the sites of ``layers`` over ``prompts`` (all positions) into a store.
 
     Content-hashed: a second call with the same model, prompts and layers is a cache hit.
+    ``executor`` (name or :class:`~structlens.execution.Executor`) runs the capture shards.
     """
     from structlens.capture import capture
 
@@ -106,6 +108,7 @@ def capture_depth(
         positions="all",
         batch_size=batch_size,
         data_name="koopman-depth",
+        executor=executor,
         progress=progress,
     )
 
