@@ -24,13 +24,16 @@ import numpy as np
 import typer
 
 from structlens.cli.common import (
+    Address,
     Device,
     Dtype,
+    ExecutorName,
     ModelArg,
     Out,
     Quiet,
     Seed,
     console,
+    executor_or_fail,
     fail,
     load_model_or_fail,
     write_results,
@@ -313,8 +316,13 @@ def evaluate(
     dtype: Dtype = "float32",
     seed: Seed = 0,
     quiet: Quiet = False,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Subspace patching Gini table (NDM vs baselines), knowledge conflict, toy recovery."""
+    """Subspace patching Gini table (NDM vs baselines), knowledge conflict, toy recovery.
+
+    With --executor ray the baseline rotations (SAE training among them) run as Ray tasks.
+    """
     from structlens.data.tasks import make_task
     from structlens.report.ndm import plot_effect_heatmap
     from structlens.results import atomic_write_json
@@ -348,6 +356,7 @@ def evaluate(
         fail(f"unknown tests {unknown}; choose from {list(by_name)} or 'all'")
     if n < 2:
         fail(f"-n must be at least 2 (bootstrap over prompts), got {n}")
+    runner = executor_or_fail(executor, address)
     model = load_model_or_fail(model_name, device, dtype, seed)
     meta, store, _ = _train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
@@ -376,7 +385,9 @@ def evaluate(
         )  # fmt: skip
         cached = _load_npz(out / "cache" / f"baselines-L{layer}.npz", key)
         if cached is None:
-            base, info = baseline_rotations(h, partition, others, seed=seed, sae=sae_cfg)
+            base, info = baseline_rotations(
+                h, partition, others, seed=seed, sae=sae_cfg, executor=runner
+            )
             _save_npz(out / "cache" / f"baselines-L{layer}.npz", key, base)
         else:
             base = {m: cached[m] for m in others}

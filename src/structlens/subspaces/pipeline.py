@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from structlens.execution import Executor, get_executor
 from structlens.subspaces.baselines import (
     identity_rotation,
     pca_rotation,
@@ -55,6 +56,27 @@ def sae_decoder(h: np.ndarray | torch.Tensor, config: SAEBaselineConfig) -> np.n
     return result.sae.W_dec.detach().cpu().numpy().astype(np.float64)
 
 
+@dataclasses.dataclass
+class _Baseline:
+    """One baseline rotation; picklable so an executor can compute the baselines in parallel."""
+
+    h: np.ndarray
+    partition: list[int]
+    seed: int
+    sae: SAEBaselineConfig
+
+    def __call__(self, method: str) -> np.ndarray:
+        d = self.h.shape[1]
+        if method == "identity":
+            return identity_rotation(d)
+        if method == "random":
+            return random_rotation(d, self.seed)
+        if method == "pca":
+            return pca_rotation(self.h, order="ascending")
+        dec = sae_decoder(self.h, self.sae)
+        return sae_cluster_rotation(dec, self.partition, seed=self.seed)
+
+
 def baseline_rotations(
     h: np.ndarray,
     partition: Sequence[int],
@@ -62,31 +84,23 @@ def baseline_rotations(
     *,
     seed: int = 0,
     sae: SAEBaselineConfig | None = None,
+    executor: str | Executor | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Rotations of the baselines with NDM's partition, plus diagnostics (SAE fit).
 
     ``h`` are activations ``(n, d)`` of the same layer (PCA's covariance and the SAE's training
     data).  PCA uses the reference code's ascending order (smallest-variance directions fill
-    the largest subspace).
+    the largest subspace).  The baselines are independent; ``executor`` (e.g. ``"ray"``) may
+    compute them in parallel.
     """
-    h = np.asarray(h, dtype=np.float64)
-    d = h.shape[1]
-    out: dict[str, np.ndarray] = {}
-    info: dict[str, Any] = {}
-    for m in methods:
-        if m == "identity":
-            out[m] = identity_rotation(d)
-        elif m == "random":
-            out[m] = random_rotation(d, seed)
-        elif m == "pca":
-            out[m] = pca_rotation(h, order="ascending")
-        elif m == "sae":
-            cfg = sae or SAEBaselineConfig(seed=seed)
-            dec = sae_decoder(h, cfg)
-            out[m] = sae_cluster_rotation(dec, partition, seed=seed)
-            info["sae"] = dataclasses.asdict(cfg)
-        elif m != "ndm":
-            raise ValueError(f"unknown method {m!r}; choose from {METHODS}.")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {METHODS}.")
+    todo = [m for m in methods if m != "ndm"]
+    cfg = sae or SAEBaselineConfig(seed=seed)
+    job = _Baseline(np.asarray(h, dtype=np.float64), list(partition), seed, cfg)
+    out = dict(zip(todo, get_executor(executor).map(job, todo, desc="baselines"), strict=True))
+    info: dict[str, Any] = {"sae": dataclasses.asdict(cfg)} if "sae" in todo else {}
     return out, info
 
 
