@@ -154,7 +154,7 @@ def stage_jacobian(out: Path, s: dict, device: str) -> None:
             target = min(round_target.get(str(layer), round_target["default"]), len(prompts))
             folder = out / "grams" / f"L{layer}"
             folder.mkdir(parents=True, exist_ok=True)
-            have = len(list(folder.glob("*.npy")))
+            have = len(list(folder.glob("[0-9][0-9][0-9][0-9].npy")))
             if have >= target:
                 continue
             t = time.time()
@@ -166,7 +166,8 @@ def stage_jacobian(out: Path, s: dict, device: str) -> None:
             log(
                 f"layer {layer}: {target} vectors ({(time.time() - t) / (target - have):.1f} s/vec)"
             )
-        summarize_kappa(out, s)
+    # Once, at the end: the bootstrap and curves cost hundreds of eigendecompositions per layer.
+    summarize_kappa(out, s)
 
 
 def load_grams(out: Path, layer: int):
@@ -178,6 +179,7 @@ def load_grams(out: Path, layer: int):
 
 def summarize_kappa(out: Path, s: dict) -> None:
     from structlens.causal.kappa import kappa_curve, kappa_from_grams
+    from structlens.results import to_jsonable
 
     layers = []
     for layer in s["jacobian_layers"]:
@@ -187,7 +189,7 @@ def summarize_kappa(out: Path, s: dict) -> None:
         res = kappa_from_grams(g, n_bootstrap=s["n_bootstrap"], seed=s["seed"])
         sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < g.shape[0]} | {len(g)})
         curve = kappa_curve(g, sizes, n_draws=20, seed=s["seed"])
-        layers.append(res.to_json() | {"layer": layer, "curve": curve})
+        layers.append(to_jsonable(res) | {"layer": layer, "curve": curve})
     settings = {
         "output": "log_probs",
         "outputs": "same",
@@ -295,6 +297,7 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
     from structlens.causal.model import residual_grads_multi
     from structlens.causal.sweep import WidthSweepConfig
     from structlens.models import load_model
+    from structlens.results import to_jsonable
     from structlens.sae import load_sae
 
     torch.manual_seed(s["seed"])
@@ -333,7 +336,7 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
         training = {str(w): _train_info(out, f"topk-{w}") for w in topk}
         (out / "sweep.json").write_text(
             json.dumps(
-                res.to_json()
+                to_jsonable(res)
                 | {"layer": L, "site": f"blocks.{L}.hook_resid_pre"}
                 | {"quality": quality, "training": training},
                 default=str,
