@@ -197,13 +197,19 @@ class RayExecutor:
                 )
                 window = self.max_workers or len(items)
                 refs = [remote.remote(fn_ref, item) for item in items[:window]]
-                for i in range(len(items)):
-                    out = ray.get(refs[i])
-                    refs[i] = None  # drop the result from the object store once read
-                    if i + window < len(items):
-                        refs.append(remote.remote(fn_ref, items[i + window]))
-                    bar.update()
-                    yield out
+                try:
+                    for i in range(len(items)):
+                        out = ray.get(refs[i])
+                        refs[i] = None  # drop the result from the object store once read
+                        if i + window < len(items):
+                            refs.append(remote.remote(fn_ref, items[i + window]))
+                        bar.update()
+                        yield out
+                finally:
+                    # after an error (or an abandoned generator) stop the work still queued
+                    for ref in refs:
+                        if ref is not None:
+                            ray.cancel(ref)
         finally:
             bar.close()
 
