@@ -49,8 +49,9 @@ FINETUNES = {
 }
 FT_SETTINGS = dict(steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0)
 
-SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16)
+SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
 SMOL_CFG = CompareConfig(
+    validate_head_groups=True,
     max_validate_heads=30,
     max_validate_layers=4,
     congruity_top_k=2,
@@ -182,15 +183,19 @@ def fold_check(root: Path) -> dict:
     return out
 
 
+def scenario_key(a, b, probe, cfg: CompareConfig) -> str:
+    """Cache key of a comparison: the non-default settings (so a new option left at its
+    default keeps old results valid), the probe texts and both models' fingerprints."""
+    default = dataclasses.asdict(CompareConfig())
+    changed = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
+    blob = json.dumps([changed, probe.texts, a.fingerprint(), b.fingerprint()], default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def run_scenario(root: Path, sc: Scenario) -> ComparisonResult:
     out = root / "compare" / sc.name
     a, b, probe, cfg = sc.build(root)
-    key = hashlib.sha256(
-        json.dumps(
-            [dataclasses.asdict(cfg), probe.texts, a.fingerprint(), b.fingerprint()],
-            default=str,
-        ).encode()
-    ).hexdigest()[:16]
+    key = scenario_key(a, b, probe, cfg)
     if (out / "key.txt").exists() and (out / "key.txt").read_text() == key:
         return ComparisonResult.load(out)
     t0 = time.perf_counter()

@@ -63,6 +63,21 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     # heads whose mean ablation fails are exactly rescued by their partners
     assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
     assert res.informative["n_passed"] == res.informative["n_heads"]
+    assert res.head_groups == {}
+
+
+def test_head_groups_replace_whole_layers(tiny, rotated) -> None:
+    model, _, _ = rotated
+    probe = corpus_probe(tiny, model, n=12, max_chars=60)
+    cfg = CompareConfig(congruity=False, validate_head_groups=True, batch_size=16)
+    res = compare(tiny, model, probe, cfg)
+    g = res.head_groups
+    # every layer of B with all its heads replaced at once by the rotated model's partners
+    # reproduces B (the sanity pair is exact); mean-ablating a whole layer's heads does not
+    assert g["pairs"] == list(range(tiny.n_layers)) and g["score"] == 1.0
+    assert max(r["kl"] for r in g["validation"]) < 1e-3
+    assert g["null_score"] == 0.0
+    assert g["informative"]["n_heads"] == tiny.n_layers == g["informative"]["n_passed"]
 
 
 def test_compare_two_seeds_end_to_end(tiny) -> None:

@@ -203,6 +203,11 @@ class CompareConfig:
         Also validate matched layers (``resid_post`` replacement).
     max_validate_layers : int or None
         Validate a seeded random subset of matched layers (all when None).
+    validate_head_groups : bool
+        Also validate every layer of B as a group: all its heads replaced at once by their
+        matched partners (each through its own map), against a null that mean-ablates all of
+        them. Demanding where single heads are redundant (large models), at one forward per
+        layer of B for each of the two.
     null_baseline : bool
         Also score a null: each validated head of B mean-ablated (its fit-set mean) instead
         of replaced by its partner. A null score near the real one means the criterion
@@ -232,6 +237,7 @@ class CompareConfig:
     max_validate_heads: int | None = None
     validate_layers: bool = True
     max_validate_layers: int | None = None
+    validate_head_groups: bool = False
     null_baseline: bool = True
     congruity: bool = True
     congruity_top_k: int = 4
@@ -274,7 +280,10 @@ class ComparisonResult(Result):
     ``score_ci``; score NaN when there are none, i.e. the criterion cannot tell a partner
     from no information on any validated head); ``congruity``: point-test decision rates and
     p-values in both directions, selectivity scores, the top heads; ``verdicts``: each
-    estimator's verdict and whether they agree.
+    estimator's verdict and whether they agree; ``head_groups`` (with
+    ``validate_head_groups``): per layer of B, all heads replaced at once (``pairs`` are B's
+    layers; ``score``, ``score_ci``, ``validation``, and the same for the all-heads mean
+    ablation as ``null_*``, plus ``informative``), empty otherwise.
     """
 
     model_a: str
@@ -300,6 +309,7 @@ class ComparisonResult(Result):
     head_similarity: np.ndarray
     null_validation: list = dataclasses.field(default_factory=list)
     informative: dict = dataclasses.field(default_factory=dict)
+    head_groups: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON payload of the CLI: scalar fields plus the layer similarity matrix (the
@@ -678,20 +688,63 @@ def compare(
         layer_sims = [layer_sims[i] for i in pick]
     can_patch = cfg.validate and not sentence and model_b.causal
     head_records = layer_records = null_records = None
+    head_groups: dict[str, Any] = {}
     if can_patch:
-        head_writers = []
-        for (la, ha), (lb, hb) in head_pairs:
-            lmap = fit_linear_map(raw_za[la][:, ha], raw_zb[lb][:, hb], cfg.map_method)
-            w = torch.as_tensor(lmap.weight, dtype=model_b.dtype)
-            bias = torch.as_tensor(lmap.bias, dtype=model_b.dtype)
+        maps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-            def fn(act, src, la=la, ha=ha, hb=hb, w=w, b=bias):
+        def head_map(la: int, ha: int, lb: int, hb: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if (la, ha, lb, hb) not in maps:
+                lmap = fit_linear_map(raw_za[la][:, ha], raw_zb[lb][:, hb], cfg.map_method)
+                maps[(la, ha, lb, hb)] = (
+                    torch.as_tensor(lmap.weight, dtype=model_b.dtype),
+                    torch.as_tensor(lmap.bias, dtype=model_b.dtype),
+                )
+            return maps[(la, ha, lb, hb)]
+
+        def replace_heads(parts: list[tuple]) -> Callable:
+            """Writer setting B's heads ``hb`` to A's mapped heads, for (la, ha, hb, w, b)."""
+
+            def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
                 out = act.clone()
-                mapped = src[f"blocks.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
-                out[:, start:, hb] = mapped[:, start:]
+                for la, ha, hb, w, b in parts:
+                    mapped = src[f"blocks.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
+                    out[:, start:, hb] = mapped[:, start:]
                 return out
 
-            head_writers.append((f"blocks.{lb}.attn.hook_z", fn))
+            return fn
+
+        def mean_heads(lb: int, hbs: list[int]) -> Callable:
+            means = torch.as_tensor(raw_zb[lb][:, hbs].mean(0), dtype=model_b.dtype)
+
+            def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
+                out = act.clone()
+                out[:, start:, hbs] = means
+                return out
+
+            return fn
+
+        head_writers = [
+            (f"blocks.{lb}.attn.hook_z", replace_heads([(la, ha, hb, *head_map(la, ha, lb, hb))]))
+            for (la, ha), (lb, hb) in head_pairs
+        ]
+        by_layer: dict[int, list[tuple[int, int, int]]] = {}
+        if cfg.validate_head_groups:
+            for (la, ha), (lb, hb) in head_match.pairs:
+                by_layer.setdefault(lb, []).append((la, ha, hb))
+        group_pairs = sorted(by_layer)
+        group_writers = [
+            (
+                f"blocks.{lb}.attn.hook_z",
+                replace_heads(
+                    [(la, ha, hb, *head_map(la, ha, lb, hb)) for la, ha, hb in by_layer[lb]]
+                ),
+            )
+            for lb in group_pairs
+        ]
+        group_null_writers = [
+            (f"blocks.{lb}.attn.hook_z", mean_heads(lb, [hb for _, _, hb in by_layer[lb]]))
+            for lb in group_pairs
+        ]
         layer_writers = []
         if cfg.validate_layers:
             for la, lb in layer_pairs:
@@ -708,19 +761,15 @@ def compare(
                 layer_writers.append((f"blocks.{lb}.hook_resid_post", fn))
         a_sites = sorted(
             {f"blocks.{a[0]}.attn.hook_z" for a, _ in head_pairs}
+            | {f"blocks.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
             | {f"blocks.{la}.hook_resid_post" for la, _ in layer_pairs}
         )
         null_writers = []
         if cfg.null_baseline:
-            for _, (lb, hb) in head_pairs:
-                mean = torch.as_tensor(raw_zb[lb][:, hb].mean(0), dtype=model_b.dtype)
-
-                def fn(act, src, hb=hb, mean=mean):
-                    out = act.clone()
-                    out[:, start:, hb] = mean
-                    return out
-
-                null_writers.append((f"blocks.{lb}.attn.hook_z", fn))
+            null_writers = [
+                (f"blocks.{lb}.attn.hook_z", mean_heads(lb, [hb])) for _, (lb, hb) in head_pairs
+            ]
+        writers = head_writers + layer_writers + null_writers + group_writers + group_null_writers
         records = _validate(
             model_a,
             model_b,
@@ -728,14 +777,32 @@ def compare(
             heldout,
             probe.task_b,
             start,
-            head_writers + layer_writers + null_writers,
+            writers,
             a_sites,
             cfg.batch_size,
         )
-        nh, nl = len(head_writers), len(layer_writers)
+        nh, nl, nn, ng = len(head_writers), len(layer_writers), len(null_writers), len(group_pairs)
         head_records = records[:nh]
         layer_records = records[nh : nh + nl] if cfg.validate_layers else None
-        null_records = records[nh + nl :] if cfg.null_baseline else None
+        null_records = records[nh + nl : nh + nl + nn] if cfg.null_baseline else None
+        if group_pairs:
+            sims = [
+                float(np.mean([s_heads[la, ha, lb, hb] for la, ha, hb in by_layer[lb]]))
+                for lb in group_pairs
+            ]
+            rest = records[nh + nl + nn :]
+            group, _ = _score(group_pairs, sims, rest[:ng], cfg)
+            group_null, _ = _score(group_pairs, sims, rest[ng:], cfg)
+            head_groups = {
+                "pairs": group_pairs,
+                "score": group.score,
+                "score_ci": group.score_ci,
+                "validation": group.validation,
+                "null_score": group_null.score,
+                "null_score_ci": group_null.score_ci,
+                "null_validation": group_null.validation,
+                "informative": _informative(group.validation, group_null.validation, cfg.ci),
+            }
     head_score, method = _score(head_pairs, head_sims, head_records, cfg)
     informative: dict[str, Any] = {}
     if null_records is not None:
@@ -790,4 +857,5 @@ def compare(
         head_similarity=s_heads,
         null_validation=n_val,
         informative=informative,
+        head_groups=head_groups,
     )
