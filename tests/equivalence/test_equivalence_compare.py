@@ -153,7 +153,7 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     from structlens.cli import equiv
 
     args = ["tiny-llama", "tiny-llama", "--task", "corpus", "-n", "12", "--no-congruity"]
-    args += ["--max-validate-heads", "3"]
+    args += ["--max-validate-heads", "3", "--head-groups"]
     res = CliRunner().invoke(
         equiv.app, ["compare", *args, "--out", str(tmp_path), "--quiet", "--batch-size", "16"]
     )
@@ -162,6 +162,8 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     for key in ("score", "score_ci", "matching", "validation", "congruity", "layer_similarity"):
         assert key in doc
     assert doc["validation"][0].keys() >= {"pair", "passed", "kl", "top1", "similarity"}
+    assert len(doc["null_validation"]) == 3 and doc["informative"].keys() >= {"n_heads", "score"}
+    assert doc["head_groups"]["pairs"] == [0, 1, 2]
     assert (tmp_path / "compare_layers.png").stat().st_size > 0
     bad = CliRunner().invoke(equiv.app, ["compare", *args[:2], "-n", "4", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "too few" in bad.output

@@ -119,6 +119,11 @@ def _run(
                 f"null (mean ablation) score {result.null_score:.3f}; partner passes on "
                 f"{inf['n_passed']} of the {inf['n_heads']} heads whose mean ablation fails"
             )
+        if result.head_groups:
+            g = result.head_groups
+            console.print(
+                f"whole-layer head groups: score {g['score']:.3f}, null {g['null_score']:.3f}"
+            )
         if result.congruity:
             console.print(
                 f"congruity: point-test decision rate A->B "
@@ -152,6 +157,13 @@ def compare_cmd(
         int | None,
         typer.Option("--max-validate-heads", help="Validate a random subset of matched heads."),
     ] = None,
+    head_groups: Annotated[
+        bool,
+        typer.Option(
+            "--head-groups/--no-head-groups",
+            help="Also replace all heads of each layer of B at once (and mean-ablate them).",
+        ),
+    ] = False,
     congruity: Annotated[
         bool, typer.Option("--congruity/--no-congruity", help="Run the CONGRUITY estimator.")
     ] = True,
@@ -186,6 +198,7 @@ def compare_cmd(
             max_kl=max_kl,
             min_top1=min_top1,
             max_validate_heads=max_validate_heads,
+            validate_head_groups=head_groups,
             congruity=congruity,
             congruity_top_k=top_k,
             congruity_max_layers=congruity_max_layers,
