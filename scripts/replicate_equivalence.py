@@ -247,12 +247,14 @@ def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
             else "0 heads"
         )
     layer = "—" if np.isnan(r.layer_score) else f"{r.layer_score:.2f}"
+    g = r.head_groups
+    groups = f"{g['score']:.2f} / {g['null_score']:.2f} ({len(g['pairs'])} layers)" if g else "—"
     agree = {True: "yes", False: "**no**", None: "—"}[r.verdicts.get("agree")]
     secs = root / "compare" / sc.name / "seconds.txt"
     return (
         f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | **{r.score:.2f}** "
         f"{_fmt_ci(*r.score_ci)} ({r.validation_method}) | {len(r.validation)} | {null} | "
-        f"{inf} | {layer} | {rate} | {r.verdicts['matching']} / "
+        f"{inf} | {groups} | {layer} | {rate} | {r.verdicts['matching']} / "
         f"{r.verdicts.get('congruity', '—')} | {agree} | {verdict(sc.group, r)} | "
         f"{secs.read_text() if secs.exists() else '?'} |"
     )
@@ -265,17 +267,17 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
         if r is None:
             lines.append(
                 f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | not run yet "
-                "(rerun the script) |" + " |" * 9
+                "(rerun the script) |" + " |" * 10
             )
         else:
             lines.append(_row(root, sc, r))
     table = "\n".join(
         [
             "| scenario | pair | paper (summary) | our score [95 % CI] (method) | heads "
-            "validated | null score [95 % CI] | partner passes where the null fails | layer "
-            "score | CONGRUITY decision rate A→B / B→A | verdicts: matched / CONGRUITY | "
-            "agree | verdict vs paper | s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "validated | null score [95 % CI] | partner passes where the null fails | "
+            "whole-layer head groups: score / null | layer score | CONGRUITY decision rate "
+            "A→B / B→A | verdicts: matched / CONGRUITY | agree | verdict vs paper | s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *lines,
         ]
     )
@@ -380,6 +382,17 @@ def discussion(results: dict[str, ComparisonResult]) -> str:
                 else "no validated head fails under mean ablation, so the patching "
                 "criterion cannot tell a partner from no information here"
             )
+            grouped = [r for r in patched if r.head_groups]
+            if grouped:
+                kg = sum(sum(v["passed"] for v in r.head_groups["validation"]) for r in grouped)
+                kgn = sum(
+                    sum(v["passed"] for v in r.head_groups["null_validation"]) for r in grouped
+                )
+                ng = sum(len(r.head_groups["pairs"]) for r in grouped)
+                line += (
+                    f"; whole-layer head groups {_pooled(kg, ng)} against their all-heads null "
+                    f"{_pooled(kgn, ng)}"
+                )
             flags = [informative(r) for r in patched]
             line += (
                 f"; null well below the score (upper bound < score) in {sum(flags)} of "
@@ -462,10 +475,13 @@ score, the criterion does not distinguish a partner from no information. We call
 *claimed* only when the null's upper 95 % bound lies below the score; otherwise the verdict
 column says "uninformative". The column "partner passes where the null fails" restricts the
 score to the heads whose mean ablation fails the criterion, the only heads on which a passing
-partner shows that it carries what B needs. The layer score replaces `resid_post` of matched
-layers the same way. For the encoder–decoder pair the tokenizers differ, so rows are
-sentences (mean over tokens), no patching is possible and the score is the share of matched
-heads with CKA ≥ 0.5 ("similarity"); no null exists for it.
+partner shows that it carries what B needs. Because single heads are often redundant, the
+*whole-layer head groups* column replaces all heads of one layer of B at once (each by its
+own matched partner through its own map) against a null that mean-ablates all of them; one
+record per layer of B. The layer score replaces `resid_post` of matched layers the same way.
+For the encoder–decoder pair the tokenizers differ, so rows are sentences (mean over tokens),
+no patching is possible and the score is the share of matched heads with CKA ≥ 0.5
+("similarity"); no null exists for it.
 
 CONGRUITY (reference-code statistics): accumulated residual stream (last token for IOI, mean
 over tokens for corpus probes), implementations = clean run + runs with one of the top-KL
