@@ -6,8 +6,10 @@ reduction.  See docs/koopman.md.
 """
 
 from structlens.koopman.convergence import (
+    SpectralDistanceTest,
     SplitHalfResult,
     UniversalityResult,
+    spectral_distance_test,
     split_half_convergence,
     universality_test,
 )
@@ -36,9 +38,11 @@ from structlens.koopman.edmdc import (
 )
 from structlens.koopman.invariance import (
     InvarianceResidual,
+    decoder_agreement,
     invariance_penalty,
     invariance_residual,
     invariance_residual_split,
+    train_sae_dictionary,
 )
 from structlens.koopman.reduction import (
     ReductionResult,
@@ -84,6 +88,8 @@ __all__ = [
     "invariance_penalty",
     "invariance_residual",
     "invariance_residual_split",
+    "train_sae_dictionary",
+    "decoder_agreement",
     "ReductionResult",
     "balanced_truncation",
     "markov_parameters",
@@ -103,4 +109,6 @@ __all__ = [
     "UniversalityResult",
     "split_half_convergence",
     "universality_test",
+    "SpectralDistanceTest",
+    "spectral_distance_test",
 ]

@@ -186,3 +186,85 @@ def universality_test(
         )[0]
     p = (1 + int(np.sum(null >= d_inf))) / (1 + n_permutations)
     return UniversalityResult(d_inf, d2, null, p, n_permutations, seed)
+
+
+@dataclass(frozen=True)
+class SpectralDistanceTest(Result):
+    """Between-model spectral distance against a split-half resampling null.
+
+    ``distance`` is W∞ between the two models' spectra (each fitted on all of its prompt
+    blocks); ``null`` holds W∞ between random prompt halves of one model, rescaled to the
+    spread expected between two full-size estimates (see :func:`spectral_distance_test`);
+    ``p_value = (1 + #{null ≥ distance}) / (1 + n_resamples)``.
+    """
+
+    distance: float
+    distance_w2: float
+    null: np.ndarray
+    null_scale: list[float]
+    p_value: float
+    n_resamples: int
+    n_samples: list[int]
+    seed: int
+
+
+def spectral_distance_test(
+    blocks_a: Sequence[EDMDcStatistics],
+    blocks_b: Sequence[EDMDcStatistics],
+    config: EDMDcConfig,
+    *,
+    n_resamples: int = 200,
+    seed: int = 0,
+) -> SpectralDistanceTest:
+    """Are two models' spectra further apart than sampling error? (no shared basis needed)
+
+    Unlike :func:`universality_test`, each model may be lifted by its own frozen dictionary
+    (e.g. PCA-k of its own states, so seed replicas or models of different widths can be
+    compared): only the spectra, which do not depend on the basis, are compared, and no
+    blocks are exchanged between models.  The null comes from each model's own prompt-level
+    halves.  With the M^{-1/2} rate (:func:`split_half_convergence` measures it), an estimate
+    from M samples deviates with variance ∝ 1/M, so two halves of model X differ with
+    variance ∝ 4/M_X and two full-size estimates of one spectrum with ∝ 1/M_A + 1/M_B; the
+    half-split distances are multiplied by ``sqrt((1/M_A + 1/M_B) / (4/M_X))``.  Resamples
+    alternate between the two models.  A small p-value says the spectra differ by more than
+    the sampling error at these M.
+    """
+    if len(blocks_a) < 2 or len(blocks_b) < 2:
+        raise ValueError("need at least 2 prompt blocks per model.")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}.")
+    pooled = [merge_statistics(blocks_a), merge_statistics(blocks_b)]
+    if pooled[0].n_features != pooled[1].n_features:
+        raise ValueError(
+            "the two dictionaries have different numbers of features "
+            f"({pooled[0].n_features} vs {pooled[1].n_features}); compare spectra of equal size."
+        )
+    bases = [control_basis(p, config)[0] for p in pooled]
+    ea, eb = (_spectrum(p, config, V) for p, V in zip(pooled, bases, strict=True))
+    m_a, m_b = pooled[0].n, pooled[1].n
+    scales = [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
+    rng = np.random.default_rng(seed)
+    null = np.empty(n_resamples)
+    for i in range(n_resamples):
+        which = i % 2
+        blocks = (blocks_a, blocks_b)[which]
+        perm = rng.permutation(len(blocks))
+        half = len(blocks) // 2
+        h1 = merge_statistics([blocks[j] for j in perm[:half]])
+        h2 = merge_statistics([blocks[j] for j in perm[half : 2 * half]])
+        V = bases[which]
+        null[i] = scales[which] * bottleneck_distance(
+            _spectrum(h1, config, V), _spectrum(h2, config, V)
+        )
+    d_inf = bottleneck_distance(ea, eb)
+    p = (1 + int(np.sum(null >= d_inf))) / (1 + n_resamples)
+    return SpectralDistanceTest(
+        distance=d_inf,
+        distance_w2=wasserstein_distance(ea, eb, 2),
+        null=null,
+        null_scale=scales,
+        p_value=p,
+        n_resamples=n_resamples,
+        n_samples=[int(m_a), int(m_b)],
+        seed=seed,
+    )

@@ -133,3 +133,119 @@ def invariance_penalty(
     if reduction == "pooled":
         return sse.sum() / sst.sum().clamp_min(1e-12)
     return (sse / sst.clamp_min(1e-12)).mean()
+
+
+def train_sae_dictionary(
+    X: np.ndarray,
+    U: np.ndarray | None = None,
+    Y: np.ndarray | None = None,
+    *,
+    d_sae: int,
+    k: int,
+    invariance_weight: float = 0.0,
+    control_rank: int = 16,
+    epochs: int = 3,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> tuple[Any, dict[str, Any]]:
+    """Train a TopK SAE on states ``X`` and return it as a frozen :class:`SAEDictionary`.
+
+    With ``invariance_weight = λ > 0`` every step adds ``λ · invariance_penalty(f(x), f(y),
+    ũ)`` for the batch's paired next states ``Y`` and controls ``U`` (``ũ``: ``U`` projected on
+    its top ``control_rank`` principal components, so that a batch has more rows than
+    regressors), which pushes the span of the codes towards one the depth map keeps invariant.
+    States are divided by their RMS scale for training and the scale is folded back into the
+    encoder, so the dictionary acts on raw states.  Rows are samples; deterministic under
+    ``seed``.
+
+    Returns the dictionary and ``{"d_sae", "k", "invariance_weight", "final_fvu", "dead",
+    "decoder"}``; ``decoder`` is the ``(d_sae, d)`` array of unit decoder directions, for
+    comparing runs (:func:`decoder_agreement`).
+    """
+    import torch
+
+    from structlens.koopman.dictionaries import SAEDictionary
+    from structlens.sae import SAETrainConfig
+    from structlens.sae.train import SAETrainer
+
+    X = np.asarray(X, dtype=np.float64)
+    if invariance_weight < 0:
+        raise ValueError(f"invariance_weight must be >= 0, got {invariance_weight}.")
+    if invariance_weight > 0:
+        if U is None or Y is None:
+            raise ValueError("an invariance penalty needs the paired controls U and next states Y.")
+        if batch_size <= d_sae + control_rank:
+            raise ValueError(
+                f"batch_size={batch_size} must exceed d_sae + control_rank = "
+                f"{d_sae + control_rank} for the in-batch regression of the penalty."
+            )
+    if X.ndim != 2 or len(X) < batch_size:
+        raise ValueError(f"X must be (n, d) with n >= batch_size={batch_size}; got {X.shape}.")
+    scale = float(np.sqrt(np.mean(np.sum((X - X.mean(0)) ** 2, axis=1)) / X.shape[1]))
+    xs = torch.as_tensor(X / scale, dtype=torch.float32)
+    if invariance_weight > 0:
+        Uc = np.asarray(U, dtype=np.float64) - np.mean(U, axis=0)
+        basis = np.linalg.svd(Uc[:: max(1, len(Uc) // 20_000)], full_matrices=False)[2]
+        us = torch.as_tensor(Uc @ basis[:control_rank].T / scale, dtype=torch.float32)
+        ys = torch.as_tensor(np.asarray(Y, dtype=np.float64) / scale, dtype=torch.float32)
+    cfg = SAETrainConfig(architecture="topk", d_sae=d_sae, k=k, seed=seed, lr=lr)
+    torch.manual_seed(seed)
+    trainer = SAETrainer(cfg, X.shape[1])
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(len(xs), generator=gen)
+        for s in range(0, len(xs) - batch_size + 1, batch_size):
+            idx = perm[s : s + batch_size]
+            extra = None
+            if invariance_weight > 0:
+
+                def extra(sae, idx=idx):
+                    fx, fy = sae.encode(xs[idx]), sae.encode(ys[idx])
+                    return invariance_weight * invariance_penalty(fx, fy, us[idx])
+
+            trainer.step(xs[idx], extra_loss=extra)
+    tr = trainer.result()
+    sae = tr.sae
+    dictionary = SAEDictionary(
+        sae.W_enc.detach().double().numpy() / scale,
+        sae.b_enc.detach().double().numpy(),
+        sae.b_dec.detach().double().numpy() * scale,
+        activation="topk",
+        k=k,
+    )
+    dec = sae.W_dec.detach().double().numpy()
+    info = {
+        "d_sae": d_sae,
+        "k": k,
+        "invariance_weight": invariance_weight,
+        "final_fvu": tr.final_fvu,
+        "dead": tr.dead_fraction,
+        "decoder": dec / np.linalg.norm(dec, axis=1, keepdims=True).clip(1e-12),
+    }
+    return dictionary, info
+
+
+def decoder_agreement(a: np.ndarray, b: np.ndarray, threshold: float = 0.9) -> dict[str, float]:
+    """How well two SAEs' decoder directions match one to one (run-to-run variability).
+
+    ``a``, ``b``: ``(m, d)`` decoder directions (rows).  Features are paired by the assignment
+    that maximises the total ``|cos|`` (Hungarian), so sign flips and order do not matter.
+    Returns the mean and median matched ``|cos|`` and the share of pairs above ``threshold``.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape:
+        raise ValueError(f"need two (m, d) arrays of equal shape; got {a.shape} and {b.shape}.")
+    na = a / np.linalg.norm(a, axis=1, keepdims=True).clip(1e-12)
+    nb = b / np.linalg.norm(b, axis=1, keepdims=True).clip(1e-12)
+    cos = np.abs(na @ nb.T)
+    rows, cols = linear_sum_assignment(cos, maximize=True)
+    matched = cos[rows, cols]
+    return {
+        "mean_cos": float(matched.mean()),
+        "median_cos": float(np.median(matched)),
+        "share_above": float(np.mean(matched > threshold)),
+        "threshold": threshold,
+    }

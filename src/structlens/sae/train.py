@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -323,15 +323,24 @@ class SAETrainer:
         self.sae.b_dec.copy_(x.mean(0).to(self.sae.b_dec.dtype))
         self._initialised = True
 
-    def step(self, x: torch.Tensor) -> dict[str, float]:
-        """One optimiser step on batch ``x`` [batch, d_in]; returns loss, mse, l0."""
+    def step(
+        self,
+        x: torch.Tensor,
+        extra_loss: Callable[[SparseAutoencoder], torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """One optimiser step on batch ``x`` [batch, d_in]; returns loss, mse, l0.
+
+        ``extra_loss(sae)``, if given, is a scalar added to the SAE's own loss before the
+        backward pass (e.g. an invariance penalty on the codes of paired inputs).
+        """
         x = _validate_batch(x, self.d_in).to(device=self.device, dtype=self.sae.W_dec.dtype)
         if not self._initialised:
             self._initialise(x)
         dead = self.tokens_since_fired >= self.config.dead_tokens
         out = self.sae.training_output(x, dead if bool(dead.any()) else None, self.coefficient)
+        total = out.loss if extra_loss is None else out.loss + extra_loss(self.sae)
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        total.backward()
         unit = self.config.effective_decoder_norm == "unit"
         if unit:
             self.sae.remove_parallel_decoder_grad()
@@ -356,7 +365,7 @@ class SAETrainer:
         while sum(t[0] for t in self._tail[1:]) >= self.tail_tokens:
             self._tail.pop(0)
             self._tail_x.pop(0)
-        loss = float(out.loss.detach())
+        loss = float(total.detach())
         self._losses.append(loss)
         self._l0s.append(out.l0)
         return {"loss": loss, "mse": float(out.mse.detach()), "l0": out.l0}
