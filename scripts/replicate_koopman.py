@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from structlens.data.tasks import make_task
 from structlens.koopman import (
@@ -26,12 +25,15 @@ from structlens.koopman import (
     PCADictionary,
     RandomFourierDictionary,
     RandomReLUDictionary,
-    SAEDictionary,
     SpectralDictionary,
     balanced_truncation,
+    decoder_agreement,
     invariance_residual_split,
     solve,
+    spectral_distance_test,
     split_half_convergence,
+    train_sae_dictionary,
+    universality_test,
 )
 from structlens.koopman.data import capture_depth, depth_prompts, load_layer, load_layers
 from structlens.koopman.interventions import compare_ablations
@@ -48,31 +50,71 @@ def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
 
-def train_small_sae(X: np.ndarray, d_sae: int, k: int, seed: int) -> tuple[SAEDictionary, dict]:
-    """TopK SAE on the (RMS-normalised) states; the scale is folded back into the encoder."""
-    from structlens.sae import SAETrainConfig, train_sae
+def universality(
+    a: Any, out: Path, model: Any, prompts: list, probes: list[int], cfg: EDMDcConfig, t0: float
+) -> dict[str, Any]:
+    """Spectral distances between models' realisations, each against a sampling null.
 
-    scale = float(np.sqrt(np.mean(np.sum((X - X.mean(0)) ** 2, axis=1)) / X.shape[1]))
-    Xn = torch.as_tensor(X / scale, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
+    Seed and depth replicas have unrelated residual bases, so each is lifted by the PCA-8 of
+    its own states and tested against the split-half null (``spectral_distance_test``).  The
+    fine-tuned SmolLM2 copy shares the base model's basis, so both are also lifted by one
+    shared PCA-16 and tested with the block-permutation null (``universality_test``).
+    """
+    from structlens.koopman.data import depth_prompts as _prompts
 
-    def batches():
-        for _ in range(3):
-            perm = torch.randperm(len(Xn), generator=gen)
-            for s in range(0, len(Xn) - 255, 256):
-                yield Xn[perm[s : s + 256]]
+    root = Path(a.seed_models)
+    res: dict[str, Any] = {"pairs": {}}
 
-    cfg = SAETrainConfig(architecture="topk", d_sae=d_sae, k=k, seed=seed, lr=1e-3)
-    tr = train_sae(cfg, batches())
-    sae = tr.sae
-    dic = SAEDictionary(
-        sae.W_enc.detach().double().numpy() / scale,
-        sae.b_enc.detach().double().numpy(),
-        sae.b_dec.detach().double().numpy() * scale,
-        activation="topk",
-        k=k,
-    )
-    return dic, {"d_sae": d_sae, "k": k, "final_fvu": tr.final_fvu, "dead": tr.dead_fraction}
+    def blocks_of(m: Any, layer: int, pr: list, dic: Any = None, n_blocks: int = 16):
+        st = capture_depth(m, pr, [layer], root=out / "activations")
+        X, U, Y, pid = load_layer(st, layer)
+        dic = dic or PCADictionary(8).fit(X)
+        return EDMDc(dic, cfg).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=a.seed), X
+
+    small = {n: root / n for n in ("L4-s0", "L4-s1", "L4-s2", "L8-s0")}
+    if all((p / "config.json").exists() for p in small.values()):
+        models = {n: load_model(str(p)) for n, p in small.items()}
+        pr = _prompts(models["L4-s0"].tokenizer, n_corpus=a.n_corpus, max_tokens=64, n_task=0)
+        layer_of = {"L4-s0": 2, "L4-s1": 2, "L4-s2": 2, "L8-s0": 4}
+        blocks = {n: blocks_of(m, layer_of[n], pr)[0] for n, m in models.items()}
+        pairs = [("L4-s0", "L4-s1"), ("L4-s0", "L4-s2"), ("L4-s1", "L4-s2"), ("L4-s0", "L8-s0")]
+        for x, y in pairs:
+            t = spectral_distance_test(blocks[x], blocks[y], cfg, n_resamples=200, seed=a.seed)
+            res["pairs"][f"{x}@{layer_of[x]} vs {y}@{layer_of[y]}"] = {
+                "test": "split-half null, own PCA-8",
+                "distance": t.distance,
+                "null_q95": float(np.quantile(t.null, 0.95)),
+                "p_value": t.p_value,
+                "n_samples": t.n_samples,
+            }
+            log(f"universality {x} vs {y}: d={t.distance:.3f} p={t.p_value:.3f}", t0)
+    else:
+        res["small_models"] = f"not run: {root} lacks the seed replicas"
+    ft = root / "smollm2-ft-ioi"
+    if (ft / "config.json").exists():
+        layer = probes[-1]
+        base_blocks, X = blocks_of(model, layer, prompts)
+        shared = PCADictionary(16).fit(X)
+        base_shared, _ = blocks_of(model, layer, prompts, shared)
+        tuned = load_model(str(ft))
+        ft_blocks, _ = blocks_of(tuned, layer, prompts)
+        ft_shared, _ = blocks_of(tuned, layer, prompts, shared)
+        t = spectral_distance_test(base_blocks, ft_blocks, cfg, n_resamples=200, seed=a.seed)
+        u = universality_test(base_shared, ft_shared, cfg, n_permutations=200, seed=a.seed)
+        res["pairs"][f"smollm2@{layer} vs smollm2-ft-ioi@{layer}"] = {
+            "test": "split-half null, own PCA-8; permutation null, shared PCA-16",
+            "distance": t.distance,
+            "null_q95": float(np.quantile(t.null, 0.95)),
+            "p_value": t.p_value,
+            "n_samples": t.n_samples,
+            "shared_distance": u.distance,
+            "shared_null_q95": float(np.quantile(u.null, 0.95)),
+            "shared_p_value": u.p_value,
+        }
+        log(f"universality smollm2 vs ft: d={t.distance:.3f} p={t.p_value:.3f}", t0)
+    else:
+        res["finetuned"] = f"not run: {ft} missing"
+    return res
 
 
 def main() -> None:
@@ -84,6 +126,16 @@ def main() -> None:
     ap.add_argument("--layers", default="4-12")
     ap.add_argument("--probe-layers", default="6,10")
     ap.add_argument("--n-ioi", type=int, default=30)
+    ap.add_argument(
+        "--ioi-layers", default="6,10,14,18,22", help="layers of the IOI ablation depth sweep"
+    )
+    ap.add_argument("--sae-seeds", type=int, default=3)
+    ap.add_argument(
+        "--seed-models",
+        default="results/equivalence/models",
+        help="directory with the small seed/depth replicas L4-s0..2, L8-s0 and the fine-tuned "
+        "SmolLM2 copy smollm2-ft-ioi (scripts/replicate_equivalence.py trains them)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--doc", default=str(ROOT / "docs/replication/koopman.md"))
     ap.add_argument("--render-only", help="Render the doc from a saved replication JSON.")
@@ -107,27 +159,37 @@ def main() -> None:
     )
     store = capture_depth(model, prompts, layers, root=out / "activations")
     log(f"captured {store.n_tokens} tokens x {len(store.sites)} sites", t0)
-    R: dict[str, Any] = {
-        "settings": {
-            "model": "smollm2-135m",
-            "n_prompts": len(prompts),
-            "n_corpus": a.n_corpus,
-            "prompt_tokens": a.prompt_tokens,
-            "n_ioi_in_fit": a.n_task,
-            "tokens_per_layer": int(store.n_tokens),
-            "layers": layers,
-            "probe_layers": probes,
-            "seed": a.seed,
-            "machine": f"{platform.machine()}, 2 shared CPU cores",
-        }
+    settings = {
+        "model": "smollm2-135m",
+        "n_prompts": len(prompts),
+        "n_corpus": a.n_corpus,
+        "prompt_tokens": a.prompt_tokens,
+        "n_ioi_in_fit": a.n_task,
+        "tokens_per_layer": int(store.n_tokens),
+        "layers": layers,
+        "probe_layers": probes,
+        "seed": a.seed,
+        "machine": f"{platform.machine()}, 2 shared CPU cores",
+        "n_ioi": a.n_ioi,
+        "ioi_layers": [int(v) for v in a.ioi_layers.split(",")],
+        "sae_seeds": a.sae_seeds,
     }
+    # finished sections of an interrupted run with the same settings are kept
+    partial = out / "partial.json"
+    R: dict[str, Any] = json.loads(partial.read_text()) if partial.exists() else {}
+    if R.get("settings") != settings:
+        R = {"settings": settings}
+
+    def save() -> None:
+        partial.write_text(json.dumps(R, indent=1, default=float))
+
     cfg_small = EDMDcConfig(alpha=1e-6, control_rank=16)
     cfg = EDMDcConfig(alpha=1e-6, control_rank=32)
 
     # 1. split-half rate
-    R["split_half"] = {}
     curves = {}
-    for layer in probes:
+    for layer in probes if "split_half" not in R else []:
+        R.setdefault("split_half", {})
         X, U, Y, pid = load_layer(store, layer)
         for name, dic in (("pca32", PCADictionary(32)), ("pca8", PCADictionary(8))):
             dic.fit(X)
@@ -149,14 +211,16 @@ def main() -> None:
                 "n_blocks": len(blocks),
             }
             curves[f"L{layer} {name}"] = (sh.n_samples, sh.w_inf_mean, sh.slope)
-    plot_split_half(curves, out / "split_half.png")
+    if curves:
+        plot_split_half(curves, out / "split_half.png")
     log("split-half done", t0)
-    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
+    save()
 
     # 2. non-normality and dissociation; 5. tails
-    R["fits"], R["tails"] = {}, {}
     spectra = {}
-    for layer in probes:
+    for layer in probes if "fits" not in R else []:
+        R.setdefault("fits", {})
+        R.setdefault("tails", {})
         X, U, Y, pid = load_layer(store, layer)
         R["tails"][f"L{layer}/raw_state"] = tail_diagnostic(X).__dict__
         rff = RandomFourierDictionary(256, seed=a.seed, include_state=False).fit(X)
@@ -177,16 +241,17 @@ def main() -> None:
                     mom.eigenvalues, res.eigenvalues
                 )
                 spectra[f"L{layer} pca32"] = res.eigenvalues
-    plot_eigenvalues(spectra, out / "eigenvalues.png")
+    if spectra:
+        plot_eigenvalues(spectra, out / "eigenvalues.png")
     log("fits done", t0)
-    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
+    save()
 
     # 3. invariance gap
-    R["invariance"] = {}
-    for layer in probes[:1]:
+    for layer in probes[:1] if "invariance" not in R else []:
+        R["invariance"] = {}
         X, U, Y, pid = load_layer(store, layer)
-        sae, sae_info = train_small_sae(X, 256, 16, a.seed)
-        R["sae"] = sae_info
+        sae, sae_info = train_sae_dictionary(X, d_sae=256, k=16, seed=a.seed)
+        R["sae"] = {k: v for k, v in sae_info.items() if k != "decoder"}
         log(f"SAE trained {sae_info}", t0)
         for name, dic in (
             ("sae_topk256", sae),
@@ -203,14 +268,19 @@ def main() -> None:
                 "n_dead": inv.n_dead,
             }
     log("invariance done", t0)
-    (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
+    save()
 
     # 4. IOI ablation ordering
     task = make_task("ioi", model.tokenizer, n=a.n_ioi, seed=a.seed + 1)
-    R["ioi"] = {}
+    R.setdefault("ioi", {})
     rows = []
-    for layer in probes:
-        X, U, Y, pid = load_layer(store, layer)
+    ioi_layers = settings["ioi_layers"]
+    extra = [v for v in ioi_layers if v not in layers]
+    ioi_store = capture_depth(model, prompts, extra, root=out / "activations") if extra else None
+    for layer in ioi_layers:
+        if all(f"L{layer}/{p}" in R["ioi"] for p in ("all", "END")):
+            continue
+        X, U, Y, pid = load_layer(store if layer in layers else ioi_store, layer)
         dic = PCADictionary(32).fit(X)
         res = EDMDc(dic, cfg).fit(X, U, Y)
         for positions in ("all", "END"):
@@ -228,8 +298,38 @@ def main() -> None:
             }
             rows.append((f"L{layer} {positions}", c.methods, c.mean, c.ci))
             log(f"IOI L{layer} {positions}: {c.mean}", t0)
-            (out / "partial.json").write_text(json.dumps(R, indent=1, default=float))
-    plot_ablation(rows, out / "ioi_ablation.png")
+            save()
+    if rows:
+        plot_ablation(rows, out / "ioi_ablation.png")
+
+    # 7. invariance penalty: residual and run-to-run variability across SAE seeds
+    if "sae_seeds" not in R:
+        X, U, Y, pid = load_layer(store, probes[0])
+        runs: dict[str, Any] = {}
+        for lam in (0.0, 1.0):
+            decoders = []
+            for sd in range(a.sae_seeds):
+                dic, info = train_sae_dictionary(
+                    X, U, Y, d_sae=256, k=16, invariance_weight=lam, batch_size=512, seed=sd
+                )
+                inv = invariance_residual_split(dic, X, U, Y, pid, cfg, seed=a.seed)
+                decoders.append(info.pop("decoder"))
+                runs.setdefault(str(lam), {"fits": []})["fits"].append(
+                    {**info, "seed": sd, "invariance_pooled": inv.pooled, "n_dead": inv.n_dead}
+                )
+                log(f"SAE λ={lam} seed {sd}: residual {inv.pooled:.4f}", t0)
+            runs[str(lam)]["agreement"] = [
+                {"seeds": [i, j], **decoder_agreement(decoders[i], decoders[j])}
+                for i in range(len(decoders))
+                for j in range(i + 1, len(decoders))
+            ]
+        R["sae_seeds"] = {"layer": probes[0], "runs": runs}
+        save()
+
+    # 8. universality: seed replicas and a fine-tuned copy
+    if "universality" not in R:
+        R["universality"] = universality(a, out, model, prompts, probes, cfg_small, t0)
+        save()
 
     # 6. reduction bounds on the pooled operator
     X, U, Y, pid = load_layers(store, layers)
@@ -384,9 +484,15 @@ def render(R: dict[str, Any]) -> str:
     verdict = (
         "reproduced" if all(orders) else "partly reproduced" if any(orders) else "not reproduced"
     )
+    gaps = sorted(
+        (v["depth_to_readout"], abs(v["pca"]["mean"]) - abs(v["modes"]["mean"]), k)
+        for k, v in R["ioi"].items()
+    )
+    trend = ", ".join(f"{d} layers: {g:+.2f}" for d, g, _ in gaps)
     L.append(
         f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
-        f"settings. **Verdict: {verdict}.** Depth distance is covered only by two layers.\n"
+        f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
+        f"(both position sets): {trend}.\n"
     )
     L.append("## 5. Heavy tails removed by lifting?\n")
     L.append("| features | median kurtosis | p95 kurtosis | heavy (p95 > 10) |")
@@ -437,7 +543,75 @@ def render(R: dict[str, Any]) -> str:
         f"(a different norm from Enns–Glover's worst case), so the comparison is of certificates. "
         f"**Verdict: {verdict}.**\n"
     )
+    L += render_seeds_and_universality(R)
     return "\n".join(L) + "\n"
+
+
+def render_seeds_and_universality(R: dict[str, Any]) -> list[str]:
+    L = ["## 7. Invariance penalty and run-to-run variability of SAE dictionaries\n"]
+    if "sae_seeds" not in R:
+        return [*L, "**Not measured in this run.**\n"]
+    ss = R["sae_seeds"]
+    L.append(
+        f"TopK SAEs (256 features, k = 16, 3 epochs, batch 512) on resid_pre of layer "
+        f"{ss['layer']}, seeds 0–{len(next(iter(ss['runs'].values()))['fits']) - 1}, without "
+        "(λ = 0) and with (λ = 1) the in-batch invariance penalty "
+        "(`train_sae_dictionary(..., invariance_weight=λ)`). Residual: held-out-prompt pooled "
+        "1 − R² of the one-step fit; agreement: decoder directions matched one to one "
+        "(Hungarian on |cos|) between every pair of seeds.\n"
+    )
+    L.append(
+        "| λ | held-out residual (per seed) | FVU (per seed) | matched \\|cos\\| (per pair) "
+        "| share > 0.9 |"
+    )
+    L.append("|---|---|---|---|---|")
+    summary = {}
+    for lam, run in ss["runs"].items():
+        res = [f["invariance_pooled"] for f in run["fits"]]
+        agree = [p["mean_cos"] for p in run["agreement"]]
+        share = [p["share_above"] for p in run["agreement"]]
+        summary[lam] = (float(np.mean(res)), float(np.mean(agree)))
+        L.append(
+            f"| {lam} | {', '.join(f'{v:.4f}' for v in res)} | "
+            f"{', '.join(f'{f['final_fvu']:.3f}' for f in run['fits'])} | "
+            f"{', '.join(f'{v:.3f}' for v in agree)} | {', '.join(f'{v:.2f}' for v in share)} |"
+        )
+    (r0, a0), (r1, a1) = summary["0.0"], summary["1.0"]
+    L.append(
+        f"\nWith the penalty the mean held-out residual goes {r0:.4f} → {r1:.4f} and the mean "
+        f"matched |cos| between seeds {a0:.3f} → {a1:.3f}.\n"
+    )
+    L.append("## 8. Universality of the spectrum across models\n")
+    u = R.get("universality")
+    if not u:
+        return [*L, "**Not measured in this run.**\n"]
+    L.append(
+        "W∞ between the spectra of two models' realisations at the same relative depth, "
+        "against a sampling null. Seed/depth replicas (4-layer and 8-layer d = 128 LMs trained "
+        "on the bundled corpus by scripts/replicate_equivalence.py) have unrelated bases: each "
+        "is lifted by the PCA-8 of its own states and the null is W∞ between random prompt "
+        "halves of one model, rescaled by √((1/M_A + 1/M_B)/(4/M_X)) "
+        "(`spectral_distance_test`; it relies on the M^-1/2 rate of section 1). The "
+        "fine-tuned SmolLM2 copy shares the base basis and is also tested with one shared "
+        "PCA-16 and the block-permutation null (`universality_test`). 200 resamples.\n"
+    )
+    L.append("| pair | W∞ | null 95% | p | shared-basis W∞ | null 95% | p |")
+    L.append("|---|---|---|---|---|---|---|")
+    for k, v in u.get("pairs", {}).items():
+        sh = (
+            f"{v['shared_distance']:.3f} | {v['shared_null_q95']:.3f} | {v['shared_p_value']:.3f}"
+            if "shared_distance" in v
+            else "— | — | —"
+        )
+        L.append(f"| {k} | {v['distance']:.3f} | {v['null_q95']:.3f} | {v['p_value']:.3f} | {sh} |")
+    for key in ("small_models", "finetuned"):
+        if key in u:
+            L.append(f"\n{u[key]}.")
+    L.append(
+        "\nA p-value above 0.05 means the two realisations' spectra are indistinguishable at "
+        "this sample size (universal up to sampling error); below, they differ.\n"
+    )
+    return L
 
 
 if __name__ == "__main__":
