@@ -568,12 +568,13 @@ def render_seeds_and_universality(R: dict[str, Any]) -> list[str]:
     summary = {}
     for lam, run in ss["runs"].items():
         res = [f["invariance_pooled"] for f in run["fits"]]
+        fvu = [f["final_fvu"] for f in run["fits"]]
         agree = [p["mean_cos"] for p in run["agreement"]]
         share = [p["share_above"] for p in run["agreement"]]
         summary[lam] = (float(np.mean(res)), float(np.mean(agree)))
         L.append(
             f"| {lam} | {', '.join(f'{v:.4f}' for v in res)} | "
-            f"{', '.join(f'{f['final_fvu']:.3f}' for f in run['fits'])} | "
+            f"{', '.join(f'{v:.3f}' for v in fvu)} | "
             f"{', '.join(f'{v:.3f}' for v in agree)} | {', '.join(f'{v:.2f}' for v in share)} |"
         )
     (r0, a0), (r1, a1) = summary["0.0"], summary["1.0"]
