@@ -115,3 +115,16 @@ def test_multi_layer_captures_match_single_layer(model):
             torch.testing.assert_close(m[layer][1], g)
     with pytest.raises(ValueError, match="layers is empty"):
         next(residual_batches_multi(model, [], PROMPTS))
+
+
+def test_kappa_by_layer_reports_bootstrap_ci(model):
+    from structlens.causal.experiment import kappa_by_layer
+
+    cfg = JacobianConfig(output="log_probs", max_rows=model.d_model)
+    res = kappa_by_layer(model, [1], PROMPTS, cfg, n_bootstrap=20)
+    e = res["layers"][0]
+    ref = model_causal_dimension(model, 1, PROMPTS, cfg)
+    assert e["erank"] == pytest.approx(ref.erank, rel=1e-6)
+    assert e["n_vectors"] == 3 and len(e["erank_ci"]) == 2 and e["erank_se"] >= 0
+    one = kappa_by_layer(model, [1], PROMPTS[:1], cfg)["layers"][0]
+    assert one["erank_ci"] is None and one["n_vectors"] == 1

@@ -19,14 +19,15 @@ import torch
 
 from structlens.causal.controls import four_cell_ablation
 from structlens.causal.jacobian import JacobianConfig
+from structlens.causal.kappa import kappa_from_grams
 from structlens.causal.model import (
     ce_runner,
     eager_attention,
-    model_causal_dimension,
     residual_batches,
     residual_function,
     residual_grads,
     sae_splice_writer,
+    vector_grams,
 )
 from structlens.causal.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
 from structlens.execution import Executor, get_executor
@@ -39,6 +40,7 @@ from structlens.sae import (
     train_sweep,
     width_sweep_configs,
 )
+from structlens.stats.ranks import CONVENTION, effective_ranks
 
 
 def kappa_by_layer(
@@ -49,31 +51,53 @@ def kappa_by_layer(
     *,
     position: int = -1,
     outputs: str = "same",
+    n_bootstrap: int = 200,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Exact κ (erank), κ_PR, stable and numerical rank of Σ at each layer, with spectra."""
-    cfg = config or JacobianConfig(output="log_probs", n_groups=max(2, len(prompts)))
+    """Exact κ (erank), κ_PR, stable and numerical rank of Σ at each layer, with spectra.
+
+    One exact Gram per prompt (:func:`~structlens.causal.model.vector_grams`); with ≥ 2
+    prompts the SEs are jackknife and the CIs bootstrap over prompts
+    (:func:`~structlens.causal.kappa.kappa_from_grams`), else they are ``None``.
+    """
+    cfg = config or JacobianConfig(output="log_probs")
+    if not prompts:
+        raise ValueError("need at least one prompt.")
     out: dict[str, Any] = {"layers": [], "d": model.d_model}
     for layer in layers:
-        res = model_causal_dimension(
-            model,
-            layer,
-            prompts,
-            cfg,
-            position=position,
-            outputs=outputs,  # type: ignore[arg-type]
+        grams = torch.stack(
+            list(vector_grams(model, layer, prompts, cfg, position=position, outputs=outputs))  # type: ignore[arg-type]
         )
+        if grams.shape[0] >= 2:
+            res = kappa_from_grams(grams, n_bootstrap=n_bootstrap, seed=seed)
+            err = {
+                "erank_se": res.erank_se,
+                "participation_ratio_se": res.participation_ratio_se,
+                "erank_ci": res.erank_ci,
+                "participation_ratio_ci": res.participation_ratio_ci,
+            }
+            lam = res.eigenvalues
+            erank, pr = res.erank, res.participation_ratio
+            stable, numerical = res.stable_rank, res.numerical_rank
+        else:
+            lam = np.linalg.eigvalsh(grams[0].numpy())[::-1]
+            r = effective_ranks(lam)
+            err = dict.fromkeys(
+                ("erank_se", "participation_ratio_se", "erank_ci", "participation_ratio_ci")
+            )
+            erank, pr = r.entropy_effective_rank, r.participation_ratio
+            stable, numerical = r.stable_rank, r.numerical_rank
         out["layers"].append(
             {
                 "layer": int(layer),
-                "erank": res.erank,
-                "participation_ratio": res.participation_ratio,
-                "stable_rank": res.stable_rank,
-                "numerical_rank": res.numerical_rank,
-                "kappa_over_d": res.kappa_over_d,
-                "erank_se": res.erank_se,
-                "participation_ratio_se": res.participation_ratio_se,
-                "n_vectors": res.n_samples,
-                "eigenvalues": res.eigenvalues.tolist(),
+                "erank": erank,
+                "participation_ratio": pr,
+                "stable_rank": stable,
+                "numerical_rank": numerical,
+                "kappa_over_d": erank / model.d_model,
+                **err,
+                "n_vectors": int(grams.shape[0]),
+                "eigenvalues": np.asarray(lam).tolist(),
             }
         )
     out["settings"] = {
@@ -82,7 +106,7 @@ def kappa_by_layer(
         "position": position,
         "n_prompts": len(prompts),
         "prompt_tokens": [len(p) for p in prompts],
-        "convention": res.convention,
+        "convention": CONVENTION,
     }
     return out
 
