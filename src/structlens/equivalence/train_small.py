@@ -14,11 +14,13 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["SmallLMConfig", "corpus_batches", "train_small_lm"]
+__all__ = ["SmallLMConfig", "corpus_batches", "train_small_lm", "train_small_lms"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,3 +159,34 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
         json.dumps({"config": cfg, "loss": losses, "seconds": time.perf_counter() - t0}, indent=1)
     )
     return out
+
+
+@dataclasses.dataclass
+class _TrainSmall:
+    """One small LM of a scenario set; picklable so an executor can train them in parallel."""
+
+    log_every: int
+
+    def __call__(self, job: tuple[SmallLMConfig, str]) -> Path:
+        return train_small_lm(job[0], job[1], self.log_every)
+
+
+def train_small_lms(
+    configs: Sequence[SmallLMConfig],
+    out_dirs: Sequence[str | Path],
+    *,
+    log_every: int = 100,
+    executor: Any = None,
+) -> list[Path]:
+    """Train several small LMs (e.g. the seed and depth scenarios) as independent items.
+
+    Each run is :func:`train_small_lm` (seeded, so the same on every executor); ``executor``
+    (e.g. ``"ray"``) trains them in parallel.  ``out_dirs`` must be on storage the workers
+    share with the caller.  Returns the output directories in the order of ``configs``.
+    """
+    from structlens.execution import get_executor
+
+    if len(configs) != len(out_dirs):
+        raise ValueError(f"{len(configs)} configs but {len(out_dirs)} output directories.")
+    jobs = [(c, str(d)) for c, d in zip(configs, out_dirs, strict=True)]
+    return list(get_executor(executor).map(_TrainSmall(log_every), jobs, desc="small LMs"))
