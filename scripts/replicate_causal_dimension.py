@@ -33,7 +33,7 @@ CPU = {
     "jacobian_layers": [15, 5, 10, 20, 25],
     # Rounds: every layer gets the first count before any gets the next (a stopped run still
     # covers all layers); L15 (the sweep layer) gets extra vectors for the κ-vs-n curve.
-    "jacobian_rounds": [{"default": 16}, {"default": 32}, {"15": 96, "default": 32}],
+    "jacobian_rounds": [{"default": 16}, {"default": 32}, {"15": 64, "default": 32}],
     "jacobian_prompt_tokens": 24,
     "sweep_layer": 15,
     "widths": [512, 1024, 2048, 4096, 8192, 16384],
@@ -43,20 +43,24 @@ CPU = {
     # and diverged (training FVU 2.7–5.1) in a first run; 1e-3 trained 16384 to FVU 0.32.
     "lr": 1e-3,
     "batch_size": 256,
-    "epochs": 2,
+    # One epoch: the 2-core machine was shared with ~15 runnable jobs during the run.
+    "epochs": 1,
     # Features silent for this many training tokens count as dead and get the aux-k loss.
     "dead_tokens": 25_000,
     "prompt_tokens": 128,
     "n_train_prompts": 800,
     "n_eval_prompts": 36,
-    "n_eval_extra": 27,  # training windows left over after n_train_prompts (827 in all)
+    "n_eval_extra": 12,  # training windows left over after n_train_prompts (827 in all)
+    # Cap on the captured tokens each SAE trains on (None = all): the run shared 2 cores
+    # with ~12 runnable jobs, so the CPU profile trains on the first 60k of ~10⁵.
+    "train_tokens": 60_000,
     "n_ce_prompts": 8,
     "n_blocks": 64,
     "n_bootstrap": 200,
     "ablation_width": 2048,
     "arch_controls": ["jumprelu", "relu"],
     "depth_layers": [5, 10, 20, 25],
-    "depth_width": 1024,
+    "depth_width": 512,
     "ioi_prompts": 32,
     "seed": 0,
 }
@@ -67,6 +71,8 @@ GPU = CPU | {
     "batch_size": 1024,
     "epochs": 8,
     "dead_tokens": 100_000,
+    "n_eval_extra": 27,
+    "train_tokens": None,
 }
 QUICK = CPU | {
     "profile": "quick",
@@ -256,7 +262,7 @@ def stage_train(out: Path, s: dict, device: str) -> None:
         if (folder / "train.json").exists():
             continue
         t = time.time()
-        x = acts[layer].to(device).float()
+        x = acts[layer][: s["train_tokens"]].to(device).float()
         batches = shuffled_batches(x, s["batch_size"], s["epochs"], s["seed"])
         res = train_sae(SAETrainConfig(**kw), batches, device=device, tail_tokens=20_000)
         save_sae(res.sae.cpu(), folder)

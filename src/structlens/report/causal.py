@@ -466,14 +466,16 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             "calibrated to it at the end; TopK has L0 = k exactly. N_causal is counted against "
             "two common thresholds (the sweep's ε and TopK's own 98th percentile at this width).",
             "",
-            "| SAE | FVU | L0 | dead (eval) | N_repr | N_causal @ sweep ε | N_causal @ TopK ε | "
-            "own ε | AtP share of own top 2% |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| SAE | FVU | L0 | dead (eval) | CE recovered | N_repr | N_causal @ sweep ε | "
+            "N_causal @ TopK ε | own ε | AtP share of own top 2% |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for a, v in arch["rows"].items():
             q = v["quality"]
+            c = (ce or {}).get(f"{a}-{arch['width']}", {}).get("ce_loss_recovered")
             lines.append(
                 f"| {a} | {q['fvu']:.3f} | {q['l0']:.1f} | {q['dead_fraction']:.3f} | "
+                f"{_fmt(c, 3)} | "
                 f"{v['n_repr']} | {v['n_causal_at_sweep_epsilon']} | "
                 f"{v['n_causal_at_topk_epsilon']} | {v['epsilon_own']:.3g} | "
                 f"{v['top2pct_atp_share']:.2f} |"
