@@ -48,18 +48,18 @@ CPU = {
     # Features silent for this many training tokens count as dead and get the aux-k loss.
     "dead_tokens": 25_000,
     "prompt_tokens": 128,
-    "n_train_prompts": 800,
+    "n_train_prompts": 400,
     "n_eval_prompts": 36,
-    "n_eval_extra": 12,  # training windows left over after n_train_prompts (827 in all)
-    # Cap on the captured tokens each SAE trains on (None = all): the run shared 2 cores
-    # with ~12 runnable jobs, so the CPU profile trains on the first 60k of ~10⁵.
-    "train_tokens": 60_000,
+    # The CPU profile ran on 2 cores shared with ~12 runnable jobs: 400 training windows
+    # (~5·10⁴ tokens, half the corpus), 12 of the unused ones join the held-out evaluation.
+    "n_eval_extra": 12,
+    "train_tokens": None,  # cap on the captured tokens each SAE trains on (None = all)
     "n_ce_prompts": 8,
     "n_blocks": 64,
     "n_bootstrap": 200,
     "ablation_width": 2048,
     "arch_controls": ["jumprelu", "relu"],
-    "depth_layers": [5, 10, 20, 25],
+    "depth_layers": [5, 10, 20],
     "depth_width": 512,
     "ioi_prompts": 32,
     "seed": 0,
@@ -71,8 +71,9 @@ GPU = CPU | {
     "batch_size": 1024,
     "epochs": 8,
     "dead_tokens": 100_000,
+    "n_train_prompts": 800,
     "n_eval_extra": 27,
-    "train_tokens": None,
+    "depth_layers": [5, 10, 20, 25],
 }
 QUICK = CPU | {
     "profile": "quick",
