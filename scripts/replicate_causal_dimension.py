@@ -35,6 +35,9 @@ CPU = {
     # covers all layers); L15 (the sweep layer) gets extra vectors for the κ-vs-n curve.
     "jacobian_rounds": [{"default": 16}, {"default": 32}, {"15": 64, "default": 32}],
     "jacobian_prompt_tokens": 24,
+    # Each bootstrap replicate and curve draw is one eigendecomposition of a d × d matrix.
+    "kappa_bootstrap": 100,
+    "kappa_curve_draws": 10,
     "sweep_layer": 15,
     "widths": [512, 1024, 2048, 4096, 8192, 16384],
     "architecture": "topk",
@@ -193,9 +196,9 @@ def summarize_kappa(out: Path, s: dict) -> None:
         g = load_grams(out, layer)
         if g is None or g.shape[0] < 2:
             continue
-        res = kappa_from_grams(g, n_bootstrap=s["n_bootstrap"], seed=s["seed"])
+        res = kappa_from_grams(g, n_bootstrap=s["kappa_bootstrap"], seed=s["seed"])
         sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < g.shape[0]} | {len(g)})
-        curve = kappa_curve(g, sizes, n_draws=20, seed=s["seed"])
+        curve = kappa_curve(g, sizes, n_draws=s["kappa_curve_draws"], seed=s["seed"])
         layers.append(to_jsonable(res) | {"layer": layer, "curve": curve})
     settings = {
         "output": "log_probs",
@@ -458,7 +461,7 @@ def main() -> None:
     ap.add_argument(
         "--stage",
         default="all",
-        choices=["all", "jacobian", "train", "analyze", "synthetic", "doc"],
+        choices=["all", "jacobian", "kappa", "train", "analyze", "synthetic", "doc"],
     )
     ap.add_argument("--device", default="cpu", help="torch device for the model and training")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (shared machine: 1)")
@@ -470,6 +473,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     stages = {
         "jacobian": lambda: stage_jacobian(out, settings, args.device),
+        # κ from whatever Grams are on disk (the jacobian stage ends with the same summary).
+        "kappa": lambda: summarize_kappa(out, settings),
         "train": lambda: stage_train(out, settings, args.device),
         "analyze": lambda: stage_analyze(out, settings, args.device),
         "synthetic": lambda: stage_synthetic(out, settings, args.device),
