@@ -206,6 +206,11 @@ def run_scenario(root: Path, sc: Scenario) -> ComparisonResult:
     return res
 
 
+def _nan(x: float | str) -> bool:
+    """NaN test for a loaded result, whose JSON stores NaN as the string "nan"."""
+    return bool(np.isnan(float(x)))
+
+
 def _fmt_ci(lo: float, hi: float) -> str:
     return f"[{lo:.2f}, {hi:.2f}]"
 
@@ -213,7 +218,7 @@ def _fmt_ci(lo: float, hi: float) -> str:
 def informative(r: ComparisonResult) -> bool | None:
     """Whether the patching criterion separates partners from no information on this row:
     the null score's upper 95 % bound lies below the score (None without patching)."""
-    if np.isnan(r.null_score):
+    if _nan(r.null_score):
         return None
     return bool(r.null_score_ci[1] < r.score)
 
@@ -236,7 +241,7 @@ def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
         if cg
         else "—"
     )
-    if np.isnan(r.null_score):
+    if _nan(r.null_score):
         null = inf = "— (no patching)"
     else:
         null = f"{r.null_score:.2f} {_fmt_ci(*r.null_score_ci)}"
@@ -246,7 +251,7 @@ def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
             if i.get("n_heads")
             else "0 heads"
         )
-    layer = "—" if np.isnan(r.layer_score) else f"{r.layer_score:.2f}"
+    layer = "—" if _nan(r.layer_score) else f"{r.layer_score:.2f}"
     g = r.head_groups
     groups = f"{g['score']:.2f} / {g['null_score']:.2f} ({len(g['pairs'])} layers)" if g else "—"
     agree = {True: "yes", False: "**no**", None: "—"}[r.verdicts.get("agree")]
@@ -369,7 +374,7 @@ def discussion(results: dict[str, ComparisonResult]) -> str:
             f"* **{group}** ({len(rs)} pair(s), paper {claim}): pooled score {_pooled(k, n)} "
             f"({rs[0].validation_method})"
         )
-        patched = [r for r in rs if not np.isnan(r.null_score)]
+        patched = [r for r in rs if not _nan(r.null_score)]
         if patched:
             kn = sum(sum(v["passed"] for v in r.null_validation) for r in patched)
             nn = sum(len(r.null_validation) for r in patched)
