@@ -420,8 +420,9 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
         lines += [
             "",
             "Few-vector bias (`kappa_vs_n.png`): κ of Σ̂ built from n random vectors (mean ± sd "
-            f"over {s.get('kappa_curve_draws', 20)} subsets). erank is concave in the normalised spectrum, so Σ̂ from few "
-            "vectors under-states κ; the curve shows how fast it levels off.",
+            f"over {s.get('kappa_curve_draws', 20)} subsets). erank is concave in the "
+            "normalised spectrum, so Σ̂ from few vectors under-states κ; the curve shows how "
+            "fast it levels off.",
             "",
             "| layer | "
             + " | ".join(f"n={int(n)}" for n in kappa["layers"][0]["curve"]["sizes"])
