@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -71,6 +70,7 @@ def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None)
 
 def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict[str, Any]:
     path, name, device, seconds, out, overrides = args
+    from structlens.cli.ndm import save_rotation
     from structlens.subspaces import NDM, NDMConfig
 
     torch.set_num_threads(2)
@@ -91,26 +91,8 @@ def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict
         if res.converged or res.steps >= cfg.max_steps or elapsed > seconds:
             break
     res.save(Path(out) / f"ndm-L{layer}")
-    from safetensors.numpy import save
-
-    (Path(out) / f"R-L{layer}.safetensors").write_bytes(
-        save(
-            {"R": np.ascontiguousarray(res.rotation)},
-            metadata={"partition": json.dumps(res.partition)},
-        )
-    )
-    return {
-        "layer": layer,
-        "partition": res.partition,
-        "steps": res.steps,
-        "converged": res.converged,
-        "merge_history": res.merge_history,
-        "loss_history": res.loss_history,
-        "config": res.config,
-        "n_activations": int(h.shape[0]),
-        "seconds": elapsed,
-        "queries_per_second": res.steps * cfg.batch_size / max(elapsed, 1e-9),
-    }
+    save_rotation(Path(out) / f"R-L{layer}.safetensors", res.rotation, res.partition)
+    return {"layer": layer, **res.training_record(h.shape[0], elapsed)}
 
 
 def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[str, Any]) -> None:

@@ -55,7 +55,7 @@ def _parse_ints(spec: str, what: str) -> list[int]:
     return []
 
 
-def _save_rotation(path: Path, rotation: np.ndarray, partition: list[int]) -> None:
+def save_rotation(path: Path, rotation: np.ndarray, partition: list[int]) -> None:
     from safetensors.numpy import save
 
     from structlens.results import atomic_write_bytes
@@ -213,18 +213,8 @@ def train(
             fail(f"layer {layer}: {err}")
         seconds = time.perf_counter() - t1
         res.save(out / f"ndm-L{layer}")
-        _save_rotation(out / f"R-L{layer}.safetensors", res.rotation, res.partition)
-        results[str(layer)] = {
-            "partition": res.partition,
-            "steps": res.steps,
-            "converged": res.converged,
-            "merge_history": res.merge_history,
-            "loss_history": res.loss_history,
-            "config": res.config,
-            "n_activations": int(h.shape[0]),
-            "seconds": seconds,
-            "queries_per_second": res.steps * cfg.batch_size / max(seconds, 1e-9),
-        }
+        save_rotation(out / f"R-L{layer}.safetensors", res.rotation, res.partition)
+        results[str(layer)] = res.training_record(h.shape[0], seconds)
         if not quiet:
             console.print(
                 f"layer {layer}: {res.steps} steps in {seconds:.0f} s, partition {res.partition}"

@@ -188,6 +188,20 @@ class NDMResult(Result):
         """Coordinates of activations ``h`` (``(n, d)``) in every subspace."""
         return [np.asarray(h) @ basis for basis in self.bases()]
 
+    def training_record(self, n_activations: int, seconds: float) -> dict[str, Any]:
+        """The JSON record of one layer's run in ``ndm_train.json`` (without the rotation)."""
+        return {
+            "partition": self.partition,
+            "steps": self.steps,
+            "converged": self.converged,
+            "merge_history": self.merge_history,
+            "loss_history": self.loss_history,
+            "config": self.config,
+            "n_activations": int(n_activations),
+            "seconds": seconds,
+            "queries_per_second": self.steps * self.config["batch_size"] / max(seconds, 1e-9),
+        }
+
 
 class _Rotation(torch.nn.Module):
     """``R = B exp(A - A^T)`` in float64: orthogonal for any ``A``; ``B`` is fixed."""
