@@ -252,7 +252,7 @@ def main() -> None:
         X, U, Y, pid = load_layer(store, layer)
         sae, sae_info = train_sae_dictionary(X, d_sae=256, k=16, seed=a.seed)
         R["sae"] = {k: v for k, v in sae_info.items() if k != "decoder"}
-        log(f"SAE trained {sae_info}", t0)
+        log(f"SAE trained {R['sae']}", t0)
         for name, dic in (
             ("sae_topk256", sae),
             ("spectral16", SpectralDictionary(n_modes=16, k=32, q=6)),
