@@ -22,6 +22,7 @@ from structlens.data.tasks import make_task
 from structlens.koopman import (
     EDMDc,
     EDMDcConfig,
+    IdentityDictionary,
     PCADictionary,
     RandomFourierDictionary,
     RandomReLUDictionary,
@@ -218,7 +219,9 @@ def main() -> None:
 
     # 2. non-normality and dissociation; 5. tails
     spectra = {}
-    for layer in probes if "fits" not in R else []:
+    fit_names = ("identity", "pca64", "pca32", "rff256s")
+    done = R.get("fits", {})
+    for layer in [] if all(f"L{v}/{n}" in done for v in probes for n in fit_names) else probes:
         R.setdefault("fits", {})
         R.setdefault("tails", {})
         X, U, Y, pid = load_layer(store, layer)
@@ -226,8 +229,10 @@ def main() -> None:
         rff = RandomFourierDictionary(256, seed=a.seed, include_state=False).fit(X)
         R["tails"][f"L{layer}/rff256_lifted"] = tail_diagnostic(rff.transform(X)).__dict__
         for name, dic in (
+            ("identity", IdentityDictionary()),
             ("pca64", PCADictionary(64)),
             ("pca32", PCADictionary(32)),
+            ("rff256s", RandomFourierDictionary(256, seed=a.seed, include_state=True)),
         ):
             dic.fit(X)
             est = EDMDc(dic, cfg)
