@@ -18,6 +18,10 @@ kept, so outside load hits them alike.  Each result is checked against the local
 bytes, SAE weights) before any time is reported.  Results go to results.json.
 
     python benchmarks/scale/run.py [--windows 32] [--repeats 2]
+    python benchmarks/scale/run.py --device cuda --num-cpus 16   # GPU capture actors + CPU sweep
+
+With ``--device cuda`` the model runs on the GPU locally and in the Ray capture actors, which
+take one GPU each (so at most one actor per GPU), while the sweep's tasks stay on CPUs.
 """
 
 from __future__ import annotations
@@ -115,18 +119,21 @@ def main() -> None:
     ap.add_argument("--widths", default="512,1024,2048,4096")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cuda: capture on GPU actors (1 GPU each)")
+    ap.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray cluster")
     args = ap.parse_args()
 
     import ray
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     ray_start = time.perf_counter() - t0
+    n_gpus = ray.cluster_resources().get("GPU", 0)
     scratch = Path(tempfile.mkdtemp(prefix="structlens-scale-"))
     torch.set_num_threads(2)
 
-    model = load_model("smollm2-135m")
+    model = load_model("smollm2-135m", device=args.device)
     prompts = chunk_documents(
         load_texts(None), model.tokenizer, max_tokens=args.tokens, max_prompts=args.windows
     )
@@ -162,7 +169,8 @@ def main() -> None:
     torch.set_num_threads(1)
     ref_saes = sweep(get_executor("local"), scratch)
     sweep_res = _interleaved(sweep, lambda s: _same_saes(s, ref_saes), args.repeats, scratch)
-    sweep_summary = _scaling(sweep_res, acts.shape[0] * len(widths), "width_tokens_per_s")
+    trained = len(widths) * args.epochs * (acts.shape[0] // 512) * 512  # full batches only
+    sweep_summary = _scaling(sweep_res, trained, "width_tokens_per_s")
 
     tiny = load_model("tiny-llama")
     gen = torch.Generator().manual_seed(0)
@@ -215,6 +223,7 @@ def main() -> None:
             "widths": widths,
             "tokens": int(acts.shape[0]),
             "d_in": int(acts.shape[1]),
+            "trained_width_tokens": trained,
             "architecture": f"topk k=32, {args.epochs} epochs, batch 512",
             "results": sweep_res,
             "summary": sweep_summary,
@@ -225,7 +234,8 @@ def main() -> None:
             "results": overhead,
             "extra_seconds_vs_local_1thread": overhead_summary,
         },
-        "gpu": "not run: no GPU on this machine (the GPU actor + CPU workers case is pending)",
+        "device": args.device,
+        "ray_cluster": {"num_cpus": args.num_cpus, "num_gpus": n_gpus},
     }
     (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({k: doc[k] for k in ("ray_cluster_start_s",)}, indent=2))
