@@ -109,8 +109,7 @@ def capture_cmd(
 ) -> None:
     """Capture activations into a content-addressed, resumable store under OUT/activations.
 
-    With --executor ray, model-holding Ray actors (one GPU each with --device cuda) write the
-    shards; OUT must then be on storage every Ray node can reach.
+    With --executor ray, Ray actors holding the model write the shards (OUT: shared storage).
     """
     from structlens.capture import capture
 

@@ -32,7 +32,7 @@ ExecutorName = Annotated[
     typer.Option(
         "--executor",
         help="Where independent work (capture shards, sweep points) runs: 'local' (this "
-        "process) or 'ray' (a Ray cluster; needs pip install \"structlens[ray]\").",
+        "process) or 'ray' (a Ray cluster; needs pip install \"structlens\\[ray]\").",
     ),
 ]
 Address = Annotated[
