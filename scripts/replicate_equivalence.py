@@ -514,9 +514,13 @@ Function-preserving fold check: {fold}
   drawn with seed 1; the IOI probe uses seed 0).
 {ft}
 * Compare settings (non-default fields): small LMs: {small_cmp}; SmolLM2 pairs: {smol_cfg};
-  encoder–decoder: {enc_cfg}. Probes: 32–48 corpus sentences (40–160 characters) for the
-  byte-level models, 24 IOI prompts for SmolLM2 pairs, 64 corpus sentences for MiniLM vs
-  SmolLM2; half of each probe is held out.
+  encoder–decoder: {enc_cfg}. Everything else is the `CompareConfig` default (debiased
+  linear CKA, monotone layer matching, global Hungarian head matching, ridge maps, KL ≤ 0.1
+  nats and top-1 ≥ 0.9, 20 point-test triples × 40 straps, seed 0). Probes: 48 corpus
+  sentences (40–160 characters) for the byte-level LMs (32 for `sanity-tiny`), 24 IOI
+  prompts for the SmolLM2 pairs, 64 corpus sentences for MiniLM vs SmolLM2; half of each
+  probe is held out. These settings are the same for every row of a model family; no row
+  was shrunk to fit the time budget.
 
 ## Reading the table
 

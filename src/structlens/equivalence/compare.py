@@ -12,7 +12,10 @@
    :func:`~structlens.equivalence.fit_linear_map` fitted on the fit half, and B's predictions
    are compared with its own (KL in nats, top-1 agreement, task-metric ratio). The score is
    the share of matched heads passing :class:`~structlens.equivalence.ValidationCriterion`
-   (the layer score is reported beside it), with a Wilson interval.
+   (the layer score is reported beside it), with a Wilson interval. A null baseline
+   mean-ablates the same heads; the score over the heads whose null fails (``informative``)
+   and, optionally, whole layers of heads replaced at once (``head_groups``) are reported
+   beside it, since single heads of a large model are often redundant.
 2. **CONGRUITY** (as the reference code does it). Representations are the accumulated
    residual stream (``resid_pre`` of block 0, then every ``resid_post``) at the last token
    (task probes) or averaged over positions (corpus probes); implementations of a model are
