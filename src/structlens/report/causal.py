@@ -354,7 +354,7 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
         "`sigma_spectrum.png`, `kappa_vs_n.png` there). Paper: Sarkar & Deka, arXiv "
         "2605.08740 (Gemma-2-2B, d = 2304, Gemma Scope SAEs 16k–1M trained on 4–16B tokens). "
         f"Here: SmolLM2-135M-Instruct (d = {d}), a 2-core CPU shared with other jobs, "
-        "self-trained SAEs on the bundled ~10⁵-token Austen corpus. All CIs are 95% bootstrap "
+        "self-trained SAEs on the bundled Austen corpus (~10⁵ tokens). All CIs are 95% bootstrap "
         "percentile intervals (token blocks for the sweep, residual vectors for κ).",
         "",
         "## Claims vs measurements",
@@ -567,12 +567,21 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
                 f"{t['seconds']:.0f} |"
             )
         lines.append("")
+    if sweep:
+        t0 = sweep["training"][str(sweep["widths"][0])]
+        scale = (
+            f"SAEs trained on {t0['n_train_tokens']} tokens × {t0['epochs']} epoch(s) instead "
+            f"of 4–16B, and a {sweep['widths'][-1] / sweep['widths'][0]:.0f}× width span "
+            "(paper 64×)"
+        )
+    else:
+        scale = "no SAE sweep in this run"
     lines += [
         "## Caveats",
         "",
-        "- Scale: d = 576 instead of 2304, SAEs trained on ~10⁵ tokens instead of 4–16B and a "
-        "32× width span (paper 64×). Wide SAEs here are under-trained (FVU grows with width "
-        "past the middle of the sweep), which by itself can depress N_causal at large widths.",
+        f"- Scale: d = {d} instead of 2304; {scale}. The wide SAEs see each token about once "
+        "and are under-trained (compare eval FVU and dead fractions across widths), which by "
+        "itself can depress N_repr and N_causal at large widths.",
         "- κ̂ ≈ erank(Σ) is the paper's assumption, not an identity: AtP probes E[∇L ∇Lᵀ] "
         "(rank ≤ 1 per token), Σ = E[JᵀJ] of all output directions. Σ here is of log-probs at "
         "the same position (`--outputs downstream`, `--output raw` exist in the CLI).",
