@@ -648,8 +648,9 @@ def main(argv: list[str] | None = None) -> None:
         results[sc.name] = run_scenario(root, sc)
         r = results[sc.name]
         print(
-            f"{sc.name}: score {r.score:.3f} {r.score_ci} null {r.null_score:.3f} "
-            f"layers {r.layer_score:.3f} verdicts {r.verdicts} ({time.perf_counter() - t0:.0f} s)",
+            f"{sc.name}: score {r.score:.3f} {r.score_ci} null {float(r.null_score):.3f} "
+            f"layers {float(r.layer_score):.3f} verdicts {r.verdicts} "
+            f"({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
         write_doc(root, results)
