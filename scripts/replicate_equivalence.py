@@ -602,7 +602,11 @@ replaced at a time), so in a model with many heads most single replacements chan
 pass; the null score measures exactly this. The layer score of the SmolLM2 rows is bounded by
 the map, not the models: the ridge map of a 576-dimensional residual stream is fitted on the
 ~170 token rows of 12 IOI prompts (n < d), so it cannot even reproduce identical layers (see
-the layer bullet above). The summary's numbers come from models we cannot run (GPT-2 family,
+the layer bullet above). The byte-level LMs are small and briefly trained (400 steps, about
+2 nats/byte; the 8-layer model is no better than the 4-layer one), so the seed and depth rows
+compare immature models; their training times (42–2866 s for the same size) reflect the
+machine's load at the time.
+The summary's numbers come from models we cannot run (GPT-2 family,
 12 vs 24 layers) with a matching step and threshold the public code does not contain, so
 "consistent" means only that the paper's value lies inside our interval.
 """
