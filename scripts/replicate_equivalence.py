@@ -586,8 +586,7 @@ One compare, profiled with cProfile on an idle machine, one thread, before the c
 below (SmolLM2 vs its IOI fine-tune, 12 validated heads, 1 CONGRUITY layer, 110 s): model
 forward passes 94 s (86 %): CONGRUITY 65 s (its one-head patch forwards 51 s), validation
 patching 38 s (one forward of B per validated head, layer and null), activation collection
-1.7 s;
-head × head and layer × layer CKA 4.6 s (4 %, one grouped feature-space pass); CONGRUITY
+1.7 s; head × head and layer × layer CKA 4.6 s (4 %, one grouped feature-space pass); CONGRUITY
 encoding statistics 6.2 s (6 %); KL 1.5 s. The small LMs behave alike (seeds pair: 31 s,
 25 s in forwards). The waste removed: the point test and the selectivity test refitted the
 ridge SVDs of a predictor for every target it encodes; they now factorise each
@@ -595,7 +594,7 @@ implementation once (identical numbers; 2.4× less CPU time for the statistics o
 representations). The forwards are the method (one per patched component); what remains is
 that every patched forward recomputes the layers before the patched site, which only a
 start-at-layer forward in the foundation could avoid. With the machine shared by 3–4 jobs the
-rows below ran 2–6× slower than idle (column s, wall seconds).
+rows of the table ran 2–6× slower than idle (column s, wall seconds).
 
 Caveats that hold whatever the numbers: the sufficient condition is per component (one head
 replaced at a time), so in a model with many heads most single replacements change little and
