@@ -594,7 +594,7 @@ implementation once (identical numbers; 2.4× less CPU time for the statistics o
 representations). The forwards are the method (one per patched component); what remains is
 that every patched forward recomputes the layers before the patched site, which only a
 start-at-layer forward in the foundation could avoid. With the machine shared by 3–4 jobs the
-rows of the table ran 2–6× slower than idle (column s, wall seconds).
+rows of the table ran slower than they would alone (column s: wall seconds under that load).
 
 Caveats that hold whatever the numbers: the sufficient condition is per component (one head
 replaced at a time), so in a model with many heads most single replacements change little and
