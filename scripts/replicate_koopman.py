@@ -93,26 +93,29 @@ def universality(
         res["small_models"] = f"not run: {root} lacks the seed replicas"
     ft = root / "smollm2-ft-ioi"
     if (ft / "config.json").exists():
-        layer = probes[-1]
-        base_blocks, X = blocks_of(model, layer, prompts)
-        shared = PCADictionary(16).fit(X)
-        base_shared, _ = blocks_of(model, layer, prompts, shared)
         tuned = load_model(str(ft))
-        ft_blocks, _ = blocks_of(tuned, layer, prompts)
-        ft_shared, _ = blocks_of(tuned, layer, prompts, shared)
-        t = spectral_distance_test(base_blocks, ft_blocks, cfg, n_resamples=200, seed=a.seed)
-        u = universality_test(base_shared, ft_shared, cfg, n_permutations=200, seed=a.seed)
-        res["pairs"][f"smollm2@{layer} vs smollm2-ft-ioi@{layer}"] = {
-            "test": "split-half null, own PCA-8; permutation null, shared PCA-16",
-            "distance": t.distance,
-            "null_q95": float(np.quantile(t.null, 0.95)),
-            "p_value": t.p_value,
-            "n_samples": t.n_samples,
-            "shared_distance": u.distance,
-            "shared_null_q95": float(np.quantile(u.null, 0.95)),
-            "shared_p_value": u.p_value,
-        }
-        log(f"universality smollm2 vs ft: d={t.distance:.3f} p={t.p_value:.3f}", t0)
+        # the fine-tune updated layers 15-29 only: layer probes[-1] is an exact-equality check,
+        # layer 20 the real comparison
+        for layer in (probes[-1], 20):
+            base_blocks, X = blocks_of(model, layer, prompts)
+            shared = PCADictionary(16).fit(X)
+            base_shared, _ = blocks_of(model, layer, prompts, shared)
+            ft_blocks, _ = blocks_of(tuned, layer, prompts)
+            ft_shared, _ = blocks_of(tuned, layer, prompts, shared)
+            t = spectral_distance_test(base_blocks, ft_blocks, cfg, n_resamples=200, seed=a.seed)
+            u = universality_test(base_shared, ft_shared, cfg, n_permutations=200, seed=a.seed)
+            res["pairs"][f"smollm2@{layer} vs smollm2-ft-ioi@{layer}"] = {
+                "test": "split-half null, own PCA-8; permutation null, shared PCA-16",
+                "distance": t.distance,
+                "null_q95": float(np.quantile(t.null, 0.95)),
+                "p_value": t.p_value,
+                "n_samples": t.n_samples,
+                "shared_distance": u.distance,
+                "shared_null_q95": float(np.quantile(u.null, 0.95)),
+                "shared_p_value": u.p_value,
+                "layer_fine_tuned": layer >= 15,
+            }
+            log(f"universality smollm2 vs ft @{layer}: d={t.distance:.3f} p={t.p_value:.3f}", t0)
     else:
         res["finetuned"] = f"not run: {ft} missing"
     return res
@@ -131,6 +134,8 @@ def main() -> None:
         "--ioi-layers", default="6,10,14,18,22", help="layers of the IOI ablation depth sweep"
     )
     ap.add_argument("--sae-seeds", type=int, default=3)
+    ap.add_argument("--sae-epochs", type=int, default=20)
+    ap.add_argument("--sae-penalty", type=float, default=10.0, help="λ of the invariance run")
     ap.add_argument(
         "--seed-models",
         default="results/equivalence/models",
@@ -174,6 +179,8 @@ def main() -> None:
         "n_ioi": a.n_ioi,
         "ioi_layers": [int(v) for v in a.ioi_layers.split(",")],
         "sae_seeds": a.sae_seeds,
+        "sae_epochs": a.sae_epochs,
+        "sae_penalty": a.sae_penalty,
     }
     # finished sections of an interrupted run with the same settings are kept
     partial = out / "partial.json"
@@ -255,7 +262,7 @@ def main() -> None:
     for layer in probes[:1] if "invariance" not in R else []:
         R["invariance"] = {}
         X, U, Y, pid = load_layer(store, layer)
-        sae, sae_info = train_sae_dictionary(X, d_sae=256, k=16, seed=a.seed)
+        sae, sae_info = train_sae_dictionary(X, d_sae=256, k=16, epochs=a.sae_epochs, seed=a.seed)
         R["sae"] = {k: v for k, v in sae_info.items() if k != "decoder"}
         log(f"SAE trained {R['sae']}", t0)
         for name, dic in (
@@ -311,11 +318,19 @@ def main() -> None:
     if "sae_seeds" not in R:
         X, U, Y, pid = load_layer(store, probes[0])
         runs: dict[str, Any] = {}
-        for lam in (0.0, 1.0):
+        for lam in (0.0, a.sae_penalty):
             decoders = []
             for sd in range(a.sae_seeds):
                 dic, info = train_sae_dictionary(
-                    X, U, Y, d_sae=256, k=16, invariance_weight=lam, batch_size=512, seed=sd
+                    X,
+                    U,
+                    Y,
+                    d_sae=256,
+                    k=16,
+                    invariance_weight=lam,
+                    epochs=a.sae_epochs,
+                    batch_size=512,
+                    seed=sd,
                 )
                 inv = invariance_residual_split(dic, X, U, Y, pid, cfg, seed=a.seed)
                 decoders.append(info.pop("decoder"))
@@ -558,9 +573,10 @@ def render_seeds_and_universality(R: dict[str, Any]) -> list[str]:
         return [*L, "**Not measured in this run.**\n"]
     ss = R["sae_seeds"]
     L.append(
-        f"TopK SAEs (256 features, k = 16, 3 epochs, batch 512) on resid_pre of layer "
+        f"TopK SAEs (256 features, k = 16, {R['settings']['sae_epochs']} epochs, batch 512) on "
+        "resid_pre of layer "
         f"{ss['layer']}, seeds 0–{len(next(iter(ss['runs'].values()))['fits']) - 1}, without "
-        "(λ = 0) and with (λ = 1) the in-batch invariance penalty "
+        f"(λ = 0) and with (λ = {R['settings']['sae_penalty']:g}) the in-batch invariance penalty "
         "(`train_sae_dictionary(..., invariance_weight=λ)`). Residual: held-out-prompt pooled "
         "1 − R² of the one-step fit; agreement: decoder directions matched one to one "
         "(Hungarian on |cos|) between every pair of seeds.\n"
@@ -582,7 +598,7 @@ def render_seeds_and_universality(R: dict[str, Any]) -> list[str]:
             f"{', '.join(f'{v:.3f}' for v in fvu)} | "
             f"{', '.join(f'{v:.3f}' for v in agree)} | {', '.join(f'{v:.2f}' for v in share)} |"
         )
-    (r0, a0), (r1, a1) = summary["0.0"], summary["1.0"]
+    (r0, a0), (r1, a1) = summary.values()
     L.append(
         f"\nWith the penalty the mean held-out residual goes {r0:.4f} → {r1:.4f} and the mean "
         f"matched |cos| between seeds {a0:.3f} → {a1:.3f}.\n"
