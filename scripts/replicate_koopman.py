@@ -504,15 +504,19 @@ def render(R: dict[str, Any]) -> str:
     verdict = (
         "reproduced" if all(orders) else "partly reproduced" if any(orders) else "not reproduced"
     )
-    gaps = sorted(
-        (v["depth_to_readout"], abs(v["pca"]["mean"]) - abs(v["modes"]["mean"]), k)
-        for k, v in R["ioi"].items()
+    trend = "; ".join(
+        f"{pos}: "
+        + ", ".join(
+            f"{v['depth_to_readout']} → {abs(v['pca']['mean']) - abs(v['modes']['mean']):+.2f}"
+            for k, v in sorted(R["ioi"].items(), key=lambda kv: kv[1]["depth_to_readout"])
+            if k.endswith("/" + pos)
+        )
+        for pos in ("all", "END")
     )
-    trend = ", ".join(f"{d} layers: {g:+.2f}" for d, g, _ in gaps)
     L.append(
         f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
         f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
-        f"(both position sets): {trend}.\n"
+        f"(layers to read-out → gap): {trend}.\n"
     )
     L.append("## 5. Heavy tails removed by lifting?\n")
     L.append("| features | median kurtosis | p95 kurtosis | heavy (p95 > 10) |")
