@@ -197,7 +197,12 @@ def _claims(
         grc = [c[-1] for c in sweep["n_repr_growth_ci"]]
         gcc = [c[-1] for c in sweep["n_causal_growth_ci"]]
         wedge, wci = _num(sweep["wedge"]), sweep["wedge_ci"]
-        if not _num(gc) > 1:
+        if not _num(gc) > 1 and _num(grc[0]) > 1.5:
+            verdict = (
+                "gap reproduced and far stronger; N_causal growth not reproduced (N_causal "
+                "does not grow with width at a fixed ε)"
+            )
+        elif not _num(gc) > 1:
             verdict = "not reproduced: N_causal does not grow with width"
         elif _num(wci[0]) > 1.5:
             verdict = "reproduced qualitatively (wedge CI above 1.5)"
@@ -211,16 +216,23 @@ def _claims(
             verdict,
         )
         k, kci = _num(sweep["kappa_hat"]), sweep["kappa_hat_ci"]
+        # The fits bound K below by max N_causal; a K on that bound means N_causal(m) shows
+        # no saturating growth, and κ̂ is just the largest count.
+        pinned = np.isfinite(k) and k <= max(sweep["n_causal"]) * (1 + 1e-6)
+        if not np.isfinite(k):
+            kv = "no fit (N_causal reaches 0 at some width)"
+        elif pinned:
+            kv = "not reproduced: N_causal(m) does not rise, the fit sits at K = max N_causal"
+        elif _num(kci[1]) < 0.5 * d:
+            kv = "not reproduced (κ̂ ≪ d)"
+        else:
+            kv = "consistent"
         row(
             "κ̂ (asymptote of N_causal(m)) is a large share of d",
             "κ̂ ≈ 1990, 95% CI [545, 5130]; κ̂/d ≈ 0.86",
             f"κ̂ = {_fmt(k, 0)} {_ci(kci, 0)} (Michaelis–Menten); κ̂/d = {_fmt(k / d)} "
             f"{_ci([_num(kci[0]) / d, _num(kci[1]) / d])}",
-            "no fit (N_causal reaches 0 at some width)"
-            if not np.isfinite(k)
-            else "not reproduced (κ̂ ≪ d)"
-            if _num(kci[1]) < 0.5 * d
-            else "consistent",
+            kv,
         )
         ex = klayer.get(sweep["layer"])
         if ex and np.isfinite(k):
@@ -375,9 +387,9 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             f"(position 0 dropped) × {s['epochs']} epochs, batch {s['batch_size']}, Adam, lr "
             f"{s['lr']:g} at every width, aux-k loss for features silent for "
             f"{s['dead_tokens']} tokens. The paper's SAEs saw 4–16B tokens; ours saw "
-            f"{tr['tokens']:.1e} token-steps, so the wide ones are under-trained (FVU rises "
-            "with width, see below). AtP: zero-ablation of each feature with the SAE spliced "
-            "with its error term, metric = summed next-token NLL, on "
+            f"{tr['tokens']:.1e} token-steps, so the wide ones are under-trained (see eval "
+            "FVU and dead fractions below). AtP: zero-ablation of each feature with the SAE "
+            "spliced with its error term, metric = summed next-token NLL, on "
             f"{sweep['n_tokens']} held-out tokens from one backward pass per batch reused by "
             "every width. ε = 98th percentile of base-width AtP over all base features "
             f"(ε = {_num(sweep['epsilon']):.3g} nats, CI {_ci(sweep['epsilon_ci'], 5)}); "
