@@ -340,15 +340,18 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
     sweep_eps: list[float] = []
 
     def sweep() -> None:
-        res, _ = sweep_analysis(topk, pairs[L], cfg, n_blocks=s["n_blocks"], exact_erank=exact)
+        res, stats = sweep_analysis(topk, pairs[L], cfg, n_blocks=s["n_blocks"], exact_erank=exact)
         sweep_eps.append(res.epsilon)
+        # Total and largest AtP per width: does a wider SAE split the same causal mass?
+        atp = {str(w): st.scores()[0] for w, st in stats.items()}
+        mass = {w: {"sum": float(a.sum()), "max": float(a.max())} for w, a in atp.items()}
         quality = {str(w): sae_quality(sae, eval_acts[L]) for w, sae in topk.items()}
         training = {str(w): _train_info(out, f"topk-{w}") for w in topk}
         (out / "sweep.json").write_text(
             json.dumps(
                 to_jsonable(res)
                 | {"layer": L, "site": f"blocks.{L}.hook_resid_pre"}
-                | {"quality": quality, "training": training},
+                | {"quality": quality, "training": training, "atp_mass": mass},
                 default=str,
             )
         )

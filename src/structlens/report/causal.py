@@ -394,22 +394,25 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
             "every width. ε = 98th percentile of base-width AtP over all base features "
             f"(ε = {_num(sweep['epsilon']):.3g} nats, CI {_ci(sweep['epsilon_ci'], 5)}); "
             "N_repr = features firing on ≥ 1 evaluation token; N_causal = features with "
-            "AtP > ε. Quality on the evaluation tokens; dead = never fires on them.",
+            "AtP > ε. Σ AtP / max AtP: sum and largest of the per-feature scores (nats per "
+            "token). Quality on the evaluation tokens; dead = never fires on them.",
             "",
-            "| width | N_repr (CI) | N_causal (CI) | N_repr growth | N_causal growth | FVU | "
-            "L0 | dead (eval) | train FVU | CE recovered |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| width | N_repr (CI) | N_causal (CI) | N_repr growth | N_causal growth | Σ AtP | "
+            "max AtP | FVU | L0 | dead (eval) | train FVU | CE recovered |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for i, wd in enumerate(sweep["widths"]):
             q = sweep["quality"][str(wd)]
             t = sweep["training"][str(wd)]
+            mass = sweep.get("atp_mass", {}).get(str(wd), {})
             c = (ce or {}).get(f"topk-{wd}", {}).get("ce_loss_recovered")
             rci = [sweep["n_repr_ci"][0][i], sweep["n_repr_ci"][1][i]]
             cci = [sweep["n_causal_ci"][0][i], sweep["n_causal_ci"][1][i]]
             lines.append(
                 f"| {wd} | {sweep['n_repr'][i]:.0f} {_ci(rci, 0)} | {sweep['n_causal'][i]:.0f} "
                 f"{_ci(cci, 0)} | {_num(sweep['n_repr_growth'][i]):.2f} | "
-                f"{_num(sweep['n_causal_growth'][i]):.2f} | {q['fvu']:.3f} | {q['l0']:.1f} | "
+                f"{_num(sweep['n_causal_growth'][i]):.2f} | {_fmt(mass.get('sum'), 3)} | "
+                f"{_fmt(mass.get('max'), 4)} | {q['fvu']:.3f} | {q['l0']:.1f} | "
                 f"{q['dead_fraction']:.3f} | {t['final_fvu']:.3f} | {_fmt(c, 3)} |"
             )
         lines += [
