@@ -17,6 +17,7 @@ independent and can run as two processes at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 import traceback
@@ -305,7 +306,7 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
         sweep_analysis,
     )
     from structlens.causal.model import residual_grads_multi
-    from structlens.causal.sweep import WidthSweepConfig
+    from structlens.causal.sweep import WidthSweepConfig, analyze_width_sweep
     from structlens.models import load_model
     from structlens.results import to_jsonable
     from structlens.sae import load_sae
@@ -345,13 +346,21 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
         # Total and largest AtP per width: does a wider SAE split the same causal mass?
         atp = {str(w): st.scores()[0] for w, st in stats.items()}
         mass = {w: {"sum": float(a.sum()), "max": float(a.max())} for w, a in atp.items()}
+        # Sensitivity to the base width: ε from the top 2% of a wider base (same tokens).
+        bases = {}
+        for b in [w for w in topk if w > min(topk)][:2]:
+            sub = {w: st for w, st in stats.items() if w >= b}
+            if len(sub) >= 2:
+                r = analyze_width_sweep(sub, dataclasses.replace(cfg, n_bootstrap=0))
+                bases[str(b)] = {"widths": r.widths.tolist(), "n_causal": r.n_causal.tolist()}
         quality = {str(w): sae_quality(sae, eval_acts[L]) for w, sae in topk.items()}
         training = {str(w): _train_info(out, f"topk-{w}") for w in topk}
         (out / "sweep.json").write_text(
             json.dumps(
                 to_jsonable(res)
                 | {"layer": L, "site": f"blocks.{L}.hook_resid_pre"}
-                | {"quality": quality, "training": training, "atp_mass": mass},
+                | {"quality": quality, "training": training, "atp_mass": mass}
+                | {"other_bases": bases},
                 default=str,
             )
         )

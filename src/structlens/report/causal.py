@@ -415,6 +415,11 @@ def write_replication_doc(out: str | Path, settings: dict[str, Any], path: str |
                 f"{_fmt(mass.get('max'), 4)} | {q['fvu']:.3f} | {q['l0']:.1f} | "
                 f"{q['dead_fraction']:.3f} | {t['final_fvu']:.3f} | {_fmt(c, 3)} |"
             )
+        for b, r in sweep.get("other_bases", {}).items():
+            lines.append(
+                f"\nBase width {b} instead (ε from its top 2%, same tokens): N_causal over "
+                f"{r['widths']} = {[int(x) for x in r['n_causal']]}."
+            )
         lines += [
             "",
             "Saturating fits of N_causal(m) (least squares on log N; K = asymptote = κ̂; CI over "
