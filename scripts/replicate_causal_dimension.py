@@ -34,7 +34,12 @@ CPU = {
     "jacobian_layers": [15, 5, 10, 20, 25],
     # Rounds: every layer gets the first count before any gets the next (a stopped run still
     # covers all layers); L15 (the sweep layer, compared with κ̂) gets more vectors first.
-    "jacobian_rounds": [{"default": 16}, {"15": 64, "default": 16}, {"15": 64, "default": 32}],
+    "jacobian_rounds": [
+        {"default": 16},
+        {"15": 64, "default": 16},
+        {"15": 64, "default": 32},
+        {"15": 128, "default": 32},
+    ],
     "jacobian_prompt_tokens": 24,
     # Each bootstrap replicate and curve draw is one eigendecomposition of a d × d matrix.
     "kappa_bootstrap": 100,
