@@ -62,3 +62,27 @@ def test_ray_store_statistic_equals_moments_of_loaded_site(ray_cluster, tmp_path
     assert merged.n == single.n == store.n_tokens
     np.testing.assert_allclose(merged.mean, single.mean, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(merged.scatter, single.scatter, rtol=1e-11, atol=1e-11)
+
+
+def test_ray_koopman_store_statistics_equal_in_memory_fit(ray_cluster, tmp_path):
+    from structlens.koopman import EDMDc, EDMDcConfig, solve
+    from structlens.koopman.data import depth_sites, load_layers, store_statistics
+
+    model = load_model("tiny-llama")
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (16,), generator=gen).tolist() for _ in range(24)]
+    sites = depth_sites(model.n_layers, [0, 1])
+    store = capture(model, prompts, sites, root=tmp_path, shard_mb=0.05, progress=False)
+    assert len(store.metadata["shards"]) >= 3
+    X, U, Y, _ = load_layers(store, [0, 1])
+    dic = PCADictionary(8).fit(X)
+    cfg = EDMDcConfig(alpha=1e-6)
+    single = EDMDc(dic, cfg).statistics(X, U, Y)[0]
+    local = store_statistics(store, dic, [0, 1])
+    on_ray = store_statistics(store, dic, [0, 1], executor="ray")
+    assert local.n == on_ray.n == single.n == 2 * store.n_tokens
+    np.testing.assert_allclose(local.zy.s_ab, single.zy.s_ab, rtol=1e-10, atol=1e-9)
+    np.testing.assert_array_equal(on_ray.zy.s_ab, local.zy.s_ab)
+    ev_single = solve(single, cfg, dic).eigenvalues
+    ev_ray = solve(on_ray, cfg, dic).eigenvalues
+    np.testing.assert_allclose(np.sort_complex(ev_ray), np.sort_complex(ev_single), atol=1e-8)

@@ -105,8 +105,8 @@ def _setup(
     seed: int,
     quiet: bool,
     executor: Any = None,
-) -> tuple[Any, list[int], dict[str, tuple[np.ndarray, ...]]]:
-    """Load the model, capture the depth sites and return the streams by label."""
+) -> tuple[Any, list[int], dict[str, tuple[np.ndarray, ...]], Any]:
+    """Load the model, capture the depth sites and return the streams by label and the store."""
     from structlens.koopman.data import capture_depth, depth_prompts, load_layer, load_layers
 
     model = load_model_or_fail(model_name, device, dtype, seed)
@@ -135,7 +135,7 @@ def _setup(
         streams = {label: load_layers(store, layers)}
     else:
         streams = {str(layer): load_layer(store, layer) for layer in layers}
-    return model, layers, streams
+    return model, layers, streams, store
 
 
 def _fitted(
@@ -226,17 +226,36 @@ def fit_cmd(
     dtype: Dtype = "float32",
     seed: Seed = 0,
     quiet: Quiet = False,
+    executor: ExecutorName = "local",
+    address: Address = None,
 ) -> None:
-    """Fit EDMDc per layer (or pooled): spectrum, non-normality, dissociation, tails."""
+    """Fit EDMDc per layer (or pooled): spectrum, non-normality, dissociation, tails.
+
+    The EDMDc statistics are accumulated per store shard and merged; with --executor ray the
+    capture and the shard statistics run on Ray (the store must be on shared storage).
+    """
     from structlens.koopman import EDMDc, solve
+    from structlens.koopman.data import store_statistics
     from structlens.koopman.pipeline import complex_list, summarise_fit
     from structlens.report.koopman import plot_eigenvalues
     from structlens.stats.robust import tail_diagnostic
 
     names = _dict_names(dictionary)
     cfg = _config(alpha, control_energy, control_rank)
-    _, _, streams = _setup(
-        model, layers, pooled, out, n_corpus, prompt_tokens, n_task, device, dtype, seed, quiet
+    runner = executor_or_fail(executor, address)
+    _, layer_list, streams, store = _setup(
+        model,
+        layers,
+        pooled,
+        out,
+        n_corpus,
+        prompt_tokens,
+        n_task,
+        device,
+        dtype,
+        seed,
+        quiet,
+        runner,
     )
     results: dict[str, dict[str, Any]] = {}
     spectra: dict[str, np.ndarray] = {}
@@ -247,7 +266,9 @@ def fit_cmd(
             dic = _fitted(name, size, seed, sae, X, U, Y)
             est = EDMDc(dic, cfg)
             try:
-                stats = est.statistics(X, U, Y)[0]
+                stats = store_statistics(
+                    store, dic, layer_list if pooled else [int(label)], executor=runner
+                )
                 res = solve(stats, cfg, dic)
             except ValueError as err:
                 fail(f"layer {label}, {name}: {err}")
@@ -320,7 +341,7 @@ def convergence_cmd(
     if n_blocks < 4 or n_repeats < 2:
         fail(f"need --n-blocks >= 4 and --n-repeats >= 2; got {n_blocks}, {n_repeats}.")
     runner = executor_or_fail(executor, address)
-    _, _, streams = _setup(
+    _, _, streams, _ = _setup(
         model,
         layers,
         pooled,
@@ -402,7 +423,7 @@ def invariance_cmd(
 
     names = _dict_names(dictionary)
     cfg = _config(alpha, control_energy, control_rank)
-    _, _, streams = _setup(
+    _, _, streams, _ = _setup(
         model, layers, pooled, out, n_corpus, prompt_tokens, n_task, device, dtype, seed, quiet
     )
     results: dict[str, dict[str, Any]] = {}
@@ -466,7 +487,7 @@ def modes_cmd(
     cfg = _config(alpha, control_energy, control_rank)
     if k < 1 or k > size:
         fail(f"--k must be in [1, --size={size}]; got {k}.")
-    m, _, streams = _setup(
+    m, _, streams, _ = _setup(
         model, layers, False, out, n_corpus, prompt_tokens, n_task, device, dtype, seed, quiet
     )
     try:
@@ -543,7 +564,7 @@ def reduce_cmd(
     except ValueError:
         fail(f"--order {order!r} is not a comma list of integers.")
     cfg = _config(alpha, control_energy, control_rank)
-    _, layer_list, streams = _setup(
+    _, layer_list, streams, _ = _setup(
         model, layers, True, out, n_corpus, prompt_tokens, n_task, device, dtype, seed, quiet
     )
     ((label, (X, U, Y, _)),) = streams.items()

@@ -14,6 +14,7 @@ numerical code in :mod:`structlens.koopman` only ever sees the arrays.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,46 @@ def iter_layer_chunks(
                 batch[sy].double().numpy(),
                 batch["prompt_index"].numpy().astype(np.int64),
             )
+
+
+@dataclass
+class ShardStatistics:
+    """EDMDc statistics of one activation-store shard under a frozen dictionary.
+
+    ``triplets`` are the ``(x, u, y)`` site names of the layers to pool.  A picklable callable
+    (the dictionary holds arrays only), so :func:`structlens.execution.store_statistic` can run
+    it on workers next to the shards; merging the shards' statistics in order equals one pass
+    over the store to float64 round-off.
+    """
+
+    dictionary: Any
+    triplets: list[tuple[str, str, str]]
+
+    def __call__(self, shard: dict[str, Any]) -> Any:
+        from structlens.koopman.edmdc import accumulate
+
+        X, U, Y = (
+            np.concatenate([shard[t[i]].double().numpy() for t in self.triplets]) for i in range(3)
+        )
+        return accumulate(self.dictionary, [(X, U, Y)])[0]
+
+
+def store_statistics(
+    store: Any, dictionary: Any, layers: Sequence[int], *, executor: Any = None
+) -> Any:
+    """:class:`~structlens.koopman.edmdc.EDMDcStatistics` of the pooled ``layers`` of a store,
+    one task per shard with ``executor`` (``"local"``, ``"ray"`` or an executor), merged.
+
+    ``dictionary`` must already be fitted (frozen).  Workers read the shards from the store's
+    path, so on a cluster the store must be on shared storage.
+    """
+    from structlens.execution import store_statistic
+
+    if len(layers) == 0:
+        raise ValueError("pass at least one layer.")
+    triplets = [_site_triplet(store, int(layer)) for layer in layers]
+    sites = list(dict.fromkeys(s for t in triplets for s in t))
+    return store_statistic(
+        store, ShardStatistics(dictionary, triplets), sites=sites, executor=executor,
+        progress=False,
+    )  # fmt: skip
