@@ -39,6 +39,7 @@ CPU = {
         {"15": 64, "default": 16},
         {"15": 64, "default": 32},
         {"15": 128, "default": 32},
+        {"15": 128, "default": 64},
     ],
     "jacobian_prompt_tokens": 24,
     # Each bootstrap replicate and curve draw is one eigendecomposition of a d × d matrix.
