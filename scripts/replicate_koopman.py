@@ -468,7 +468,7 @@ def render(R: dict[str, Any]) -> str:
     if "invariance" not in R or len(R["invariance"]) < 4:
         return _unfinished(L, 3)
     L.append(
-        f"SAE: TopK trained here by `structlens.sae.train_sae` on the layer's resid_pre: {R.get('sae')}.\n"  # noqa: E501
+        f"SAE: TopK trained here by `train_sae_dictionary` (λ = 0) on the layer's resid_pre: {R.get('sae')}.\n"  # noqa: E501
     )
     L.append("| dictionary | pooled 1−R² (held-out prompts) | mean | median | dead |")
     L.append("|---|---|---|---|---|")
