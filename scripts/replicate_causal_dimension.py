@@ -46,7 +46,7 @@ CPU = {
     "kappa_bootstrap": 100,
     "kappa_curve_draws": 10,
     "sweep_layer": 15,
-    "widths": [512, 1024, 2048, 4096, 8192, 16384],
+    "widths": [512, 1024, 2048, 4096, 8192, 16384, 32768],
     "architecture": "topk",
     "k": 32,
     # A fixed rate: with the width rule and lr_base 1e-3, widths 512–2048 got 2.8e-3–5.7e-3
