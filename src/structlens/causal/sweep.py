@@ -163,9 +163,9 @@ class WidthSweepResult(Result):
 
     Array attributes are aligned with ``widths`` (ascending); ``*_ci`` are ``[2, n_widths]``
     (lower, upper) bootstrap percentile intervals, growth CIs are of the per-replicate ratios
-    to the base width (replicates with a zero base count are dropped).  ``fits`` maps each model name
-    to its parameters on the full data plus ``K_ci``; ``kappa_hat``/``kappa_hat_ci`` come from
-    ``fit_model``.  ``exact_erank`` / ``kappa_hat_over_erank`` are filled when the exact
+    to the base width (replicates with a zero base count are dropped).  ``fits`` maps each
+    model name to its parameters on the full data plus ``K_ci``; ``kappa_hat``/``kappa_hat_ci``
+    come from ``fit_model``.  ``exact_erank`` / ``kappa_hat_over_erank`` are filled when the exact
     effective rank of Σ was supplied.  ``definitions`` records every convention used.
     """
 
@@ -257,6 +257,7 @@ def analyze_width_sweep(
     for name in fits:
         fits[name]["K_ci"] = ci(boot_k[name])
         fits[name]["n_bootstrap_fitted"] = len(boot_k[name])
+
     def growth_ci(boot: list[np.ndarray]) -> np.ndarray:
         ok = [b / b[0] for b in boot if b[0] > 0]
         return np.asarray(ci(ok)) if len(ok) >= 2 else np.full((2, widths.size), np.nan)
