@@ -498,7 +498,8 @@ def main() -> None:
         "synthetic": lambda: stage_synthetic(out, settings, args.device),
     }
     for name, fn in stages.items():
-        if args.stage in ("all", name):
+        # "all" skips "kappa": the jacobian stage already ends with that summary.
+        if args.stage == name or (args.stage == "all" and name != "kappa"):
             log(f"stage {name}")
             fn()
     if args.stage in ("all", "doc"):
