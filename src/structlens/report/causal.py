@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from structlens.report import save_figure
+
 
 def _plt():
     import matplotlib
@@ -64,12 +66,7 @@ def plot_width_sweep(sweep: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlabel("SAE width m")
     ax.set_ylabel("features")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_spectrum(kappa: dict[str, Any], path: str | Path) -> Path:
@@ -88,12 +85,7 @@ def plot_spectrum(kappa: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlabel("index")
     ax.set_ylabel("eigenvalue of Σ")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_kappa_curve(kappa: dict[str, Any], path: str | Path) -> Path:
@@ -121,12 +113,7 @@ def plot_kappa_curve(kappa: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlabel("residual vectors in Σ̂")
     ax.set_ylabel("effective rank")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _load(out: Path, name: str) -> dict[str, Any] | None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from structlens.report import save_figure
+
 
 def _plt():
     import matplotlib
@@ -58,9 +60,4 @@ def plot_layer_matching(
     ax.set_yticks(range(0, la, step_a))
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="similarity")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from structlens.report import save_figure  # noqa: E402
+
 __all__ = ["plot_eigenvalues", "plot_split_half", "plot_ablation"]
 
 
@@ -31,7 +33,7 @@ def plot_eigenvalues(
     ax.set_ylabel("Im λ")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="best")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_split_half(
@@ -55,7 +57,7 @@ def plot_split_half(
     ax.set_ylabel("mean W∞ between half spectra")
     ax.set_title(title)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ablation(
@@ -78,13 +80,4 @@ def plot_ablation(
     ax.set_ylabel("normalised logit-difference change")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig: plt.Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from structlens.report import save_figure
+
 
 def _plt():
     import matplotlib
@@ -33,12 +35,7 @@ def plot_effect_heatmap(
     ax.set_xticks(range(len(dims)), [f"{s}\n{d}d" for s, d in enumerate(dims)], fontsize=7)
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="effect / whole-space effect")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_merge_history(runs: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
@@ -65,9 +62,4 @@ def plot_merge_history(runs: Mapping[str, Mapping[str, Any]], path: str | Path) 
     b.set_ylabel("mean neighbour distance")
     b.set_title("NDM loss")
     a.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
