@@ -50,11 +50,14 @@ CHUNK_STEPS = 250
 
 def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None) -> None:
     from structlens.capture.store import ActivationStore
-    from structlens.subspaces.data import resid_site
+    from structlens.sites import site_name
 
     meta = json.loads((train_dir / "ndm_train.json").read_text())
     store = ActivationStore(meta["store"])
-    tensors = {f"L{layer}": store.load(resid_site(layer)).to(torch.float16) for layer in layers}
+    tensors = {
+        f"L{layer}": store.load(site_name("resid_post", layer)).to(torch.float16)
+        for layer in layers
+    }
     if rows is not None:  # the same seeded subset of token rows at every layer
         n = next(iter(tensors.values())).shape[0]
         keep = torch.randperm(n, generator=torch.Generator().manual_seed(0))[: min(rows, n)]
@@ -71,7 +74,7 @@ def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None)
 def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict[str, Any]:
     path, name, device, seconds, out, overrides = args
     from structlens.cli.ndm import save_rotation
-    from structlens.subspaces import NDM, NDMConfig
+    from structlens.ndm import NDM, NDMConfig
 
     torch.set_num_threads(2)
     with safe_open(path, framework="pt") as f:

@@ -159,8 +159,8 @@ def stage_jacobian(out: Path, s: dict, device: str) -> None:
     """Per-vector exact Grams, saved one file per vector (resumable), in rounds over layers."""
     import numpy as np
 
-    from structlens.causal import JacobianConfig
-    from structlens.causal.model import vector_grams
+    from structlens.causal_dim import JacobianConfig
+    from structlens.causal_dim.model import vector_grams
     from structlens.models import load_model
 
     model = load_model(s["model"], device=device)
@@ -195,7 +195,7 @@ def load_grams(out: Path, layer: int):
 
 
 def summarize_kappa(out: Path, s: dict) -> None:
-    from structlens.causal.kappa import kappa_curve, kappa_from_grams
+    from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
     from structlens.results import to_jsonable
 
     layers = []
@@ -244,8 +244,8 @@ def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
 
 
 def stage_train(out: Path, s: dict, device: str) -> None:
-    from structlens.causal.experiment import shuffled_batches
-    from structlens.causal.model import residual_batches_multi
+    from structlens.causal_dim.experiment import shuffled_batches
+    from structlens.causal_dim.model import residual_batches_multi
     from structlens.models import load_model
     from structlens.sae import SAETrainConfig, save_sae, train_sae
 
@@ -303,16 +303,16 @@ def _train_info(out: Path, name: str) -> dict:
 
 
 def stage_analyze(out: Path, s: dict, device: str) -> None:
-    from structlens.causal import FeatureStats, calibrate_epsilon
-    from structlens.causal.experiment import (
+    from structlens.causal_dim import FeatureStats, calibrate_epsilon
+    from structlens.causal_dim.experiment import (
         ce_recovered_by_width,
         four_cell,
         ioi_recovery,
         sae_quality,
         sweep_analysis,
     )
-    from structlens.causal.model import residual_grads_multi
-    from structlens.causal.sweep import WidthSweepConfig, analyze_width_sweep
+    from structlens.causal_dim.model import residual_grads_multi
+    from structlens.causal_dim.sweep import WidthSweepConfig, analyze_width_sweep
     from structlens.models import load_model
     from structlens.results import to_jsonable
     from structlens.sae import load_sae
@@ -454,7 +454,7 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
 
 
 def stage_synthetic(out: Path, s: dict, device: str) -> None:
-    from structlens.causal import SyntheticCausalModel, atp_recall
+    from structlens.causal_dim import SyntheticCausalModel, atp_recall
     from structlens.sae import SAETrainConfig, train_sae
 
     if (out / "synthetic.json").exists():

@@ -136,8 +136,8 @@ def evaluate() -> None:
     toy2 = [
         sys.executable,
         "-c",
-        "import json,sys; from structlens.subspaces import NDMConfig, ToyConfig; "
-        "from structlens.subspaces.pipeline import toy_recovery; "
+        "import json,sys; from structlens.ndm import NDMConfig, ToyConfig; "
+        "from structlens.ndm.pipeline import toy_recovery; "
         "from structlens.results import atomic_write_json; "
         "c = NDMConfig(unit_size=2, lr=1e-3, max_steps=3000, bank_size=8192, "
         "refresh_interval=50, merge_start=1000, merge_interval=500, mi_samples=2000, "

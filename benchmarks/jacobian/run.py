@@ -66,7 +66,7 @@ def worker(method: str, s: dict) -> dict:
     f, residuals = make_model(s)
     t0 = time.perf_counter()
     if method == "structlens_forward":
-        from structlens.causal import CausalDimension, JacobianConfig
+        from structlens.causal_dim import CausalDimension, JacobianConfig
 
         res = CausalDimension(JacobianConfig(max_rows=1152, n_groups=1)).fit(f, residuals)
         sigma = res.sigma

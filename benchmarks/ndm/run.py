@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
 from structlens.stats.mutual_info import mutual_information
-from structlens.subspaces.search import RotatedKeys, neighbor_distance_loss
 
 HERE = Path(__file__).parent
 

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from structlens.capture import capture
-from structlens.causal.experiment import train_width_sweep
+from structlens.causal_dim.experiment import train_width_sweep
 from structlens.data.corpus import chunk_documents, load_texts
 from structlens.execution import get_executor
 from structlens.models import load_model

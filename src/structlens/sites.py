@@ -61,6 +61,34 @@ class Site:
         return self.name
 
 
+def site_name(kind: str, layer: int | None = None, *, n_layers: int | None = None) -> str:
+    """The one way to build a site name from its parts.
+
+    ``site_name("resid_pre", 3)`` is ``"blocks.3.hook_resid_pre"``; model-level kinds take no
+    layer (``site_name("logits")``).  With ``n_layers`` the layer is checked and a negative one
+    counts from the end.
+
+    >>> site_name("resid_post", -1, n_layers=30)
+    'blocks.29.hook_resid_post'
+    """
+    if kind in MODEL_KINDS:
+        if layer is not None:
+            raise SiteError(f"site kind {kind!r} has no layer, got layer={layer}.")
+        return Site(kind).name
+    if kind not in LAYER_KINDS:
+        raise SiteError(f"unknown site kind {kind!r}; expected one of {LAYER_KINDS + MODEL_KINDS}.")
+    if layer is None:
+        raise SiteError(f"site kind {kind!r} needs a layer.")
+    if n_layers is not None:
+        if not -n_layers <= layer < n_layers:
+            raise SiteError(
+                f"layer {layer} is out of range for a model with {n_layers} layers "
+                f"(valid: 0..{n_layers - 1}, or negative from the end)."
+            )
+        layer %= n_layers
+    return Site(kind, layer).name
+
+
 def all_site_names(n_layers: int, *, causal: bool = True, pos_embed: bool = False) -> list[str]:
     """Every valid site name for a model with ``n_layers`` layers, in forward order."""
     names = ["hook_embed"] + (["hook_pos_embed"] if pos_embed else [])

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from structlens.causal.jacobian import CausalDimension, JacobianConfig
-from structlens.causal.sweep import FeatureStats
+from structlens.causal_dim.jacobian import CausalDimension, JacobianConfig
+from structlens.causal_dim.sweep import FeatureStats
 from structlens.equivalence.moments import CrossMoments
 from structlens.koopman.edmdc import accumulate
 from structlens.stats.streaming import (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.causal.jacobian import EJOPAccumulator
+from structlens.causal_dim.jacobian import EJOPAccumulator
 from structlens.execution import LocalExecutor, get_executor, map_reduce, merge_all
 from structlens.stats.streaming import MomentAccumulator
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from structlens.causal.experiment import shuffled_batches, train_width_sweep
+from structlens.causal_dim.experiment import shuffled_batches, train_width_sweep
 from structlens.execution import get_executor
 from structlens.sae import SAETrainConfig, train_sweep
 

@@ -57,8 +57,8 @@ Positions = Annotated[
 def _kappa(
     m: Any, layers: list[int], n: int, tokens: int, output: str, outputs: str
 ) -> dict[str, Any]:
-    from structlens.causal import JacobianConfig
-    from structlens.causal.experiment import kappa_by_layer
+    from structlens.causal_dim import JacobianConfig
+    from structlens.causal_dim.experiment import kappa_by_layer
 
     if outputs not in ("same", "downstream"):
         fail(f"--positions must be 'same' or 'downstream', got {outputs!r}.")
@@ -138,7 +138,7 @@ def _train_saes(
     seed: int,
     executor: Any = None,
 ) -> dict[int, Any]:
-    from structlens.causal.experiment import collect_residuals, train_width_sweep
+    from structlens.causal_dim.experiment import collect_residuals, train_width_sweep
 
     acts = collect_residuals(m, layer, tr)
     if acts.shape[0] < batch_size:
@@ -183,9 +183,9 @@ def sweep(
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
-    from structlens.causal.experiment import sweep_analysis
-    from structlens.causal.model import residual_grads
-    from structlens.causal.sweep import WidthSweepConfig
+    from structlens.causal_dim.experiment import sweep_analysis
+    from structlens.causal_dim.model import residual_grads
+    from structlens.causal_dim.sweep import WidthSweepConfig
     from structlens.report.causal import plot_width_sweep
 
     ws = parse_widths(widths)
@@ -256,8 +256,8 @@ def ablate(
     quiet: Quiet = False,
 ) -> None:
     """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation."""
-    from structlens.causal.experiment import four_cell
-    from structlens.causal.model import residual_grads
+    from structlens.causal_dim.experiment import four_cell
+    from structlens.causal_dim.model import residual_grads
 
     s, m = load_sae_for_model(sae, model, device, dtype, seed)
     _layers(str(layer), m.n_layers)

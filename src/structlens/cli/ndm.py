@@ -159,10 +159,11 @@ def train(
     quiet: Quiet = False,
 ) -> None:
     """Capture residual activations and train NDM at each layer."""
+    from structlens.ndm import NDM, NDMConfig
+    from structlens.ndm.data import capture_residuals, training_prompts
+    from structlens.ndm.evaluate import map_layer
     from structlens.report.ndm import plot_merge_history
-    from structlens.subspaces import NDM, NDMConfig
-    from structlens.subspaces.data import capture_residuals, resid_site, training_prompts
-    from structlens.subspaces.evaluate import map_layer
+    from structlens.sites import site_name
 
     model = load_model_or_fail(model_name, device, dtype, seed)
     chosen = (
@@ -205,7 +206,7 @@ def train(
     capture_s = time.perf_counter() - t0
     results: dict[str, Any] = {}
     for layer in chosen:
-        h = store.load(resid_site(layer)).float()
+        h = store.load(site_name("resid_post", layer)).float()
         t1 = time.perf_counter()
         try:
             res = NDM(cfg).fit(h, checkpoint_dir=(checkpoints or out / "checkpoints") / f"L{layer}")
@@ -248,7 +249,7 @@ def train(
 
 def _train_context(model: Any, train: Path) -> tuple[dict[str, Any], Any, list[Any]]:
     from structlens.capture.store import ActivationStore, StoreError
-    from structlens.subspaces.data import training_prompts
+    from structlens.ndm.data import training_prompts
 
     meta = _load_train(train)
     try:
@@ -267,7 +268,7 @@ def _train_context(model: Any, train: Path) -> tuple[dict[str, Any], Any, list[A
 
 def _cached_runs(path: Path, key: str, compute: Any) -> dict[str, Any]:
     """Per-method :class:`PatchRun` s, from ``path`` when computed under ``key``."""
-    from structlens.subspaces.evaluate import PatchRun
+    from structlens.ndm.evaluate import PatchRun
 
     fields = [f.name for f in dataclasses.fields(PatchRun)]
     cached = _load_npz(path, key)
@@ -314,11 +315,8 @@ def evaluate(
     With --executor ray the baseline rotations (SAE training among them) run as Ray tasks.
     """
     from structlens.data.tasks import make_task
-    from structlens.report.ndm import plot_effect_heatmap
-    from structlens.results import atomic_write_json
-    from structlens.subspaces import subspace_variances
-    from structlens.subspaces.data import resid_site
-    from structlens.subspaces.evaluate import (
+    from structlens.ndm import subspace_variances
+    from structlens.ndm.evaluate import (
         PAPER_TESTS,
         corrupted_prompts,
         map_layer,
@@ -327,12 +325,15 @@ def evaluate(
         routing_rates,
         summarize_gini,
     )
-    from structlens.subspaces.pipeline import (
+    from structlens.ndm.pipeline import (
         METHODS,
         SAEBaselineConfig,
         baseline_rotations,
         toy_recovery,
     )
+    from structlens.report.ndm import plot_effect_heatmap
+    from structlens.results import atomic_write_json
+    from structlens.sites import site_name
 
     _load_train(train)
     chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
@@ -367,7 +368,7 @@ def evaluate(
     )
     for layer in needed:
         R, partition = load_rotation(train / f"R-L{layer}.safetensors")
-        h = store.load(resid_site(layer)).double().numpy()
+        h = store.load(site_name("resid_post", layer)).double().numpy()
         others = [m for m in chosen_methods if m != "ndm"]
         key = _cache_key(
             store=meta["store"], layer=layer, partition=partition, methods=others, seed=seed,
@@ -495,7 +496,7 @@ def evaluate(
 
     toy_out: dict[str, Any] | None = None
     if toy:
-        from structlens.subspaces import NDMConfig, ToyConfig
+        from structlens.ndm import NDMConfig, ToyConfig
 
         toy_cfg = ToyConfig(steps=toy_ae_steps, seed=seed)
         toy_ndm = NDMConfig(
@@ -584,9 +585,10 @@ def browse(
     import torch
 
     from structlens.interventions import run_with_cache
-    from structlens.subspaces.browse import PreimageBrowser, highlight_context
-    from structlens.subspaces.data import capture_residuals, resid_site, training_prompts
-    from structlens.subspaces.fastrun import truncated
+    from structlens.interventions.fastrun import truncated
+    from structlens.ndm.browse import PreimageBrowser, highlight_context
+    from structlens.ndm.data import capture_residuals, training_prompts
+    from structlens.sites import site_name
 
     if not prompt:
         fail("give a query with --prompt 'some text'")
@@ -598,7 +600,7 @@ def browse(
     R, partition = load_rotation(train / f"R-L{layer}.safetensors")
     if subspace is not None and not 0 <= subspace < len(partition):
         fail(f"--subspace must be in [0, {len(partition)}), got {subspace}")
-    site = resid_site(layer)
+    site = site_name("resid_post", layer)
     corpus_done = meta["data"]["corpus_prompts"]
     extra = training_prompts(
         model,

@@ -99,17 +99,17 @@ def _train(
     out: Path,
     executor: Any = None,
 ) -> dict[str, Any]:
-    from structlens.causal.experiment import (
+    from structlens.causal_dim.experiment import (
         ce_recovered_by_width,
         collect_residuals,
         sae_quality,
         train_width_sweep,
     )
-    from structlens.causal.model import resid_site
     from structlens.sae import save_sae
+    from structlens.sites import site_name
 
     try:
-        resid_site(model, layer)
+        site_name("resid_pre", layer, n_layers=model.n_layers)
     except ValueError as err:
         fail(str(err))
     acts = collect_residuals(model, layer, prompts)
@@ -139,7 +139,7 @@ def _train(
         }
     return {
         "model": model.name,
-        "site": resid_site(model, layer),
+        "site": site_name("resid_pre", layer, n_layers=model.n_layers),
         "n_train_tokens": int(acts.shape[0]),
         "epochs": epochs,
         "widths": widths,
@@ -249,7 +249,11 @@ def evaluate(
     quiet: Quiet = False,
 ) -> None:
     """FVU, L0, dead fraction and CE loss recovered of a saved SAE at --layer."""
-    from structlens.causal.experiment import ce_recovered_by_width, collect_residuals, sae_quality
+    from structlens.causal_dim.experiment import (
+        ce_recovered_by_width,
+        collect_residuals,
+        sae_quality,
+    )
 
     s, m = load_sae_for_model(sae, model, device, dtype, seed)
     _, ev = corpus_prompts(m, prompt_tokens, 1, eval_prompts)

@@ -3,8 +3,8 @@
 Every streaming statistic in structlens (:class:`~structlens.stats.streaming.MomentAccumulator`
 and its cross/column variants, :class:`~structlens.koopman.edmdc.EDMDcStatistics`,
 :class:`~structlens.equivalence.moments.CrossMoments`,
-:class:`~structlens.causal.jacobian.EJOPAccumulator`,
-:class:`~structlens.causal.sweep.FeatureStats`) has a ``merge`` that combines two partial
+:class:`~structlens.causal_dim.jacobian.EJOPAccumulator`,
+:class:`~structlens.causal_dim.sweep.FeatureStats`) has a ``merge`` that combines two partial
 results into what one pass over both would give.  :func:`map_reduce` maps a function producing
 such a partial result over items with any executor and merges the parts *in item order*, so
 the answer does not depend on which worker finished first; it equals the single pass up to
@@ -29,7 +29,7 @@ def merge_all(parts: Iterable[A], merge: Callable[[A, A], A | None] | None = Non
 
     ``merge(a, b)`` may fold ``b`` into ``a`` in place and return ``None`` (as
     :class:`~structlens.stats.streaming.MomentAccumulator` does) or return the merged value
-    (as :class:`~structlens.causal.jacobian.EJOPAccumulator` does); both styles work.
+    (as :class:`~structlens.causal_dim.jacobian.EJOPAccumulator` does); both styles work.
     """
     it = iter(parts)
     try:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.causal import (
+from structlens.causal_dim import (
     CausalDimension,
     FeatureStats,
     SyntheticCausalModel,

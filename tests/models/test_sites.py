@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from _foundation import TEXTS
+from _models import TEXTS
 from structlens.interventions import hooked
 from structlens.sites import Site, SiteError, parse_site
 

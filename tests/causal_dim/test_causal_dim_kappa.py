@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.causal import JacobianConfig
-from structlens.causal.kappa import kappa_curve, kappa_from_grams
-from structlens.causal.model import (
+from structlens.causal_dim import JacobianConfig
+from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+from structlens.causal_dim.model import (
     model_causal_dimension,
     residual_batches,
     residual_batches_multi,
@@ -118,7 +118,7 @@ def test_multi_layer_captures_match_single_layer(model):
 
 
 def test_kappa_by_layer_reports_bootstrap_ci(model):
-    from structlens.causal.experiment import kappa_by_layer
+    from structlens.causal_dim.experiment import kappa_by_layer
 
     cfg = JacobianConfig(output="log_probs", max_rows=model.d_model)
     res = kappa_by_layer(model, [1], PROMPTS, cfg, n_bootstrap=20)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.causal import JacobianConfig, jacobians_forward
-from structlens.causal.model import (
+from structlens.causal_dim import JacobianConfig, jacobians_forward
+from structlens.causal_dim.model import (
     ce_runner,
     eager_attention,
     exact_feature_effects,

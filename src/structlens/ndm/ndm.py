@@ -27,9 +27,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
 from structlens.results import Result, atomic_write_bytes, atomic_write_json
 from structlens.stats.mutual_info import subspace_mutual_information
-from structlens.subspaces.search import RotatedKeys, neighbor_distance_loss
 
 ActivationSource = (
     np.ndarray | torch.Tensor | Callable[[], Iterable[torch.Tensor]] | Iterable[torch.Tensor]

@@ -1,6 +1,6 @@
 """Preimage browsing: which stored contexts look alike inside one learned subspace.
 
-A :class:`PreimageBrowser` wraps a :class:`structlens.subspaces.SubspaceIndex` (exact cosine
+A :class:`PreimageBrowser` wraps a :class:`structlens.ndm.SubspaceIndex` (exact cosine
 similarity per subspace) with the provenance of every stored activation (prompt, position)
 and the prompts' tokens, so a hit can be shown as its context with the token highlighted —
 the practical version of the authors' browser (they use faiss ``IndexFlatIP`` on
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from structlens.subspaces.preimage import SubspaceIndex
+from structlens.ndm.preimage import SubspaceIndex
 
 HIGHLIGHT = ("[[", "]]")
 

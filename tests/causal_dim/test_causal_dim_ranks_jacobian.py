@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.causal import CausalDimension, EJOPAccumulator, JacobianConfig, SyntheticCausalModel
+from structlens.causal_dim import (
+    CausalDimension,
+    EJOPAccumulator,
+    JacobianConfig,
+    SyntheticCausalModel,
+)
 from structlens.stats.ranks import (
     effective_ranks,
     entropy_effective_rank,

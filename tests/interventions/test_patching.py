@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from _foundation import TEXTS
+from _models import TEXTS
 from structlens.interventions import (
     ablate,
     attribution_patch,
@@ -150,7 +150,7 @@ def _linear_metric(model, w):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-bert", "tiny-neox"])
 def test_atp_equals_exact_patching_for_linear_metric(name):
-    from _foundation import get_model
+    from _models import get_model
 
     model = get_model(name)
     ids, mask = model.tokenize(["abcdefgh", "ijklmnop"])

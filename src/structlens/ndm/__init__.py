@@ -1,15 +1,15 @@
 """NDM subspace decomposition: trainer, neighbour search, toy model, baselines, preimage index."""
 
-from structlens.subspaces.baselines import (
+from structlens.ndm.baselines import (
     identity_rotation,
     pca_rotation,
     random_rotation,
     sae_cluster_rotation,
 )
-from structlens.subspaces.ndm import NDM, NDMConfig, NDMResult, subspace_variances
-from structlens.subspaces.preimage import SubspaceIndex
-from structlens.subspaces.search import RotatedKeys, neighbor_distance_loss
-from structlens.subspaces.toy import (
+from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, subspace_variances
+from structlens.ndm.preimage import SubspaceIndex
+from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
+from structlens.ndm.toy import (
     ToyConfig,
     ToyModel,
     principal_angles,

@@ -6,10 +6,11 @@ import torch
 
 from structlens.data.tasks import make_task, pad_batch
 from structlens.interventions import patch, subspace_basis
+from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models import load_model
 from structlens.models.loading import Model
-from structlens.subspaces.baselines import random_rotation
-from structlens.subspaces.evaluate import (
+from structlens.ndm.baselines import random_rotation
+from structlens.ndm.evaluate import (
     PAPER_TESTS,
     bootstrap_gini,
     corrupted_prompts,
@@ -21,7 +22,6 @@ from structlens.subspaces.evaluate import (
     routing_rates,
     summarize_gini,
 )
-from structlens.subspaces.fastrun import metric_logits, resumed, truncated
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -193,7 +193,7 @@ def test_gini_summary_and_bootstrap():
     conc = np.zeros((40, 4))
     conc[:, 0] = 1.0 + 0.1 * rng.standard_normal(40)
     even = 1.0 + 0.01 * rng.standard_normal((40, 4))
-    from structlens.subspaces.evaluate import PatchRun
+    from structlens.ndm.evaluate import PatchRun
 
     def run(e):
         z = np.zeros(e.shape[0])
@@ -215,7 +215,7 @@ def test_gini_summary_and_bootstrap():
 
 def test_routing_rates_count_top1(tok):
     task = make_task("knowledge_conflict", tok, n=6, seed=0)
-    from structlens.subspaces.evaluate import PatchRun
+    from structlens.ndm.evaluate import PatchRun
 
     ctx = np.asarray(task.answers["context"])
     par = np.asarray(task.answers["parametric"])

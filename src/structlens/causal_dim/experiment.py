@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from structlens.causal.controls import four_cell_ablation
-from structlens.causal.jacobian import JacobianConfig
-from structlens.causal.kappa import kappa_from_grams
-from structlens.causal.model import (
+from structlens.causal_dim.controls import four_cell_ablation
+from structlens.causal_dim.jacobian import JacobianConfig
+from structlens.causal_dim.kappa import kappa_from_grams
+from structlens.causal_dim.model import (
     ce_runner,
     eager_attention,
     residual_batches,
@@ -29,7 +29,7 @@ from structlens.causal.model import (
     sae_splice_writer,
     vector_grams,
 )
-from structlens.causal.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
+from structlens.causal_dim.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
 from structlens.execution import Executor, get_executor
 from structlens.models.loading import Model
 from structlens.sae import (
@@ -56,9 +56,9 @@ def kappa_by_layer(
 ) -> dict[str, Any]:
     """Exact κ (erank), κ_PR, stable and numerical rank of Σ at each layer, with spectra.
 
-    One exact Gram per prompt (:func:`~structlens.causal.model.vector_grams`); with ≥ 2
+    One exact Gram per prompt (:func:`~structlens.causal_dim.model.vector_grams`); with ≥ 2
     prompts the SEs are jackknife and the CIs bootstrap over prompts
-    (:func:`~structlens.causal.kappa.kappa_from_grams`), else they are ``None``.
+    (:func:`~structlens.causal_dim.kappa.kappa_from_grams`), else they are ``None``.
     """
     cfg = config or JacobianConfig(output="log_probs")
     if not prompts:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from structlens.causal.kappa import kappa_curve, kappa_from_grams
+from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
 from structlens.report.causal import write_replication_doc
 from structlens.results import to_jsonable
 

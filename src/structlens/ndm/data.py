@@ -16,12 +16,9 @@ from structlens.capture import capture
 from structlens.capture.store import ActivationStore
 from structlens.data.corpus import chunk_documents, load_texts
 from structlens.data.tasks import make_task
+from structlens.interventions.fastrun import truncated
 from structlens.models.loading import Model
-from structlens.subspaces.fastrun import truncated
-
-
-def resid_site(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
+from structlens.sites import site_name
 
 
 def training_prompts(
@@ -64,7 +61,7 @@ def capture_residuals(
         return capture(
             model,
             list(prompts),
-            [resid_site(layer) for layer in layers],
+            [site_name("resid_post", layer) for layer in layers],
             root=root,
             positions="skip-first",
             dtype=dtype,

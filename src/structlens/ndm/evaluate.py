@@ -37,10 +37,10 @@ import torch
 
 from structlens.data.tasks import TaskDataset, pad_batch
 from structlens.interventions import run_with_cache
+from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
+from structlens.sites import site_name
 from structlens.stats.gini import gini, gini_dimension_normalized, gini_variance_normalized
-from structlens.subspaces.data import resid_site
-from structlens.subspaces.fastrun import metric_logits, resumed, truncated
 
 GINI_VARIANTS = ("unnormalized", "dimension", "variance")
 
@@ -186,7 +186,7 @@ def patch_subspaces(
     ``bases`` maps a method name to its list of ``(d, d_s)`` orthonormal bases.  Prompts are
     batched; the clean and corrupted ``resid_post`` are computed once per batch (the model
     truncated after ``layer``) and each patched run only computes the layers after ``layer``
-    (:func:`structlens.subspaces.fastrun.resumed`), unembedding only the metric positions.
+    (:func:`structlens.interventions.fastrun.resumed`), unembedding only the metric positions.
     Returns one :class:`PatchRun` per method.
     """
     n = len(task.clean)
@@ -197,7 +197,7 @@ def patch_subspaces(
     if positions is not None and len(positions) != n:
         raise ValueError(f"{len(positions)} position lists for {n} prompts.")
     checked = {m: _check_bases(b, model.d_model) for m, b in bases.items()}
-    site = resid_site(layer)
+    site = site_name("resid_post", layer)
     pad = model.tokenizer.pad_token_id or 0
     mpos = metric_positions(task)
     acc: dict[str, dict[str, list[np.ndarray]]] = {

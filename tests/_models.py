@@ -1,4 +1,4 @@
-"""Shared helpers of the foundation tests (tiny models are cached per session)."""
+"""Shared helpers of the model-level tests (tiny models are cached per session)."""
 
 from structlens.models import load_model
 

@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from structlens.subspaces.baselines import (
+from structlens.ndm.baselines import (
     identity_rotation,
     pca_rotation,
     random_rotation,
     sae_cluster_rotation,
 )
-from structlens.subspaces.preimage import SubspaceIndex
+from structlens.ndm.preimage import SubspaceIndex
 
 
 def _orthogonal(R):

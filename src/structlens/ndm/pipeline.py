@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from structlens.execution import Executor, get_executor
-from structlens.subspaces.baselines import (
+from structlens.ndm.baselines import (
     identity_rotation,
     pca_rotation,
     random_rotation,
     sae_cluster_rotation,
 )
-from structlens.subspaces.ndm import NDM, NDMConfig
-from structlens.subspaces.toy import ToyConfig, recovery_report, train_toy_model
+from structlens.ndm.ndm import NDM, NDMConfig
+from structlens.ndm.toy import ToyConfig, recovery_report, train_toy_model
 
 METHODS = ("ndm", "identity", "random", "pca", "sae")
 
@@ -118,7 +118,7 @@ def toy_recovery(
     ``noise`` adds Gaussian read-out noise of that standard deviation to ``h`` (absent groups
     are exact zeros otherwise, a point mass KSG cannot handle).  Returns the partition found,
     ``overlap`` (the smallest matched subspace overlap, 1 = exact recovery; see
-    :func:`structlens.subspaces.toy.recovery_report`), the full report, the merge history and
+    :func:`structlens.ndm.toy.recovery_report`), the full report, the merge history and
     whether the number of subspaces equals the number of groups.
     """
     toy_cfg = toy or ToyConfig(seed=seed)

@@ -1,7 +1,7 @@
 """Width-sweep analysis: N_repr(m), N_causal(m), the wedge, saturating fits and κ̂.
 
 Per SAE width ``m`` a :class:`FeatureStats` accumulator collects, over the evaluation tokens,
-how often each feature fires and the sum of ``|AtP|`` (see :mod:`structlens.causal.atp`),
+how often each feature fires and the sum of ``|AtP|`` (see :mod:`structlens.causal_dim.atp`),
 split into ``n_blocks`` token blocks (token ``t`` goes to block ``t mod n_blocks``) so the
 bootstrap can resample tokens without keeping per-token data.  Accumulators merge by addition.
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from structlens.causal.atp import sparse_feature_atp
+from structlens.causal_dim.atp import sparse_feature_atp
 from structlens.results import Result
 from structlens.sae.models import SparseAutoencoder
 

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
+from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation
+from structlens.ndm.search import RotatedKeys
+from structlens.ndm.toy import ToyConfig, recovery_report, train_toy_model
 from structlens.stats.mutual_info import subspace_mutual_information
-from structlens.subspaces.ndm import NDM, NDMConfig, NDMResult, _Rotation
-from structlens.subspaces.search import RotatedKeys
-from structlens.subspaces.toy import ToyConfig, recovery_report, train_toy_model
 
 
 def _planted(rng, n=3000):

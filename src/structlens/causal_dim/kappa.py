@@ -2,7 +2,7 @@
 few-vector bias curve.
 
 Input is a stack ``G`` [n, d, d] of per-residual-vector Grams ``G_i = J(x_i)ᵀ J(x_i)`` (one
-row of :class:`structlens.causal.EJOPAccumulator` per vector).  ``Σ̂ = mean_i G_i``; κ is the
+row of :class:`structlens.causal_dim.EJOPAccumulator` per vector).  ``Σ̂ = mean_i G_i``; κ is the
 entropy effective rank (Roy–Vetterli, ``exp`` of the Shannon entropy in nats of the normalised
 eigenvalues of ``Σ̂``), κ_PR the participation ratio ``(Σλ)² / Σλ²``.
 

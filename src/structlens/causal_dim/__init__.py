@@ -1,7 +1,7 @@
 """Causal dimensionality: Σ = E[JᵀJ] and its effective ranks, AtP over SAE features,
 width-sweep analysis (N_repr, N_causal, saturating fits, κ̂) and controls."""
 
-from structlens.causal.atp import (
+from structlens.causal_dim.atp import (
     AtPVerification,
     exact_zero_ablation,
     feature_atp,
@@ -9,7 +9,7 @@ from structlens.causal.atp import (
     splice_with_error,
     verify_atp,
 )
-from structlens.causal.controls import (
+from structlens.causal_dim.controls import (
     FourCellResult,
     RecallResult,
     SyntheticCausalModel,
@@ -18,7 +18,7 @@ from structlens.causal.controls import (
     random_orthonormal_decoder,
     random_orthonormal_encoder,
 )
-from structlens.causal.jacobian import (
+from structlens.causal_dim.jacobian import (
     CausalDimension,
     CausalDimensionResult,
     EJOPAccumulator,
@@ -26,7 +26,7 @@ from structlens.causal.jacobian import (
     jacobians_forward,
     vjp_sketch_grads,
 )
-from structlens.causal.sweep import (
+from structlens.causal_dim.sweep import (
     FeatureStats,
     WidthSweepConfig,
     WidthSweepResult,

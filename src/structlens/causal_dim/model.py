@@ -1,13 +1,13 @@
 """Model-side callables for causal dimensionality and SAE evaluation on real transformers.
 
 Everything here loads nothing: it takes a :class:`structlens.models.Model` and token ids and
-returns the callables and tensors that the array-level code in :mod:`structlens.causal` and
+returns the callables and tensors that the array-level code in :mod:`structlens.causal_dim` and
 :mod:`structlens.sae` consumes.
 
 Residual → output function ``f_l``
 ---------------------------------
 :func:`residual_function` builds, for ONE prompt and one position ``t``, the batched callable
-``f(H) -> Y`` of :mod:`structlens.causal.jacobian`: each row of ``H`` [b, d] replaces the
+``f(H) -> Y`` of :mod:`structlens.causal_dim.jacobian`: each row of ``H`` [b, d] replaces the
 residual stream ``blocks.{l}.hook_resid_pre`` at position ``t`` and the model runs to the logits.
 
 * ``outputs="same"``: ``Y`` = logits at position ``t`` only, ``[b, V]``.
@@ -23,8 +23,8 @@ the model to it for the duration (and restores the previous implementation).
 Gradients and splices
 ---------------------
 :func:`residual_grads` runs a metric backward once per batch and yields ``(acts, grads)`` at
-a residual site over chosen positions: the input of :class:`structlens.causal.FeatureStats`
-and :func:`structlens.causal.four_cell_ablation` for every SAE of a sweep.
+a residual site over chosen positions: the input of :class:`structlens.causal_dim.FeatureStats`
+and :func:`structlens.causal_dim.four_cell_ablation` for every SAE of a sweep.
 :func:`sae_splice_writer` writes ``x̂(h) + (h − x̂(h))`` (error term), which leaves the model
 unchanged; :func:`ce_runner` gives the ``run_with_replacement`` of
 :func:`structlens.sae.ce_loss_recovered`.
@@ -40,7 +40,7 @@ from typing import Literal
 
 import torch
 
-from structlens.causal.jacobian import (
+from structlens.causal_dim.jacobian import (
     CausalDimension,
     CausalDimensionResult,
     EJOPAccumulator,
@@ -49,15 +49,9 @@ from structlens.causal.jacobian import (
 from structlens.interventions import hooked
 from structlens.models.loading import Model
 from structlens.sae.models import SparseAutoencoder
+from structlens.sites import site_name
 
 Outputs = Literal["same", "downstream"]
-
-
-def resid_site(model: Model, layer: int) -> str:
-    """``blocks.{layer}.hook_resid_pre``, validated against the model."""
-    if not 0 <= layer < model.n_layers:
-        raise ValueError(f"layer must lie in [0, {model.n_layers}), got {layer}.")
-    return f"blocks.{layer}.hook_resid_pre"
 
 
 @contextmanager
@@ -105,7 +99,7 @@ def residual_function(
     the factor is frozen at ``p̄``).  Needs a linear unembedding (no logit soft-capping).
     """
     _check_causal(model)
-    site = resid_site(model, layer)
+    site = site_name("resid_pre", layer, n_layers=model.n_layers)
     if outputs not in ("same", "downstream"):
         raise ValueError(f"outputs must be 'same' or 'downstream', got {outputs!r}.")
     ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=model.device)[None]
@@ -237,7 +231,7 @@ def vector_grams(
     """Yield one exact ``J(x)ᵀJ(x)`` [d, d] (float64) per prompt, in prompt order.
 
     Same ``f`` and conventions as :func:`model_causal_dimension` with ``compress_head``; the
-    stack feeds :func:`structlens.causal.kappa.kappa_from_grams` (per-vector jackknife and
+    stack feeds :func:`structlens.causal_dim.kappa.kappa_from_grams` (per-vector jackknife and
     bootstrap) and can be saved vector by vector, so a long run resumes where it stopped.
     """
     cfg = dataclasses.replace(config or JacobianConfig(), n_groups=1)
@@ -304,7 +298,7 @@ def residual_grads_multi(
     from structlens.data.tasks import pad_batch
     from structlens.interventions import run_with_grads
 
-    sites = {layer: resid_site(model, layer) for layer in layers}
+    sites = {layer: site_name("resid_pre", layer, n_layers=model.n_layers) for layer in layers}
     metric = metric or next_token_nll
     pad = int(model.tokenizer.pad_token_id)
     for s in range(0, len(prompts), batch_size):
@@ -357,7 +351,7 @@ def ce_runner(
     """
     from structlens.data.tasks import pad_batch
 
-    site = resid_site(model, layer)
+    site = site_name("resid_pre", layer, n_layers=model.n_layers)
     pad = int(model.tokenizer.pad_token_id)
 
     def run(fn: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
@@ -404,7 +398,7 @@ def exact_feature_effects(
     V]) -> [b]``.  Layers below ``layer`` run once; rows are expanded at the write.  With
     ``skip_first`` position 0 is never ablated (as in :func:`sae_splice_writer`).
     """
-    site = resid_site(model, layer)
+    site = site_name("resid_pre", layer, n_layers=model.n_layers)
     ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=model.device)[None]
     feats = torch.as_tensor(list(features), dtype=torch.long)
     if feats.numel() == 0 or feats.min() < 0 or feats.max() >= sae.d_sae:
@@ -466,7 +460,7 @@ def residual_batches_multi(
 
     if not layers:
         raise ValueError("layers is empty; pass at least one layer.")
-    sites = {layer: resid_site(model, layer) for layer in layers}
+    sites = {layer: site_name("resid_pre", layer, n_layers=model.n_layers) for layer in layers}
     last = sites[max(sites)]
     pad = int(model.tokenizer.pad_token_id)
 

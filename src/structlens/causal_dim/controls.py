@@ -6,7 +6,7 @@
 * :class:`SyntheticCausalModel` and :func:`atp_recall`: a toy model whose output depends on
   known directions only, and whether top-AtP SAE features recover those directions.
 Matched L0 lives in :mod:`structlens.sae.train` (``target_l0``); architecture invariance is a
-width sweep per architecture fed to :func:`structlens.causal.sweep.analyze_width_sweep`.
+width sweep per architecture fed to :func:`structlens.causal_dim.sweep.analyze_width_sweep`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from structlens.causal.sweep import FeatureStats, calibrate_epsilon
+from structlens.causal_dim.sweep import FeatureStats, calibrate_epsilon
 from structlens.results import Result
 from structlens.sae.models import SparseAutoencoder
 
