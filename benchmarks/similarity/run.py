@@ -70,8 +70,8 @@ def _svcca_dims(x: np.ndarray, y: np.ndarray) -> int:
     from structlens.equivalence.cca import _principal
 
     m = CrossMoments(x.shape[1], y.shape[1]).update(x, y)
-    kx = _principal(m.cov_xx, SVCCA_KEEP, "variance")[0].size
-    ky = _principal(m.cov_yy, SVCCA_KEEP, "variance")[0].size
+    kx = _principal(m.s_xx, SVCCA_KEEP, "variance")[0].size
+    ky = _principal(m.s_yy, SVCCA_KEEP, "variance")[0].size
     return int(min(kx, ky))
 
 

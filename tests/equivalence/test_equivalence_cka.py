@@ -89,7 +89,7 @@ def test_cross_moments_merge_equals_one_pass_with_large_offsets(rng):
     ]
     merged = parts[0].merge(parts[1]).merge(parts[2])
     assert merged.n == 500
-    np.testing.assert_allclose(merged.cov_xy, one.cov_xy, rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(merged.s_xy, one.s_xy, rtol=1e-9, atol=1e-6)
     for deb in (False, True):
         np.testing.assert_allclose(
             cka_from_moments(merged, deb), cka_from_moments(one, deb), atol=1e-9

@@ -15,13 +15,8 @@ import torch
 
 from structlens.causal_dim.jacobian import CausalDimension, JacobianConfig
 from structlens.causal_dim.sweep import FeatureStats
-from structlens.equivalence.moments import CrossMoments
 from structlens.koopman.edmdc import accumulate
-from structlens.stats.streaming import (
-    ColumnMomentAccumulator,
-    CrossMomentAccumulator,
-    MomentAccumulator,
-)
+from structlens.stats.moments import ColumnMoments, CrossMoments
 
 D_X, D_Y, D_U = 6, 4, 2
 
@@ -48,8 +43,8 @@ class SiteMoments:
     site: str
     dim: int
 
-    def __call__(self, shard: dict[str, torch.Tensor]) -> MomentAccumulator:
-        acc = MomentAccumulator(self.dim)
+    def __call__(self, shard: dict[str, torch.Tensor]) -> CrossMoments:
+        acc = CrossMoments(self.dim)
         acc.update(shard[self.site])
         return acc
 
@@ -69,15 +64,15 @@ class ShardStat:
         """One accumulator fed ``shards`` in order: the reference when given every shard."""
         k = self.kind
         if k == "moments":
-            acc = MomentAccumulator(D_X)
+            acc = CrossMoments(D_X)
             for s in shards:
                 acc.update(s["x"])
         elif k == "cross_moments":
-            acc = CrossMomentAccumulator(D_X, D_Y)
+            acc = CrossMoments(D_X, D_Y, second_y="diag")
             for s in shards:
                 acc.update(s["x"], s["y"])
         elif k == "column_moments":
-            acc = ColumnMomentAccumulator(D_X)
+            acc = ColumnMoments(D_X)
             for s in shards:
                 acc.update(s["x"])
         elif k == "edmdc":
@@ -106,18 +101,18 @@ class ShardStat:
 def summary(kind: str, acc: Any) -> dict[str, np.ndarray]:
     """The numbers a method reads from each statistic, as float64 arrays."""
     if kind == "moments":
-        return {"n": np.array(acc.n), "mean": acc.mean, "cov": acc.covariance(1)}
+        return {"n": np.array(acc.n), "mean": acc.mean_x, "cov": acc.covariance(1)}
     if kind == "cross_moments":
-        return {"mean_a": acc.mean_a, "s_aa": acc.s_aa, "s_ab": acc.s_ab, "s_bb": acc.s_bb_diag}
+        return {"mean_a": acc.mean_x, "s_aa": acc.s_xx, "s_ab": acc.s_xy, "s_bb": acc.s_yy}
     if kind == "column_moments":
         return {"mean": acc.mean, "m2": acc.m2, "m3": acc.m3, "kurt": acc.excess_kurtosis()}
     if kind == "edmdc":
         zy = acc.zy
-        return {"n": np.array(acc.n), "s_aa": zy.s_aa, "s_ab": zy.s_ab, "m4": acc.tails.m4}
+        return {"n": np.array(acc.n), "s_aa": zy.s_xx, "s_ab": zy.s_xy, "m4": acc.tails.m4}
     if kind == "cka":
         xy, xx, yy = acc.hsic_terms(debiased=True)
         bxy, bxx, byy = acc.hsic_terms(debiased=False)
-        return {"cov_xy": acc.cov_xy, "hsic_u": xy, "xx_u": xx, "yy_u": yy, "hsic": bxy}
+        return {"cov_xy": acc.s_xy, "hsic_u": xy, "xx_u": xx, "yy_u": yy, "hsic": bxy}
     if kind == "ejop":
         return {"n": np.array(acc.n), "sigma": acc.sigma().numpy()}
     if kind == "feature_stats":

@@ -6,7 +6,7 @@ import torch
 
 from structlens.causal_dim.jacobian import EJOPAccumulator
 from structlens.execution import LocalExecutor, get_executor, map_reduce, merge_all
-from structlens.stats.streaming import MomentAccumulator
+from structlens.stats.moments import CrossMoments
 
 
 class _Rows:
@@ -15,8 +15,8 @@ class _Rows:
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
 
-    def __call__(self, start: int) -> MomentAccumulator:
-        acc = MomentAccumulator(self.x.shape[1])
+    def __call__(self, start: int) -> CrossMoments:
+        acc = CrossMoments(self.x.shape[1])
         acc.update(self.x[start : start + 10])
         return acc
 
@@ -25,7 +25,7 @@ def test_map_reduce_equals_numpy_moments():
     x = np.random.default_rng(0).normal(size=(50, 3)) * [1.0, 10.0, 0.1] + 1e4
     acc = map_reduce(_Rows(x), list(range(0, 50, 10)), progress=False)
     assert acc.n == 50
-    np.testing.assert_allclose(acc.mean, x.mean(0), rtol=1e-15)
+    np.testing.assert_allclose(acc.mean_x, x.mean(0), rtol=1e-15)
     cov = np.cov(x, rowvar=False)
     np.testing.assert_allclose(acc.covariance(1), cov, rtol=1e-11, atol=1e-12 * np.abs(cov).max())
 

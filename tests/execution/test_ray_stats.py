@@ -10,7 +10,7 @@ from structlens.execution import get_executor, map_reduce, store_statistic
 from structlens.koopman.dictionaries import PCADictionary
 from structlens.models import load_model
 from structlens.sae.models import TopKSAE
-from structlens.stats.streaming import MomentAccumulator
+from structlens.stats.moments import CrossMoments
 
 KINDS = ["moments", "cross_moments", "column_moments", "edmdc", "cka", "ejop", "feature_stats"]
 N_SHARDS, SEED = 5, 3
@@ -57,11 +57,11 @@ def test_ray_store_statistic_equals_moments_of_loaded_site(ray_cluster, tmp_path
         executor=get_executor("ray"),
         progress=False,
     )
-    single = MomentAccumulator(64)
+    single = CrossMoments(64)
     single.update(store.load("blocks.1.hook_resid_post"))
     assert merged.n == single.n == store.n_tokens
-    np.testing.assert_allclose(merged.mean, single.mean, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(merged.scatter, single.scatter, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(merged.mean_x, single.mean_x, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(merged.s_xx, single.s_xx, rtol=1e-11, atol=1e-11)
 
 
 def test_ray_koopman_store_statistics_equal_in_memory_fit(ray_cluster, tmp_path):
@@ -81,8 +81,8 @@ def test_ray_koopman_store_statistics_equal_in_memory_fit(ray_cluster, tmp_path)
     local = store_statistics(store, dic, [0, 1])
     on_ray = store_statistics(store, dic, [0, 1], executor="ray")
     assert local.n == on_ray.n == single.n == 2 * store.n_tokens
-    np.testing.assert_allclose(local.zy.s_ab, single.zy.s_ab, rtol=1e-10, atol=1e-9)
-    np.testing.assert_array_equal(on_ray.zy.s_ab, local.zy.s_ab)
+    np.testing.assert_allclose(local.zy.s_xy, single.zy.s_xy, rtol=1e-10, atol=1e-9)
+    np.testing.assert_array_equal(on_ray.zy.s_xy, local.zy.s_xy)
     ev_single = solve(single, cfg, dic).eigenvalues
     ev_ray = solve(on_ray, cfg, dic).eigenvalues
     np.testing.assert_allclose(np.sort_complex(ev_ray), np.sort_complex(ev_single), atol=1e-8)

@@ -75,8 +75,8 @@ def test_merged_statistics_equal_one_pass(rng):
     parts = accumulate(dic, iter_chunks(s["X"], s["U"], s["Y"], s["ids"], 77), n_blocks=5)
     merged = merge_statistics(parts)
     assert merged.n == one.n == 600
-    np.testing.assert_allclose(merged.zy.s_aa, one.zy.s_aa, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(merged.zy.s_ab, one.zy.s_ab, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(merged.zy.s_xx, one.zy.s_xx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(merged.zy.s_xy, one.zy.s_xy, rtol=1e-10, atol=1e-10)
     r1, r2 = solve(one, cfg, dic), solve(merged, cfg, dic)
     np.testing.assert_allclose(r1.A, r2.A, atol=1e-8)
     np.testing.assert_allclose(r1.B, r2.B, atol=1e-8)

@@ -9,46 +9,42 @@ from structlens.stats.matching import (
     bottleneck_matching,
     wasserstein_distance,
 )
+from structlens.stats.moments import ColumnMoments, CrossMoments
 from structlens.stats.robust import (
     block_assignment,
     geometric_median,
     median_of_means,
     tail_diagnostic,
 )
-from structlens.stats.streaming import (
-    ColumnMomentAccumulator,
-    CrossMomentAccumulator,
-    MomentAccumulator,
-)
 
 
 def test_moment_merge_equals_one_pass(rng):
     x = rng.standard_normal((300, 5)) * 3 + 7
-    one = MomentAccumulator(5)
+    one = CrossMoments(5)
     one.update(x)
-    parts = [MomentAccumulator(5) for _ in range(3)]
+    parts = [CrossMoments(5) for _ in range(3)]
     for p, chunk in zip(parts, np.array_split(x, [17, 150]), strict=True):
         p.update(chunk)
     parts[0].merge(parts[1])
     parts[0].merge(parts[2])
-    np.testing.assert_allclose(parts[0].scatter, one.scatter, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(parts[0].s_xx, one.s_xx, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(one.covariance(), np.cov(x, rowvar=False, bias=True), rtol=1e-12)
     np.testing.assert_allclose(one.gram(), x.T @ x, rtol=1e-12)
 
 
 def test_cross_moment_merge_equals_one_pass(rng):
     a, b = rng.standard_normal((200, 4)) + 3, rng.standard_normal((200, 2)) - 1
-    one = CrossMomentAccumulator(4, 2)
+    one = CrossMoments(4, 2, second_y="diag")
     one.update(a, b)
-    p, q = CrossMomentAccumulator(4, 2), CrossMomentAccumulator(4, 2)
+    p, q = CrossMoments(4, 2, second_y="diag"), CrossMoments(4, 2, second_y="diag")
     p.update(a[:50], b[:50])
     q.update(a[50:], b[50:])
     p.merge(q)
     ac, bc = a - a.mean(0), b - b.mean(0)
     for acc in (one, p):
-        np.testing.assert_allclose(acc.s_ab, ac.T @ bc, atol=1e-10)
-        np.testing.assert_allclose(acc.s_aa, ac.T @ ac, atol=1e-10)
-        np.testing.assert_allclose(acc.s_bb_diag, (bc**2).sum(0), atol=1e-10)
+        np.testing.assert_allclose(acc.s_xy, ac.T @ bc, atol=1e-10)
+        np.testing.assert_allclose(acc.s_xx, ac.T @ ac, atol=1e-10)
+        np.testing.assert_allclose(acc.s_yy, (bc**2).sum(0), atol=1e-10)
 
 
 def test_cross_moments_of_tensors_equal_numpy_path(rng):
@@ -56,25 +52,25 @@ def test_cross_moments_of_tensors_equal_numpy_path(rng):
     torch = pytest.importorskip("torch")
     a = rng.standard_normal((120, 4)) * 5 + 3
     b = a[:, :2] @ rng.standard_normal((2, 3)) + rng.standard_normal((120, 3))
-    ref, tor = CrossMomentAccumulator(4, 3), CrossMomentAccumulator(4, 3)
+    ref, tor = CrossMoments(4, 3, second_y="diag"), CrossMoments(4, 3, second_y="diag")
     for s in (slice(0, 70), slice(70, 120)):
         ref.update(a[s], b[s])
         tor.update(torch.from_numpy(a[s]).float(), torch.from_numpy(b[s]).float())
     assert tor.n == ref.n == 120
-    np.testing.assert_allclose(tor.s_aa, ref.s_aa, rtol=1e-5)
-    np.testing.assert_allclose(tor.s_ab, ref.s_ab, rtol=1e-5, atol=1e-3)
-    np.testing.assert_allclose(tor.mean_a, ref.mean_a, rtol=1e-6)
+    np.testing.assert_allclose(tor.s_xx, ref.s_xx, rtol=1e-5)
+    np.testing.assert_allclose(tor.s_xy, ref.s_xy, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(tor.mean_x, ref.mean_x, rtol=1e-6)
     with pytest.raises(ValueError, match="NaN"):
         bad = torch.zeros(3, 4)
         bad[1, 2] = float("nan")
-        CrossMomentAccumulator(4, 3).update(bad, torch.zeros(3, 3))
+        CrossMoments(4, 3, second_y="diag").update(bad, torch.zeros(3, 3))
     with pytest.raises(ValueError, match="columns"):
-        CrossMomentAccumulator(4, 3).update(torch.zeros(3, 5), torch.zeros(3, 3))
+        CrossMoments(4, 3, second_y="diag").update(torch.zeros(3, 5), torch.zeros(3, 3))
 
 
 def test_column_kurtosis_matches_scipy_and_merges(rng):
     x = rng.standard_t(5, size=(1000, 3))
-    acc, p, q = ColumnMomentAccumulator(3), ColumnMomentAccumulator(3), ColumnMomentAccumulator(3)
+    acc, p, q = ColumnMoments(3), ColumnMoments(3), ColumnMoments(3)
     acc.update(x)
     p.update(x[:333])
     q.update(x[333:])
@@ -90,13 +86,13 @@ def test_tail_diagnostic_separates_gaussian_from_heavy(rng):
 
 
 def test_accumulators_reject_nan_and_bad_shapes():
-    acc = MomentAccumulator(3)
+    acc = CrossMoments(3)
     with pytest.raises(ValueError, match="NaN"):
         acc.update(np.array([[1.0, np.nan, 0.0]]))
     with pytest.raises(ValueError, match="columns"):
         acc.update(np.zeros((2, 4)))
     with pytest.raises(ValueError, match="rows"):
-        CrossMomentAccumulator(2, 2).update(np.zeros((3, 2)), np.zeros((4, 2)))
+        CrossMoments(2, 2, second_y="diag").update(np.zeros((3, 2)), np.zeros((4, 2)))
 
 
 def _brute_bottleneck(a, b):

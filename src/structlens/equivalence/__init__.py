@@ -16,6 +16,8 @@ elsewhere. See docs/equivalence.md for conventions and a worked example.
   :func:`bootstrap_point_test`.
 """
 
+from structlens.stats.moments import CrossMoments
+
 from .cca import (
     cca_correlations,
     cca_correlations_from_moments,
@@ -65,7 +67,6 @@ from .matching import (
     match_hungarian,
     match_monotone,
 )
-from .moments import CrossMoments
 from .preprocess import Preprocess, prepare
 from .score import (
     EquivalenceScore,

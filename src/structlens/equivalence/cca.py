@@ -8,7 +8,7 @@ Conventions
   representations is ``2 - 2 s``.
 * ``chunk_rows`` and ``precision`` are passed to :class:`CrossMoments`.
 * Everything is computed from the centred scatter matrices ``C_xx``, ``C_yy``, ``C_xy`` of a
-  :class:`~structlens.equivalence.moments.CrossMoments` accumulator (float64, streamed), so
+  :class:`~structlens.stats.moments.CrossMoments` accumulator (float64, streamed), so
   ``n`` only costs one pass over the data and memory is ``O(d^2)`` beyond the input.
 * CCA is invariant to any invertible linear map of either side, which makes it overstate
   similarity when the width approaches ``n``; Procrustes is invariant to orthogonal maps and
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from structlens.stats.moments import DEFAULT_CHUNK_ROWS, CrossMoments
+
 from ._checks import check_pair
-from .moments import DEFAULT_CHUNK_ROWS, CrossMoments
 
 __all__ = [
     "cca_correlations",
@@ -77,11 +78,11 @@ def _cca(
     m: CrossMoments, keep_x: float | int | None, keep_y: float | int | None, keep_by: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Canonical correlations and x-side coefficients (``a^T C_xx a = I``)."""
-    lx, vx = _principal(m.cov_xx, keep_x, keep_by)
-    ly, vy = _principal(m.cov_yy, keep_y, keep_by)
+    lx, vx = _principal(m.s_xx, keep_x, keep_by)
+    ly, vy = _principal(m.s_yy, keep_y, keep_by)
     wx = vx / np.sqrt(lx)[None, :]
     wy = vy / np.sqrt(ly)[None, :]
-    u, rho, vt = np.linalg.svd(wx.T @ m.cov_xy @ wy, full_matrices=False)
+    u, rho, vt = np.linalg.svd(wx.T @ m.s_xy @ wy, full_matrices=False)
     rho = np.clip(rho, 0.0, 1.0)
     return rho, wx @ u, wy @ vt.T, lx
 
@@ -143,10 +144,10 @@ def pwcca_from_moments(m: CrossMoments) -> float:
     """PWCCA similarity from accumulated moments; see :func:`pwcca`."""
     if m.d_x <= m.d_y:
         rho, a, _, _ = _cca(m, None, None, "variance")
-        cov = m.cov_xx
+        cov = m.s_xx
     else:
         rho, _, a, _ = _cca(m, None, None, "variance")
-        cov = m.cov_yy
+        cov = m.s_yy
     # canonical variate h_i = X_c a_i has unit norm; <h_i, x_j> = (C_xx a_i)_j
     weights = np.abs(cov @ a).sum(0)
     return float(weights @ rho / weights.sum())
@@ -169,10 +170,10 @@ def pwcca(
 def procrustes_from_moments(m: CrossMoments) -> float:
     """Orthogonal Procrustes similarity from accumulated moments; see
     :func:`procrustes_similarity`."""
-    denom = np.sqrt(np.trace(m.cov_xx) * np.trace(m.cov_yy))
+    denom = np.sqrt(np.trace(m.s_xx) * np.trace(m.s_yy))
     if denom <= 0:
         raise ValueError("a representation is constant (zero variance); Procrustes is undefined.")
-    return float(np.linalg.svd(m.cov_xy, compute_uv=False).sum() / denom)
+    return float(np.linalg.svd(m.s_xy, compute_uv=False).sum() / denom)
 
 
 def procrustes_similarity(

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from structlens.stats.moments import DEFAULT_CHUNK_ROWS, CrossMoments
+
 from ._checks import check_finite, check_matrix, check_pair, to_numpy
-from .moments import DEFAULT_CHUNK_ROWS, CrossMoments
 
 __all__ = [
     "linear_cka",

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from structlens.results import atomic_write_bytes, atomic_write_json
-from structlens.stats.streaming import as_float64_block
+from structlens.stats.validation import check_array
 
 _REGISTRY: dict[str, type[Dictionary]] = {}
 
@@ -43,7 +43,7 @@ class Dictionary:
         self, X: np.ndarray, U: np.ndarray | None = None, Y: np.ndarray | None = None
     ) -> Dictionary:
         """Fit the data-dependent parts on states ``X`` (and ``U``, ``Y`` where needed)."""
-        x = as_float64_block(X, "X")
+        x = check_array(X, name="X")
         if x.shape[0] < 2:
             raise ValueError(f"need at least 2 samples to fit a dictionary; got {x.shape[0]}.")
         self.dim = x.shape[1]
@@ -54,7 +54,7 @@ class Dictionary:
         """Lift ``X`` (m, d) to Ψ(X) (m, n_features), float64."""
         if self.dim is None:
             raise ValueError(f"{type(self).__name__} is not fitted; call .fit(X) first.")
-        x = as_float64_block(X, "X", self.dim)
+        x = check_array(X, name="X", n_cols=self.dim)
         return self._lift(x)
 
     @property
@@ -403,7 +403,7 @@ class SAEDictionary(Dictionary):
         self, X: np.ndarray, U: np.ndarray | None = None, Y: np.ndarray | None = None
     ) -> SAEDictionary:
         """No-op apart from shape checks: the SAE is already trained."""
-        as_float64_block(X, "X", self.dim)
+        check_array(X, name="X", n_cols=self.dim)
         return self
 
     def _lift(self, x: np.ndarray) -> np.ndarray:
@@ -487,8 +487,8 @@ class SpectralDictionary(Dictionary):
     def _fit(self, x: np.ndarray, U: np.ndarray | None, Y: np.ndarray | None) -> None:
         if U is None or Y is None:
             raise ValueError("the spectral dictionary needs U and Y to fit (it runs an EDMDc).")
-        u = as_float64_block(U, "U")
-        y = as_float64_block(Y, "Y", x.shape[1])
+        u = check_array(U, name="U")
+        y = check_array(Y, name="Y", n_cols=x.shape[1])
         if not (u.shape[0] == y.shape[0] == x.shape[0]):
             raise ValueError("X, U and Y must have the same number of rows.")
         k = min(self.k, x.shape[1])

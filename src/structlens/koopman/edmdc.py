@@ -28,12 +28,9 @@ import scipy.linalg
 
 from structlens.koopman.dictionaries import Dictionary
 from structlens.results import Result
+from structlens.stats.moments import ColumnMoments, CrossMoments
 from structlens.stats.robust import block_assignment, geometric_median
-from structlens.stats.streaming import (
-    ColumnMomentAccumulator,
-    CrossMomentAccumulator,
-    as_float64_block,
-)
+from structlens.stats.validation import check_array
 
 
 @dataclass(frozen=True)
@@ -84,18 +81,19 @@ class EDMDcStatistics:
     n_controls: int
     state_dim: int
     state_start: int | None = None
-    zy: CrossMomentAccumulator = field(init=False)
-    state: CrossMomentAccumulator | None = field(init=False)
-    tails: ColumnMomentAccumulator = field(init=False)
+    zy: CrossMoments = field(init=False)
+    state: CrossMoments | None = field(init=False)
+    tails: ColumnMoments = field(init=False)
 
     def __post_init__(self) -> None:
-        self.zy = CrossMomentAccumulator(self.n_features + self.n_controls, self.n_features)
+        n_z = self.n_features + self.n_controls
+        self.zy = CrossMoments(n_z, self.n_features, second_y="diag")
         self.state = (
-            CrossMomentAccumulator(self.state_dim, self.n_features)
+            CrossMoments(self.state_dim, self.n_features, second_y="diag")
             if self.state_start is None
             else None
         )
-        self.tails = ColumnMomentAccumulator(self.n_features)
+        self.tails = ColumnMoments(self.n_features)
 
     def state_moments(self, center: bool) -> tuple[np.ndarray, np.ndarray]:
         """Covariance (or raw second moment) and mean of the state ``x``."""
@@ -150,9 +148,9 @@ def merge_statistics(parts: Iterable[EDMDcStatistics]) -> EDMDcStatistics:
 
 
 def _check_triplet(x: Any, u: Any, y: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    x = as_float64_block(x, "X")
-    u = as_float64_block(u, "U")
-    y = as_float64_block(y, "Y")
+    x = check_array(x, name="X")
+    u = check_array(u, name="U")
+    y = check_array(y, name="Y")
     if not (x.shape[0] == u.shape[0] == y.shape[0]):
         raise ValueError(
             f"X, U, Y must have the same number of rows (one per token position); got "
@@ -262,16 +260,17 @@ class EDMDcResult(Result):
         )
 
 
-def _moments(acc: CrossMomentAccumulator, center: bool) -> tuple[np.ndarray, ...]:
-    """(Cov_aa, Cov_ab, mean_a, mean_b) — centred or raw second moments per sample."""
+def _moments(acc: CrossMoments, center: bool) -> tuple[np.ndarray, ...]:
+    """(Cov_xx, Cov_xy, mean_x, mean_y) — centred or raw second moments per sample."""
     n = acc.n
+    assert acc.mean_y is not None
     if center:
-        return acc.s_aa / n, acc.s_ab / n, acc.mean_a, acc.mean_b
+        return acc.s_xx / n, acc.s_xy / n, acc.mean_x, acc.mean_y
     return (
-        acc.s_aa / n + np.outer(acc.mean_a, acc.mean_a),
-        acc.s_ab / n + np.outer(acc.mean_a, acc.mean_b),
-        np.zeros_like(acc.mean_a),
-        np.zeros_like(acc.mean_b),
+        acc.s_xx / n + np.outer(acc.mean_x, acc.mean_x),
+        acc.s_xy / n + np.outer(acc.mean_x, acc.mean_y),
+        np.zeros_like(acc.mean_x),
+        np.zeros_like(acc.mean_y),
     )
 
 

@@ -58,13 +58,13 @@ def invariance_residual(
     _, _, mz_tr, my_tr = _moments(train.zy, config.center)
     G, H = T.T @ czz @ T, T.T @ czy
     if config.center:
-        var_raw = test.zy.s_bb_diag / test.n
+        var_raw = test.zy.s_yy / test.n
     else:
-        var_raw = test.zy.s_bb_diag / test.n + test.zy.mean_b**2
+        var_raw = test.zy.s_yy / test.n + test.zy.mean_y**2
     delta = (my_te - my_tr) - K @ (T.T @ (mz_te - mz_tr))
     sse = var_raw - 2 * np.einsum("fi,if->f", K, H) + np.einsum("fi,ij,fj->f", K, G, K)
     sse = np.maximum(sse, 0.0) + delta**2
-    sst = test.zy.s_bb_diag / test.n
+    sst = test.zy.s_yy / test.n
     live = sst > 1e-12 * max(float(sst.max()), 1e-300)
     r = np.full(N, np.nan)
     r[live] = sse[live] / sst[live]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from structlens.stats.streaming import ColumnMomentAccumulator
+from structlens.stats.moments import ColumnMoments
 
 
 def geometric_median(points: np.ndarray, *, tol: float = 1e-10, max_iter: int = 1000) -> np.ndarray:
@@ -89,14 +89,12 @@ class TailDiagnostic:
 
 
 def tail_diagnostic(
-    moments: ColumnMomentAccumulator | np.ndarray, threshold: float = 10.0
+    moments: ColumnMoments | np.ndarray, threshold: float = 10.0
 ) -> TailDiagnostic:
     """Summarise per-feature excess kurtosis from an accumulator or a (n, p) array."""
-    if not isinstance(moments, ColumnMomentAccumulator):
+    if not isinstance(moments, ColumnMoments):
         a = np.asarray(moments, dtype=np.float64)
-        acc = ColumnMomentAccumulator(a.shape[1])
-        acc.update(a)
-        moments = acc
+        moments = ColumnMoments(a.shape[1]).update(a)
     k = moments.excess_kurtosis()
     k = k[np.isfinite(k)]
     if k.size == 0:

@@ -1,0 +1,530 @@
+"""Mergeable float64 moment accumulators (rows = samples).
+
+:class:`CrossMoments` is the one streaming second-moment statistic of the project: the count,
+the means and the *centred* scatter blocks of one representation ``X`` or of a pair ``(X, Y)``
+with the same rows, optionally with the grouped fourth-order terms that debiased linear CKA
+needs.  Koopman EDMDc, the similarity measures (CKA, SVCCA, PWCCA, Procrustes) and the
+execution layer's shard statistics all accumulate through it.  :class:`ColumnMoments` keeps
+per-column third and fourth central moments (the heavy-tail diagnostic).
+
+Every block is centred on its own mean and folded in with the pairwise update of Chan, Golub
+and LeVeque (1979) -- extended to the fourth-order terms for CKA and, per column, to the third
+and fourth moments by Pébay (2008).  Because the pairwise formula is also the merge rule,
+accumulators filled by several workers and merged (in any order) give the one-pass answer up
+to float64 rounding, no raw moment is ever differenced (large activation means cost no
+precision), and memory never depends on the number of samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+
+from structlens.stats.validation import check_array, check_finite, check_shape
+
+__all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments"]
+
+DEFAULT_CHUNK_ROWS = 16384
+PRECISIONS = ("float64", "float32")
+# Column tile of the symmetric product: wide enough for an efficient GEMM panel.
+_TILE = 256
+
+
+def _is_tensor(x: object) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "device")
+
+
+def _sym_gram(c: Any) -> Any:
+    """``cᵀc`` for a torch matrix ``c`` ``[n, d]``, exactly symmetric.
+
+    Wide inputs are reduced one row of column tiles at a time against the columns from the
+    tile onwards (a blocked symmetric rank-k update: about half the flops of ``c.T @ c``) and
+    the lower triangle is mirrored from the upper one.
+    """
+    d = c.shape[1]
+    if d <= 2 * _TILE:
+        g = c.T @ c
+        return 0.5 * (g + g.T)  # a GEMM need not round (i, j) and (j, i) alike
+    out = c.new_empty((d, d))
+    for s in range(0, d, _TILE):
+        e = min(s + _TILE, d)
+        row = c[:, s:e].T @ c[:, s:]
+        out[s:e, s:] = row
+        out[s:, s:e] = row.T
+        diag = row[:, : e - s]
+        out[s:e, s:e] = 0.5 * (diag + diag.T)
+    return out
+
+
+class _Pair:
+    """Centred moments of a pair of feature blocks ``a`` (rows c_i) and ``b`` (rows e_i).
+
+    ``cross = Σ c_i e_iᵀ``; with group row norms ``P_ig = ||c_ig||²``, ``Q_ih = ||e_ih||²``:
+    ``pq = Σ P_i Q_iᵀ`` ``[ga, gb]``, ``pb = Σ P_i e_iᵀ`` ``[ga, d_b]``,
+    ``qa = Σ Q_i c_iᵀ`` ``[gb, d_a]``, all about the accumulator's own mean.  Without
+    fourth-order terms ``pq``, ``pb`` and ``qa`` are ``None``.
+    """
+
+    __slots__ = ("cross", "pq", "pb", "qa")
+
+    def __init__(
+        self,
+        cross: np.ndarray,
+        pq: np.ndarray | None = None,
+        pb: np.ndarray | None = None,
+        qa: np.ndarray | None = None,
+    ) -> None:
+        self.cross, self.pq, self.pb, self.qa = cross, pq, pb, qa
+
+    def recentred(
+        self, n: int, da: np.ndarray, db: np.ndarray, tra: np.ndarray, trb: np.ndarray
+    ) -> _Pair:
+        """The same sums taken about ``mean + d`` instead of the own mean (``Σ c_i = 0``).
+
+        ``tra``/``trb`` are the per-group traces of the own-mean auto-scatters.
+        """
+        cross = self.cross + n * np.outer(da, db)
+        if self.pq is None or self.pb is None or self.qa is None:
+            return _Pair(cross)
+        ga, gb = self.pq.shape
+        d_a, d_b = self.cross.shape
+        dag = da.reshape(ga, -1)
+        dbg = db.reshape(gb, -1)
+        norm_a = np.einsum("gk,gk->g", dag, dag)
+        norm_b = np.einsum("hk,hk->h", dbg, dbg)
+        # Σ_{l in block h} cross[k, l] db[l]   -> [d_a, gb]
+        cross_db = (self.cross * db[None, :]).reshape(d_a, gb, -1).sum(-1)
+        # Σ_{k in block g} da[k] cross[k, :]   -> [ga, d_b]
+        da_cross = (da[:, None] * self.cross).reshape(ga, -1, d_b).sum(1)
+        t_pb = np.einsum("ghk,hk->gh", self.pb.reshape(ga, gb, -1), dbg)
+        t_qa = np.einsum("hgk,gk->gh", self.qa.reshape(gb, ga, -1), dag)
+        t_dd = (da[:, None] * cross_db).reshape(ga, -1, gb).sum(1)
+        pq = (
+            self.pq
+            + 2.0 * t_pb
+            + np.outer(tra, norm_b)
+            + 2.0 * t_qa
+            + 4.0 * t_dd
+            + np.outer(norm_a, trb)
+            + n * np.outer(norm_a, norm_b)
+        )
+        pb = self.pb + np.outer(tra + n * norm_a, db) + 2.0 * da_cross
+        qa = self.qa + np.outer(trb + n * norm_b, da) + 2.0 * cross_db.T
+        return _Pair(cross, pq, pb, qa)
+
+    def __add__(self, other: _Pair) -> _Pair:
+        if self.pq is None or other.pq is None:
+            return _Pair(self.cross + other.cross)
+        return _Pair(
+            self.cross + other.cross,
+            self.pq + other.pq,
+            self.pb + other.pb,  # type: ignore[operator]
+            self.qa + other.qa,  # type: ignore[operator]
+        )
+
+
+def _group_trace(scatter: np.ndarray, groups: int) -> np.ndarray:
+    return np.diagonal(scatter).reshape(groups, -1).sum(1)
+
+
+def _host(t: Any) -> np.ndarray:
+    """A float64 NumPy copy of a (small, ``d × d`` or smaller) torch result."""
+    return t.detach().double().cpu().numpy()
+
+
+class CrossMoments:
+    """Streaming, mergeable centred moments of ``X`` ``[n, d_x]`` and optionally ``Y`` ``[n, d_y]``.
+
+    Keeps the count ``n``, the means, the centred scatter ``S_xx = Σ (x_i − x̄)(x_i − x̄)ᵀ``
+    and, with ``Y``, ``S_xy`` ``[d_x, d_y]`` and ``S_yy`` (the full matrix, or only its
+    diagonal with ``second_y="diag"`` -- enough for per-column residual variances of a
+    regression of ``Y`` on ``X``).  Scatters are sums, not divided by ``n``.
+
+    Parameters
+    ----------
+    d_x, d_y : int
+        Feature widths (``d_y=None``: moments of ``X`` alone).
+    groups_x, groups_y : int
+        Split the features into this many equal contiguous groups (attention heads of a
+        flattened ``hook_z``: ``d_x = n_heads * d_head``).  With a full ``S_yy`` the grouped
+        fourth-order terms of the debiased HSIC (``Σ P_i Q_iᵀ`` etc. with group row norms
+        ``P_ig = ||x_ig − x̄_g||²``) are kept, so :meth:`hsic_terms` gives the CKA of every
+        group pair.  They cost ``O(n (g_x + g_y)(d_x + d_y))`` per block, small against the
+        ``O(n (d_x + d_y)²)`` second block.
+    second_y : {"full", "diag"}
+        Keep all of ``S_yy`` or only its diagonal (no fourth-order terms then).
+    chunk_rows : int
+        Rows reduced at once; bounds the working memory to ``chunk_rows * (d_x + d_y)``.
+    precision : {"float64", "float32"}
+        Arithmetic within a chunk (mean, centring, products).  Accumulation across chunks is
+        always float64; ``"float32"`` has relative error about 1e-6 and is roughly twice as
+        fast.  Keep ``"float64"`` for debiased CKA of nearly independent wide representations,
+        where its terms cancel.
+
+    Notes
+    -----
+    One block path for every input: NumPy arrays are wrapped as (CPU) torch tensors without a
+    copy, torch tensors are reduced on their own device; only the ``d × d`` results cross to
+    the host.  Per chunk the only copy is one float64 (or float32) centring buffer per side;
+    ``S_xx``/``S_yy`` use a blocked symmetric rank-k update.  Finiteness is checked on the
+    diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
+    non-finite), so valid data costs no extra pass.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> x, y = rng.normal(size=(1000, 8)), rng.normal(size=(1000, 5))
+    >>> a, b = CrossMoments(8, 5), CrossMoments(8, 5)
+    >>> merged = a.update(x[:400], y[:400]).merge(b.update(x[400:], y[400:]))
+    >>> merged.n, bool(np.allclose(merged.s_xy, (x - x.mean(0)).T @ (y - y.mean(0))))
+    (1000, True)
+    """
+
+    def __init__(
+        self,
+        d_x: int,
+        d_y: int | None = None,
+        groups_x: int = 1,
+        groups_y: int = 1,
+        *,
+        second_y: Literal["full", "diag"] = "full",
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        precision: str = "float64",
+    ) -> None:
+        if d_x < 1 or (d_y is not None and d_y < 1):
+            raise ValueError(f"feature widths must be positive, got d_x={d_x}, d_y={d_y}.")
+        for g, d, name in ((groups_x, d_x, "groups_x"), (groups_y, d_y or 1, "groups_y")):
+            if g < 1 or d % g:
+                raise ValueError(f"{name}={g} must be a positive divisor of the width {d}.")
+        if second_y not in ("full", "diag"):
+            raise ValueError(f"second_y must be 'full' or 'diag', got {second_y!r}.")
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}.")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
+        self.d_x, self.d_y = int(d_x), None if d_y is None else int(d_y)
+        self.groups_x, self.groups_y = int(groups_x), int(groups_y)
+        self.second_y = second_y
+        self.fourth_order = d_y is not None and second_y == "full"
+        self.chunk_rows = int(chunk_rows)
+        self.precision = precision
+        self.n = 0
+        self.mean_x = np.zeros(self.d_x)
+        self.mean_y = None if d_y is None else np.zeros(d_y)
+        self._xx: _Pair | None = None
+        self._yy: _Pair | np.ndarray | None = None  # full pair, or the diagonal of S_yy
+        self._xy: _Pair | None = None
+
+    @property
+    def _key(self) -> tuple[Any, ...]:
+        return (self.d_x, self.d_y, self.groups_x, self.groups_y, self.second_y)
+
+    # -- accumulation -------------------------------------------------------------------
+    def update(self, x: object, y: object = None) -> CrossMoments:
+        """Add the rows of ``x`` ``[m, d_x]`` (and the paired rows of ``y`` ``[m, d_y]``).
+
+        Returns ``self``.
+        """
+        if (y is None) != (self.d_y is None):
+            raise ValueError(
+                "pass y exactly when the accumulator was built with d_y "
+                f"(d_y={self.d_y}, y {'missing' if y is None else 'given'})."
+            )
+        tx = self._as_tensor(x, "x", self.d_x)
+        ty = None if y is None else self._as_tensor(y, "y", self.d_y)
+        if ty is not None and (tx.shape[0] != ty.shape[0] or tx.device != ty.device):
+            raise ValueError(
+                f"x has {tx.shape[0]} rows on {tx.device} and y {ty.shape[0]} rows on "
+                f"{ty.device}; rows must pair (same inputs, same device)."
+            )
+        for start in range(0, tx.shape[0], self.chunk_rows):
+            stop = start + self.chunk_rows
+            self._merge_state(*self._chunk(tx[start:stop], None if ty is None else ty[start:stop]))
+        return self
+
+    @staticmethod
+    def _as_tensor(a: object, name: str, dim: int | None) -> Any:
+        import torch
+
+        if _is_tensor(a):
+            check_shape(a.shape, name=name, n_cols=dim)  # type: ignore[attr-defined]
+            t = a.detach()  # type: ignore[attr-defined]
+            if not t.is_floating_point():
+                t = t.double()
+            return t
+        arr = check_array(a, name=name, n_cols=dim, dtype=None, finite=False)
+        with warnings.catch_warnings():
+            # read-only inputs (memory maps) are fine: they are only read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(np.ascontiguousarray(arr))
+
+    def _chunk(self, x: Any, y: Any) -> tuple[Any, ...]:
+        """Own-mean moments of one chunk: ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
+        import torch
+
+        dtype = torch.float64 if self.precision == "float64" else torch.float32
+        n = x.shape[0]
+        # the one centring buffer per side; the caller's data is never modified
+        c = x.to(dtype, copy=True)
+        mx = c.mean(0)
+        c -= mx
+        s_xx = _sym_gram(c)
+        self._check_finite(torch.diagonal(s_xx), x, "x")
+        if y is None:
+            return n, _host(mx), None, _Pair(_host(s_xx)), None, None
+        e = y.to(dtype, copy=True)
+        my = e.mean(0)
+        e -= my
+        s_xy = c.T @ e
+        if not self.fourth_order:
+            s_yy_diag = torch.linalg.vector_norm(e, dim=0).square()
+            self._check_finite(s_yy_diag, y, "y")
+            return n, _host(mx), _host(my), _Pair(_host(s_xx)), _host(s_yy_diag), _Pair(_host(s_xy))
+        s_yy = _sym_gram(e)
+        self._check_finite(torch.diagonal(s_yy), y, "y")
+        # group row norms, reduced without materialising c * c
+        p = torch.linalg.vector_norm(c.reshape(n, self.groups_x, -1), dim=-1).double().square()
+        q = torch.linalg.vector_norm(e.reshape(n, self.groups_y, -1), dim=-1).double().square()
+        pc, qc = p.to(dtype), q.to(dtype)
+        xx = _Pair(_host(s_xx), _host(p.T @ p), *(2 * (_host(pc.T @ c),)))
+        yy = _Pair(_host(s_yy), _host(q.T @ q), *(2 * (_host(qc.T @ e),)))
+        xy = _Pair(_host(s_xy), _host(p.T @ q), _host(pc.T @ e), _host(qc.T @ c))
+        return n, _host(mx), _host(my), xx, yy, xy
+
+    @staticmethod
+    def _check_finite(diag: Any, data: Any, name: str) -> None:
+        if bool(diag.isfinite().all()):
+            return
+        check_finite(data.detach().cpu().double().numpy(), name)
+        raise ValueError(
+            f"{name} overflows float arithmetic (its scatter is infinite); rescale it."
+        )
+
+    def merge(self, other: CrossMoments) -> CrossMoments:
+        """Fold ``other``'s samples into ``self`` (exact pairwise update); returns ``self``."""
+        if not isinstance(other, CrossMoments) or other._key != self._key:
+            got = other._key if isinstance(other, CrossMoments) else type(other).__name__
+            raise ValueError(
+                "cannot merge CrossMoments with different widths, groups or second_y: "
+                f"{self._key} vs {got}."
+            )
+        if other.n:
+            assert other._xx is not None
+            self._merge_state(
+                other.n,
+                other.mean_x,
+                other.mean_y,
+                copy.deepcopy(other._xx),
+                copy.deepcopy(other._yy),
+                copy.deepcopy(other._xy),
+            )
+        return self
+
+    def _merge_state(
+        self,
+        n: int,
+        mx: np.ndarray,
+        my: np.ndarray | None,
+        xx: _Pair,
+        yy: _Pair | np.ndarray | None,
+        xy: _Pair | None,
+    ) -> None:
+        if n == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean_x = n, mx.copy()
+            self.mean_y = None if my is None else my.copy()
+            self._xx, self._yy, self._xy = xx, yy, xy
+            return
+        assert self._xx is not None
+        total = self.n + n
+        new_mx = (self.n * self.mean_x + n * mx) / total
+        new_my = None if my is None else (self.n * self.mean_y + n * my) / total
+        gx, gy = self.groups_x, self.groups_y
+        parts = []
+        for cnt, ox, oy, pxx, pyy, pxy in (
+            (self.n, self.mean_x, self.mean_y, self._xx, self._yy, self._xy),
+            (n, mx, my, xx, yy, xy),
+        ):
+            dx = ox - new_mx
+            trx = _group_trace(pxx.cross, gx) if self.fourth_order else None
+            rxx = pxx.recentred(cnt, dx, dx, trx, trx)  # type: ignore[arg-type]
+            if new_my is None:
+                parts.append((rxx, None, None))
+                continue
+            dy = oy - new_my
+            assert pxy is not None and pyy is not None
+            if isinstance(pyy, _Pair):
+                try_ = _group_trace(pyy.cross, gy)
+                ryy: _Pair | np.ndarray = pyy.recentred(cnt, dy, dy, try_, try_)
+                rxy = pxy.recentred(cnt, dx, dy, trx, try_)  # type: ignore[arg-type]
+            else:
+                ryy = pyy + cnt * dy * dy
+                rxy = pxy.recentred(cnt, dx, dy, None, None)  # type: ignore[arg-type]
+            parts.append((rxx, ryy, rxy))
+        (axx, ayy, axy), (bxx, byy, bxy) = parts
+        self._xx = axx + bxx
+        if new_my is not None:
+            self._yy = ayy + byy  # type: ignore[operator]
+            self._xy = axy + bxy  # type: ignore[operator]
+        self.n, self.mean_x, self.mean_y = total, new_mx, new_my
+
+    def copy(self) -> CrossMoments:
+        """An independent deep copy."""
+        return copy.deepcopy(self)
+
+    # -- read-out ------------------------------------------------------------------------
+    def _require(self, min_n: int, what: str) -> None:
+        if self.n < min_n:
+            raise ValueError(
+                f"{what} needs at least {min_n} samples, the accumulator has {self.n}."
+            )
+
+    def _require_y(self, what: str) -> None:
+        if self.d_y is None:
+            raise ValueError(f"{what} needs Y: build the accumulator with d_y.")
+        self._require(1, what)
+
+    @property
+    def s_xx(self) -> np.ndarray:
+        """Centred scatter ``Σ (x_i − x̄)(x_i − x̄)ᵀ`` ``[d_x, d_x]`` (not divided by n)."""
+        self._require(1, "s_xx")
+        assert self._xx is not None
+        return self._xx.cross
+
+    @property
+    def s_xy(self) -> np.ndarray:
+        """Centred cross scatter ``Σ (x_i − x̄)(y_i − ȳ)ᵀ`` ``[d_x, d_y]``."""
+        self._require_y("s_xy")
+        assert self._xy is not None
+        return self._xy.cross
+
+    @property
+    def s_yy(self) -> np.ndarray:
+        """Centred scatter of ``Y``: ``[d_y, d_y]``, or its diagonal ``[d_y]`` (second_y="diag")."""
+        self._require_y("s_yy")
+        return self._yy.cross if isinstance(self._yy, _Pair) else self._yy  # type: ignore[return-value]
+
+    def covariance(self, ddof: int = 0) -> np.ndarray:
+        """Covariance of ``X``: ``s_xx / (n − ddof)``."""
+        if self.n - ddof <= 0:
+            raise ValueError(f"need more than {ddof} samples for a covariance; have {self.n}.")
+        return self.s_xx / (self.n - ddof)
+
+    def gram(self) -> np.ndarray:
+        """Uncentred Gram ``Σ x_i x_iᵀ = s_xx + n x̄ x̄ᵀ``."""
+        return self.s_xx + self.n * np.outer(self.mean_x, self.mean_x)
+
+    def hsic_terms(self, debiased: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Linear-kernel HSIC numerators ``(xy [gx, gy], xx [gx], yy [gy])`` per group pair.
+
+        Biased: squared Frobenius norms of the centred scatter blocks (``||X_cᵀ Y_c||_F²``).
+        Debiased: the U-statistic of Song et al. (2012) in feature space (Kornblith et al.
+        2019), times ``n (n − 3)``; can be negative.  The common factors cancel in CKA.
+        """
+        if not self.fourth_order:
+            raise ValueError("HSIC needs Y with a full second block (second_y='full').")
+        self._require(4 if debiased else 2, "linear CKA")
+        xx, yy, xy = self._xx, self._yy, self._xy
+        assert isinstance(xx, _Pair) and isinstance(yy, _Pair) and isinstance(xy, _Pair)
+        assert self.d_y is not None
+        gx, gy = self.groups_x, self.groups_y
+        sx, sy = self.d_x // gx, self.d_y // gy
+        cxy = xy.cross.reshape(gx, sx, gy, sy)
+        t_xy = np.einsum("gkhl,gkhl->gh", cxy, cxy)
+        t_xx = np.array(
+            [np.sum(xx.cross[g * sx : (g + 1) * sx, g * sx : (g + 1) * sx] ** 2) for g in range(gx)]
+        )
+        t_yy = np.array(
+            [np.sum(yy.cross[h * sy : (h + 1) * sy, h * sy : (h + 1) * sy] ** 2) for h in range(gy)]
+        )
+        if not debiased:
+            return t_xy, t_xx, t_yy
+        assert xx.pq is not None and yy.pq is not None and xy.pq is not None
+        n = self.n
+        trx, try_ = _group_trace(xx.cross, gx), _group_trace(yy.cross, gy)
+
+        def helper(dot: np.ndarray, rows: np.ndarray, na: np.ndarray, nb: np.ndarray) -> Any:
+            return dot - n / (n - 2.0) * rows + na * nb / ((n - 1.0) * (n - 2.0))
+
+        return (
+            helper(t_xy, xy.pq, trx[:, None], try_[None, :]),
+            helper(t_xx, np.diagonal(xx.pq), trx, trx),
+            helper(t_yy, np.diagonal(yy.pq), try_, try_),
+        )
+
+
+class ColumnMoments:
+    """Per-column count, mean and central moment sums ``M2, M3, M4`` (Pébay 2008).
+
+    Used for the heavy-tail diagnostic: :meth:`excess_kurtosis` is ``n·M4/M2² − 3``
+    (0 for a Gaussian, large for heavy tails).
+
+    Examples
+    --------
+    >>> acc = ColumnMoments(2).update(np.array([[0.0, 1.0], [2.0, 1.0]]))
+    >>> acc.n, acc.mean.tolist(), acc.m2.tolist()
+    (2, [1.0, 1.0], [2.0, 0.0])
+    """
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}.")
+        self.dim = int(dim)
+        self.n = 0
+        self.mean = np.zeros(self.dim)
+        self.m2 = np.zeros(self.dim)
+        self.m3 = np.zeros(self.dim)
+        self.m4 = np.zeros(self.dim)
+
+    def update(self, block: object) -> ColumnMoments:
+        """Add the rows of ``block`` ``[m, dim]``; returns ``self``."""
+        x = check_array(block, name="block", n_cols=self.dim)
+        if x.shape[0] == 0:
+            return self
+        other = ColumnMoments(self.dim)
+        other.n = x.shape[0]
+        other.mean = x.mean(axis=0)
+        xc = x - other.mean
+        xc2 = xc * xc
+        other.m2 = xc2.sum(axis=0)
+        other.m3 = (xc2 * xc).sum(axis=0)
+        other.m4 = (xc2 * xc2).sum(axis=0)
+        return self.merge(other)
+
+    def merge(self, other: ColumnMoments) -> ColumnMoments:
+        """Fold ``other`` into ``self`` in place; returns ``self``."""
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge dim {other.dim} into dim {self.dim}.")
+        if other.n == 0:
+            return self
+        na, nb = self.n, other.n
+        n = na + nb
+        d = other.mean - self.mean
+        d2 = d * d
+        m4 = (
+            self.m4
+            + other.m4
+            + d2 * d2 * na * nb * (na * na - na * nb + nb * nb) / n**3
+            + 6.0 * d2 * (na * na * other.m2 + nb * nb * self.m2) / n**2
+            + 4.0 * d * (na * other.m3 - nb * self.m3) / n
+        )
+        m3 = (
+            self.m3
+            + other.m3
+            + d2 * d * na * nb * (na - nb) / n**2
+            + 3.0 * d * (na * other.m2 - nb * self.m2) / n
+        )
+        self.m2 = self.m2 + other.m2 + d2 * na * nb / n
+        self.m3, self.m4 = m3, m4
+        self.mean = self.mean + d * (nb / n)
+        self.n = n
+        return self
+
+    def excess_kurtosis(self) -> np.ndarray:
+        """Per-column excess kurtosis; NaN for constant columns."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.m2 > 0, self.n * self.m4 / (self.m2 * self.m2) - 3.0, np.nan)

@@ -1,0 +1,117 @@
+"""The one cross-moment accumulator against one-shot NumPy computations."""
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from structlens.stats.moments import ColumnMoments, CrossMoments
+
+SHARDS = [(0, 1), (1, 40), (40, 41), (41, 230), (230, 300)]
+
+
+def _data(rng, n=300, dx=9, dy=6):
+    x = rng.standard_normal((n, dx)) * 3 + 1e4  # a large mean: raw moments would lose digits
+    y = x[:, :dy] * 0.5 + rng.standard_normal((n, dy)) - 7
+    return x, y
+
+
+def _relmax(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _hsic_u(k, ell):
+    """Song et al. (2012) unbiased HSIC from Gram matrices (an independent computation)."""
+    n = k.shape[0]
+    k, ell = k - np.diag(np.diag(k)), ell - np.diag(np.diag(ell))
+    one = np.ones(n)
+    return (
+        np.trace(k @ ell)
+        + (one @ k @ one) * (one @ ell @ one) / ((n - 1) * (n - 2))
+        - 2.0 / (n - 2) * (one @ k @ ell @ one)
+    ) / (n * (n - 3))
+
+
+@pytest.mark.parametrize("second_y", ["full", "diag"])
+def test_merged_shards_equal_one_shot_numpy_in_any_order(rng, second_y):
+    x, y = _data(rng)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    want = {"xx": xc.T @ xc, "xy": xc.T @ yc}
+    want["yy"] = yc.T @ yc if second_y == "full" else (yc**2).sum(0)
+    parts = [CrossMoments(9, 6, second_y=second_y).update(x[a:b], y[a:b]) for a, b in SHARDS]
+    for order in itertools.islice(itertools.permutations(range(len(parts))), 0, None, 17):
+        acc = CrossMoments(9, 6, second_y=second_y)
+        for i in order:
+            assert acc.merge(pickle.loads(pickle.dumps(parts[i]))) is acc
+        assert acc.n == 300
+        assert _relmax(acc.mean_x, x.mean(0)) < 1e-12
+        assert _relmax(acc.mean_y, y.mean(0)) < 1e-12
+        for key, got in (("xx", acc.s_xx), ("xy", acc.s_xy), ("yy", acc.s_yy)):
+            assert _relmax(got, want[key]) < 1e-12, key
+    np.testing.assert_array_equal(acc.s_xx, acc.s_xx.T)
+
+
+def test_single_block_covariance_and_gram(rng):
+    x, _ = _data(rng, dx=600)  # wider than two tiles: the blocked symmetric product
+    acc = CrossMoments(600, chunk_rows=128).update(x[:100]).merge(CrossMoments(600).update(x[100:]))
+    np.testing.assert_array_equal(acc.s_xx, acc.s_xx.T)
+    assert _relmax(acc.covariance(1), np.cov(x, rowvar=False)) < 1e-12
+    assert _relmax(acc.gram(), x.T @ x) < 1e-12
+    with pytest.raises(ValueError, match="d_y"):
+        acc.update(x, x)
+
+
+def test_grouped_fourth_order_terms_give_the_unbiased_hsic(rng):
+    x, y = _data(rng, n=60, dx=6, dy=4)
+    parts = [CrossMoments(6, 4, 3, 2).update(x[a:b], y[a:b]) for a, b in [(0, 7), (7, 31), (31, 60)]]
+    acc = parts[2].merge(parts[0]).merge(parts[1])
+    t_xy, t_xx, t_yy = acc.hsic_terms(debiased=True)
+    n = 60
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    for g, h in itertools.product(range(3), range(2)):
+        # the unbiased HSIC is shift invariant: centre so the Gram matrices keep their digits
+        xg, yh = xc[:, 2 * g : 2 * g + 2], yc[:, 2 * h : 2 * h + 2]
+        want = _hsic_u(xg @ xg.T, yh @ yh.T)
+        assert t_xy[g, h] / (n * (n - 3)) == pytest.approx(want, rel=1e-9, abs=1e-9)
+    xg = xc[:, :2]
+    assert t_xx[0] / (n * (n - 3)) == pytest.approx(_hsic_u(xg @ xg.T, xg @ xg.T), rel=1e-9)
+    with pytest.raises(ValueError, match="second_y"):
+        CrossMoments(6, 4, second_y="diag").update(x, y).hsic_terms(debiased=True)
+
+
+def test_torch_blocks_match_numpy_and_float32_is_close(rng):
+    x, y = _data(rng)
+    ref = CrossMoments(9, 6).update(x, y)
+    tor = CrossMoments(9, 6).update(torch.from_numpy(x), torch.from_numpy(y))
+    assert _relmax(tor.s_xy, ref.s_xy) < 1e-12
+    f32 = CrossMoments(9, 6, precision="float32").update(x - 1e4, y)
+    assert _relmax(f32.s_xy, ref.s_xy) < 1e-5
+
+
+def test_bad_input_is_rejected_with_a_clear_message(rng):
+    x = np.ones((5, 3))
+    x[2, 1] = np.inf
+    with pytest.raises(ValueError, match="1 NaN or infinite"):
+        CrossMoments(3).update(x)
+    with pytest.raises(ValueError, match="columns"):
+        CrossMoments(4).update(np.ones((5, 3)))
+    with pytest.raises(ValueError, match="rows must pair"):
+        CrossMoments(3, 3).update(np.ones((5, 3)), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="cannot merge"):
+        CrossMoments(3, 3).merge(CrossMoments(3, 3, second_y="diag"))
+    with pytest.raises(ValueError, match="divisor"):
+        CrossMoments(6, 4, groups_x=4)
+
+
+def test_column_moments_merge_in_any_order(rng):
+    x = rng.standard_t(5, size=(300, 3)) + 50
+    parts = [ColumnMoments(3).update(x[a:b]) for a, b in SHARDS]
+    xc = x - x.mean(0)
+    for order in [(0, 1, 2, 3, 4), (4, 2, 0, 3, 1)]:
+        acc = ColumnMoments(3)
+        for i in order:
+            assert acc.merge(parts[i]) is acc
+        for k, got in ((2, acc.m2), (3, acc.m3), (4, acc.m4)):
+            assert _relmax(got, (xc**k).sum(0)) < 1e-10
