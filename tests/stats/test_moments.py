@@ -65,7 +65,8 @@ def test_single_block_covariance_and_gram(rng):
 
 def test_grouped_fourth_order_terms_give_the_unbiased_hsic(rng):
     x, y = _data(rng, n=60, dx=6, dy=4)
-    parts = [CrossMoments(6, 4, 3, 2).update(x[a:b], y[a:b]) for a, b in [(0, 7), (7, 31), (31, 60)]]
+    cuts = [(0, 7), (7, 31), (31, 60)]
+    parts = [CrossMoments(6, 4, 3, 2).update(x[a:b], y[a:b]) for a, b in cuts]
     acc = parts[2].merge(parts[0]).merge(parts[1])
     t_xy, t_xx, t_yy = acc.hsic_terms(debiased=True)
     n = 60

@@ -23,11 +23,11 @@ over components.
 from __future__ import annotations
 
 import dataclasses
-from statistics import NormalDist
 
 import numpy as np
 
 from ..results import Result
+from ..stats.intervals import bootstrap_interval, wilson_interval
 from ._checks import to_numpy
 
 __all__ = [
@@ -90,35 +90,6 @@ class ValidationCriterion:
             out = ok if out is None else out & ok
         assert out is not None
         return out
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (sensible at 0 and n successes)."""
-    if n < 1:
-        raise ValueError("a proportion needs at least one trial.")
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes must lie in [0, {n}], got {successes}.")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}.")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
-def bootstrap_interval(
-    passed: np.ndarray, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the pass rate, resampling components."""
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be positive, got {n_boot}.")
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, passed.size, size=(n_boot, passed.size))
-    rates = passed[draws].mean(1)
-    lo, hi = np.quantile(rates, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(lo), float(hi)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from structlens.koopman.edmdc import (
 )
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
+from structlens.stats.intervals import percentile_interval
 from structlens.stats.matching import bottleneck_distance, wasserstein_distance
 
 
@@ -120,7 +121,7 @@ def split_half_convergence(
         w_inf_mean=mean_inf,
         w2_mean=mean_2,
         slope=_slope(m, mean_inf),
-        slope_ci=[float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        slope_ci=list(percentile_interval(boot, 0.95)),
         slope_w2=_slope(m, mean_2),
         slope_last4=_slope(m[tail], mean_inf[tail]),
         eig_condition=cond,

@@ -29,6 +29,7 @@ from structlens.koopman.dictionaries import Dictionary
 from structlens.koopman.edmdc import EDMDcResult
 from structlens.koopman.spectral import eigendecomposition, mode_ablation, real_modes
 from structlens.results import Result
+from structlens.stats.intervals import bootstrap_interval
 
 __all__ = ["AblationComparison", "select_modes", "compare_ablations"]
 
@@ -103,12 +104,6 @@ def _apply(
     fn: Callable[[torch.Tensor], torch.Tensor], pos: list[list[int]] | None, act: torch.Tensor
 ) -> torch.Tensor:
     return _masked(fn(act), act, pos)
-
-
-def _bootstrap_ci(v: np.ndarray, n_bootstrap: int, rng: np.random.Generator) -> list[float]:
-    idx = rng.integers(0, len(v), (n_bootstrap, len(v)))
-    means = v[idx].mean(axis=1)
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def compare_ablations(
@@ -203,7 +198,7 @@ def compare_ablations(
         methods=["modes", "pca", "random"],
         change=change,
         mean=change.mean(axis=1),
-        ci=np.array([_bootstrap_ci(c, n_bootstrap, rng) for c in change]),
+        ci=np.array([bootstrap_interval(c, 0.95, n_bootstrap, rng) for c in change]),
         clean_metric_mean=scale,
         mode_indices=[int(i) for i in idx],
         mode_eigenvalues=np.array(

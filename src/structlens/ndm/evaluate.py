@@ -41,6 +41,7 @@ from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
 from structlens.sites import site_name
 from structlens.stats.gini import gini, gini_dimension_normalized, gini_variance_normalized
+from structlens.stats.intervals import percentile_interval
 
 GINI_VARIANTS = ("unnormalized", "dimension", "variance")
 
@@ -295,14 +296,6 @@ def bootstrap_gini(
     return out
 
 
-def interval(samples: np.ndarray, confidence: float = 0.95) -> list[float]:
-    """Percentile interval of bootstrap samples (NaNs dropped)."""
-    s = np.asarray(samples, dtype=np.float64)
-    s = s[np.isfinite(s)]
-    a = (1.0 - confidence) / 2.0
-    return [float(np.quantile(s, a)), float(np.quantile(s, 1.0 - a))]
-
-
 def summarize_gini(
     runs: Mapping[str, Mapping[str, PatchRun]],
     dims: Mapping[str, Sequence[int]],
@@ -330,7 +323,8 @@ def summarize_gini(
             )
             boots[test][method] = bs
             table[test][method] = {
-                k: {"value": point[k], "ci": interval(bs[k])} for k in GINI_VARIANTS
+                k: {"value": point[k], "ci": list(percentile_interval(bs[k]))}
+                for k in GINI_VARIANTS
             }
     methods = list(next(iter(runs.values())))
     mean: dict[str, dict[str, Any]] = {}
@@ -341,7 +335,7 @@ def summarize_gini(
             mean_boot[method][k] = np.mean([boots[t][method][k] for t in runs], axis=0)
             mean[method][k] = {
                 "value": float(np.mean([table[t][method][k]["value"] for t in runs])),
-                "ci": interval(mean_boot[method][k]),
+                "ci": list(percentile_interval(mean_boot[method][k])),
             }
     out: dict[str, Any] = {"gini": table, "gini_mean": mean}
     if "ndm" in methods:
@@ -349,7 +343,7 @@ def summarize_gini(
             other: {
                 k: {
                     "value": mean["ndm"][k]["value"] - mean[other][k]["value"],
-                    "ci": interval(mean_boot["ndm"][k] - mean_boot[other][k]),
+                    "ci": list(percentile_interval(mean_boot["ndm"][k] - mean_boot[other][k])),
                 }
                 for k in GINI_VARIANTS
             }

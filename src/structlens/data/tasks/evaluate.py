@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from scipy import stats
 
 from structlens.data.tasks.base import TaskDataset, pad_batch
+from structlens.stats.intervals import t_interval, wilson_interval
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -86,11 +86,6 @@ def evaluate_task(
     n = len(task)
     mean = float(m.mean())
     std = float(m.std()) if n > 1 else float("nan")
-    half = (
-        float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
-        if n > 1
-        else float("nan")
-    )
     k = int(c.sum())
     result: dict[str, Any] = {
         "task": task.name,
@@ -102,7 +97,7 @@ def evaluate_task(
         "accuracy_ci": wilson_interval(k, n, confidence),
         "metric_mean": mean,
         "metric_std": std,
-        "metric_ci": (mean - half, mean + half),
+        "metric_ci": t_interval(m.numpy(), confidence) if n > 1 else (math.nan, math.nan),
         "top1": {key: float(torch.cat(v).double().mean()) for key, v in top1.items()},
         "prompt_ids": list(task.prompt_ids),
         "metric": m.tolist(),
@@ -121,15 +116,3 @@ def _end_logits(
         return sel if sel.ndim == 2 else sel[:, end_col]
     end = torch.tensor([task.positions["END"][i] for i in index], device=logits.device)
     return logits[torch.arange(len(index), device=logits.device), end]
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion ``k / n`` (``n >= 1``)."""
-    if n < 1 or not 0 <= k <= n:
-        raise ValueError(f"Need 0 <= k <= n and n >= 1, got k={k}, n={n}.")
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
-    p = k / n
-    denom = 1 + z**2 / n
-    centre = (p + z**2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
