@@ -38,7 +38,8 @@ def _ejop_map(h: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class SiteMoments:
-    """Moments of one site of a store shard (for :func:`structlens.execution.store_statistic`)."""
+    """Moments of one site of a store shard (for
+    :func:`structlens.capture.statistics.store_statistic`)."""
 
     site: str
     dim: int

@@ -6,7 +6,8 @@ import torch
 from _ray_jobs import ShardStat, SiteMoments, shard_data, summary
 
 from structlens.capture import capture
-from structlens.execution import get_executor, map_reduce, store_statistic
+from structlens.capture.statistics import store_statistic
+from structlens.execution import get_executor, map_reduce
 from structlens.koopman.dictionaries import PCADictionary
 from structlens.models import load_model
 from structlens.sae.models import TopKSAE

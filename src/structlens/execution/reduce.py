@@ -1,8 +1,8 @@
-"""Mergeable statistics computed per item (or per store shard) on workers, then merged.
+"""Mergeable statistics computed per item on workers, then merged.
 
-Every streaming statistic in structlens (:class:`~structlens.stats.streaming.MomentAccumulator`
-and its cross/column variants, :class:`~structlens.koopman.edmdc.EDMDcStatistics`,
-:class:`~structlens.equivalence.moments.CrossMoments`,
+Every streaming statistic in structlens (:class:`~structlens.stats.moments.CrossMoments`,
+:class:`~structlens.stats.moments.ColumnMoments`,
+:class:`~structlens.koopman.edmdc.EDMDcStatistics`,
 :class:`~structlens.causal_dim.jacobian.EJOPAccumulator`,
 :class:`~structlens.causal_dim.sweep.FeatureStats`) has a ``merge`` that combines two partial
 results into what one pass over both would give.  :func:`map_reduce` maps a function producing
@@ -14,9 +14,7 @@ float64 round-off (the pairwise updates associate differently).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from structlens.execution.base import Executor, get_executor
 
@@ -28,7 +26,7 @@ def merge_all(parts: Iterable[A], merge: Callable[[A, A], A | None] | None = Non
     """Left fold of ``parts`` with ``merge`` (default: the parts' own ``.merge``).
 
     ``merge(a, b)`` may fold ``b`` into ``a`` in place and return ``None`` (as
-    :class:`~structlens.stats.streaming.MomentAccumulator` does) or return the merged value
+    older accumulators do) or return the merged value
     (as :class:`~structlens.causal_dim.jacobian.EJOPAccumulator` does); both styles work.
     """
     it = iter(parts)
@@ -60,69 +58,3 @@ def map_reduce(
         raise ValueError("map_reduce needs at least one item")
     parts = get_executor(executor).map(fn, items, desc=desc, progress=progress)
     return merge_all(parts, merge)
-
-
-@dataclass
-class _ShardStatistic:
-    """Loads one shard of a store (on the worker, from shared storage) and applies ``fn``."""
-
-    path: str
-    files: list[str]
-    sites: list[str]
-    fn: Callable[[dict[str, Any]], Any]
-
-    def __call__(self, index: int) -> Any:
-        from safetensors.torch import load_file
-
-        from structlens.capture.store import INDEX_KEYS
-
-        data = load_file(str(Path(self.path) / self.files[index]))
-        return self.fn({k: data[k] for k in (*self.sites, *INDEX_KEYS)})
-
-
-def store_statistic(
-    store: Any,
-    fn: Callable[[dict[str, Any]], A],
-    *,
-    sites: Sequence[str] | None = None,
-    merge: Callable[[A, A], A | None] | None = None,
-    executor: str | Executor | None = None,
-    progress: bool = True,
-) -> A:
-    """A mergeable statistic of a finished activation store, one worker task per shard.
-
-    Parameters
-    ----------
-    store
-        A complete :class:`~structlens.capture.store.ActivationStore` on storage the workers
-        can read (the same path on every node).
-    fn
-        Maps one shard, a dict ``site -> [n_tokens, *shape]`` plus ``prompt_index``,
-        ``position`` and ``token_id``, to a partial statistic.  Must be picklable (a
-        module-level function or a dataclass instance, not a lambda, for Ray).
-    sites
-        Sites to load per shard (default: all).
-    """
-    from structlens.capture.store import StoreError
-
-    if not store.complete:
-        raise StoreError(
-            f"{store.path} is incomplete ({len(store.missing_shards())} shards missing); "
-            f"re-run the capture to resume it"
-        )
-    wanted = store.sites if sites is None else list(sites)
-    unknown = [s for s in wanted if s not in store.sites]
-    if unknown:
-        raise StoreError(
-            f"sites {unknown} were not captured in {store.path}; it holds {store.sites}"
-        )
-    files = [s["file"] for s in store.metadata["shards"]]
-    job = _ShardStatistic(str(Path(store.path).resolve()), files, wanted, fn)
-    return map_reduce(
-        job,
-        list(range(len(files))),
-        merge=merge,
-        executor=executor,
-        desc="shard statistics",
-        progress=progress,
-    )

@@ -173,9 +173,10 @@ class ShardStatistics:
     """EDMDc statistics of one activation-store shard under a frozen dictionary.
 
     ``triplets`` are the ``(x, u, y)`` site names of the layers to pool.  A picklable callable
-    (the dictionary holds arrays only), so :func:`structlens.execution.store_statistic` can run
-    it on workers next to the shards; merging the shards' statistics in order equals one pass
-    over the store to float64 round-off.
+    (the dictionary holds arrays only), so
+    :func:`structlens.capture.statistics.store_statistic` can run it on workers next to the
+    shards; merging the shards' statistics in order equals one pass over the store to float64
+    round-off.
     """
 
     dictionary: Any
@@ -199,7 +200,7 @@ def store_statistics(
     ``dictionary`` must already be fitted (frozen).  Workers read the shards from the store's
     path, so on a cluster the store must be on shared storage.
     """
-    from structlens.execution import store_statistic
+    from structlens.capture.statistics import store_statistic
 
     if len(layers) == 0:
         raise ValueError("pass at least one layer.")

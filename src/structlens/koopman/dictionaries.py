@@ -22,10 +22,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from structlens.registry import Registry
 from structlens.results import atomic_write_bytes, atomic_write_json
 from structlens.stats.validation import check_array
 
-_REGISTRY: dict[str, type[Dictionary]] = {}
+#: Dictionary classes by their saved ``kind`` (filled by subclassing), for :func:`load_dictionary`.
+DICTIONARY_KINDS: Registry[type[Dictionary]] = Registry("dictionary kind")
 
 
 class Dictionary:
@@ -36,7 +38,8 @@ class Dictionary:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.kind] = cls
+        if cls.__dict__.get("kind"):  # abstract intermediates (no own kind) are not loadable
+            DICTIONARY_KINDS.register(cls.kind, cls, replace=True)
 
     # -- public API -----------------------------------------------------------------------
     def fit(
@@ -119,11 +122,8 @@ def load_dictionary(directory: str | Path) -> Dictionary:
 
     directory = Path(directory)
     config = json.loads((directory / "dictionary.json").read_text())
-    kind = config.get("kind")
-    if kind not in _REGISTRY:
-        raise ValueError(f"unknown dictionary kind {kind!r}; known: {sorted(_REGISTRY)}.")
+    cls = DICTIONARY_KINDS.get(config.get("kind"))
     arrays = load_file(str(directory / "dictionary.safetensors"))
-    cls = _REGISTRY[kind]
     obj = cls.__new__(cls)
     obj.dim = config["dim"]
     obj._restore(config, arrays)

@@ -3,6 +3,7 @@ JSON summaries of fits.  Array-level only (no model loading)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from structlens.koopman.dictionaries import (
 )
 from structlens.koopman.edmdc import EDMDcResult
 from structlens.koopman.spectral import modal_principal_dissociation, non_normality
+from structlens.registry import Registry
 
 __all__ = [
     "DICTIONARIES",
@@ -28,7 +30,25 @@ __all__ = [
     "complex_list",
 ]
 
-DICTIONARIES = ("identity", "pca", "rff", "relu", "spectral", "sae")
+DictionaryFactory = Callable[..., Dictionary]
+
+#: Unfitted dictionaries by name: ``factory(size, *, seed, sae_path) -> Dictionary``.
+#: Register your own with ``DICTIONARIES.register("name", factory)`` (see docs/architecture.md).
+DICTIONARIES: Registry[DictionaryFactory] = Registry("dictionary")
+DICTIONARIES.register("identity", lambda size, **_: IdentityDictionary())
+DICTIONARIES.register("pca", lambda size, **_: PCADictionary(size))
+DICTIONARIES.register("rff", lambda size, *, seed=0, **_: RandomFourierDictionary(size, seed=seed))
+DICTIONARIES.register("relu", lambda size, *, seed=0, **_: RandomReLUDictionary(size, seed=seed))
+DICTIONARIES.register(
+    "spectral", lambda size, **_: SpectralDictionary(n_modes=size, k=max(2 * size, 16), q=8)
+)
+
+
+@DICTIONARIES.register("sae")
+def _sae_dictionary(size: int, *, sae_path: str | Path | None = None, **_: Any) -> Dictionary:
+    if sae_path is None:
+        raise ValueError("the sae dictionary needs --sae PATH (an SAELens-format directory).")
+    return load_sae_dictionary(sae_path)
 
 
 def load_sae_dictionary(path: str | Path) -> SAEDictionary:
@@ -60,25 +80,13 @@ def load_sae_dictionary(path: str | Path) -> SAEDictionary:
 def make_dictionary(
     name: str, size: int, *, seed: int = 0, sae_path: str | Path | None = None
 ) -> Dictionary:
-    """An unfitted dictionary by name (``identity``, ``pca``, ``rff``, ``relu``, ``spectral``,
-    ``sae``); ``size`` is k for PCA, D for RFF/ReLU and the number of modes for spectral."""
-    if name not in DICTIONARIES:
-        raise ValueError(f"unknown dictionary {name!r}; choose from {', '.join(DICTIONARIES)}.")
+    """An unfitted dictionary by its name in :data:`DICTIONARIES` (built in: ``identity``,
+    ``pca``, ``rff``, ``relu``, ``spectral``, ``sae``); ``size`` is k for PCA, D for RFF/ReLU
+    and the number of modes for spectral."""
+    factory = DICTIONARIES.get(name)
     if size < 1:
         raise ValueError(f"dictionary size must be >= 1, got {size}.")
-    if name == "identity":
-        return IdentityDictionary()
-    if name == "pca":
-        return PCADictionary(size)
-    if name == "rff":
-        return RandomFourierDictionary(size, seed=seed)
-    if name == "relu":
-        return RandomReLUDictionary(size, seed=seed)
-    if name == "spectral":
-        return SpectralDictionary(n_modes=size, k=max(2 * size, 16), q=8)
-    if sae_path is None:
-        raise ValueError("the sae dictionary needs --sae PATH (an SAELens-format directory).")
-    return load_sae_dictionary(sae_path)
+    return factory(size, seed=seed, sae_path=sae_path)
 
 
 def complex_list(ev: np.ndarray) -> list[list[float]]:

@@ -16,6 +16,8 @@ from structlens.sae.models import (
     TopKSAE,
 )
 from structlens.sae.train import (
+    SAE_ARCHITECTURES,
+    SAEArchitecture,
     SAETrainConfig,
     SAETrainer,
     SAETrainingResult,
@@ -26,10 +28,12 @@ from structlens.sae.train import (
 )
 
 __all__ = [
+    "SAE_ARCHITECTURES",
     "BatchTopKSAE",
     "CELossResult",
     "JumpReLUSAE",
     "ReLUSAE",
+    "SAEArchitecture",
     "SAEEvalAccumulator",
     "SAEEvalResult",
     "SAETrainConfig",

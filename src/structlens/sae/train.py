@@ -44,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from structlens.registry import Registry
 from structlens.results import Result, atomic_write_json
 from structlens.sae.models import (
     BatchTopKSAE,
@@ -53,9 +54,6 @@ from structlens.sae.models import (
     TopKSAE,
 )
 
-Architecture = Literal["relu", "topk", "batchtopk", "jumprelu"]
-_ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
-
 
 @dataclasses.dataclass(frozen=True)
 class SAETrainConfig:
@@ -63,7 +61,9 @@ class SAETrainConfig:
 
     Attributes
     ----------
-    architecture : {"relu", "topk", "batchtopk", "jumprelu"}
+    architecture : str
+        A name in :data:`SAE_ARCHITECTURES`: built in ``"relu"``, ``"topk"``, ``"batchtopk"``,
+        ``"jumprelu"``.
     d_sae : int
         Dictionary width.
     k : int
@@ -97,7 +97,7 @@ class SAETrainConfig:
         Seeds the initialisation.
     """
 
-    architecture: Architecture = "topk"
+    architecture: str = "topk"
     d_sae: int = 4096
     k: int = 32
     target_l0: float | None = None
@@ -115,10 +115,7 @@ class SAETrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.architecture not in _ARCHITECTURES:
-            raise ValueError(
-                f"unknown architecture {self.architecture!r}; choose one of {_ARCHITECTURES}."
-            )
+        arch = SAE_ARCHITECTURES.get(self.architecture)
         if self.d_sae < 1 or self.k < 1:
             raise ValueError("d_sae and k must be positive.")
         if self.target_l0 is not None and not 0 < self.target_l0 <= self.d_sae:
@@ -127,14 +124,16 @@ class SAETrainConfig:
             raise ValueError("decoder_norm must be 'unit', 'free' or None.")
         if self.dead_tokens < 1 or self.l0_tolerance <= 0:
             raise ValueError("dead_tokens and l0_tolerance must be positive.")
-        if self.architecture == "batchtopk" and self.decoder_norm == "free":
-            raise ValueError("BatchTopK needs decoder_norm='unit' (one global threshold).")
+        if arch.requires_unit_decoder and self.decoder_norm == "free":
+            raise ValueError(
+                f"{self.architecture} needs decoder_norm='unit' (one global threshold)."
+            )
 
     @property
     def effective_decoder_norm(self) -> str:
         if self.decoder_norm is not None:
             return self.decoder_norm
-        return "free" if self.architecture == "relu" else "unit"
+        return SAE_ARCHITECTURES.get(self.architecture).decoder_norm
 
     @property
     def effective_k(self) -> int:
@@ -149,27 +148,87 @@ class SAETrainConfig:
     def initial_coefficient(self) -> float:
         if self.sparsity_coefficient is not None:
             return self.sparsity_coefficient
-        return {"relu": 5.0, "jumprelu": 1e-3}.get(self.architecture, self.aux_k_coefficient)
+        arch = SAE_ARCHITECTURES.get(self.architecture)
+        if arch.sparsity == "k":
+            return self.aux_k_coefficient
+        assert arch.default_coefficient is not None
+        return arch.default_coefficient
+
+
+@dataclasses.dataclass(frozen=True)
+class SAEArchitecture:
+    """How to build and train one SAE architecture (an entry of :data:`SAE_ARCHITECTURES`).
+
+    Attributes
+    ----------
+    build : ``(config, d_in) -> SparseAutoencoder``, an untrained SAE.
+    sparsity : ``"k"``: the number of active features is set by ``config.effective_k`` and
+        the coefficient weighs the AuxK loss; ``"penalty"``: a sparsity penalty whose
+        coefficient the L0 controller drives towards ``target_l0`` (and the final L0 is
+        calibrated).
+    default_coefficient : initial penalty coefficient (``"penalty"`` architectures).
+    decoder_norm : decoder row norm mode used when the config leaves it ``None``.
+    requires_unit_decoder : reject ``decoder_norm="free"``.
+    """
+
+    build: Callable[[SAETrainConfig, int], SparseAutoencoder]
+    sparsity: Literal["k", "penalty"]
+    default_coefficient: float | None = None
+    decoder_norm: Literal["unit", "free"] = "unit"
+    requires_unit_decoder: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sparsity not in ("k", "penalty"):
+            raise ValueError(f"sparsity must be 'k' or 'penalty', got {self.sparsity!r}.")
+        if self.sparsity == "penalty" and self.default_coefficient is None:
+            raise ValueError("a 'penalty' architecture needs a default_coefficient.")
+
+
+#: SAE architectures by name; add one with
+#: ``SAE_ARCHITECTURES.register(name, SAEArchitecture(...))`` (see docs/architecture.md).
+SAE_ARCHITECTURES: Registry[SAEArchitecture] = Registry("architecture")
+SAE_ARCHITECTURES.register(
+    "relu",
+    SAEArchitecture(
+        # Small initial rows (SAELens's decoder_init_norm = 0.1): with ~half of all ReLU
+        # features active at initialisation, unit rows would start at FVU ≫ 1.
+        lambda c, d_in: ReLUSAE(d_in, c.d_sae, decoder_init_norm=0.1, seed=c.seed),
+        sparsity="penalty",
+        default_coefficient=5.0,
+        decoder_norm="free",
+    ),
+)
+SAE_ARCHITECTURES.register(
+    "topk",
+    SAEArchitecture(lambda c, d_in: TopKSAE(d_in, c.d_sae, c.effective_k, seed=c.seed), "k"),
+)
+SAE_ARCHITECTURES.register(
+    "batchtopk",
+    SAEArchitecture(
+        lambda c, d_in: BatchTopKSAE(d_in, c.d_sae, c.effective_k, seed=c.seed),
+        "k",
+        requires_unit_decoder=True,
+    ),
+)
+SAE_ARCHITECTURES.register(
+    "jumprelu",
+    SAEArchitecture(
+        lambda c, d_in: JumpReLUSAE(
+            d_in,
+            c.d_sae,
+            bandwidth=c.jumprelu_bandwidth,
+            init_threshold=c.jumprelu_init_threshold,
+            seed=c.seed,
+        ),
+        sparsity="penalty",
+        default_coefficient=1e-3,
+    ),
+)
 
 
 def build_sae(config: SAETrainConfig, d_in: int) -> SparseAutoencoder:
     """An untrained SAE of ``config``'s architecture and width for inputs of size ``d_in``."""
-    kw: dict[str, Any] = {"seed": config.seed}
-    if config.architecture == "relu":
-        # Small initial rows (SAELens's decoder_init_norm = 0.1): with ~half of all ReLU
-        # features active at initialisation, unit rows would start at FVU ≫ 1.
-        return ReLUSAE(d_in, config.d_sae, decoder_init_norm=0.1, **kw)
-    if config.architecture == "topk":
-        return TopKSAE(d_in, config.d_sae, config.effective_k, **kw)
-    if config.architecture == "batchtopk":
-        return BatchTopKSAE(d_in, config.d_sae, config.effective_k, **kw)
-    return JumpReLUSAE(
-        d_in,
-        config.d_sae,
-        bandwidth=config.jumprelu_bandwidth,
-        init_threshold=config.jumprelu_init_threshold,
-        **kw,
-    )
+    return SAE_ARCHITECTURES.get(config.architecture).build(config, d_in)
 
 
 def _validate_batch(x: Any, d_in: int | None) -> torch.Tensor:
@@ -301,10 +360,9 @@ class SAETrainer:
         self.d_in = int(d_in)
         self.device = torch.device(device)
         self.sae = build_sae(config, self.d_in).to(self.device)
+        self._penalised = SAE_ARCHITECTURES.get(config.architecture).sparsity == "penalty"
         self.coefficient = (
-            config.aux_k_coefficient
-            if config.architecture in ("topk", "batchtopk")
-            else config.initial_coefficient
+            config.initial_coefficient if self._penalised else config.aux_k_coefficient
         )
         self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64, device=self.device)
@@ -353,7 +411,7 @@ class SAETrainer:
         self.tokens += b
         self.steps += 1
         target = self.config.target_l0
-        if target is not None and self.config.architecture in ("relu", "jumprelu"):
+        if target is not None and self._penalised:
             # Log-ratio error, clipped, so one odd batch cannot blow the coefficient up.
             err = max(-1.0, min(1.0, math.log(max(out.l0, 1e-3) / target)))
             self.coefficient *= math.exp(self.config.controller_rate * err)
@@ -379,11 +437,7 @@ class SAETrainer:
         fvu = sum(t[2] for t in self._tail) / max(sum(t[3] for t in self._tail), 1e-30)
         target = self.config.target_l0
         l0_before = l0
-        if (
-            target is not None
-            and self.config.calibrate_l0
-            and self.config.architecture in ("relu", "jumprelu")
-        ):
+        if target is not None and self.config.calibrate_l0 and self._penalised:
             x = torch.cat(self._tail_x)
             l0 = calibrate_l0(self.sae, x, target)
             with torch.no_grad():
