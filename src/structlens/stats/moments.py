@@ -80,14 +80,19 @@ class _Pair:
         self.cross, self.pq, self.pb, self.qa = cross, pq, pb, qa
 
     def recentred(
-        self, n: int, da: np.ndarray, db: np.ndarray, tra: np.ndarray, trb: np.ndarray
+        self,
+        n: int,
+        da: np.ndarray,
+        db: np.ndarray,
+        tra: np.ndarray | None,
+        trb: np.ndarray | None,
     ) -> _Pair:
         """The same sums taken about ``mean + d`` instead of the own mean (``Σ c_i = 0``).
 
         ``tra``/``trb`` are the per-group traces of the own-mean auto-scatters.
         """
         cross = self.cross + n * np.outer(da, db)
-        if self.pq is None or self.pb is None or self.qa is None:
+        if self.pq is None or self.pb is None or self.qa is None or tra is None or trb is None:
             return _Pair(cross)
         ga, gb = self.pq.shape
         d_a, d_b = self.cross.shape
@@ -342,35 +347,37 @@ class CrossMoments:
         assert self._xx is not None
         total = self.n + n
         new_mx = (self.n * self.mean_x + n * mx) / total
-        new_my = None if my is None else (self.n * self.mean_y + n * my) / total
         gx, gy = self.groups_x, self.groups_y
-        parts = []
-        for cnt, ox, oy, pxx, pyy, pxy in (
-            (self.n, self.mean_x, self.mean_y, self._xx, self._yy, self._xy),
-            (n, mx, my, xx, yy, xy),
-        ):
-            dx = ox - new_mx
-            trx = _group_trace(pxx.cross, gx) if self.fourth_order else None
-            rxx = pxx.recentred(cnt, dx, dx, trx, trx)  # type: ignore[arg-type]
-            if new_my is None:
-                parts.append((rxx, None, None))
-                continue
-            dy = oy - new_my
-            assert pxy is not None and pyy is not None
-            if isinstance(pyy, _Pair):
-                try_ = _group_trace(pyy.cross, gy)
-                ryy: _Pair | np.ndarray = pyy.recentred(cnt, dy, dy, try_, try_)
-                rxy = pxy.recentred(cnt, dx, dy, trx, try_)  # type: ignore[arg-type]
-            else:
-                ryy = pyy + cnt * dy * dy
-                rxy = pxy.recentred(cnt, dx, dy, None, None)  # type: ignore[arg-type]
-            parts.append((rxx, ryy, rxy))
-        (axx, ayy, axy), (bxx, byy, bxy) = parts
-        self._xx = axx + bxx
-        if new_my is not None:
-            self._yy = ayy + byy  # type: ignore[operator]
-            self._xy = axy + bxy  # type: ignore[operator]
-        self.n, self.mean_x, self.mean_y = total, new_mx, new_my
+        own = (self.n, self.mean_x, self.mean_y, self._xx, self._yy, self._xy)
+        # recentre both parts about the pooled mean, then add (Chan et al.'s pairwise update)
+        sides = [(cnt, ox, pxx) for cnt, ox, _, pxx, _, _ in (own, (n, mx, my, xx, yy, xy))]
+        traces = [_group_trace(p.cross, gx) if self.fourth_order else None for _, _, p in sides]
+        rxx = [p.recentred(c, o - new_mx, o - new_mx, t, t) for (c, o, p), t in zip(sides, traces)]
+        self._xx = rxx[0] + rxx[1]
+        if my is not None:
+            assert self.mean_y is not None
+            new_my = (self.n * self.mean_y + n * my) / total
+            yparts: list[tuple[_Pair | np.ndarray, _Pair]] = []
+            for (cnt, ox, _), trx, oy, pyy, pxy in zip(
+                sides, traces, (self.mean_y, my), (self._yy, yy), (self._xy, xy)
+            ):
+                assert pyy is not None and pxy is not None
+                dx, dy = ox - new_mx, oy - new_my
+                if isinstance(pyy, _Pair):
+                    try_ = _group_trace(pyy.cross, gy)
+                    yparts.append(
+                        (
+                            pyy.recentred(cnt, dy, dy, try_, try_),
+                            pxy.recentred(cnt, dx, dy, trx, try_),
+                        )
+                    )
+                else:
+                    yparts.append((pyy + cnt * dy * dy, pxy.recentred(cnt, dx, dy, None, None)))
+            (ayy, axy), (byy, bxy) = yparts
+            self._yy = ayy + byy  # both _Pair or both arrays
+            self._xy = axy + bxy
+            self.mean_y = new_my
+        self.n, self.mean_x = total, new_mx
 
     def copy(self) -> CrossMoments:
         """An independent deep copy."""
