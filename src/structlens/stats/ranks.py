@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from structlens.results import Result
+from structlens.stats.validation import check_array
 
 #: Stated in every output so a number can never be read on the wrong spectrum.
 CONVENTION = "eigenvalues λ of a PSD matrix (λ = σ² of its square-root factor); entropies in nats"
@@ -131,14 +132,9 @@ def effective_ranks(
     if (eigenvalues is None) == (matrix is None):
         raise ValueError("pass exactly one of `eigenvalues` or `matrix`.")
     if matrix is not None:
-        m = np.asarray(
-            matrix.detach().cpu().numpy() if hasattr(matrix, "detach") else matrix,
-            dtype=np.float64,
-        )
-        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        m = check_array(matrix, name="matrix")
+        if m.shape[0] != m.shape[1]:
             raise ValueError(f"matrix must be square, got shape {m.shape}.")
-        if not np.all(np.isfinite(m)):
-            raise ValueError("matrix contains NaN or inf.")
         eigenvalues = np.linalg.eigvalsh((m + m.T) / 2)
     lam = _spectrum(eigenvalues)
     tol = default_rank_rtol(lam.size) if rtol is None else rtol

@@ -29,12 +29,13 @@ def check_shape(
     """Raise ``ValueError`` unless ``shape`` has ``ndim`` axes, ``>= min_rows`` rows and
     ``n_cols`` columns (rows = samples, columns = features)."""
     shape = tuple(int(s) for s in shape)
-    if ndim is not None and len(shape) != ndim:
-        what = "rows = samples, columns = features" if ndim == 2 else f"{ndim} axes"
+    if ndim == 2 and len(shape) != 2:
         raise ValueError(
-            f"{name} must be {ndim}-D ({what}), got shape {shape}; "
+            f"{name} must be 2-D (rows = samples, columns = features), got shape {shape}; "
             f"flatten token/position axes into rows first."
         )
+    if ndim is not None and len(shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {shape}.")
     if shape and shape[0] < min_rows:
         raise ValueError(
             f"{name} has {shape[0]} rows (samples) but at least {min_rows} are needed; "
