@@ -218,7 +218,7 @@ class CrossMoments:
         self.precision = precision
         self.n = 0
         self.mean_x = np.zeros(self.d_x)
-        self.mean_y = None if d_y is None else np.zeros(d_y)
+        self._mean_y = None if d_y is None else np.zeros(d_y)
         self._xx: _Pair | None = None
         self._yy: _Pair | np.ndarray | None = None  # full pair, or the diagonal of S_yy
         self._xy: _Pair | None = None
@@ -321,7 +321,7 @@ class CrossMoments:
             self._merge_state(
                 other.n,
                 other.mean_x,
-                other.mean_y,
+                other._mean_y,
                 copy.deepcopy(other._xx),
                 copy.deepcopy(other._yy),
                 copy.deepcopy(other._xy),
@@ -341,25 +341,25 @@ class CrossMoments:
             return
         if self.n == 0:
             self.n, self.mean_x = n, mx.copy()
-            self.mean_y = None if my is None else my.copy()
+            self._mean_y = None if my is None else my.copy()
             self._xx, self._yy, self._xy = xx, yy, xy
             return
         assert self._xx is not None
         total = self.n + n
         new_mx = (self.n * self.mean_x + n * mx) / total
         gx, gy = self.groups_x, self.groups_y
-        own = (self.n, self.mean_x, self.mean_y, self._xx, self._yy, self._xy)
+        own = (self.n, self.mean_x, self._mean_y, self._xx, self._yy, self._xy)
         # recentre both parts about the pooled mean, then add (Chan et al.'s pairwise update)
         sides = [(cnt, ox, pxx) for cnt, ox, _, pxx, _, _ in (own, (n, mx, my, xx, yy, xy))]
         traces = [_group_trace(p.cross, gx) if self.fourth_order else None for _, _, p in sides]
         rxx = [p.recentred(c, o - new_mx, o - new_mx, t, t) for (c, o, p), t in zip(sides, traces)]
         self._xx = rxx[0] + rxx[1]
         if my is not None:
-            assert self.mean_y is not None
-            new_my = (self.n * self.mean_y + n * my) / total
+            assert self._mean_y is not None
+            new_my = (self.n * self._mean_y + n * my) / total
             yparts: list[tuple[_Pair | np.ndarray, _Pair]] = []
             for (cnt, ox, _), trx, oy, pyy, pxy in zip(
-                sides, traces, (self.mean_y, my), (self._yy, yy), (self._xy, xy)
+                sides, traces, (self._mean_y, my), (self._yy, yy), (self._xy, xy)
             ):
                 assert pyy is not None and pxy is not None
                 dx, dy = ox - new_mx, oy - new_my
@@ -376,7 +376,7 @@ class CrossMoments:
             (ayy, axy), (byy, bxy) = yparts
             self._yy = ayy + byy  # both _Pair or both arrays
             self._xy = axy + bxy
-            self.mean_y = new_my
+            self._mean_y = new_my
         self.n, self.mean_x = total, new_mx
 
     def copy(self) -> CrossMoments:
@@ -394,6 +394,13 @@ class CrossMoments:
         if self.d_y is None:
             raise ValueError(f"{what} needs Y: build the accumulator with d_y.")
         self._require(1, what)
+
+    @property
+    def mean_y(self) -> np.ndarray:
+        """Mean of ``Y`` ``[d_y]``."""
+        if self._mean_y is None:
+            raise ValueError("mean_y needs Y: build the accumulator with d_y.")
+        return self._mean_y
 
     @property
     def s_xx(self) -> np.ndarray:
