@@ -210,7 +210,7 @@ class CrossMoments:
             raise ValueError(f"chunk_rows must be positive, got {chunk_rows}.")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
-        self.d_x, self.d_y = int(d_x), None if d_y is None else int(d_y)
+        self.d_x, self._d_y = int(d_x), None if d_y is None else int(d_y)
         self.groups_x, self.groups_y = int(groups_x), int(groups_y)
         self.second_y = second_y
         self.fourth_order = d_y is not None and second_y == "full"
@@ -225,7 +225,7 @@ class CrossMoments:
 
     @property
     def _key(self) -> tuple[Any, ...]:
-        return (self.d_x, self.d_y, self.groups_x, self.groups_y, self.second_y)
+        return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y)
 
     # -- accumulation -------------------------------------------------------------------
     def update(self, x: object, y: object = None) -> CrossMoments:
@@ -233,13 +233,13 @@ class CrossMoments:
 
         Returns ``self``.
         """
-        if (y is None) != (self.d_y is None):
+        if (y is None) != (self._d_y is None):
             raise ValueError(
                 "pass y exactly when the accumulator was built with d_y "
-                f"(d_y={self.d_y}, y {'missing' if y is None else 'given'})."
+                f"(d_y={self._d_y}, y {'missing' if y is None else 'given'})."
             )
         tx = self._as_tensor(x, "x", self.d_x)
-        ty = None if y is None else self._as_tensor(y, "y", self.d_y)
+        ty = None if y is None else self._as_tensor(y, "y", self._d_y)
         if ty is not None and (tx.shape[0] != ty.shape[0] or tx.device != ty.device):
             raise ValueError(
                 f"x has {tx.shape[0]} rows on {tx.device} and y {ty.shape[0]} rows on "
@@ -391,9 +391,16 @@ class CrossMoments:
             )
 
     def _require_y(self, what: str) -> None:
-        if self.d_y is None:
+        if self._d_y is None:
             raise ValueError(f"{what} needs Y: build the accumulator with d_y.")
         self._require(1, what)
+
+    @property
+    def d_y(self) -> int:
+        """Width of ``Y``."""
+        if self._d_y is None:
+            raise ValueError("this accumulator holds X only: build it with d_y.")
+        return self._d_y
 
     @property
     def mean_y(self) -> np.ndarray:
@@ -444,7 +451,6 @@ class CrossMoments:
         self._require(4 if debiased else 2, "linear CKA")
         xx, yy, xy = self._xx, self._yy, self._xy
         assert isinstance(xx, _Pair) and isinstance(yy, _Pair) and isinstance(xy, _Pair)
-        assert self.d_y is not None
         gx, gy = self.groups_x, self.groups_y
         sx, sy = self.d_x // gx, self.d_y // gy
         cxy = xy.cross.reshape(gx, sx, gy, sy)
