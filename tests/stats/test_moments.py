@@ -116,3 +116,15 @@ def test_column_moments_merge_in_any_order(rng):
             assert acc.merge(parts[i]) is acc
         for k, got in ((2, acc.m2), (3, acc.m3), (4, acc.m4)):
             assert _relmax(got, (xc**k).sum(0)) < 1e-10
+
+
+def test_second_order_column_moments_of_tensors_give_the_total_scatter(rng):
+    x = rng.normal(size=(300, 4)) * 2 + 1e3
+    parts = [ColumnMoments(4, order=2).update(torch.from_numpy(x[a:b])) for a, b in SHARDS]
+    acc = parts[3].merge(parts[0]).merge(parts[4]).merge(parts[1]).merge(parts[2])
+    xc = x - x.mean(0)
+    assert _relmax(acc.m2, (xc**2).sum(0)) < 1e-12
+    with pytest.raises(ValueError, match="order=4"):
+        acc.excess_kurtosis()
+    with pytest.raises(ValueError, match="cannot merge"):
+        acc.merge(ColumnMoments(4))

@@ -23,6 +23,7 @@ import torch
 
 from structlens.results import Result
 from structlens.sae.models import SparseAutoencoder
+from structlens.stats.moments import ColumnMoments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +57,14 @@ class SAEEvalAccumulator:
 
     def __init__(self, sae: SparseAutoencoder) -> None:
         self.sae = sae
-        self.n = 0
-        self.mean = torch.zeros(sae.d_in, dtype=torch.float64)
-        self.m2 = 0.0  # Σ‖x − x̄‖², Chan-merged
+        self.inputs = ColumnMoments(sae.d_in, order=2)  # Σ‖x − x̄‖² = inputs.m2.sum()
         self.sse = 0.0
         self.active = 0.0
         self.counts = torch.zeros(sae.d_sae, dtype=torch.int64)
+
+    @property
+    def n(self) -> int:
+        return self.inputs.n
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -76,27 +79,11 @@ class SAEEvalAccumulator:
         self.sse += float((recon - xd).double().pow(2).sum())
         self.active += float(fired.sum())
         self.counts += fired.sum(0)
-        x64 = x.double()
-        nb = x64.shape[0]
-        mb = x64.mean(0)
-        m2b = float((x64 - mb).pow(2).sum())
-        delta = mb - self.mean
-        tot = self.n + nb
-        self.m2 += m2b + float(delta.pow(2).sum()) * self.n * nb / tot
-        self.mean += delta * nb / tot
-        self.n = tot
+        self.inputs.update(x)
 
     def merge(self, other: SAEEvalAccumulator) -> SAEEvalAccumulator:
         out = SAEEvalAccumulator(self.sae)
-        tot = self.n + other.n
-        delta = other.mean - self.mean
-        out.n = tot
-        out.mean = self.mean + delta * (other.n / tot if tot else 0.0)
-        out.m2 = (
-            self.m2
-            + other.m2
-            + (float(delta.pow(2).sum()) * self.n * other.n / tot if tot else 0.0)
-        )
+        out.inputs.merge(self.inputs).merge(other.inputs)
         out.sse = self.sse + other.sse
         out.active = self.active + other.active
         out.counts = self.counts + other.counts
@@ -107,7 +94,8 @@ class SAEEvalAccumulator:
             raise ValueError("need at least 2 evaluation tokens.")
         if min_count < 1:
             raise ValueError("min_count must be ≥ 1.")
-        fvu = self.sse / self.m2 if self.m2 > 0 else float("nan")
+        m2 = float(self.inputs.m2.sum())
+        fvu = self.sse / m2 if m2 > 0 else float("nan")
         return SAEEvalResult(
             fvu=fvu,
             explained_variance=1 - fvu,

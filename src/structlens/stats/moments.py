@@ -131,6 +131,10 @@ class _Pair:
         )
 
 
+def _to_host(a: Any) -> np.ndarray:
+    return _host(a) if _is_tensor(a) else np.asarray(a, dtype=np.float64)
+
+
 def _group_trace(scatter: np.ndarray, groups: int) -> np.ndarray:
     return np.diagonal(scatter).reshape(groups, -1).sum(1)
 
@@ -478,10 +482,13 @@ class CrossMoments:
 
 
 class ColumnMoments:
-    """Per-column count, mean and central moment sums ``M2, M3, M4`` (Pébay 2008).
+    """Per-column count, mean and central moment sums ``M2`` (and ``M3, M4``; Pébay 2008).
 
     Used for the heavy-tail diagnostic: :meth:`excess_kurtosis` is ``n·M4/M2² − 3``
-    (0 for a Gaussian, large for heavy tails).
+    (0 for a Gaussian, large for heavy tails).  With ``order=2`` only ``M2`` is kept (the
+    total centred sum of squares ``M2.sum()`` is the denominator of a fraction of variance
+    unexplained).  Torch tensors are reduced in float64 on their own device; only the
+    per-column sums cross to the host.
 
     Examples
     --------
@@ -490,10 +497,13 @@ class ColumnMoments:
     (2, [1.0, 1.0], [2.0, 0.0])
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, order: Literal[2, 4] = 4) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}.")
+        if order not in (2, 4):
+            raise ValueError(f"order must be 2 or 4, got {order!r}.")
         self.dim = int(dim)
+        self.order = order
         self.n = 0
         self.mean = np.zeros(self.dim)
         self.m2 = np.zeros(self.dim)
@@ -501,25 +511,41 @@ class ColumnMoments:
         self.m4 = np.zeros(self.dim)
 
     def update(self, block: object) -> ColumnMoments:
-        """Add the rows of ``block`` ``[m, dim]``; returns ``self``."""
-        x = check_array(block, name="block", n_cols=self.dim)
+        """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
+        if _is_tensor(block):
+            check_shape(block.shape, name="block", n_cols=self.dim)  # type: ignore[attr-defined]
+            x = block.detach().double()  # type: ignore[attr-defined]
+            if not bool(x.isfinite().all()):
+                check_finite(x.cpu().numpy(), "block")
+        else:
+            x = check_array(block, name="block", n_cols=self.dim)
         if x.shape[0] == 0:
             return self
-        other = ColumnMoments(self.dim)
-        other.n = x.shape[0]
-        other.mean = x.mean(axis=0)
-        xc = x - other.mean
+        other = ColumnMoments(self.dim, self.order)
+        other.n = int(x.shape[0])
+        mean = x.mean(0)
+        xc = x - mean
         xc2 = xc * xc
-        other.m2 = xc2.sum(axis=0)
-        other.m3 = (xc2 * xc).sum(axis=0)
-        other.m4 = (xc2 * xc2).sum(axis=0)
+        other.mean, other.m2 = _to_host(mean), _to_host(xc2.sum(0))
+        if self.order == 4:
+            other.m3, other.m4 = _to_host((xc2 * xc).sum(0)), _to_host((xc2 * xc2).sum(0))
         return self.merge(other)
 
     def merge(self, other: ColumnMoments) -> ColumnMoments:
         """Fold ``other`` into ``self`` in place; returns ``self``."""
-        if other.dim != self.dim:
-            raise ValueError(f"cannot merge dim {other.dim} into dim {self.dim}.")
+        if (other.dim, other.order) != (self.dim, self.order):
+            raise ValueError(
+                f"cannot merge (dim, order) = {(other.dim, other.order)} "
+                f"into {(self.dim, self.order)}."
+            )
         if other.n == 0:
+            return self
+        if self.order == 2:
+            d = other.mean - self.mean
+            n = self.n + other.n
+            self.m2 = self.m2 + other.m2 + d * d * (self.n * other.n / n)
+            self.mean = self.mean + d * (other.n / n)
+            self.n = n
             return self
         na, nb = self.n, other.n
         n = na + nb
@@ -545,6 +571,8 @@ class ColumnMoments:
         return self
 
     def excess_kurtosis(self) -> np.ndarray:
-        """Per-column excess kurtosis; NaN for constant columns."""
+        """Per-column excess kurtosis; NaN for constant columns (needs ``order=4``)."""
+        if self.order != 4:
+            raise ValueError("excess kurtosis needs fourth moments: build with order=4.")
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.m2 > 0, self.n * self.m4 / (self.m2 * self.m2) - 3.0, np.nan)
