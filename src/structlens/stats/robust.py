@@ -88,9 +88,7 @@ class TailDiagnostic:
     heavy: bool
 
 
-def tail_diagnostic(
-    moments: ColumnMoments | np.ndarray, threshold: float = 10.0
-) -> TailDiagnostic:
+def tail_diagnostic(moments: ColumnMoments | np.ndarray, threshold: float = 10.0) -> TailDiagnostic:
     """Summarise per-feature excess kurtosis from an accumulator or a (n, p) array."""
     if not isinstance(moments, ColumnMoments):
         a = np.asarray(moments, dtype=np.float64)
