@@ -2,17 +2,20 @@
 excluded, the split-half slope interval covers data-set variation, noise floors and tails."""
 
 import numpy as np
+import pytest
 from koopman_synth import linear_system
 
 from structlens.koopman import (
     EDMDc,
     EDMDcConfig,
+    IdentityDictionary,
     PCADictionary,
     SpectralDictionary,
     fit_on_rows,
     invariance_residual,
     invariance_residual_split,
     prompt_split,
+    split_half_convergence,
 )
 
 LAM = np.array([0.9, 0.5 + 0.3j, 0.5 - 0.3j, -0.4])
@@ -53,3 +56,31 @@ def test_dictionary_fit_never_sees_held_out_rows():
     b = fit_on_rows(SpectralDictionary(n_modes=3, k=4, q=2), X2, U2, Y2, ~test)
     for key, arr in a.arrays().items():
         np.testing.assert_array_equal(arr, b.arrays()[key])
+
+
+def test_split_half_slope_interval_covers_data_set_variation():
+    """On a system with a known M^{-1/2} rate, the slope intervals of independent data sets
+    cover the rate, and are as wide as the spread of the slope across data sets."""
+    slopes, cis = [], []
+    for ds in range(16):
+        s = linear_system(
+            np.random.default_rng(100 + ds),
+            np.array([0.8, -0.3]),
+            n_controls=1,
+            n_samples=32 * 64,
+            noise=1.0,
+            tokens_per_prompt=4,
+        )
+        est = EDMDc(IdentityDictionary().fit(s["X"]), EDMDcConfig(alpha=0.0))
+        blocks = est.statistics(s["X"], s["U"], s["Y"], s["ids"], n_blocks=32, seed=ds)
+        sh = split_half_convergence(blocks, est.config, n_repeats=6, n_groups=8, seed=ds)
+        slopes.append(sh.slope)
+        cis.append(sh.slope_ci)
+    slopes, cis = np.array(slopes), np.array(cis)
+    assert abs(slopes.mean() + 0.5) < 0.1
+    covered = (cis[:, 0] <= -0.5) & (-0.5 <= cis[:, 1])
+    assert covered.mean() >= 13 / 16
+    # a 95% interval spans about ±2 data-set standard deviations
+    assert np.mean(cis[:, 1] - cis[:, 0]) / 2 >= 1.5 * slopes.std(ddof=1)
+    with pytest.raises(ValueError, match="n_groups"):
+        split_half_convergence(blocks, est.config, n_groups=20)
