@@ -64,6 +64,9 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
     assert res.informative["n_passed"] == res.informative["n_heads"]
     assert res.head_groups == {}
+    # the decision is calibrated: equivalent only when the score beats the null's interval
+    want = "equivalent" if res.score_ci[0] > res.null_score_ci[1] else "undecided"
+    assert res.verdicts["matching"] == want
 
 
 def test_head_groups_replace_whole_layers(tiny, rotated) -> None:
@@ -104,6 +107,9 @@ def test_compare_two_seeds_end_to_end(tiny) -> None:
     assert 0.0 <= cg["point_test_ab"]["decision_rate"] <= 1.0
     assert len(cg["point_test_ab"]["p_values"]) == 3
     assert res.verdicts["agree"] == (res.verdicts["matching"] == res.verdicts["congruity"])
+    # two unrelated random models are never declared equivalent: no calibrated evidence
+    assert res.verdicts["matching"] == "undecided" and res.verdicts["matching_reason"]
+    assert res.verdicts["congruity"] in ("different", "undecided")
     # the saved result round-trips
     assert set(res.summary()) >= {"score", "score_ci", "matching", "validation", "congruity"}
 

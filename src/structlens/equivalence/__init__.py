@@ -56,6 +56,7 @@ from .encoding import (
     fit_linear_map,
 )
 from .knn import mutual_knn
+from .layer_map import fit_layer_map
 from .matching import (
     METRICS,
     MatchingResult,
@@ -71,7 +72,9 @@ from .score import (
     EquivalenceScore,
     ValidationCriterion,
     bootstrap_interval,
+    decide_with_null,
     equivalence_score,
+    informative_heads,
     wilson_interval,
 )
 
@@ -99,6 +102,9 @@ __all__ = [
     "encoding_scores",
     "equivalence_score",
     "fit_linear_map",
+    "fit_layer_map",
+    "decide_with_null",
+    "informative_heads",
     "gram_linear",
     "gram_rbf",
     "head_similarity_matrix",
