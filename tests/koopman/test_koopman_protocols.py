@@ -17,6 +17,7 @@ from structlens.koopman import (
     prompt_split,
     split_half_convergence,
 )
+from structlens.koopman.diagnostics import henrici_noise_floor, lifting_tails, tail_statistics
 
 LAM = np.array([0.9, 0.5 + 0.3j, 0.5 - 0.3j, -0.4])
 
@@ -84,3 +85,60 @@ def test_split_half_slope_interval_covers_data_set_variation():
     assert np.mean(cis[:, 1] - cis[:, 0]) / 2 >= 1.5 * slopes.std(ddof=1)
     with pytest.raises(ValueError, match="n_groups"):
         split_half_convergence(blocks, est.config, n_groups=20)
+
+
+def _system(rng, A, n, noise):
+    d = A.shape[0]
+    X, U = rng.standard_normal((n, d)), rng.standard_normal((n, 2))
+    Y = X @ A.T + U @ rng.standard_normal((d, 2)).T + noise * rng.standard_normal((n, d))
+    return X, U, Y, np.arange(n) // 8
+
+
+def test_henrici_noise_floor_separates_sampling_from_non_normality():
+    rng = np.random.default_rng(0)
+    d = 10
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    ev = np.linspace(-0.5, 0.9, d)
+    normal = Q @ np.diag(ev) @ Q.T
+    skew = Q @ (np.diag(ev) + np.diag(np.full(d - 1, 0.3), 1)) @ Q.T
+    cfg = EDMDcConfig(alpha=0.0)
+    fits = {}
+    for name, A in (("normal", normal), ("skew", skew)):
+        X, U, Y, ids = _system(rng, A, 8000, 1.0)
+        blocks = EDMDc(IdentityDictionary().fit(X), cfg).statistics(X, U, Y, ids, n_blocks=16)
+        fits[name] = henrici_noise_floor(blocks, cfg, n_repeats=10)
+    # a normal operator: the raw departure is sampling noise, and the floor says so
+    nf = fits["normal"]
+    assert nf.henrici > 0.05 and nf.noise_floor > 0.5 * nf.henrici
+    assert nf.henrici_extrapolated < 0.6 * nf.henrici
+    # a non-normal one (Schur form with known strict upper part): the departure survives
+    truth = float(np.sqrt(0.3**2 * (d - 1)))
+    assert fits["skew"].henrici_extrapolated == pytest.approx(truth, rel=0.12)
+    # a truncated (PCA-3) fit goes through the same statistics
+    X, U, Y, ids = _system(rng, skew, 4000, 1.0)
+    blocks = EDMDc(PCADictionary(3).fit(X), cfg).statistics(X, U, Y, ids, n_blocks=8)
+    assert henrici_noise_floor(blocks, cfg, n_repeats=2).n_features == 3
+
+
+def test_tail_statistics_known_answers():
+    rng = np.random.default_rng(0)
+    n, d = 40000, 8
+    gauss = rng.standard_normal((n, d))
+    t = tail_statistics(gauss)
+    assert abs(t["max_excess_kurtosis"]) < 0.2
+    assert t["norm_kurtosis"] == pytest.approx((d + 2) / d, rel=0.03)
+    # z_i z_j of independent Gaussians: kurtosis 9, excess 6
+    assert t["gram_max_excess_kurtosis"] == pytest.approx(6.0, rel=0.25)
+    # one sparse spike coordinate: Bernoulli(p) has excess kurtosis (1 − 6pq)/(pq) = 45 at 2%
+    spiky = gauss.copy()
+    spiky[:, 3] = 10.0 * (rng.random(n) < 0.02)
+    s = tail_statistics(spiky)
+    assert s["argmax_excess_kurtosis"] == 3
+    assert s["max_excess_kurtosis"] == pytest.approx((1 - 6 * 0.02 * 0.98) / (0.02 * 0.98), rel=0.1)
+    assert s["p95_excess_kurtosis"] < s["max_excess_kurtosis"]
+    assert s["norm_kurtosis"] > t["norm_kurtosis"]
+    assert s["gram_max_excess_kurtosis"] > 5 * t["gram_max_excess_kurtosis"]
+    lifted = lifting_tails(spiky, PCADictionary(8).fit(spiky))
+    assert set(lifted) == {"state", "lifted"}
+    # a rotation-only lift (PCA, all components) keeps the norm kurtosis
+    assert lifted["lifted"]["norm_kurtosis"] == pytest.approx(s["norm_kurtosis"], rel=1e-9)
