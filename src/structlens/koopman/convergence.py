@@ -104,28 +104,32 @@ def split_half_convergence(
     *,
     half_sizes: Sequence[int] | None = None,
     n_repeats: int = 20,
-    n_groups: int = 8,
+    n_groups: int | None = None,
     seed: int = 0,
 ) -> SplitHalfResult:
     """Split-half W∞/W2 distances of spectra and their log-log slope against M.
 
     Parameters
     ----------
-    blocks : per-prompt-block statistics, e.g. ``accumulate(dic, stream, n_blocks=64)``.
+    blocks : per-prompt-block statistics, e.g. ``accumulate(dic, stream, n_blocks=64)``;
+        empty blocks are dropped.
     half_sizes : numbers of blocks per half (default powers of two up to what every
         jackknife replicate can draw, ``(K − ⌈K/G⌉) // 2``).
     n_repeats : random prompt-level half pairs per size.
     n_groups : groups of blocks for the delete-a-group jackknife interval of the slope
-        (see :class:`SplitHalfResult`).
+        (see :class:`SplitHalfResult`); default ``min(8, K // 2)`` (at least 2).
 
     The control basis is computed once from all blocks and shared by every fit, so the halves
     differ only by sampling.
     """
     from scipy.stats import t as student_t
 
+    blocks = [b for b in blocks if b.n > 0]  # a hash block may have received no prompt
     K = len(blocks)
     if K < 4:
         raise ValueError(f"need at least 4 prompt blocks for split halves; got {K}.")
+    if n_groups is None:
+        n_groups = max(2, min(8, K // 2))
     if not 2 <= n_groups <= K // 2:
         raise ValueError(f"n_groups must be in [2, {K // 2}] for {K} blocks; got {n_groups}.")
     usable = K - -(-K // n_groups)  # blocks left when the largest group is deleted
