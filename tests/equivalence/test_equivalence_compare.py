@@ -177,3 +177,17 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
 
 def test_preprocess_default_excludes_first_position() -> None:
     assert CompareConfig().preprocess == Preprocess(exclude_bos=True)
+
+
+def test_validated_heads_are_the_top_kl_heads_whose_null_fails(tiny) -> None:
+    from structlens.equivalence import informative_heads
+
+    other = load_model("tiny-llama", seed=2)
+    probe = corpus_probe(tiny, other, n=12, max_chars=60)
+    crit = ValidationCriterion(max_kl=1e-4, min_top1=0.8)
+    cfg = CompareConfig(criterion=crit, max_validate_heads=2, validate_layers=False, **FAST)
+    res = compare(tiny, other, probe, cfg)
+    pairs = res.matching["heads"]["pairs"]
+    want = informative_heads(res.congruity["kl_grid_b"], pairs, 2, 1e-4)
+    assert want, "the tiny model's most important heads should move its output"
+    assert [r["pair"] for r in res.validation] == [pairs[i] for i in want]
