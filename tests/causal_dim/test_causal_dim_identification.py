@@ -44,6 +44,12 @@ def test_linear_and_flat_curves_are_unidentified():
     status, reason = kappa_identification(
         WIDTHS, flat, fit_saturating(WIDTHS, flat, "michaelis_menten")
     )
+    assert status == "unidentified" and "m_half" in reason  # saturated below the widths
+    # counts that fall with width pin K to its lower bound, max N_causal
+    falling = np.linspace(13.0, 11.0, WIDTHS.size)
+    status, reason = kappa_identification(
+        WIDTHS, falling, fit_saturating(WIDTHS, falling, "michaelis_menten")
+    )
     assert status == "unidentified" and "lower bound" in reason
     # saturation well below the smallest width: m_half outside the measured widths
     early = 300 * WIDTHS / (WIDTHS + 300.0)
@@ -90,3 +96,16 @@ def test_width_sweep_gates_base_width_and_fvu():
     assert good.kappa_hat_status in ("identified", "unidentified", "no fit")
     if good.kappa_hat_status != "identified":
         assert math.isnan(good.kappa_hat) and good.kappa_hat_profile_ci is None
+
+
+def test_exponential_half_width_and_exact_curves():
+    ex = 300 * -np.expm1(-WIDTHS / 5e3)  # m½ = 5e3·ln 2 inside the widths
+    fit = fit_saturating(WIDTHS, ex, "exponential")
+    assert kappa_identification(WIDTHS, ex, fit, "exponential") == ("identified", "")
+    lo, hi = profile_interval_K(WIDTHS, ex, "exponential")
+    assert lo == pytest.approx(300, rel=1e-4) and hi == pytest.approx(300, rel=1e-4)
+    # scale 1.2e3 puts m½ = 832 below the smallest width although m₀ is inside
+    early = 300 * -np.expm1(-WIDTHS / 1.2e3)
+    fit = fit_saturating(WIDTHS, early, "exponential")
+    status, reason = kappa_identification(WIDTHS, early, fit, "exponential")
+    assert status == "unidentified"

@@ -146,17 +146,25 @@ def fit_saturating(widths: np.ndarray, counts: np.ndarray, model: str) -> dict[s
 
 
 def kappa_identification(
-    widths: np.ndarray, counts: np.ndarray, fit: Mapping[str, float], rtol: float = 1e-3
+    widths: np.ndarray,
+    counts: np.ndarray,
+    fit: Mapping[str, float],
+    model: str = "michaelis_menten",
+    rtol: float = 1e-6,
 ) -> tuple[str, str]:
     """``("identified", "")`` or ``("unidentified", reason)`` for a saturating fit of
     ``counts`` over ``widths`` (see the module docstring).
 
-    Unidentified when ``K`` sits on its lower bound ``max N_causal`` or at the upper end of
-    its range, or when the half-saturation width ``m½`` lies outside the measured widths.
+    Unidentified when ``K`` sits on its lower bound ``max N_causal`` (within ``rtol``: the
+    constraint is active) or at the upper end of its range, or when the half-saturation
+    width ``m½`` (``m₀·ln 2`` for the exponential form, whose ``fit["m_half"]`` is its scale
+    ``m₀``) lies outside the measured widths.
     """
     m = np.asarray(widths, dtype=np.float64)
     y_max = float(np.max(counts))
     K, m_half = float(fit["K"]), float(fit["m_half"])
+    if model == "exponential":
+        m_half *= math.log(2.0)
     if K <= y_max * (1 + rtol):
         return "unidentified", (
             f"K = {K:.4g} sits on its lower bound max N_causal = {y_max:.4g}: the counts do not "
@@ -211,6 +219,8 @@ def profile_interval_K(
 
     log_k_hat = math.log(fit["K"])
     rss_min = rss(log_k_hat)
+    if rss_min <= 1e-24:  # an exact fit: no residual scale, the interval is the point
+        return [fit["K"], fit["K"]]
     limit = rss_min * (1 + float(f_dist.ppf(level, 1, dof)) / dof)
 
     def excess(log_k: float) -> float:
@@ -382,8 +392,8 @@ def analyze_width_sweep(
     interpretable = fvu_ok is not False
     n_repr, n_causal, eps = _counts(ordered, cfg, None)
     fits = _fit_all(widths, n_causal) if interpretable else {}
-    for fit in fits.values():
-        fit["status"], fit["reason"] = kappa_identification(widths, n_causal, fit)
+    for name, fit in fits.items():
+        fit["status"], fit["reason"] = kappa_identification(widths, n_causal, fit, name)
     rng = np.random.default_rng(cfg.seed)
     n_blocks = ordered[0].n_blocks
     boot_r, boot_c, boot_eps = [], [], []
