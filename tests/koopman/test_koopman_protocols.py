@@ -10,11 +10,14 @@ from structlens.koopman import (
     EDMDcConfig,
     IdentityDictionary,
     PCADictionary,
+    SAEDictionary,
     SpectralDictionary,
     fit_on_rows,
     invariance_residual,
     invariance_residual_split,
+    load_dictionary,
     prompt_split,
+    select_sae_features,
     split_half_convergence,
 )
 from structlens.koopman.diagnostics import henrici_noise_floor, lifting_tails, tail_statistics
@@ -142,3 +145,26 @@ def test_tail_statistics_known_answers():
     assert set(lifted) == {"state", "lifted"}
     # a rotation-only lift (PCA, all components) keeps the norm kurtosis
     assert lifted["lifted"]["norm_kurtosis"] == pytest.approx(s["norm_kurtosis"], rel=1e-9)
+
+
+@pytest.mark.parametrize("activation", ["relu", "topk"])
+def test_sae_features_selected_by_variance_and_frequency(activation, tmp_path):
+    rng = np.random.default_rng(0)
+    d, m = 6, 10
+    W = rng.standard_normal((d, m))
+    W[:, 3] *= 5.0  # latent 3 has the largest code variance
+    b_enc = np.full(m, -0.5)
+    b_enc[7] = 3.0  # latent 7 fires on almost every row
+    sae = SAEDictionary(W, b_enc, np.zeros(d), activation=activation, k=4)
+    X = rng.standard_normal((4000, d))
+    full = sae.transform(X)
+    by_var = select_sae_features(sae, X, 3, "variance")
+    by_freq = select_sae_features(sae, X, 3, "frequency")
+    assert 3 in by_var.features and 7 in by_freq.features
+    want_var = np.sort(np.argsort(-full.var(0), kind="stable")[:3])
+    np.testing.assert_array_equal(by_var.features, want_var)
+    # each kept latent is the whole SAE's code, TopK competition included
+    np.testing.assert_array_equal(by_freq.transform(X), full[:, by_freq.features])
+    assert by_var.n_features == 3 and sae.features is None
+    back = load_dictionary(by_var.save(tmp_path / "d"))
+    np.testing.assert_array_equal(back.transform(X), by_var.transform(X))

@@ -44,6 +44,7 @@ from structlens.koopman.invariance import (
     invariance_residual,
     invariance_residual_split,
     prompt_split,
+    select_sae_features,
     train_sae_dictionary,
 )
 from structlens.koopman.reduction import (
@@ -92,6 +93,7 @@ __all__ = [
     "invariance_residual_split",
     "fit_on_rows",
     "prompt_split",
+    "select_sae_features",
     "train_sae_dictionary",
     "decoder_agreement",
     "ReductionResult",

@@ -113,6 +113,31 @@ def fit_on_rows(dictionary: Dictionary, X: Any, U: Any, Y: Any, rows: np.ndarray
     return fresh.fit(np.asarray(X)[rows], np.asarray(U)[rows], np.asarray(Y)[rows])
 
 
+def select_sae_features(dictionary: Any, X: Any, n: int, rule: str = "variance") -> Any:
+    """A copy of an SAE dictionary restricted to ``n`` of its latents, for comparing
+    dictionaries at equal size N (the invariance gap depends on how they are chosen).
+
+    ``rule``: ``"variance"`` (largest variance of the code over the rows of ``X``) or
+    ``"frequency"`` (fires on the most rows).  Ties go to the lower index.  Each kept latent
+    is still computed by the whole SAE (TopK competition included).  Choose on training
+    prompts (:func:`prompt_split`) so the held-out score stays held out.
+    """
+    from structlens.koopman.dictionaries import SAEDictionary
+
+    if not isinstance(dictionary, SAEDictionary) or dictionary.include_state:
+        raise ValueError("select_sae_features needs an SAEDictionary without include_state.")
+    if rule not in ("variance", "frequency"):
+        raise ValueError(f"rule must be 'variance' or 'frequency', got {rule!r}.")
+    full = copy.deepcopy(dictionary)
+    full.features = None
+    codes = full.transform(X)
+    if not 1 <= n <= codes.shape[1]:
+        raise ValueError(f"n must be in [1, {codes.shape[1]}], got {n}.")
+    score = codes.var(axis=0) if rule == "variance" else (codes > 0).mean(axis=0)
+    full.features = np.sort(np.argsort(-score, kind="stable")[:n])
+    return full
+
+
 def invariance_residual_split(
     dictionary: Dictionary,
     X: Any,
