@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 from structlens.causal_dim import JacobianConfig
-from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+from structlens.causal_dim.kappa import (
+    doubling_ratio,
+    kappa_curve,
+    kappa_from_grams,
+    kappa_until_converged,
+)
 from structlens.causal_dim.model import (
     model_causal_dimension,
     residual_batches,
@@ -31,11 +37,12 @@ def _rank_one_basis(n: int, d: int) -> np.ndarray:
 
 def test_identical_grams_have_exact_rank_and_zero_spread():
     g = np.stack([np.diag([1.0, 1.0, 1.0, 0.0, 0.0])] * 6)
-    res = kappa_from_grams(g, n_bootstrap=20)
+    res = kappa_from_grams(g)
     assert res.erank == pytest.approx(3.0)
     assert res.participation_ratio == pytest.approx(3.0)
     assert res.erank_se == pytest.approx(0.0, abs=1e-9)
     assert res.erank_ci == pytest.approx([3.0, 3.0])
+    assert res.ratio_last_doubling == pytest.approx(1.0)
     assert res.kappa_over_d == pytest.approx(3 / 5)
     assert res.n_vectors == 6 and res.d == 5
 
@@ -44,7 +51,7 @@ def test_mean_gram_ranks_and_jackknife_match_direct_computation():
     rng = np.random.default_rng(0)
     a = rng.normal(size=(9, 3, 7))
     g = np.einsum("nki,nkj->nij", a, a)  # rank-3 PSD Grams
-    res = kappa_from_grams(g, n_bootstrap=50, seed=1)
+    res = kappa_from_grams(g)
     ref = effective_ranks(matrix=g.mean(0))
     assert res.erank == pytest.approx(ref.entropy_effective_rank)
     assert res.participation_ratio == pytest.approx(ref.participation_ratio)
@@ -55,10 +62,54 @@ def test_mean_gram_ranks_and_jackknife_match_direct_computation():
         ]
     )
     assert res.erank_se == pytest.approx(np.sqrt(8 / 9 * np.sum((loo - loo.mean()) ** 2)))
-    assert res.erank_ci[0] <= res.erank_ci[1]
-    # Deterministic under the seed.
-    again = kappa_from_grams(g, n_bootstrap=50, seed=1)
-    assert again.erank_ci == res.erank_ci
+    assert res.erank_jackknife == pytest.approx(9 * res.erank - 8 * loo.mean())
+    half = (res.erank_ci[1] - res.erank_ci[0]) / 2
+    assert sum(res.erank_ci) / 2 == pytest.approx(res.erank_jackknife)
+    assert half == pytest.approx(scipy.stats.t.ppf(0.975, 8) * res.erank_se)
+
+
+def _gaussian_grams(rng, lam, n, k):
+    """Rank-k Grams G_i = J_iᵀJ_i with E[G_i] = diag(lam) exactly."""
+    z = rng.standard_normal((n, k, lam.size)) * np.sqrt(lam / k)
+    return np.einsum("nki,nkj->nij", z, z)
+
+
+def test_jackknife_interval_covers_the_known_erank_where_the_bootstrap_did_not():
+    """A synthetic spectrum with known erank: κ(Σ̂_n) is biased low, a percentile bootstrap
+    (duplicated vectors) lies below even the plug-in; the jackknife interval covers κ(Σ)."""
+    lam = np.exp(-np.arange(30) / 6.0)
+    truth = effective_ranks(lam).entropy_effective_rank
+    covered, below = 0, 0
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        g = _gaussian_grams(rng, lam, 60, 2)
+        res = kappa_from_grams(g)
+        covered += res.erank_ci[0] <= truth <= res.erank_ci[1]
+        below += res.erank < truth
+        # the duplicated-vector bootstrap of the old interval sits below the plug-in
+        boot = [
+            effective_ranks(matrix=g[rng.integers(0, 60, 60)].mean(0)).entropy_effective_rank
+            for _ in range(20)
+        ]
+        assert np.mean(boot) < res.erank
+    assert below == 30  # the plug-in is biased low
+    assert covered >= 26  # nominal 95%
+
+
+def test_doubling_rule_stops_when_kappa_stops_rising():
+    lam = np.exp(-np.arange(20) / 4.0)
+    rng = np.random.default_rng(0)
+    conv = kappa_until_converged(lambda k: _gaussian_grams(rng, lam, k, 2), 8, tolerance=1.05)
+    assert conv.converged and conv.ratio_last_doubling < 1.05
+    assert all(r >= 1.05 for r in conv.ratios[:-1])
+    assert conv.n_vectors == [8 * 2**i for i in range(len(conv.n_vectors))]
+    assert conv.grams.shape[0] == conv.n_vectors[-1]
+    assert conv.ratio_last_doubling == pytest.approx(doubling_ratio(conv.grams))
+    # a budget too small to converge says so
+    capped = kappa_until_converged(lambda k: _gaussian_grams(rng, lam, k, 1), 4, max_vectors=8)
+    assert not capped.converged and capped.n_vectors == [4, 8]
+    # rank-one basis: κ(n) = n, so every doubling has ratio exactly 2
+    assert doubling_ratio(_rank_one_basis(8, 10)) == pytest.approx(2.0)
 
 
 def test_curve_on_rank_one_basis_equals_subset_size():
@@ -97,9 +148,9 @@ def test_vector_grams_average_to_model_sigma(model):
     assert grams.shape == (3, model.d_model, model.d_model) and grams.dtype == torch.float64
     ref = model_causal_dimension(model, 1, PROMPTS, cfg)
     np.testing.assert_allclose(grams.mean(0).numpy(), ref.sigma, rtol=1e-6, atol=1e-9)
-    res = kappa_from_grams(grams, n_bootstrap=0)
+    res = kappa_from_grams(grams)
     assert res.erank == pytest.approx(ref.erank, rel=1e-6)
-    assert np.isnan(res.erank_ci[0])
+    assert res.erank_ci[0] <= res.erank_jackknife <= res.erank_ci[1]
 
 
 def test_multi_layer_captures_match_single_layer(model):

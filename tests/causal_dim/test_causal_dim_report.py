@@ -17,7 +17,7 @@ def test_report_from_kappa_and_four_cell(tmp_path):
     g = np.zeros((8, 10, 10))
     for i in range(8):
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: κ = κ_PR = 8
-    res = kappa_from_grams(g, n_bootstrap=10)
+    res = kappa_from_grams(g)
     entry = to_jsonable(res) | {"layer": 3, "curve": kappa_curve(g, [1, 8], n_draws=3)}
     (tmp_path / "kappa.json").write_text(json.dumps({"d": 10, "layers": [entry]}))
     four = {

@@ -64,6 +64,9 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
     assert res.informative["n_passed"] == res.informative["n_heads"]
     assert res.head_groups == {}
+    # the decision is calibrated: equivalent only when the score beats the null's interval
+    want = "equivalent" if res.score_ci[0] > res.null_score_ci[1] else "undecided"
+    assert res.verdicts["matching"] == want
 
 
 def test_head_groups_replace_whole_layers(tiny, rotated) -> None:
@@ -104,6 +107,9 @@ def test_compare_two_seeds_end_to_end(tiny) -> None:
     assert 0.0 <= cg["point_test_ab"]["decision_rate"] <= 1.0
     assert len(cg["point_test_ab"]["p_values"]) == 3
     assert res.verdicts["agree"] == (res.verdicts["matching"] == res.verdicts["congruity"])
+    # two unrelated random models are never declared equivalent: no calibrated evidence
+    assert res.verdicts["matching"] == "undecided" and res.verdicts["matching_reason"]
+    assert res.verdicts["congruity"] in ("different", "undecided")
     # the saved result round-trips
     assert set(res.summary()) >= {"score", "score_ci", "matching", "validation", "congruity"}
 
@@ -171,3 +177,17 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
 
 def test_preprocess_default_excludes_first_position() -> None:
     assert CompareConfig().preprocess == Preprocess(exclude_bos=True)
+
+
+def test_validated_heads_are_the_top_kl_heads_whose_null_fails(tiny) -> None:
+    from structlens.equivalence import informative_heads
+
+    other = load_model("tiny-llama", seed=2)
+    probe = corpus_probe(tiny, other, n=12, max_chars=60)
+    crit = ValidationCriterion(max_kl=1e-4, min_top1=0.8)
+    cfg = CompareConfig(criterion=crit, max_validate_heads=2, validate_layers=False, **FAST)
+    res = compare(tiny, other, probe, cfg)
+    pairs = res.matching["heads"]["pairs"]
+    want = informative_heads(res.congruity["kl_grid_b"], pairs, 2, 1e-4)
+    assert want, "the tiny model's most important heads should move its output"
+    assert [r["pair"] for r in res.validation] == [pairs[i] for i in want]

@@ -27,7 +27,7 @@ from structlens.koopman.data import (
     load_layer,
     load_layers,
 )
-from structlens.koopman.interventions import compare_ablations, select_modes
+from structlens.koopman.interventions import _position_lists, compare_ablations, select_modes
 from structlens.models import load_model
 
 
@@ -56,8 +56,8 @@ def test_layer_sites_and_errors():
 
 
 def test_streams_chain_and_keep_prompts(store):
-    X0, U0, Y0, p0 = load_layer(store, 0)
-    X1, _, _, p1 = load_layer(store, 1)
+    X0, U0, Y0, p0 = load_layer(store, 0, exclude_position0=False)
+    X1, _, _, p1 = load_layer(store, 1, exclude_position0=False)
     # y_l is literally x_{l+1}: the same tensor at the same rows.
     np.testing.assert_array_equal(Y0, X1)
     np.testing.assert_array_equal(p0, p1)
@@ -68,6 +68,22 @@ def test_streams_chain_and_keep_prompts(store):
     assert np.all(index["position"].numpy()[np.r_[0, np.cumsum(counts)[:-1]]] == 0)
     with pytest.raises(ValueError, match="lacks"):
         load_layer(store, 5)
+
+
+def test_position0_and_bos_are_excluded_by_default(store):
+    index = store.load_index()
+    pos, tok = index["position"].numpy(), index["token_id"].numpy()
+    X_all, _, _, p_all = load_layer(store, 1, exclude_position0=False)
+    X, U, Y, p = load_layer(store, 1)
+    assert len(X) == len(U) == len(Y) == len(p) == int(np.sum(pos != 0))
+    np.testing.assert_array_equal(X, X_all[pos != 0])
+    np.testing.assert_array_equal(p, p_all[pos != 0])
+    # a BOS id drops those tokens at every position as well
+    bos = int(tok[pos == 3][0])
+    Xb = load_layer(store, 1, bos_token_id=bos)[0]
+    np.testing.assert_array_equal(Xb, X_all[(pos != 0) & (tok != bos)])
+    streamed = np.concatenate([c[0] for c in iter_layer_chunks(store, [1], batch_size=50)])
+    np.testing.assert_array_equal(streamed, X)
 
 
 def test_pooled_stream_equals_stacked_layers_and_streaming(store):
@@ -120,12 +136,20 @@ def test_full_dimension_ablations_coincide(tiny, store):
         np.testing.assert_allclose(cmp.change[0], cmp.change[1], atol=1e-3)
         np.testing.assert_allclose(cmp.change[1], cmp.change[2], atol=1e-3)
     small = compare_ablations(tiny, task, 1, res, dic, 3, n_random=2)
+    assert small.positions == "END" and small.exclude_position0
     assert (
         small.dimension == 3
         and sum(1 if abs(ev[1]) == 0 else 2 for ev in small.mode_eigenvalues) == 3
     )
     with pytest.raises(ValueError, match="positions"):
         compare_ablations(tiny, task, 1, res, dic, 3, positions="IO")
+
+
+def test_all_position_ablation_leaves_position0_alone():
+    task = _FakeTask([[5, 6, 7, 8], [9, 10, 11]])
+    assert _position_lists(task, [0, 1], "all", True) == [[1, 2, 3], [1, 2]]
+    assert _position_lists(task, [0, 1], "all", False) is None
+    assert _position_lists(task, [0, 1], "END", True) == [[3], [2]]
 
 
 def test_select_modes_counts_pairs():

@@ -3,8 +3,14 @@
 * :func:`random_orthonormal_encoder` / :func:`random_orthonormal_decoder` and
   :func:`four_cell_ablation`: learned vs random encoder × learned vs random decoder, with
   ε calibrated on the learned/learned cell and the N_causal inflation factor of each cell.
+  Run it on JumpReLU/ReLU SAEs: the random-encoder copy keeps the learned biases and
+  thresholds, so the sparsity filter the paper names is what changes; a TopK copy keeps
+  exactly k active features per token in every cell, so N_repr cannot move.  L0 (mean
+  firing features per token) is logged per cell.
 * :class:`SyntheticCausalModel` and :func:`atp_recall`: a toy model whose output depends on
-  known directions only, and whether top-AtP SAE features recover those directions.
+  known directions only, and whether top-AtP SAE features recover those directions.  With
+  ``readout="rotated"`` (the paper's ground truth) the causal read-out directions are random
+  orthonormal mixtures of several atoms, so no dictionary atom is aligned with one.
 Matched L0 lives in :mod:`structlens.sae.train` (``target_l0``); architecture invariance is a
 width sweep per architecture fed to :func:`structlens.causal_dim.sweep.analyze_width_sweep`.
 """
@@ -62,7 +68,8 @@ class FourCellResult(Result):
     """N_causal and N_repr per cell, ε from the learned/learned cell, and inflation factors.
 
     Cells are keyed ``"<encoder>_enc/<decoder>_dec"`` with ``learned`` or ``random``;
-    ``inflation[c] = N_causal[c] / N_causal["learned_enc/learned_dec"]``.
+    ``inflation[c] = N_causal[c] / N_causal["learned_enc/learned_dec"]``; ``l0[c]`` is the
+    mean number of firing features per token; ``architecture`` the SAE class.
     """
 
     n_causal: dict
@@ -71,6 +78,8 @@ class FourCellResult(Result):
     epsilon: float
     top_fraction: float
     n_tokens: int
+    l0: dict = dataclasses.field(default_factory=dict)
+    architecture: str = ""
 
 
 def four_cell_ablation(
@@ -113,6 +122,8 @@ def four_cell_ablation(
         epsilon=eps,
         top_fraction=top_fraction,
         n_tokens=n,
+        l0={name: float(s.fires.sum() / s.tokens.sum()) for name, s in stats.items()},
+        architecture=type(sae).__name__,
     )
 
 
@@ -127,6 +138,12 @@ class SyntheticCausalModel:
     ``orthogonal_atoms`` (needs ``n_atoms ≤ d``) inert atoms are orthogonal to the causal
     subspace, so their AtP is exactly zero; otherwise random atoms overlap it (|cos| ~ 1/√d),
     which is what makes top-AtP recall hard even for a dictionary equal to the atoms.
+
+    ``readout="rotated"``: the causal directions are instead ``n_causal`` orthonormal random
+    mixtures of the first ``n_mix`` atoms (default ``min(4·n_causal, n_atoms)``), i.e. read-out
+    directions not aligned with any atom (the paper's synthetic ground truth).  They still span
+    a subspace of the atoms' span, so ``J`` has rank ``n_causal``, but an SAE that learns the
+    atoms cannot recall them.
     """
 
     def __init__(
@@ -138,9 +155,16 @@ class SyntheticCausalModel:
         active: int = 4,
         seed: int = 0,
         orthogonal_atoms: bool = False,
+        readout: str = "atoms",
+        n_mix: int | None = None,
     ) -> None:
         if not 0 < n_causal <= n_atoms or active < 1 or d < 2:
             raise ValueError("need 0 < n_causal ≤ n_atoms, active ≥ 1 and d ≥ 2.")
+        if readout not in ("atoms", "rotated"):
+            raise ValueError(f"readout must be 'atoms' or 'rotated', got {readout!r}.")
+        n_mix = min(4 * n_causal, n_atoms) if n_mix is None else n_mix
+        if readout == "rotated" and not n_causal < n_mix <= n_atoms:
+            raise ValueError(f"need n_causal < n_mix <= n_atoms; got n_mix = {n_mix}.")
         if orthogonal_atoms and n_atoms > d:
             raise ValueError(f"orthogonal_atoms needs n_atoms ≤ d, got {n_atoms} > {d}.")
         self.gen = torch.Generator().manual_seed(seed)
@@ -148,7 +172,13 @@ class SyntheticCausalModel:
         if orthogonal_atoms:
             atoms = torch.linalg.qr(atoms.T)[0].T
         self.atoms = atoms / atoms.norm(dim=1, keepdim=True)
-        self.causal = self.atoms[:n_causal]
+        if readout == "atoms":
+            self.causal = self.atoms[:n_causal]
+        else:
+            mix = _random_frame(n_causal, n_mix, self.gen).float()  # orthonormal rows
+            causal = mix @ self.atoms[:n_mix]
+            self.causal = causal / causal.norm(dim=1, keepdim=True)
+        self.readout_kind = readout
         self.readout = torch.randn(vocab, n_causal, generator=self.gen)
         self.active = active
 

@@ -69,7 +69,7 @@ def kappa_by_layer(
             list(vector_grams(model, layer, prompts, cfg, position=position, outputs=outputs))  # type: ignore[arg-type]
         )
         if grams.shape[0] >= 2:
-            res = kappa_from_grams(grams, n_bootstrap=n_bootstrap, seed=seed)
+            res = kappa_from_grams(grams)
             err = {
                 "erank_se": res.erank_se,
                 "participation_ratio_se": res.participation_ratio_se,

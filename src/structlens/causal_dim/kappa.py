@@ -1,25 +1,32 @@
-"""κ from per-vector Jacobian Grams: point estimate, jackknife / bootstrap CIs and the
-few-vector bias curve.
+"""κ from per-vector Jacobian Grams: point estimate, a valid jackknife interval, the
+few-vector bias curve and the doubling convergence rule.
 
 Input is a stack ``G`` [n, d, d] of per-residual-vector Grams ``G_i = J(x_i)ᵀ J(x_i)`` (one
 row of :class:`structlens.causal_dim.EJOPAccumulator` per vector).  ``Σ̂ = mean_i G_i``; κ is the
 entropy effective rank (Roy–Vetterli, ``exp`` of the Shannon entropy in nats of the normalised
 eigenvalues of ``Σ̂``), κ_PR the participation ratio ``(Σλ)² / Σλ²``.
 
-Uncertainty is over the sampled residual vectors only (the Jacobians themselves are exact):
+Σ̂ ↦ κ is concave in the normalised spectrum, so the plug-in κ(Σ̂_n) is biased low by O(1/n)
+and rises towards κ(Σ) as ``n`` grows.  That rules out the percentile bootstrap: a resample
+with duplicated vectors has fewer distinct Grams, so its κ is lower still, and the interval
+sits *below* the plug-in estimate (which itself is below κ(Σ)).  The interval used here is the
+delete-one **jackknife**, which is valid for smooth functions of a mean:
 
-* jackknife: leave-one-vector-out estimates, ``SE = sqrt((n−1)/n · Σ (κ_(i) − κ̄)²)``;
-* bootstrap: ``n_bootstrap`` resamples of the ``n`` vectors with replacement, percentile CI.
+* ``κ_(i)`` = κ without vector ``i``; ``SE = sqrt((n−1)/n · Σ (κ_(i) − κ̄)²)``;
+* bias-corrected estimate ``κ_J = n·κ − (n−1)·κ̄`` (removes the O(1/n) bias);
+* interval ``κ_J ± t_{n−1, (1+ci)/2} · SE``.
 
-Σ̂ ↦ κ is concave in the normalised spectrum, so κ(Σ̂_n) is biased low for small ``n`` and
-rises towards κ(Σ) as ``n`` grows; :func:`kappa_curve` measures that by subsampling ``n' ≤ n``
-vectors without replacement.
+The interval targets κ(Σ), so when the plug-in bias exceeds the sampling error the plug-in κ
+lies below it: the signal to add vectors.  :func:`doubling_ratio` /
+:func:`kappa_until_converged` implement the rule "add vectors until κ(n)/κ(n/2) < 1.05";
+:func:`kappa_curve` measures the bias curve by subsampling ``n' ≤ n`` vectors without
+replacement.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -46,11 +53,13 @@ def _ranks(sigma: np.ndarray) -> tuple[float, float]:
 
 @dataclasses.dataclass(frozen=True)
 class KappaResult(Result):
-    """κ (erank) and κ_PR of ``Σ̂ = mean_i G_i`` with jackknife SEs and bootstrap CIs.
+    """κ (erank) and κ_PR of ``Σ̂ = mean_i G_i`` with jackknife SEs and intervals.
 
-    ``eigenvalues`` are those of ``Σ̂``, descending.  CIs are percentile intervals at level
-    ``ci`` over ``n_bootstrap`` resamples of the vectors; they quantify vector sampling only
-    and are centred on a biased-low estimate when ``n_vectors`` is small (see the module).
+    ``erank``/``participation_ratio`` are the plug-in values of ``Σ̂``;
+    ``erank_jackknife``/``participation_ratio_jackknife`` the bias-corrected estimates the
+    intervals (``*_ci``, level ``ci``) are centred on (see the module docstring).
+    ``ratio_last_doubling`` is ``κ(n) / κ(n/2)`` (:func:`doubling_ratio`); ``eigenvalues`` are
+    those of ``Σ̂``, descending.
     """
 
     erank: float
@@ -60,58 +69,48 @@ class KappaResult(Result):
     kappa_over_d: float
     erank_se: float
     participation_ratio_se: float
+    erank_jackknife: float
+    participation_ratio_jackknife: float
     erank_ci: list
     participation_ratio_ci: list
+    ratio_last_doubling: float
     eigenvalues: np.ndarray
     d: int
     n_vectors: int
-    n_bootstrap: int
     ci: float
+    ci_method: str
     convention: str
 
 
 def kappa_from_grams(
-    grams: np.ndarray | torch.Tensor | Sequence[np.ndarray],
-    *,
-    n_bootstrap: int = 200,
-    ci: float = 0.95,
-    seed: int = 0,
+    grams: np.ndarray | torch.Tensor | Sequence[np.ndarray], *, ci: float = 0.95
 ) -> KappaResult:
-    """Effective ranks of the mean Gram with jackknife SEs and bootstrap CIs.
+    """Effective ranks of the mean Gram with jackknife SEs and bias-corrected intervals.
 
     Parameters
     ----------
     grams : array [n, d, d]
         Per-vector ``JᵀJ`` (symmetric PSD), n ≥ 2.
-    n_bootstrap : int
-        Bootstrap resamples of the vectors (0 disables the CI; it is then ``[nan, nan]``).
     ci : float
-        Two-sided CI level in (0, 1).
-    seed : int
-        Seeds the bootstrap.
+        Two-sided interval level in (0, 1).
     """
+    from scipy.stats import t as student_t
+
     g = _stack(grams)
     n, d, _ = g.shape
     if n < 2:
         raise ValueError(f"need at least 2 vectors for an error estimate, got {n}.")
-    if n_bootstrap < 0 or not 0 < ci < 1:
-        raise ValueError("n_bootstrap must be ≥ 0 and ci must lie in (0, 1).")
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must lie in (0, 1), got {ci}.")
     total = g.sum(0)
     sigma = total / n
     lam = np.linalg.eigvalsh((sigma + sigma.T) / 2)[::-1]
     full = effective_ranks(lam)
+    plug = np.array([full.entropy_effective_rank, full.participation_ratio])
     loo = np.array([_ranks((total - g[i]) / (n - 1)) for i in range(n)])
     se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean(0)) ** 2, axis=0))
-    rng = np.random.default_rng(seed)
-    boot = []
-    for _ in range(n_bootstrap):
-        counts = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)
-        boot.append(_ranks(np.tensordot(counts, g, axes=1) / n))
-    alpha = 100 * (1 - ci) / 2
-    if boot:
-        lo, hi = np.percentile(np.array(boot), [alpha, 100 - alpha], axis=0)
-    else:
-        lo = hi = np.full(2, np.nan)
+    corrected = n * plug - (n - 1) * loo.mean(0)
+    half = float(student_t.ppf((1 + ci) / 2, n - 1)) * se
     return KappaResult(
         erank=full.entropy_effective_rank,
         participation_ratio=full.participation_ratio,
@@ -120,14 +119,86 @@ def kappa_from_grams(
         kappa_over_d=full.entropy_effective_rank / d,
         erank_se=float(se[0]),
         participation_ratio_se=float(se[1]),
-        erank_ci=[float(lo[0]), float(hi[0])],
-        participation_ratio_ci=[float(lo[1]), float(hi[1])],
+        erank_jackknife=float(corrected[0]),
+        participation_ratio_jackknife=float(corrected[1]),
+        erank_ci=[float(corrected[0] - half[0]), float(corrected[0] + half[0])],
+        participation_ratio_ci=[float(corrected[1] - half[1]), float(corrected[1] + half[1])],
+        ratio_last_doubling=doubling_ratio(g),
         eigenvalues=lam.copy(),
         d=d,
         n_vectors=n,
-        n_bootstrap=n_bootstrap,
         ci=ci,
+        ci_method="delete-one jackknife, bias-corrected, t interval",
         convention=CONVENTION,
+    )
+
+
+def doubling_ratio(grams: np.ndarray | torch.Tensor | Sequence[np.ndarray]) -> float:
+    """``κ(n) / κ(n/2)`` for the last doubling of the number of vectors.
+
+    ``κ(n/2)`` is the mean erank of the two disjoint halves (first ``⌊n/2⌋`` vectors and the
+    next ``⌊n/2⌋``), so the ratio is deterministic.  Close to 1 once adding vectors no longer
+    raises κ; since the plug-in bias is O(1/n), the ratio − 1 is about the relative bias left
+    at ``n/2``.
+    """
+    g = _stack(grams)
+    n = g.shape[0]
+    if n < 2:
+        raise ValueError(f"a doubling ratio needs at least 2 vectors, got {n}.")
+    h = n // 2
+    halves = [_ranks(g[:h].mean(0))[0], _ranks(g[h : 2 * h].mean(0))[0]]
+    return float(_ranks(g.mean(0))[0] / np.mean(halves))
+
+
+@dataclasses.dataclass(frozen=True)
+class KappaConvergence(Result):
+    """Outcome of :func:`kappa_until_converged`: the Grams used, the erank and doubling ratio
+    after each doubling (``n_vectors``), and whether the last ratio fell below ``tolerance``."""
+
+    grams: np.ndarray
+    n_vectors: list
+    erank: list
+    ratios: list
+    ratio_last_doubling: float
+    converged: bool
+    tolerance: float
+
+
+def kappa_until_converged(
+    draw: Callable[[int], np.ndarray | torch.Tensor],
+    n_start: int,
+    *,
+    tolerance: float = 1.05,
+    max_vectors: int = 4096,
+) -> KappaConvergence:
+    """Add vectors until ``κ(n) / κ(n/2) < tolerance`` (the convergence rule).
+
+    ``draw(k)`` returns ``k`` new per-vector Grams ``[k, d, d]`` (exact, or sketched ones once
+    validated against exact).  Starts with ``n_start`` vectors and doubles ``n`` until the
+    ratio of the last doubling is below ``tolerance`` or ``n`` would exceed ``max_vectors``.
+    """
+    if n_start < 2 or max_vectors < n_start:
+        raise ValueError(f"need 2 <= n_start <= max_vectors; got {n_start}, {max_vectors}.")
+    if not tolerance > 1:
+        raise ValueError(f"tolerance must exceed 1, got {tolerance}.")
+    g = _stack(draw(n_start))
+    sizes, eranks, ratios = [], [], []
+    while True:
+        ratio = doubling_ratio(g)
+        sizes.append(int(g.shape[0]))
+        eranks.append(_ranks(g.mean(0))[0])
+        ratios.append(ratio)
+        if ratio < tolerance or 2 * g.shape[0] > max_vectors:
+            break
+        g = np.concatenate([g, _stack(draw(g.shape[0]))])
+    return KappaConvergence(
+        grams=g,
+        n_vectors=sizes,
+        erank=eranks,
+        ratios=ratios,
+        ratio_last_doubling=ratios[-1],
+        converged=ratios[-1] < tolerance,
+        tolerance=tolerance,
     )
 
 
@@ -167,4 +238,11 @@ def kappa_curve(
     return {"sizes": [float(s) for s in sizes]} | out
 
 
-__all__ = ["KappaResult", "kappa_curve", "kappa_from_grams"]
+__all__ = [
+    "KappaConvergence",
+    "KappaResult",
+    "doubling_ratio",
+    "kappa_curve",
+    "kappa_from_grams",
+    "kappa_until_converged",
+]

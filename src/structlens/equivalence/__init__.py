@@ -58,6 +58,7 @@ from .encoding import (
     fit_linear_map,
 )
 from .knn import mutual_knn
+from .layer_map import fit_layer_map
 from .matching import (
     METRICS,
     MatchingResult,
@@ -72,7 +73,9 @@ from .score import (
     EquivalenceScore,
     ValidationCriterion,
     bootstrap_interval,
+    decide_with_null,
     equivalence_score,
+    informative_heads,
     wilson_interval,
 )
 
@@ -100,6 +103,9 @@ __all__ = [
     "encoding_scores",
     "equivalence_score",
     "fit_linear_map",
+    "fit_layer_map",
+    "decide_with_null",
+    "informative_heads",
     "gram_linear",
     "gram_rbf",
     "head_similarity_matrix",

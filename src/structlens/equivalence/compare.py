@@ -52,6 +52,7 @@ from .congruity import (
     selectivity_test,
 )
 from .encoding import fit_linear_map
+from .layer_map import fit_layer_map
 from .matching import (
     MatchingResult,
     head_similarity_matrix,
@@ -64,7 +65,9 @@ from .preprocess import Preprocess, prepare
 from .score import (
     ValidationCriterion,
     bootstrap_interval,
+    decide_with_null,
     equivalence_score,
+    informative_heads,
     wilson_interval,
 )
 
@@ -191,7 +194,7 @@ class CompareConfig:
     layer_matching : {"monotone", "hungarian"}
     head_matching : {"global", "per_layer"}
     map_method : {"ridge", "procrustes"}
-        Linear map from A's component to B's for validation.
+        Linear map from A's head to B's for validation (layers: :func:`fit_layer_map`).
     criterion : ValidationCriterion
         The sufficient condition (default: KL <= 0.1 nats and top-1 >= 0.9).
     similarity_threshold : float
@@ -223,7 +226,8 @@ class CompareConfig:
     point_n, straps : int
         Point-test triples and bootstrap repetitions (reference: 20 and 40).
     equivalent_at : float
-        Matched-component verdict: "equivalent" when ``score >= equivalent_at``.
+        Matched-component verdict: "equivalent" when ``score >= equivalent_at`` and the
+        score's interval lies above the null's (:func:`decide_with_null`), else "undecided".
     batch_size, seed, ci
     """
 
@@ -680,8 +684,16 @@ def compare(
         layer_pairs=layer_match.pairs if cfg.head_matching == "per_layer" else None,
     )
     head_pairs, head_sims = head_match.pairs, head_match.similarities
+    congruity = _congruity(model_a, model_b, probe, cfg) if cfg.congruity else {}
     if cfg.max_validate_heads is not None and cfg.max_validate_heads < len(head_pairs):
-        pick = sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False).tolist())
+        # validate the heads whose mean ablation fails (top-KL in B), else a random subset
+        max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
+        pick = (
+            informative_heads(congruity["kl_grid_b"], head_pairs, cfg.max_validate_heads, max_kl)
+            if congruity
+            else []
+        )
+        pick = pick or sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False))
         head_pairs = [head_pairs[i] for i in pick]
         head_sims = [head_sims[i] for i in pick]
     layer_pairs, layer_sims = layer_match.pairs, layer_match.similarities
@@ -751,7 +763,7 @@ def compare(
         layer_writers = []
         if cfg.validate_layers:
             for la, lb in layer_pairs:
-                lmap = fit_linear_map(raw_a[la], raw_b[lb], cfg.map_method)
+                lmap = fit_layer_map(raw_a[la], raw_b[lb])
                 w = torch.as_tensor(lmap.weight, dtype=model_b.dtype)
                 bias = torch.as_tensor(lmap.bias, dtype=model_b.dtype)
 
@@ -819,11 +831,13 @@ def compare(
         l_score, l_ci, l_val = layer_score.score, layer_score.score_ci, layer_score.validation
     else:
         l_score, l_ci, l_val = float("nan"), [float("nan"), float("nan")], []
-    congruity = _congruity(model_a, model_b, probe, cfg) if cfg.congruity else {}
-    matching_verdict = "equivalent" if head_score.score >= cfg.equivalent_at else "different"
-    verdicts: dict[str, Any] = {"matching": matching_verdict}
+    matching_verdict, reason = decide_with_null(
+        head_score.score, head_score.score_ci, n_ci, cfg.equivalent_at
+    )
+    verdicts: dict[str, Any] = {"matching": matching_verdict, "matching_reason": reason}
     if congruity:
-        verdicts["congruity"] = "different" if congruity["different"] else "equivalent"
+        # no detected difference is not evidence of equivalence: the point test has no null
+        verdicts["congruity"] = "different" if congruity["different"] else "undecided"
         verdicts["agree"] = verdicts["congruity"] == matching_verdict
     return ComparisonResult(
         model_a=model_a.name,

@@ -18,6 +18,13 @@ pair passes when every criterion that is set holds
 The score is ``passed / matched`` in ``[0, 1]`` (1 = every matched component can stand in
 for its partner), reported with a Wilson score interval (default) or a percentile bootstrap
 over components.
+
+**Decisions need a null** (:func:`decide_with_null`).  A component whose mean ablation
+already passes says nothing about its partner, so a score alone decides nothing: the verdict
+is ``"equivalent"`` only when the score's interval lies entirely above the null's (the same
+components mean-ablated instead of replaced), ``"undecided"`` with the reason otherwise.
+:func:`informative_heads` picks the components worth validating: those whose mean ablation
+changes B's output most (top-KL), where the null fails.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ __all__ = [
     "wilson_interval",
     "bootstrap_interval",
     "equivalence_score",
+    "decide_with_null",
+    "informative_heads",
 ]
 
 
@@ -177,3 +186,46 @@ def equivalence_score(
         criterion=dataclasses.asdict(crit),
         validation=records,
     )
+
+
+def decide_with_null(
+    score: float, score_ci: object, null_ci: object | None, min_score: float = 0.0
+) -> tuple[str, str]:
+    """``("equivalent", reason)`` when ``score >= min_score`` and the score's interval lies
+    above the null's, else ``("undecided", reason)``.
+
+    ``score_ci``/``null_ci`` are ``[lo, hi]`` intervals of the pass rates of the partners and
+    of the null (mean ablation) on the same components.  Without a null (``None`` or NaN) no
+    decision is possible.
+    """
+    lo, hi = (float(v) for v in np.asarray(score_ci, dtype=np.float64).ravel()[:2])
+    if null_ci is None or not np.all(np.isfinite(np.asarray(null_ci, dtype=np.float64))):
+        return "undecided", "no null score to calibrate against (validation without patching)"
+    n_lo, n_hi = (float(v) for v in np.asarray(null_ci, dtype=np.float64).ravel()[:2])
+    if not lo > n_hi:
+        return "undecided", (
+            f"score interval [{lo:.3f}, {hi:.3f}] does not lie above the null's "
+            f"[{n_lo:.3f}, {n_hi:.3f}]: partners do no better than mean ablation"
+        )
+    if score < min_score:
+        return "undecided", f"score {score:.3f} is below the required {min_score:.3f}"
+    return "equivalent", (
+        f"score interval [{lo:.3f}, {hi:.3f}] lies above the null's [{n_lo:.3f}, {n_hi:.3f}]"
+    )
+
+
+def informative_heads(null_kl: object, pairs: list, k: int, max_kl: float = 0.1) -> list[int]:
+    """Indices into ``pairs`` of the (at most) ``k`` pairs whose B-side mean ablation moves
+    B's output most, keeping only those whose null fails (``null_kl > max_kl`` nats).
+
+    ``null_kl`` is ``[n_layers_B, n_heads_B]`` (KL in nats of B's output with that head
+    mean-ablated, e.g. CONGRUITY's ``kl_grid``); ``pairs`` are ``((la, ha), (lb, hb))``.
+    """
+    grid = to_numpy(null_kl, "null_kl").astype(np.float64)
+    if grid.ndim != 2:
+        raise ValueError(f"null_kl must be [n_layers, n_heads], got shape {grid.shape}.")
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}.")
+    kl = np.array([grid[int(b[0]), int(b[1])] for _, b in pairs])
+    order = [int(i) for i in np.argsort(-kl, kind="stable") if kl[i] > max_kl]
+    return sorted(order[:k])

@@ -39,9 +39,12 @@ from structlens.koopman.edmdc import (
 from structlens.koopman.invariance import (
     InvarianceResidual,
     decoder_agreement,
+    fit_on_rows,
     invariance_penalty,
     invariance_residual,
     invariance_residual_split,
+    prompt_split,
+    select_sae_features,
     train_sae_dictionary,
 )
 from structlens.koopman.reduction import (
@@ -88,6 +91,9 @@ __all__ = [
     "invariance_penalty",
     "invariance_residual",
     "invariance_residual_split",
+    "fit_on_rows",
+    "prompt_split",
+    "select_sae_features",
     "train_sae_dictionary",
     "decoder_agreement",
     "ReductionResult",

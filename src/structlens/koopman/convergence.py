@@ -21,7 +21,6 @@ from structlens.koopman.edmdc import (
 )
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
-from structlens.stats.intervals import percentile_interval
 from structlens.stats.matching import bottleneck_distance, wasserstein_distance
 
 
@@ -41,9 +40,15 @@ class SplitHalfResult(Result):
     ``n_samples[s]`` is the mean number of samples in *one* half at grid point ``s`` (the M of
     ``d_M ∝ M^{-1/2}``); ``w_inf``/``w2`` are ``(n_repeats, n_sizes)`` distances between the
     two halves' spectra.  ``slope`` is the least-squares log-log slope of the mean W∞ over the
-    grid, ``slope_ci`` its percentile bootstrap interval (resampling repeats within each size),
-    ``slope_last4`` the slope over the four largest sizes (the rate is asymptotic).
-    ``eig_condition`` are the ``κ(λ_i)`` of the pooled fit: the rate needs ``κ ≪ √M``.
+    grid; ``slope_ci`` its 95% delete-a-group jackknife interval over prompt blocks
+    (``slope_ci_method``): the blocks are dealt into ``n_groups`` groups, the whole curve is
+    recomputed without each group (same random halves otherwise, so only the data differ),
+    and ``slope ± t_{G−1} · se_jack``.  It covers the variation of the slope across
+    independent data sets, which resampling repeats within one data set does not (the halves
+    of one data set overlap heavily, so that spread is far too narrow).  ``slope_se`` is the
+    jackknife standard error.  ``slope_last4`` is the slope over the four largest sizes (the
+    rate is asymptotic).  ``eig_condition`` are the ``κ(λ_i)`` of the pooled fit: the rate
+    needs ``κ ≪ √M``.
     """
 
     n_samples: np.ndarray
@@ -53,13 +58,44 @@ class SplitHalfResult(Result):
     w2_mean: np.ndarray
     slope: float
     slope_ci: list[float]
+    slope_se: float
+    slope_ci_method: str
     slope_w2: float
     slope_last4: float
     eig_condition: np.ndarray
     eig_condition_max: float
     n_repeats: int
     n_blocks: int
+    n_groups: int
     seed: int
+
+
+def _split_half_curve(
+    blocks: Sequence[EDMDcStatistics],
+    config: EDMDcConfig,
+    V: np.ndarray,
+    half_sizes: Sequence[int],
+    orders: np.ndarray,
+    keep: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """W∞, W2 and half sizes for halves drawn from the blocks with ``keep`` true.
+
+    ``orders[s, r]`` is a random permutation of all blocks; a half pair takes the first
+    ``2j`` kept blocks of it, so curves on different subsets share their random draws.
+    """
+    R = orders.shape[1]
+    w_inf = np.empty((R, len(half_sizes)))
+    w2, n_half = np.empty_like(w_inf), np.empty_like(w_inf)
+    for s, j in enumerate(half_sizes):
+        for r in range(R):
+            order = orders[s, r][keep[orders[s, r]]]
+            h1 = merge_statistics([blocks[i] for i in order[:j]])
+            h2 = merge_statistics([blocks[i] for i in order[j : 2 * j]])
+            e1, e2 = _spectrum(h1, config, V), _spectrum(h2, config, V)
+            w_inf[r, s] = bottleneck_distance(e1, e2)
+            w2[r, s] = wasserstein_distance(e1, e2, 2)
+            n_half[r, s] = 0.5 * (h1.n + h2.n)
+    return w_inf, w2, n_half
 
 
 def split_half_convergence(
@@ -68,49 +104,60 @@ def split_half_convergence(
     *,
     half_sizes: Sequence[int] | None = None,
     n_repeats: int = 20,
-    n_bootstrap: int = 1000,
+    n_groups: int | None = None,
     seed: int = 0,
 ) -> SplitHalfResult:
     """Split-half W∞/W2 distances of spectra and their log-log slope against M.
 
     Parameters
     ----------
-    blocks : per-prompt-block statistics, e.g. ``accumulate(dic, stream, n_blocks=64)``.
-    half_sizes : numbers of blocks per half (default powers of two up to ``K // 2``).
+    blocks : per-prompt-block statistics, e.g. ``accumulate(dic, stream, n_blocks=64)``;
+        empty blocks are dropped.
+    half_sizes : numbers of blocks per half (default powers of two up to what every
+        jackknife replicate can draw, ``(K − ⌈K/G⌉) // 2``).
     n_repeats : random prompt-level half pairs per size.
+    n_groups : groups of blocks for the delete-a-group jackknife interval of the slope
+        (see :class:`SplitHalfResult`); default ``min(8, K // 2)`` (at least 2).
 
     The control basis is computed once from all blocks and shared by every fit, so the halves
     differ only by sampling.
     """
+    from scipy.stats import t as student_t
+
+    blocks = [b for b in blocks if b.n > 0]  # a hash block may have received no prompt
     K = len(blocks)
     if K < 4:
         raise ValueError(f"need at least 4 prompt blocks for split halves; got {K}.")
+    if n_groups is None:
+        n_groups = max(2, min(8, K // 2))
+    if not 2 <= n_groups <= K // 2:
+        raise ValueError(f"n_groups must be in [2, {K // 2}] for {K} blocks; got {n_groups}.")
+    usable = K - -(-K // n_groups)  # blocks left when the largest group is deleted
     if half_sizes is None:
-        half_sizes = [2**i for i in range(int(np.log2(K // 2)) + 1)]
+        half_sizes = [2**i for i in range(int(np.log2(max(usable // 2, 1))) + 1)]
     half_sizes = list(half_sizes)
-    if len(half_sizes) < 2 or any(not 1 <= j <= K // 2 for j in half_sizes):
-        raise ValueError(f"half_sizes must be >= 2 values in [1, {K // 2}]; got {half_sizes}.")
+    if len(half_sizes) < 2 or any(not 1 <= j <= usable // 2 for j in half_sizes):
+        raise ValueError(
+            f"half_sizes must be >= 2 values in [1, {usable // 2}] (every jackknife replicate "
+            f"drops a group of blocks); got {half_sizes}. Use more blocks or fewer sizes."
+        )
     rng = np.random.default_rng(seed)
     pooled = merge_statistics(blocks)
     V = control_basis(pooled, config)[0]
-    w_inf = np.empty((n_repeats, len(half_sizes)))
-    w2 = np.empty_like(w_inf)
-    n_half = np.empty_like(w_inf)
-    for s, j in enumerate(half_sizes):
-        for r in range(n_repeats):
-            pick = rng.choice(K, size=2 * j, replace=False)
-            h1 = merge_statistics([blocks[i] for i in pick[:j]])
-            h2 = merge_statistics([blocks[i] for i in pick[j:]])
-            e1, e2 = _spectrum(h1, config, V), _spectrum(h2, config, V)
-            w_inf[r, s] = bottleneck_distance(e1, e2)
-            w2[r, s] = wasserstein_distance(e1, e2, 2)
-            n_half[r, s] = 0.5 * (h1.n + h2.n)
+    orders = np.stack(
+        [np.stack([rng.permutation(K) for _ in range(n_repeats)]) for _ in half_sizes]
+    )
+    group = rng.permutation(K) % n_groups
+    w_inf, w2, n_half = _split_half_curve(blocks, config, V, half_sizes, orders, np.ones(K, bool))
     m = n_half.mean(axis=0)
     mean_inf, mean_2 = w_inf.mean(axis=0), w2.mean(axis=0)
-    boot = np.empty(n_bootstrap)
-    for b in range(n_bootstrap):
-        idx = rng.integers(0, n_repeats, (n_repeats, len(half_sizes)))
-        boot[b] = _slope(m, np.take_along_axis(w_inf, idx, axis=0).mean(axis=0))
+    slope = _slope(m, mean_inf)
+    reps = np.empty(n_groups)
+    for g in range(n_groups):
+        wi, _, nh = _split_half_curve(blocks, config, V, half_sizes, orders, group != g)
+        reps[g] = _slope(nh.mean(axis=0), wi.mean(axis=0))
+    se = float(np.sqrt((n_groups - 1) / n_groups * np.sum((reps - reps.mean()) ** 2)))
+    half_width = float(student_t.ppf(0.975, n_groups - 1)) * se
     K_all, _ = _solve_operator(pooled, config, V)
     cond = eigendecomposition(K_all[:, : pooled.n_features]).condition
     tail = slice(max(0, len(m) - 4), None)
@@ -120,14 +167,17 @@ def split_half_convergence(
         w2=w2,
         w_inf_mean=mean_inf,
         w2_mean=mean_2,
-        slope=_slope(m, mean_inf),
-        slope_ci=list(percentile_interval(boot, 0.95)),
+        slope=slope,
+        slope_ci=[slope - half_width, slope + half_width],
+        slope_se=se,
+        slope_ci_method=f"delete-a-group jackknife over prompt blocks, {n_groups} groups, t",
         slope_w2=_slope(m, mean_2),
         slope_last4=_slope(m[tail], mean_inf[tail]),
         eig_condition=cond,
         eig_condition_max=float(cond.max()),
         n_repeats=n_repeats,
         n_blocks=K,
+        n_groups=n_groups,
         seed=seed,
     )
 

@@ -7,6 +7,11 @@ median-of-means blocks are by prompt.  A pooled stream over a layer range concat
 per-layer streams; prompt ids stay prompt ids, so a prompt's rows at every layer fall into
 the same block.
 
+Position 0 (and any BOS token) is excluded by default: it carries the attention-sink offset,
+a huge-norm direction that would otherwise be the first principal direction of every layer
+and dominate the fit.  ``exclude_position0=False`` keeps it; ``bos_token_id`` also drops BOS
+tokens at later positions (packed documents).
+
 This module reads an :class:`~structlens.capture.ActivationStore` (or captures one); the
 numerical code in :mod:`structlens.koopman` only ever sees the arrays.
 """
@@ -28,6 +33,7 @@ __all__ = [
     "load_layer",
     "load_layers",
     "iter_layer_chunks",
+    "token_rows",
 ]
 
 
@@ -129,42 +135,84 @@ def _site_triplet(store: Any, layer: int) -> tuple[str, str, str]:
     return sites
 
 
-def load_layer(store: Any, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def token_rows(
+    position: Any, token_id: Any, *, exclude_position0: bool = True, bos_token_id: int | None = None
+) -> np.ndarray:
+    """Boolean mask of the token rows a fit uses: all but position 0 (when
+    ``exclude_position0``) and all but tokens equal to ``bos_token_id`` (when given)."""
+    position, token_id = np.asarray(position), np.asarray(token_id)
+    keep = np.ones(position.shape, dtype=bool)
+    if exclude_position0:
+        keep &= position != 0
+    if bos_token_id is not None:
+        keep &= token_id != bos_token_id
+    return keep
+
+
+def load_layer(
+    store: Any, layer: int, *, exclude_position0: bool = True, bos_token_id: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(X, U, Y, prompt_ids)`` of one layer, float64 arrays, rows = token positions.
 
-    ``prompt_ids`` are integer indices into ``store.prompt_ids``.
+    ``prompt_ids`` are integer indices into ``store.prompt_ids``.  Rows at position 0 and
+    BOS tokens are dropped as :func:`token_rows` says (the attention sink; see module doc).
     """
     sx, su, sy = _site_triplet(store, int(layer))
     X, U, Y = (store.load(s).double().numpy() for s in (sx, su, sy))
-    pid = store.load_index()["prompt_index"].numpy().astype(np.int64)
-    return X, U, Y, pid
+    index = store.load_index()
+    pid = index["prompt_index"].numpy().astype(np.int64)
+    keep = token_rows(
+        index["position"].numpy(),
+        index["token_id"].numpy(),
+        exclude_position0=exclude_position0,
+        bos_token_id=bos_token_id,
+    )
+    return X[keep], U[keep], Y[keep], pid[keep]
 
 
 def load_layers(
-    store: Any, layers: Sequence[int]
+    store: Any,
+    layers: Sequence[int],
+    *,
+    exclude_position0: bool = True,
+    bos_token_id: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Pooled stream over ``layers``: the per-layer triplets stacked, prompt ids kept."""
-    parts = [load_layer(store, layer) for layer in layers]
+    parts = [
+        load_layer(store, layer, exclude_position0=exclude_position0, bos_token_id=bos_token_id)
+        for layer in layers
+    ]
     if not parts:
         raise ValueError("pass at least one layer.")
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 
 def iter_layer_chunks(
-    store: Any, layers: Sequence[int], batch_size: int = 8192
+    store: Any,
+    layers: Sequence[int],
+    batch_size: int = 8192,
+    *,
+    exclude_position0: bool = True,
+    bos_token_id: int | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Stream ``(X, U, Y, prompt_ids)`` chunks of the pooled layers without loading a site
-    whole: memory is one batch of each of the three sites."""
+    whole: memory is one batch of each of the three sites.  Rows as in :func:`load_layer`."""
     if not layers:
         raise ValueError("pass at least one layer.")
     for layer in layers:
         sx, su, sy = _site_triplet(store, int(layer))
         for batch in store.iter_batches([sx, su, sy], batch_size):
+            keep = token_rows(
+                batch["position"].numpy(),
+                batch["token_id"].numpy(),
+                exclude_position0=exclude_position0,
+                bos_token_id=bos_token_id,
+            )
             yield (
-                batch[sx].double().numpy(),
-                batch[su].double().numpy(),
-                batch[sy].double().numpy(),
-                batch["prompt_index"].numpy().astype(np.int64),
+                batch[sx].double().numpy()[keep],
+                batch[su].double().numpy()[keep],
+                batch[sy].double().numpy()[keep],
+                batch["prompt_index"].numpy().astype(np.int64)[keep],
             )
 
 
@@ -181,18 +229,33 @@ class ShardStatistics:
 
     dictionary: Any
     triplets: list[tuple[str, str, str]]
+    exclude_position0: bool = True
+    bos_token_id: int | None = None
 
     def __call__(self, shard: dict[str, Any]) -> Any:
         from structlens.koopman.edmdc import accumulate
 
+        keep = token_rows(
+            shard["position"].numpy(),
+            shard["token_id"].numpy(),
+            exclude_position0=self.exclude_position0,
+            bos_token_id=self.bos_token_id,
+        )
         X, U, Y = (
-            np.concatenate([shard[t[i]].double().numpy() for t in self.triplets]) for i in range(3)
+            np.concatenate([shard[t[i]].double().numpy()[keep] for t in self.triplets])
+            for i in range(3)
         )
         return accumulate(self.dictionary, [(X, U, Y)])[0]
 
 
 def store_statistics(
-    store: Any, dictionary: Any, layers: Sequence[int], *, executor: Any = None
+    store: Any,
+    dictionary: Any,
+    layers: Sequence[int],
+    *,
+    executor: Any = None,
+    exclude_position0: bool = True,
+    bos_token_id: int | None = None,
 ) -> Any:
     """:class:`~structlens.koopman.edmdc.EDMDcStatistics` of the pooled ``layers`` of a store,
     one task per shard with ``executor`` (``"local"``, ``"ray"`` or an executor), merged.
@@ -207,6 +270,9 @@ def store_statistics(
     triplets = [_site_triplet(store, int(layer)) for layer in layers]
     sites = list(dict.fromkeys(s for t in triplets for s in t))
     return store_statistic(
-        store, ShardStatistics(dictionary, triplets), sites=sites, executor=executor,
+        store,
+        ShardStatistics(dictionary, triplets, exclude_position0, bos_token_id),
+        sites=sites,
+        executor=executor,
         progress=False,
-    )  # fmt: skip
+    )

@@ -357,6 +357,8 @@ class SAEDictionary(Dictionary):
     activation : ``"relu"``, ``"topk"`` (keep the ``k`` largest pre-activations, then ReLU) or
         ``"jumprelu"`` (``z · [z > threshold]`` with a per-latent ``threshold``).
     include_state : prepend ``x`` so the read-out ``C`` is the exact selector.
+    features : keep only these latents (indices), each computed by the whole SAE (TopK
+        competition included), for comparisons at equal dictionary size.
     """
 
     kind = "sae"
@@ -370,7 +372,9 @@ class SAEDictionary(Dictionary):
         k: int | None = None,
         threshold: np.ndarray | None = None,
         include_state: bool = False,
+        features: np.ndarray | None = None,
     ) -> None:
+        self.features = None if features is None else np.asarray(features, dtype=np.int64)
         self.W_enc, self.b_enc, self.b_dec = (
             _to_float64(W_enc),
             _to_float64(b_enc),
@@ -398,6 +402,9 @@ class SAEDictionary(Dictionary):
             self.threshold is None or self.threshold.shape != (d_sae,)
         ):
             raise ValueError(f"jumprelu activation needs a threshold of shape ({d_sae},).")
+        f = self.features
+        if f is not None and (f.ndim != 1 or f.size == 0 or f.min() < 0 or f.max() >= d_sae):
+            raise ValueError(f"features must be a non-empty 1-D index array into {d_sae} latents.")
 
     def fit(
         self, X: np.ndarray, U: np.ndarray | None = None, Y: np.ndarray | None = None
@@ -416,10 +423,13 @@ class SAEDictionary(Dictionary):
             idx = np.argpartition(z, -self.k, axis=1)[:, -self.k :]
             f = np.zeros_like(z)
             np.put_along_axis(f, idx, np.maximum(np.take_along_axis(z, idx, axis=1), 0.0), 1)
+        if self.features is not None:
+            f = f[:, self.features]
         return np.concatenate([x, f], axis=1) if self.include_state else f
 
     def _n_features(self) -> int:
-        return self.W_enc.shape[1] + (int(self.dim) if self.include_state else 0)
+        n = self.W_enc.shape[1] if self.features is None else self.features.size
+        return n + (int(self.dim) if self.include_state else 0)
 
     def _state(self) -> slice | None:
         return slice(0, self.dim) if self.include_state else None
@@ -431,11 +441,14 @@ class SAEDictionary(Dictionary):
         out = {"W_enc": self.W_enc, "b_enc": self.b_enc, "b_dec": self.b_dec}
         if self.threshold is not None:
             out["threshold"] = self.threshold
+        if self.features is not None:
+            out["features"] = self.features
         return out
 
     def _restore(self, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.W_enc, self.b_enc, self.b_dec = arrays["W_enc"], arrays["b_enc"], arrays["b_dec"]
         self.threshold = arrays.get("threshold")
+        self.features = arrays.get("features")
         self.activation, self.k = config["activation"], config["k"]
         self.include_state = config["include_state"]
 

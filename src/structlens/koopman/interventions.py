@@ -13,6 +13,11 @@ The mean is the state mean of the fit (the calibration corpus), for all three.  
 the normalised change of the task metric (IOI: logit(IO) − logit(S)) per prompt,
 ``(LD_abl − LD_clean) / mean(LD_clean)``: 0 = no effect, −1 = the mean logit difference is
 gone.  CIs are percentile bootstraps over prompts.
+
+Ablations act at the task positions (default: ``"END"``, the read-out position).  With
+``positions="all"`` every position but 0 is ablated (``exclude_position0=True``, the
+default): position 0 is the attention sink, whose offset no task reads and whose removal
+breaks the model at every layer whatever the subspace.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class AblationComparison(Result):
     site: str
     dimension: int
     positions: str
+    exclude_position0: bool
     methods: list[str]
     change: np.ndarray
     mean: np.ndarray
@@ -81,14 +87,19 @@ def select_modes(result: EDMDcResult, k: int) -> tuple[list[int], int]:
     return chosen, dim
 
 
-def _position_lists(task: Any, index: Sequence[int], positions: str) -> list[list[int]] | None:
+def _position_lists(
+    task: Any, index: Sequence[int], positions: str, exclude_position0: bool
+) -> list[list[int]] | None:
     if positions == "all":
-        return None
+        if not exclude_position0:
+            return None
+        return [list(range(1, int(task.positions["END"][i]) + 1)) for i in index]
     if positions not in task.positions:
         raise ValueError(
             f"positions must be 'all' or one of {sorted(task.positions)}; got {positions!r}."
         )
-    return [[int(task.positions[positions][i])] for i in index]
+    pos = [int(task.positions[positions][i]) for i in index]
+    return [[p] if p > 0 or not exclude_position0 else [] for p in pos]
 
 
 def _masked(new: torch.Tensor, act: torch.Tensor, pos: list[list[int]] | None) -> torch.Tensor:
@@ -114,7 +125,8 @@ def compare_ablations(
     dictionary: Dictionary,
     k: int,
     *,
-    positions: str = "all",
+    positions: str = "END",
+    exclude_position0: bool = True,
     n_random: int = 5,
     batch_size: int = 16,
     n_bootstrap: int = 1000,
@@ -123,8 +135,10 @@ def compare_ablations(
     """Compare k Koopman modes vs k PCA vs k random directions ablated at ``resid_pre(layer)``.
 
     ``result`` must be a fit of that layer's states with the affine ``dictionary`` (identity
-    or PCA) so that the mode ablation is exact.  ``positions`` is ``"all"`` or a named task
-    position (IOI: ``"END"``, ``"S2"``, ...).
+    or PCA) so that the mode ablation is exact.  ``positions`` is a named task position
+    (IOI: ``"END"``, ``"S2"``, ...) or ``"all"``; position 0 is never ablated when
+    ``exclude_position0`` (see module docstring).  Fit ``result`` without position 0 too
+    (:func:`structlens.koopman.data.load_layer` drops it by default).
     """
     from structlens.data.tasks import pad_batch
     from structlens.interventions import run_with_writes
@@ -174,7 +188,7 @@ def compare_ablations(
     for s in range(0, n, batch_size):
         index = list(range(s, min(n, s + batch_size)))
         ids, mask = pad_batch([task.clean[i] for i in index], pad_id)
-        pos = _position_lists(task, index, positions)
+        pos = _position_lists(task, index, positions, exclude_position0)
 
         def metric(logits: torch.Tensor, index: list[int] = index) -> np.ndarray:
             return task.metric(task.gather_logits(logits, index), index).double().numpy()
@@ -195,6 +209,7 @@ def compare_ablations(
         site=site,
         dimension=dim,
         positions=positions,
+        exclude_position0=exclude_position0,
         methods=["modes", "pca", "random"],
         change=change,
         mean=change.mean(axis=1),

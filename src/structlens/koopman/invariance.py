@@ -7,10 +7,17 @@ training prompts.  0 = the feature's next-layer value is a linear function of th
 and control (invariant); 1 = no better than the test mean.  Aggregates: ``pooled`` =
 Σ SSE / Σ SST (a variance-weighted mean — features that carry more activation variance count
 more), plus the plain mean and median over live features.
+
+No held-out row reaches a fit: :func:`invariance_residual_split` splits the rows by prompt
+*first*, fits (a copy of) the dictionary on the training prompts only — PCA directions, RFF
+bandwidths and the spectral dictionary's eigenfunctions are all data-dependent — and scores the
+held-out prompts.  The result records ``dictionary_fit_split = "train"``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,7 @@ from structlens.koopman.edmdc import (
     control_basis,
 )
 from structlens.results import Result
+from structlens.stats.robust import block_assignment
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class InvarianceResidual(Result):
     """Per-feature out-of-sample ``1 − R²`` and its aggregates (see module docstring).
 
     ``per_feature`` is NaN for dead features (zero test variance), counted in ``n_dead``.
+    ``dictionary_fit_split`` says which rows fitted the dictionary (``"train"``: the training
+    prompts only; ``"given"``: statistics were passed in, so the caller decided).
     """
 
     per_feature: np.ndarray
@@ -42,6 +52,9 @@ class InvarianceResidual(Result):
     n_dead: int
     n_train: int
     n_test: int
+    dictionary_fit_split: str = "given"
+    n_train_prompts: int = 0
+    n_test_prompts: int = 0
 
 
 def invariance_residual(
@@ -79,6 +92,52 @@ def invariance_residual(
     )
 
 
+def prompt_split(prompt_ids: Any, seed: int = 0) -> np.ndarray:
+    """Boolean mask of the *held-out* rows of a seeded 50/50 split by prompt.
+
+    Every row of a prompt falls on the same side (a seeded hash of the prompt id, the same
+    assignment as ``accumulate(..., n_blocks=2, seed=seed)``: block 1 is held out).
+    """
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D (one id per row); got shape {ids.shape}.")
+    return block_assignment(ids, 2, seed) == 1
+
+
+def fit_on_rows(dictionary: Dictionary, X: Any, U: Any, Y: Any, rows: np.ndarray) -> Dictionary:
+    """A copy of ``dictionary`` fitted on ``X[rows]`` (and ``U``, ``Y``) only; the argument is
+    left unchanged.  A pre-trained SAE dictionary is returned as is (its fit is a no-op), so it
+    must have been trained on training prompts (:func:`prompt_split`)."""
+    rows = np.asarray(rows)
+    fresh = copy.deepcopy(dictionary)
+    return fresh.fit(np.asarray(X)[rows], np.asarray(U)[rows], np.asarray(Y)[rows])
+
+
+def select_sae_features(dictionary: Any, X: Any, n: int, rule: str = "variance") -> Any:
+    """A copy of an SAE dictionary restricted to ``n`` of its latents, for comparing
+    dictionaries at equal size N (the invariance gap depends on how they are chosen).
+
+    ``rule``: ``"variance"`` (largest variance of the code over the rows of ``X``) or
+    ``"frequency"`` (fires on the most rows).  Ties go to the lower index.  Each kept latent
+    is still computed by the whole SAE (TopK competition included).  Choose on training
+    prompts (:func:`prompt_split`) so the held-out score stays held out.
+    """
+    from structlens.koopman.dictionaries import SAEDictionary
+
+    if not isinstance(dictionary, SAEDictionary) or dictionary.include_state:
+        raise ValueError("select_sae_features needs an SAEDictionary without include_state.")
+    if rule not in ("variance", "frequency"):
+        raise ValueError(f"rule must be 'variance' or 'frequency', got {rule!r}.")
+    full = copy.deepcopy(dictionary)
+    full.features = None
+    codes = full.transform(X)
+    if not 1 <= n <= codes.shape[1]:
+        raise ValueError(f"n must be in [1, {codes.shape[1]}], got {n}.")
+    score = codes.var(axis=0) if rule == "variance" else (codes > 0).mean(axis=0)
+    full.features = np.sort(np.argsort(-score, kind="stable")[:n])
+    return full
+
+
 def invariance_residual_split(
     dictionary: Dictionary,
     X: Any,
@@ -89,12 +148,31 @@ def invariance_residual_split(
     *,
     seed: int = 0,
 ) -> InvarianceResidual:
-    """Invariance residual with a random 50/50 split *by prompt* (train on one half)."""
+    """Invariance residual with a random 50/50 split *by prompt*.
+
+    The dictionary is (re)fitted on the training prompts only (:func:`fit_on_rows`; the
+    ``dictionary`` passed in, fitted or not, is not modified), the operator is fitted on the
+    training prompts, and the residual is measured on the held-out prompts.
+    """
     config = config or EDMDcConfig()
-    train, test = EDMDc(dictionary, config).statistics(X, U, Y, prompt_ids, n_blocks=2, seed=seed)
-    if train.n == 0 or test.n == 0:
+    ids = np.asarray(prompt_ids)
+    if ids.shape != (len(X),):
+        raise ValueError(f"prompt_ids must have shape ({len(X)},); got {ids.shape}.")
+    test = prompt_split(ids, seed)
+    if test.all() or not test.any():
         raise ValueError("the prompt split left one half empty; pass more than one prompt.")
-    return invariance_residual(train, test, config)
+    fitted = fit_on_rows(dictionary, X, U, Y, ~test)
+    est = EDMDc(fitted, config)
+    X, U, Y = np.asarray(X), np.asarray(U), np.asarray(Y)
+    train_stats = est.statistics(X[~test], U[~test], Y[~test])[0]
+    test_stats = est.statistics(X[test], U[test], Y[test])[0]
+    res = invariance_residual(train_stats, test_stats, config)
+    return dataclasses.replace(
+        res,
+        dictionary_fit_split="train",
+        n_train_prompts=int(np.unique(ids[~test]).size),
+        n_test_prompts=int(np.unique(ids[test]).size),
+    )
 
 
 def invariance_penalty(

@@ -1,0 +1,199 @@
+"""Diagnostics that keep estimation noise and heavy tails from being read as structure.
+
+**Non-normality with a noise floor.**  An operator estimated from ``M`` samples is
+``Â = A + E`` with ``‖E‖ ∝ M^{-1/2}``; even a normal ``A`` gives ``dep_F(Â) > 0``.  Noise adds to
+the Henrici departure in quadrature, ``dep_F(Â_M)² ≈ D² + c/M``.  The mean of ``dep²`` over random
+prompt halves (``≈ M/2``) and quarters (``≈ M/4``) gives ``c``, and the pooled fit (``M``) the
+departure extrapolated to ``M → ∞``: ``D = √max(0, dep_M² − c/M)``.  ``floor = √(c/M)``
+is the part of ``dep_M`` that sampling alone produces.  The same function serves full-state
+fits (identity dictionary) and truncated ones (PCA-k, any dictionary): it only sees the
+statistics.
+
+**Heavy tails.**  The 95th percentile of per-coordinate kurtosis hides a few outlier
+dimensions, which dominate second-moment (Gram) estimates.  :func:`tail_statistics` reports
+the *maximum* per-coordinate excess kurtosis, the norm kurtosis ``E‖x − μ‖⁴ / (E‖x − μ‖²)²``
+(``(d + 2)/d`` for an isotropic Gaussian) and the tails of the per-sample Gram entries
+``z_i z_j`` (standardised coordinates; these are what the EDMDc Gram averages), and
+:func:`lifting_tails` compares them before and after a dictionary lift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from structlens.koopman.dictionaries import Dictionary
+from structlens.koopman.edmdc import (
+    EDMDcConfig,
+    EDMDcStatistics,
+    _solve_operator,
+    control_basis,
+    merge_statistics,
+)
+from structlens.koopman.spectral import non_normality
+from structlens.results import Result
+
+__all__ = [
+    "HenriciNoiseFloor",
+    "henrici_noise_floor",
+    "tail_statistics",
+    "lifting_tails",
+]
+
+
+@dataclass(frozen=True)
+class HenriciNoiseFloor(Result):
+    """Henrici departure of the pooled fit, its sampling floor and the extrapolation.
+
+    ``henrici``: ``dep_F(Â)`` on all ``n_samples``; ``henrici_half``: mean over ``n_repeats``
+    random prompt halves (``n_samples_half`` rows each on average; quarters are used too);
+    ``noise_floor``: the
+    sampling part of ``henrici``; ``henrici_extrapolated``: the ``M → ∞`` value (see module
+    docstring).  ``*_relative`` divide by ``‖Â‖_F`` of the pooled fit.
+    """
+
+    henrici: float
+    henrici_half: float
+    noise_floor: float
+    henrici_extrapolated: float
+    henrici_relative: float
+    noise_floor_relative: float
+    henrici_extrapolated_relative: float
+    n_samples: int
+    n_samples_half: float
+    n_features: int
+    n_repeats: int
+    seed: int
+
+
+def _operator(stats: EDMDcStatistics, config: EDMDcConfig, V: np.ndarray) -> np.ndarray:
+    return _solve_operator(stats, config, V)[0][:, : stats.n_features]
+
+
+def henrici_noise_floor(
+    blocks: Sequence[EDMDcStatistics],
+    config: EDMDcConfig,
+    *,
+    n_repeats: int = 10,
+    seed: int = 0,
+) -> HenriciNoiseFloor:
+    """Henrici departure with a split-half noise floor from per-prompt-block statistics.
+
+    ``blocks``: e.g. ``EDMDc(dic, cfg).statistics(X, U, Y, prompt_ids, n_blocks=16)``; the
+    control basis of the pooled data is shared by every fit.
+    """
+    K = len(blocks)
+    if K < 4:
+        raise ValueError(f"need at least 4 prompt blocks for halves and quarters; got {K}.")
+    if n_repeats < 1:
+        raise ValueError(f"n_repeats must be >= 1, got {n_repeats}.")
+    pooled = merge_statistics(blocks)
+    V = control_basis(pooled, config)[0]
+    A = _operator(pooled, config, V)
+    full = non_normality(A)
+    rng = np.random.default_rng(seed)
+    dep2 = {2: [], 4: []}
+    sizes = {2: [], 4: []}
+    for _ in range(n_repeats):
+        perm = rng.permutation(K)
+        for parts in (2, 4):
+            size = K // parts
+            for p in range(parts):
+                h = merge_statistics([blocks[i] for i in perm[p * size : (p + 1) * size]])
+                dep2[parts].append(non_normality(_operator(h, config, V)).henrici ** 2)
+                sizes[parts].append(h.n)
+    M = float(pooled.n)
+    Mh, Mq = float(np.mean(sizes[2])), float(np.mean(sizes[4]))
+    d2 = full.henrici**2
+    c = max(0.0, (np.mean(dep2[4]) - np.mean(dep2[2])) / (1.0 / Mq - 1.0 / Mh))
+    floor = float(np.sqrt(c / M))
+    extrapolated = float(np.sqrt(max(0.0, d2 - c / M)))
+    fro = float(np.linalg.norm(A, "fro")) or 1.0
+    return HenriciNoiseFloor(
+        henrici=full.henrici,
+        henrici_half=float(np.mean(np.sqrt(dep2[2]))),
+        noise_floor=floor,
+        henrici_extrapolated=extrapolated,
+        henrici_relative=full.henrici / fro,
+        noise_floor_relative=floor / fro,
+        henrici_extrapolated_relative=extrapolated / fro,
+        n_samples=int(M),
+        n_samples_half=Mh,
+        n_features=pooled.n_features,
+        n_repeats=n_repeats,
+        seed=seed,
+    )
+
+
+def _excess_kurtosis(z: np.ndarray) -> np.ndarray:
+    zc = z - z.mean(0)
+    m2 = np.mean(zc**2, axis=0)
+    m4 = np.mean(zc**4, axis=0)
+    out = np.full(z.shape[1], np.nan)
+    live = m2 > 1e-300
+    out[live] = m4[live] / m2[live] ** 2 - 3.0
+    return out
+
+
+def tail_statistics(X: np.ndarray, *, max_coords: int = 64, seed: int = 0) -> dict[str, float]:
+    """Heavy-tail numbers of the rows of ``X`` ``(m, d)`` (see the module docstring).
+
+    Returns ``max_excess_kurtosis`` (and ``argmax``), ``p95_excess_kurtosis``,
+    ``norm_kurtosis``, ``norm_kurtosis_gaussian`` (``(d + 2)/d``, the isotropic-Gaussian
+    reference) and, over the products ``z_i z_j`` (i < j) of at most ``max_coords``
+    standardised coordinates (the highest-kurtosis coordinate always included, the rest a
+    seeded sample), ``gram_max_excess_kurtosis``, ``gram_p95_excess_kurtosis`` and
+    ``gram_tail_ratio`` = 99.9th percentile of ``|z_i z_j|`` over its mean (pooled).
+    Constant coordinates are ignored.
+    """
+    x = np.asarray(X, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] < 4:
+        raise ValueError(f"X must be (m, d) with m >= 4 rows; got shape {x.shape}.")
+    kurt = _excess_kurtosis(x)
+    live = np.flatnonzero(np.isfinite(kurt))
+    if live.size == 0:
+        raise ValueError("every coordinate of X is constant; no tails to measure.")
+    xc = x - x.mean(0)
+    r2 = np.sum(xc**2, axis=1)
+    d = int(live.size)
+    out = {
+        "max_excess_kurtosis": float(np.nanmax(kurt)),
+        "argmax_excess_kurtosis": int(np.nanargmax(kurt)),
+        "p95_excess_kurtosis": float(np.nanpercentile(kurt, 95)),
+        "norm_kurtosis": float(np.mean(r2**2) / np.mean(r2) ** 2),
+        "norm_kurtosis_gaussian": (d + 2) / d,
+    }
+    rng = np.random.default_rng(seed)
+    top = int(np.nanargmax(kurt))
+    rest = rng.permutation(live[live != top])[: max(0, max_coords - 1)]
+    cols = np.r_[top, rest]
+    if cols.size < 2:
+        return out | {
+            "gram_max_excess_kurtosis": float("nan"),
+            "gram_p95_excess_kurtosis": float("nan"),
+            "gram_tail_ratio": float("nan"),
+        }
+    z = xc[:, cols] / np.sqrt(np.mean(xc[:, cols] ** 2, axis=0))
+    iu, ju = np.triu_indices(cols.size, 1)
+    prods = z[:, iu] * z[:, ju]
+    gk = _excess_kurtosis(prods)
+    a = np.abs(prods)
+    out |= {
+        "gram_max_excess_kurtosis": float(np.nanmax(gk)),
+        "gram_p95_excess_kurtosis": float(np.nanpercentile(gk, 95)),
+        "gram_tail_ratio": float(np.percentile(a, 99.9) / a.mean()),
+    }
+    return out
+
+
+def lifting_tails(
+    X: np.ndarray, dictionary: Dictionary, *, max_coords: int = 64, seed: int = 0
+) -> dict[str, dict[str, float]]:
+    """:func:`tail_statistics` of the states ``X`` and of their lift ``Ψ(X)`` (``dictionary``
+    fitted), as ``{"state": ..., "lifted": ...}``."""
+    return {
+        "state": tail_statistics(X, max_coords=max_coords, seed=seed),
+        "lifted": tail_statistics(dictionary.transform(X), max_coords=max_coords, seed=seed),
+    }

@@ -1,0 +1,111 @@
+"""κ̂ identification, profile intervals and the width-sweep gates on curves with known answers."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from structlens.causal_dim.sweep import (
+    FeatureStats,
+    WidthSweepConfig,
+    analyze_width_sweep,
+    fit_saturating,
+    fvu_gate,
+    kappa_identification,
+    profile_interval_K,
+)
+from structlens.sae import TopKSAE
+
+WIDTHS = np.array([1e3, 2e3, 4e3, 8e3, 16e3, 32e3, 64e3])
+
+
+def test_saturating_curve_inside_the_range_is_identified_and_its_interval_covers_truth():
+    K, m_half = 500.0, 6e3
+    covered = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        y = K * WIDTHS / (WIDTHS + m_half) * np.exp(0.03 * rng.standard_normal(WIDTHS.size))
+        fit = fit_saturating(WIDTHS, y, "michaelis_menten")
+        assert kappa_identification(WIDTHS, y, fit) == ("identified", "")
+        lo, hi = profile_interval_K(WIDTHS, y, "michaelis_menten")
+        assert lo <= fit["K"] <= hi < math.inf
+        covered += lo <= K <= hi
+    assert covered >= 16  # nominal 95%
+
+
+def test_linear_and_flat_curves_are_unidentified():
+    linear = 0.02 * WIDTHS
+    status, reason = kappa_identification(
+        WIDTHS, linear, fit_saturating(WIDTHS, linear, "michaelis_menten")
+    )
+    assert status == "unidentified" and ("m_half" in reason or "upper" in reason)
+    flat = np.full(WIDTHS.size, 13.0)
+    status, reason = kappa_identification(
+        WIDTHS, flat, fit_saturating(WIDTHS, flat, "michaelis_menten")
+    )
+    assert status == "unidentified" and "m_half" in reason  # saturated below the widths
+    # counts that fall with width pin K to its lower bound, max N_causal
+    falling = np.linspace(13.0, 11.0, WIDTHS.size)
+    status, reason = kappa_identification(
+        WIDTHS, falling, fit_saturating(WIDTHS, falling, "michaelis_menten")
+    )
+    assert status == "unidentified" and "lower bound" in reason
+    # saturation well below the smallest width: m_half outside the measured widths
+    early = 300 * WIDTHS / (WIDTHS + 300.0)
+    status, reason = kappa_identification(
+        WIDTHS, early, fit_saturating(WIDTHS, early, "michaelis_menten")
+    )
+    assert status == "unidentified" and "m_half" in reason
+
+
+def test_fvu_gate():
+    assert fvu_gate([64, 128, 256], [0.3, 0.2, 0.1]) == (True, "")
+    ok, reason = fvu_gate([512, 1024, 2048], [0.336, 0.301, 0.349])
+    assert not ok and "2048" in reason
+
+
+def _sweep_stats(d=16, widths=(64, 128, 256)):
+    torch.manual_seed(0)
+    acts = torch.randn(300, d, dtype=torch.float64)
+    grads = torch.randn(300, d, dtype=torch.float64)
+    stats = {}
+    for m in widths:
+        s = FeatureStats(m, 8)
+        s.update(TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads)
+        stats[m] = s
+    return stats
+
+
+def test_width_sweep_gates_base_width_and_fvu():
+    stats = _sweep_stats()
+    with pytest.raises(ValueError, match="base width 64"):
+        analyze_width_sweep(stats, WidthSweepConfig(n_bootstrap=0, d_model=32))
+    ok = analyze_width_sweep(stats, WidthSweepConfig(n_bootstrap=0, d_model=16))
+    assert ok.base_width == 64 and ok.d_model == 16 and ok.fvu_monotone is None
+    bad = analyze_width_sweep(
+        stats, WidthSweepConfig(n_bootstrap=5), heldout_fvu={64: 0.3, 128: 0.2, 256: 0.25}
+    )
+    assert bad.sweep_status == "not interpretable" and bad.fvu_monotone is False
+    assert bad.kappa_hat_status == "not interpretable" and bad.fits == {}
+    assert math.isnan(bad.kappa_hat)
+    good = analyze_width_sweep(
+        stats, WidthSweepConfig(n_bootstrap=5), heldout_fvu={64: 0.3, 128: 0.2, 256: 0.1}
+    )
+    assert good.sweep_status == "interpretable" and good.fvu_monotone is True
+    assert good.kappa_hat_status in ("identified", "unidentified", "no fit")
+    if good.kappa_hat_status != "identified":
+        assert math.isnan(good.kappa_hat) and good.kappa_hat_profile_ci is None
+
+
+def test_exponential_half_width_and_exact_curves():
+    ex = 300 * -np.expm1(-WIDTHS / 5e3)  # m½ = 5e3·ln 2 inside the widths
+    fit = fit_saturating(WIDTHS, ex, "exponential")
+    assert kappa_identification(WIDTHS, ex, fit, "exponential") == ("identified", "")
+    lo, hi = profile_interval_K(WIDTHS, ex, "exponential")
+    assert lo == pytest.approx(300, rel=1e-4) and hi == pytest.approx(300, rel=1e-4)
+    # scale 1.2e3 puts m½ = 832 below the smallest width although m₀ is inside
+    early = 300 * -np.expm1(-WIDTHS / 1.2e3)
+    fit = fit_saturating(WIDTHS, early, "exponential")
+    status, reason = kappa_identification(WIDTHS, early, fit, "exponential")
+    assert status == "unidentified"
