@@ -102,8 +102,13 @@ class _Session:
         self.cache: dict[str, Any] = {}
         self.stash: dict[tuple[str, int], torch.Tensor] = {}
         self.handles: list[Any] = []
-        self.reads = {model.site(k): (k, v) for k, v in reads.items()}
+        # A site may be read under several names (``logits`` and ``unembed.hook_out``).
+        self.reads: dict[Site, list[tuple[str, Reader | None]]] = {}
+        for k, v in reads.items():
+            self.reads.setdefault(model.site(k), []).append((k, v))
         self.writes = {model.site(k): v for k, v in writes.items()}
+        if len(self.writes) != len(writes):
+            raise ValueError(f"writes name the same site twice (aliases?): {sorted(writes)}")
         tapped = [s for s in {**self.reads, **self.writes} if s.kind in _TAP_KINDS]
         self.taps = {s: self._tap_fn(s) for s in tapped}
         self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
@@ -128,8 +133,8 @@ class _Session:
         return t.reshape(*t.shape[:-1], self.model.n_heads, self.model.d_head)
 
     def _record(self, site: Site, value: torch.Tensor) -> None:
-        name, reader = self.reads[site]
-        self.cache[name] = value if reader is None else reader(value)
+        for name, reader in self.reads[site]:
+            self.cache[name] = value if reader is None else reader(value)
 
     def _tap_fn(self, site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
         """Apply the site's writer (if any), then record the result (if read)."""
