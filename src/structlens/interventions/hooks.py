@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -284,7 +285,10 @@ class _Session:
             if fam.post_ln:
                 derived(m.layer_module(L), ("mid", L), -1)
             else:
-                self._out_map(m.layer_module(L, fam.mlp_write), passthrough(lambda t: rec(site, t)))
+                # copy_mlp_out: the layer adds into this tensor in place after the hook
+                keep = (lambda t: t.clone()) if fam.copy_mlp_out else (lambda t: t)
+                read = passthrough(lambda t: rec(site, t))
+                self._out_map(m.layer_module(L, fam.mlp_write), lambda t: keep(read(t)))
         elif site.kind in ("embed", "pos_embed"):
             self._out_map(
                 m.base_module(getattr(fam, site.kind)), passthrough(lambda t: rec(site, t))
@@ -294,15 +298,16 @@ class _Session:
 
     # -- tapped sites -----------------------------------------------------------------------
     def _register_taps(self) -> None:
+        m = self.model
         by_layer: dict[int | None, dict[str, Site]] = {}
         for site in self.taps:
             by_layer.setdefault(site.layer, {})[site.kind] = site
         for layer, sites in by_layer.items():
             if layer is None:
-                self._norm_taps(self.model.base_module(self.fam.final_norm), sites, "ln_final")
+                self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
                 continue
-            self._norm_taps(self._layer_mod(layer, self.fam.ln1), sites, "ln1")
-            self._norm_taps(self._layer_mod(layer, self.fam.ln2), sites, "ln2")
+            self._norm_taps(partial(m.layer_module, layer, self.fam.ln1), sites, "ln1")
+            self._norm_taps(partial(m.layer_module, layer, self.fam.ln2), sites, "ln2")
             self._qkv_taps(layer, sites)
             self._mlp_taps(layer, sites)
             attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
@@ -311,14 +316,14 @@ class _Session:
                 mod._structlens_taps = attn
                 self.attn_taps.append(mod)
 
-    def _layer_mod(self, layer: int, path: str | None) -> torch.nn.Module | None:
-        return None if path is None else self.model.layer_module(layer, path)
-
-    def _norm_taps(self, mod: torch.nn.Module | None, sites: dict[str, Site], prefix: str):
+    def _norm_taps(
+        self, module: Callable[[], torch.nn.Module], sites: dict[str, Site], prefix: str
+    ) -> None:
         scale_site = sites.get(f"{prefix}_scale")
         norm_site = sites.get("ln_final" if prefix == "ln_final" else f"{prefix}_normalized")
-        if mod is None or (scale_site is None and norm_site is None):
+        if scale_site is None and norm_site is None:
             return
+        mod = module()
         kind, eps = norm_kind(mod), norm_eps(mod)
         gain, bias = norm_affine(mod)
         rebuild = self._rebuild(filter(None, (scale_site, norm_site)))

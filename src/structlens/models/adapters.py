@@ -25,16 +25,22 @@ from structlens.sites import CORE_LAYER_KINDS
 # norms
 
 
+@torch.no_grad()
 def norm_kind(module: torch.nn.Module) -> str:
-    """``"layer"`` (centres, then divides by the std) or ``"rms"`` (divides by the RMS)."""
+    """``"layer"`` (centres, then divides by the std) or ``"rms"`` (divides by the RMS).
+
+    Told apart by behaviour, not class name: a LayerNorm ignores a constant added to every
+    feature, an RMSNorm does not.
+    """
     if isinstance(module, torch.nn.LayerNorm):
         return "layer"
-    name = type(module).__name__
-    if "RMS" in name or hasattr(module, "variance_epsilon"):
-        return "rms"
-    if "LayerNorm" in name:
-        return "layer"
-    raise ValueError(f"cannot tell whether {name} is a LayerNorm or an RMSNorm")
+    p = next(iter(module.parameters()), None)
+    if p is None:
+        raise ValueError(f"{type(module).__name__} has no parameters to read its width from")
+    x = torch.randn(2, p.shape[-1], generator=torch.Generator().manual_seed(0))
+    x = x.to(dtype=p.dtype, device=p.device)
+    shifted = module(x + 3.0)
+    return "layer" if torch.allclose(module(x), shifted, rtol=1e-3, atol=1e-3) else "rms"
 
 
 def norm_eps(module: torch.nn.Module) -> float:
@@ -283,7 +289,8 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
     def grab(key, use_input):
         def hook(mod, args, kwargs, out):
             t = (args[0] if args else kwargs["hidden_states"]) if use_input else first(out)
-            seen[key] = t.detach().clone()
+            # no copy: a layer that adds into a module's output in place (Falcon) must fail
+            seen[key] = t.detach()
 
         return hook
 

@@ -79,6 +79,7 @@ class Family:
     mlp_pre_linear: str | None = None
     mlp_gate_up: str | None = None  # one Linear whose output is [gate | up] (Phi-3)
     mlp_post_reader: str | None = None
+    copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
 
     @property
     def post_ln(self) -> bool:
@@ -228,6 +229,48 @@ for _family in (
         rotary=True,
         mlp_pre="mlp.fc_in",
         mlp_post_reader="mlp.fc_out",
+    ),
+    # Falcon's parallel layers add attention into the MLP output in place; reads copy it.  The
+    # q/k/v split assumes the multi-query layout (falcon-7b, the config default).
+    Family(
+        name="falcon",
+        model_types=("falcon",),
+        layers="h",
+        embed="word_embeddings",
+        final_norm="ln_f",
+        attn_write="self_attention",
+        mlp_write="mlp",
+        mid_reader="post_attention_layernorm",
+        parallel_attr="parallel_attn",
+        z_reader="self_attention.dense",
+        ln1="input_layernorm",
+        ln2="post_attention_layernorm",
+        qkv_proj="self_attention.query_key_value",
+        rotary=True,
+        mlp_pre="mlp.dense_h_to_4h",
+        mlp_post_reader="mlp.dense_4h_to_h",
+        copy_mlp_out=True,
+    ),
+    # BLOOM's attention and MLP modules add the residual themselves: their outputs are
+    # resid_mid and resid_post, so attn_out and mlp_out are differences (as for post-LN).
+    Family(
+        name="bloom",
+        model_types=("bloom",),
+        layers="h",
+        embed="word_embeddings",
+        final_norm="ln_f",
+        attn_write=None,
+        mlp_write=None,
+        mid_reader=None,
+        mid_writer="self_attention",
+        z_reader="self_attention.dense",
+        attn="self_attention",
+        ln1="input_layernorm",
+        ln2="post_attention_layernorm",
+        qkv_proj="self_attention.query_key_value",
+        qkv_layout="per_head",
+        mlp_pre="mlp.dense_h_to_4h",
+        mlp_post_reader="mlp.dense_4h_to_h",
     ),
     Family(
         name="opt",
