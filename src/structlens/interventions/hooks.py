@@ -125,10 +125,24 @@ class _Session:
         )
 
     def _out_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
+        f = self._per_token(f)
         self._fwd(module, lambda out: _replace_first(out, f(_first(out))))
 
     def _in_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
+        f = self._per_token(f)
         self._pre(module, lambda a, kw: _replace_input(a, kw, f(_input_of(a, kw))))
+
+    def _per_token(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on ``[batch, pos, ...]`` also for modules fed ``[batch * pos, ...]`` (OPT's
+        MLP), using the batch shape recorded at the first layer's input."""
+
+        def g(t: torch.Tensor) -> torch.Tensor:
+            bp = self.tokens
+            if t.ndim == 2 and bp is not None and t.shape[0] == bp[0] * bp[1]:
+                return f(t.unflatten(0, bp)).flatten(0, 1)
+            return f(t)
+
+        return g
 
     def _z(self, t: torch.Tensor) -> torch.Tensor:
         return t.reshape(*t.shape[:-1], self.model.n_heads, self.model.d_head)
@@ -171,6 +185,13 @@ class _Session:
     # -- the hooks ------------------------------------------------------------------------
     def register(self) -> None:
         m, fam = self.model, self.fam
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:
+            self.tokens = (int(t.shape[0]), int(t.shape[1]))
+            return t
+
+        self.tokens: tuple[int, int] | None = None
+        self._in_map(m.layer_module(0), tokens)
         if self.grad:
             for path in filter(None, (fam.embed, fam.pos_embed)):
                 self._out_map(m.base_module(path), lambda t: t.detach().requires_grad_(True))
@@ -328,18 +349,20 @@ class _Session:
         gain, bias = norm_affine(mod)
         rebuild = self._rebuild(filter(None, (scale_site, norm_site)))
 
-        def hook(module, args, kwargs, out):
-            x = _input_of(args, kwargs)
+        def rebuilt(x: torch.Tensor) -> torch.Tensor:
             scale, normalized = norm_parts(x, kind, eps)
             if scale_site is not None:
                 scale = self.taps[scale_site](scale)
                 normalized = norm_parts(x, kind, eps, scale=scale)[1]
             if norm_site is not None:
                 normalized = self.taps[norm_site](normalized)
-            if not rebuild:
-                return out
-            y = _first(out)
-            return _replace_first(out, (normalized * gain + bias).to(y.dtype))
+            return (normalized * gain + bias).to(x.dtype)
+
+        rebuilt = self._per_token(rebuilt)
+
+        def hook(module, args, kwargs, out):
+            y = rebuilt(_input_of(args, kwargs))
+            return _replace_first(out, y) if rebuild else out
 
         self.handles.append(mod.register_forward_hook(hook, with_kwargs=True))
 

@@ -257,7 +257,7 @@ for _family in (
         name="bloom",
         model_types=("bloom",),
         layers="h",
-        embed="word_embeddings",
+        embed="word_embeddings_layernorm",  # TL's hook_embed is after the embedding LayerNorm
         final_norm="ln_f",
         attn_write=None,
         mlp_write=None,
