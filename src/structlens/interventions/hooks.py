@@ -132,6 +132,17 @@ class _Session:
         f = self._per_token(f)
         self._pre(module, lambda a, kw: _replace_input(a, kw, f(_input_of(a, kw))))
 
+    def _batched(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on ``[batch, pos, d]`` also for position embeddings computed once for the
+        batch (``[1, pos, d]``), as TransformerLens's ``hook_pos_embed`` is."""
+
+        def g(t: torch.Tensor) -> torch.Tensor:
+            if t.shape[0] == 1 and self.batch is not None and self.batch > 1:
+                t = t.expand(self.batch, *t.shape[1:])
+            return f(t)
+
+        return g
+
     def _per_token(self, f: Callable[[torch.Tensor], torch.Tensor]):
         """``f`` on ``[batch, pos, ...]`` also for modules fed ``[batch * pos, ...]`` (OPT's
         MLP), using the batch shape recorded at the first layer's input."""
@@ -190,8 +201,15 @@ class _Session:
             self.tokens = (int(t.shape[0]), int(t.shape[1]))
             return t
 
+        def batch(args: tuple, kwargs: dict) -> None:
+            x = kwargs.get("input_ids", args[0] if args else None)
+            x = kwargs.get("inputs_embeds") if x is None else x
+            self.batch = None if x is None else int(x.shape[0])
+
         self.tokens: tuple[int, int] | None = None
+        self.batch: int | None = None
         self._in_map(m.layer_module(0), tokens)
+        self._pre(m.base, batch)
         if self.grad:
             for path in filter(None, (fam.embed, fam.pos_embed)):
                 self._out_map(m.base_module(path), lambda t: t.detach().requires_grad_(True))
@@ -250,7 +268,7 @@ class _Session:
             else:
                 self._out_map(m.layer_module(L, fam.mlp_write), fn)
         elif site.kind in ("embed", "pos_embed"):
-            self._out_map(m.base_module(getattr(fam, site.kind)), fn)
+            self._out_map(m.base_module(getattr(fam, site.kind)), self._batched(fn))
         elif site.kind == "logits":
             self._out_map(m.hf.get_output_embeddings(), fn)
         else:  # pragma: no cover - parse_site admits no other kinds
@@ -312,7 +330,8 @@ class _Session:
                 self._out_map(m.layer_module(L, fam.mlp_write), lambda t: keep(read(t)))
         elif site.kind in ("embed", "pos_embed"):
             self._out_map(
-                m.base_module(getattr(fam, site.kind)), passthrough(lambda t: rec(site, t))
+                m.base_module(getattr(fam, site.kind)),
+                self._batched(passthrough(lambda t: rec(site, t))),
             )
         elif site.kind == "logits":
             self._out_map(m.hf.get_output_embeddings(), passthrough(lambda t: rec(site, t)))

@@ -1,0 +1,220 @@
+"""Every site of every family: its shape, the identities TransformerLens's sites satisfy, and
+agreement with TransformerLens itself on the same tiny model."""
+
+import pytest
+import torch
+from _families import EXPECTED_MISSING, FAMILY_MODELS, QK_NORM, family_model, saved_dir
+
+from _models import TEXTS, affine_fit_error
+from structlens.interventions import hooked
+
+
+@pytest.fixture(scope="module", params=FAMILY_MODELS)
+def fam(request):
+    return request.param, family_model(request.param)
+
+
+def _run(model, texts=TEXTS):
+    ids, mask = model.tokenize(texts)
+    with hooked(model, model.site_names()) as c:
+        out = model.forward(ids, mask)
+    return ids, mask, c, out
+
+
+def _close(a, b, tol=1e-4):
+    scale = b.abs().max().clamp_min(1e-6)
+    return float((a - b).abs().max() / scale) < tol
+
+
+def test_sites_offered_per_family(fam):
+    name, model = fam
+    assert sorted(model.missing_kinds) == EXPECTED_MISSING[name]
+    names = model.site_names()
+    for kind, site in (("pattern", "attn.hook_pattern"), ("q", "attn.hook_q")):
+        assert (f"blocks.0.{site}" in names) == (kind not in EXPECTED_MISSING[name])
+    assert ("blocks.0.mlp.hook_post" in names) == ("mlp_post" not in EXPECTED_MISSING[name])
+    ids, mask, c, _ = _run(model)
+    b, p = ids.shape
+    for site in names:
+        if model.site(site).head_first:
+            assert c[site].shape == (b, model.n_heads, p, p), site
+        else:
+            assert c[site].shape == (b, p, *model.site_shape(site)), site
+
+
+def test_attention_identities(fam):
+    name, model = fam
+    if "pattern" not in model.layer_kinds:
+        pytest.skip(f"{name}: attention does not use HF's attention-function interface")
+    ids, mask, c, _ = _run(model)
+    fam_ = model.family
+    causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    allowed = mask.bool()[:, None, None, :] & (causal if model.causal else True)
+    groups = model.n_heads // model.n_kv_heads
+    for layer in range(model.n_layers):
+        site = lambda k, layer=layer: c[f"blocks.{layer}.attn.hook_{k}"]  # noqa: E731
+        pattern, scores = site("pattern"), site("attn_scores")
+        # rows sum to one; masked scores are -inf exactly where the mask blocks
+        assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+        assert torch.equal(torch.isinf(scores), ~allowed.expand_as(scores))
+        assert _close(torch.softmax(scores, -1), pattern)
+        # scores = q k^T * scaling (soft-capped where the model soft-caps)
+        q, k = (site("rot_q"), site("rot_k")) if fam_.rotary else (site("q"), site("k"))
+        attn = model.layer_module(layer, fam_.attn_module)
+        raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, dim=2))
+        raw = raw * getattr(attn, "scaling", model.d_head**-0.5)
+        cap = getattr(model.config, "attn_logit_softcapping", None)
+        if cap:
+            raw = torch.tanh(raw / cap) * cap
+        fin = torch.isfinite(scores)
+        assert _close(raw[fin], scores[fin])
+        # rotary leaves position 0 unchanged
+        if fam_.rotary and name not in QK_NORM:
+            assert _close(site("rot_q")[:, 0], site("q")[:, 0], 1e-5)
+            assert _close(site("rot_k")[:, 0], site("k")[:, 0], 1e-5)
+        # z = pattern . v (keys/values per KV head)
+        v = site("v").repeat_interleave(groups, dim=2)
+        assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, v), site("z"))
+
+
+def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
+    name, model = fam
+    if model.family.name == "bert":
+        pytest.skip("post-LN BERT: attn_out/mlp_out are defined as differences, LN included")
+    ids, mask, c, _ = _run(model)
+    fam_ = model.family
+    for layer in range(model.n_layers):
+        mod = lambda path, layer=layer: model.layer_module(layer, path)  # noqa: E731
+        z = c[f"blocks.{layer}.attn.hook_z"]
+        attn_out = mod(fam_.z_reader)(z.flatten(-2))  # sum_h z_h W_O^h + b_O
+        if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
+            attn_out = mod(fam_.attn_write)(attn_out)
+        assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
+        if "mlp_post" in model.layer_kinds:
+            mlp_out = mod(fam_.mlp_post_reader)(c[f"blocks.{layer}.mlp.hook_post"])
+            if fam_.mlp_write and not fam_.mlp_post_reader.startswith(fam_.mlp_write):
+                mlp_out = mod(fam_.mlp_write)(mlp_out)
+            assert _close(mlp_out, c[f"blocks.{layer}.hook_mlp_out"]), layer
+
+
+def _norm_checks(model, module, x, scale, normalized):
+    from structlens.models.adapters import norm_kind
+
+    xc = x - x.mean(-1, keepdim=True) if norm_kind(module) == "layer" else x
+    assert _close(normalized * scale, xc, 1e-5)
+    # before the gain: unit RMS per token (the gains are random, so after them it is not)
+    rms = normalized.pow(2).mean(-1)
+    assert torch.allclose(rms, torch.ones(()), atol=2e-2), float((rms - 1).abs().max())
+    # the norm's output is an affine function of hook_normalized, feature by feature
+    assert affine_fit_error(normalized, module(x)) < 1e-4
+
+
+def test_norm_sites(fam):
+    name, model = fam
+    if model.family.name == "bert":
+        pytest.skip("post-LN BERT: ln1/ln2 read sublayer sums, checked against TL's encoder")
+    ids, mask, c, _ = _run(model)
+    fam_ = model.family
+    for layer in range(model.n_layers):
+        g = lambda s, layer=layer: c[f"blocks.{layer}.{s}"]  # noqa: E731
+        if "ln1_scale" in model.layer_kinds:
+            _norm_checks(
+                model,
+                model.layer_module(layer, fam_.ln1),
+                g("hook_resid_pre"),
+                g("ln1.hook_scale"),
+                g("ln1.hook_normalized"),
+            )
+        if "ln2_scale" in model.layer_kinds:
+            x = g("hook_resid_pre") if model.parallel else g("hook_resid_mid")
+            _norm_checks(
+                model,
+                model.layer_module(layer, fam_.ln2),
+                x,
+                g("ln2.hook_scale"),
+                g("ln2.hook_normalized"),
+            )
+    if model.causal:
+        last = c[f"blocks.{model.n_layers - 1}.hook_resid_post"]
+        final = model.base_module(fam_.final_norm)
+        _norm_checks(model, final, last, c["ln_final.hook_scale"], c["ln_final.hook_normalized"])
+
+
+def test_reads_do_not_change_the_output_and_identity_writes_rebuild_it(fam):
+    name, model = fam
+    ids, mask = model.tokenize(TEXTS)
+    ref = model.forward(ids, mask)
+    names = model.site_names()
+    with hooked(model, names) as _:
+        read = model.forward(ids, mask)
+    writes = {s: (lambda a: a * 1.0) for s in names if s != "unembed.hook_out"}
+    with hooked(model, writes=writes):
+        written = model.forward(ids, mask)
+    assert _close(read, ref, 1e-5)
+    assert _close(written, ref, 1e-4)
+
+
+# TransformerLens ------------------------------------------------------------------------------
+
+#: Families TransformerLens 3.x's HookedTransformer cannot build from a local checkpoint.
+TL_UNSUPPORTED = {
+    "tiny-gemma2": "TransformerLens does not support Gemma2ForCausalLM",
+    "tiny-olmo2": "TransformerLens does not support Olmo2ForCausalLM",
+    "tiny-qwen3-moe": "TransformerLens does not support Qwen3MoeForCausalLM",
+    "tiny-starcoder2": "TransformerLens does not support Starcoder2ForCausalLM",
+    "tiny-stablelm": "TransformerLens supports only StableLM-alpha (GPT-NeoX) checkpoints",
+    "tiny-cohere": "TransformerLens does not support CohereForCausalLM",
+    "tiny-bigcode": "TransformerLens supports GPTBigCode only for santacoder (remote code)",
+    "tiny-falcon": "TransformerLens does not support FalconForCausalLM",
+    "tiny-bert": "BERT is a HookedEncoder in TransformerLens, not a HookedTransformer",
+    "tiny-phi": "TransformerLens reads PhiConfig.partial_rotary_factor, gone in transformers 5",
+}
+
+
+def _tl_model(name, model):
+    from transformer_lens import HookedTransformer
+    from transformer_lens import loading_from_pretrained as loading
+
+    d = saved_dir(name)
+    cfg = loading.get_pretrained_model_config(
+        d, fold_ln=True, device="cpu", default_prepend_bos=False
+    )
+    tl = HookedTransformer(cfg, tokenizer=model.tokenizer, move_to_device=False)
+    state = loading.get_pretrained_state_dict(d, cfg, model.hf)
+    # fold_ln only moves the norm gains into the next weights (TL's default); no centring or
+    # bias folding, which would change the residual stream and hook_v.
+    tl.load_and_process_state_dict(
+        state,
+        fold_ln=True,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
+    )
+    return tl
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", [n for n in FAMILY_MODELS if n not in TL_UNSUPPORTED])
+def test_every_site_equals_transformer_lens(name):
+    pytest.importorskip("transformer_lens", reason="transformer-lens is not installed")
+    model = family_model(name)
+    tl = _tl_model(name, model)
+    ids, _ = model.tokenize(["The quick brown fox jumps over the lazy dog."])
+    _, tl_cache = tl.run_with_cache(ids)
+    with hooked(model, model.site_names()) as c:
+        model.forward(ids, torch.ones_like(ids))
+    compared = []
+    for site in model.site_names():
+        if site == "logits":
+            continue  # TL's name is unembed.hook_out, compared under it
+        if site.endswith("hook_resid_mid") and model.parallel:
+            continue  # parallel blocks: TL has no resid_mid (ours is resid_pre + attn_out)
+        ours, theirs = c[site], tl_cache[site]
+        assert ours.shape == theirs.shape, site
+        fin = torch.isfinite(theirs)
+        assert torch.equal(torch.isfinite(ours), fin), site
+        err = (ours - theirs).abs()[fin].max() / theirs[fin].abs().max()
+        assert err < 1e-4, (site, float(err))
+        compared.append(site)
+    assert len(compared) >= 10 * model.n_layers
