@@ -86,7 +86,8 @@ def tl_attention(
             blocked = mask <= torch.finfo(mask.dtype).min / 2
             scores = (scores + mask.masked_fill(blocked, 0)).masked_fill(blocked, float("-inf"))
     scores = _tap(taps, "attn_scores", scores)
-    pattern = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    # softmax in float32 at least (HF's eager convention), in float64 for float64 models
+    pattern = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     pattern = torch.nan_to_num(pattern, nan=0.0).to(query.dtype)
     pattern = _tap(taps, "pattern", pattern)
     pattern_d = torch.nn.functional.dropout(pattern, p=dropout, training=module.training)
