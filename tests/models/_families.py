@@ -79,3 +79,51 @@ def family_model(name: str, dtype: str = "float32"):
     if (name, dtype) not in _models:
         _models[(name, dtype)] = load_model(saved_dir(name), dtype=dtype)
     return _models[(name, dtype)]
+
+
+def transformer_lens_model(directory: str, model):
+    """TransformerLens's HookedTransformer for the checkpoint in ``directory``, with TL's default
+    ``fold_ln`` (norm gains moved into the next weights) and no centring or bias folding, which
+    would change the residual stream and ``hook_v``."""
+    from transformer_lens import HookedTransformer
+    from transformer_lens import loading_from_pretrained as loading
+
+    cfg = loading.get_pretrained_model_config(
+        directory, fold_ln=True, device="cpu", default_prepend_bos=False
+    )
+    tl = HookedTransformer(cfg, tokenizer=model.tokenizer, move_to_device=False)
+    state = loading.get_pretrained_state_dict(directory, cfg, model.hf)
+    tl.load_and_process_state_dict(
+        state,
+        fold_ln=True,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
+    )
+    return tl
+
+
+def assert_sites_equal_transformer_lens(model, directory: str) -> list[str]:
+    """Assert every site of ``model`` equals TransformerLens's on one prompt; the sites compared."""
+    from structlens.interventions import hooked
+
+    tl = transformer_lens_model(directory, model)
+    ids, _ = model.tokenize(["The quick brown fox jumps over the lazy dog."])
+    _, tl_cache = tl.run_with_cache(ids)
+    with hooked(model, model.site_names()) as c:
+        model.forward(ids, torch.ones_like(ids))
+    compared = []
+    for site in model.site_names():
+        if site == "logits":
+            continue  # TL's name is unembed.hook_out, compared under it
+        if site.endswith("hook_resid_mid") and model.parallel:
+            continue  # parallel blocks: TL has no resid_mid (ours is resid_pre + attn_out)
+        ours, theirs = c[site], tl_cache[site]
+        assert ours.shape == theirs.shape, site
+        fin = torch.isfinite(theirs)
+        assert torch.equal(torch.isfinite(ours), fin), site
+        err = (ours - theirs).abs()[fin].max() / theirs[fin].abs().max()
+        assert err < 1e-4, (site, float(err))
+        compared.append(site)
+    return compared

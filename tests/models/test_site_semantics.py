@@ -3,7 +3,14 @@ agreement with TransformerLens itself on the same tiny model."""
 
 import pytest
 import torch
-from _families import EXPECTED_MISSING, FAMILY_MODELS, QK_NORM, family_model, saved_dir
+from _families import (
+    EXPECTED_MISSING,
+    FAMILY_MODELS,
+    QK_NORM,
+    assert_sites_equal_transformer_lens,
+    family_model,
+    saved_dir,
+)
 
 from _models import TEXTS, affine_fit_error
 from structlens.interventions import hooked
@@ -171,50 +178,10 @@ TL_UNSUPPORTED = {
 }
 
 
-def _tl_model(name, model):
-    from transformer_lens import HookedTransformer
-    from transformer_lens import loading_from_pretrained as loading
-
-    d = saved_dir(name)
-    cfg = loading.get_pretrained_model_config(
-        d, fold_ln=True, device="cpu", default_prepend_bos=False
-    )
-    tl = HookedTransformer(cfg, tokenizer=model.tokenizer, move_to_device=False)
-    state = loading.get_pretrained_state_dict(d, cfg, model.hf)
-    # fold_ln only moves the norm gains into the next weights (TL's default); no centring or
-    # bias folding, which would change the residual stream and hook_v.
-    tl.load_and_process_state_dict(
-        state,
-        fold_ln=True,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
-    return tl
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("name", [n for n in FAMILY_MODELS if n not in TL_UNSUPPORTED])
 def test_every_site_equals_transformer_lens(name):
     pytest.importorskip("transformer_lens", reason="transformer-lens is not installed")
     model = family_model(name)
-    tl = _tl_model(name, model)
-    ids, _ = model.tokenize(["The quick brown fox jumps over the lazy dog."])
-    _, tl_cache = tl.run_with_cache(ids)
-    with hooked(model, model.site_names()) as c:
-        model.forward(ids, torch.ones_like(ids))
-    compared = []
-    for site in model.site_names():
-        if site == "logits":
-            continue  # TL's name is unembed.hook_out, compared under it
-        if site.endswith("hook_resid_mid") and model.parallel:
-            continue  # parallel blocks: TL has no resid_mid (ours is resid_pre + attn_out)
-        ours, theirs = c[site], tl_cache[site]
-        assert ours.shape == theirs.shape, site
-        fin = torch.isfinite(theirs)
-        assert torch.equal(torch.isfinite(ours), fin), site
-        err = (ours - theirs).abs()[fin].max() / theirs[fin].abs().max()
-        assert err < 1e-4, (site, float(err))
-        compared.append(site)
+    compared = assert_sites_equal_transformer_lens(model, saved_dir(name))
     assert len(compared) >= 10 * model.n_layers

@@ -1,6 +1,11 @@
 """Model loading and per-family site adapters."""
 
-from structlens.models.families import Family, families, register_family, unregister_family
+from structlens.models.families import (
+    Family,
+    register_family,
+    registered_families,
+    unregister_family,
+)
 from structlens.models.loading import ALIASES, Model, ModelUnavailableError, load_model
 
 __all__ = [
@@ -8,8 +13,8 @@ __all__ = [
     "Family",
     "Model",
     "ModelUnavailableError",
-    "families",
     "load_model",
     "register_family",
+    "registered_families",
     "unregister_family",
 ]

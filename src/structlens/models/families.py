@@ -119,7 +119,7 @@ def unregister_family(model_type: str) -> None:
     del _FAMILIES[model_type]
 
 
-def families() -> tuple[Family, ...]:
+def registered_families() -> tuple[Family, ...]:
     """The registered families, each once, in registration order."""
     return tuple(dict.fromkeys(_FAMILIES.values()))
 
