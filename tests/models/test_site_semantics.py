@@ -185,3 +185,24 @@ def test_every_site_equals_transformer_lens(name):
     model = family_model(name)
     compared = assert_sites_equal_transformer_lens(model, saved_dir(name))
     assert len(compared) >= 10 * model.n_layers
+
+
+def test_sites_command_on_a_saved_directory(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from structlens.cli.main import app
+
+    for name in FAMILY_MODELS:
+        r = CliRunner().invoke(app, ["sites", saved_dir(name), "--out", str(tmp_path), "-q"])
+        assert r.exit_code == 0, (name, r.output)
+        rows = json.loads((tmp_path / "sites.json").read_text())["sites"]
+        listed = {row["site"]: row["shape"] for row in rows}
+        model = family_model(name)
+        assert list(listed) == model.site_names()
+        if "pattern" not in EXPECTED_MISSING[name]:
+            assert listed["blocks.0.attn.hook_pattern"] == [model.n_heads, "query_pos", "key_pos"]
+        assert listed["blocks.0.attn.hook_q"] == [model.n_heads, model.d_head]
+        if "mlp_post" not in EXPECTED_MISSING[name]:
+            assert listed["blocks.0.mlp.hook_post"] == [model.d_mlp]
