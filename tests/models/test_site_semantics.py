@@ -49,6 +49,18 @@ def test_sites_offered_per_family(fam):
             assert c[site].shape == (b, p, *model.site_shape(site)), site
 
 
+def test_residual_identities(fam):
+    name, model = fam
+    ids, mask = model.tokenize(TEXTS)
+    with hooked(model, model.site_names()) as c:
+        out = model.hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    for layer in range(model.n_layers):
+        g = lambda k, layer=layer: c[f"blocks.{layer}.hook_{k}"]  # noqa: E731
+        assert _close(g("resid_pre") + g("attn_out"), g("resid_mid"), 1e-5), layer
+        assert _close(g("resid_mid") + g("mlp_out"), g("resid_post"), 1e-5), layer
+        assert _close(out.hidden_states[layer], g("resid_pre"), 1e-6), layer
+
+
 def test_attention_identities(fam):
     name, model = fam
     if "pattern" not in model.layer_kinds:
@@ -104,11 +116,13 @@ def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
         mod = lambda path, layer=layer: model.layer_module(layer, path)  # noqa: E731
         z = c[f"blocks.{layer}.attn.hook_z"]
         attn_out = mod(fam_.z_reader)(z.flatten(-2))  # sum_h z_h W_O^h + b_O
+        attn_out = attn_out * model.residual_scale  # Granite's residual multiplier
         if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
             attn_out = mod(fam_.attn_write)(attn_out)
         assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
         if "mlp_post" in model.layer_kinds:
             mlp_out = mod(fam_.mlp_post_reader)(c[f"blocks.{layer}.mlp.hook_post"])
+            mlp_out = mlp_out * model.residual_scale
             if fam_.mlp_write and not fam_.mlp_post_reader.startswith(fam_.mlp_write):
                 mlp_out = mod(fam_.mlp_write)(mlp_out)
             assert _close(mlp_out, c[f"blocks.{layer}.hook_mlp_out"]), layer
@@ -175,6 +189,7 @@ def test_reads_do_not_change_the_output_and_identity_writes_rebuild_it(fam):
 
 #: Families TransformerLens 3.x's HookedTransformer cannot build from a local checkpoint.
 TL_UNSUPPORTED = {
+    "tiny-granite": "TransformerLens does not support GraniteForCausalLM",
     "tiny-gemma2": "TransformerLens does not support Gemma2ForCausalLM",
     "tiny-olmo2": "TransformerLens does not support Olmo2ForCausalLM",
     "tiny-qwen3-moe": "TransformerLens does not support Qwen3MoeForCausalLM",

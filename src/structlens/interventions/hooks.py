@@ -230,6 +230,14 @@ class _Session:
         derived += [s for s in self.reads if s.kind in ("attn_out", "mlp_out", "resid_mid")]
         return derived
 
+    def _contribution(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on a sublayer's residual contribution, given the sublayer's output: the two
+        differ by the model's residual multiplier (Granite), and are equal otherwise."""
+        scale = self.model.residual_scale
+        if scale == 1.0:
+            return f
+        return lambda t: f(t * scale) / scale
+
     def _attn_module(self, layer: int) -> torch.nn.Module:
         return self.model.layer_module(layer, self.fam.attn_write)
 
@@ -250,14 +258,15 @@ class _Session:
                     lambda mid: self.stash[pre] + fn(mid - self.stash[pre]),
                 )
             else:
-                self._out_map(self._attn_module(L), fn)
+                self._out_map(self._attn_module(L), self._contribution(fn))
         elif site.kind == "resid_mid":
             if fam.post_ln:
                 self._out_map(m.layer_module(L, fam.mid_writer), fn)
             else:
                 pre = ("pre", L)
                 self._out_map(
-                    self._attn_module(L), lambda a: fn(self.stash[pre] + a) - self.stash[pre]
+                    self._attn_module(L),
+                    self._contribution(lambda a: fn(self.stash[pre] + a) - self.stash[pre]),
                 )
         elif site.kind == "mlp_out":
             if fam.post_ln:
@@ -266,7 +275,7 @@ class _Session:
                     m.layer_module(L), lambda post: self.stash[mid] + fn(post - self.stash[mid])
                 )
             else:
-                self._out_map(m.layer_module(L, fam.mlp_write), fn)
+                self._out_map(m.layer_module(L, fam.mlp_write), self._contribution(fn))
         elif site.kind in ("embed", "pos_embed"):
             self._out_map(m.base_module(getattr(fam, site.kind)), self._batched(fn))
         elif site.kind == "logits":
@@ -286,8 +295,9 @@ class _Session:
             return g
 
         def derived(module: torch.nn.Module, base_key: tuple[str, int], sign: int):
-            # value = out - base (sign=-1) or base + out (sign=+1).  In grad mode the module's
-            # output is rebuilt from the derived tensor, which puts that tensor in the graph.
+            # value = out - base (sign=-1) or base + out (sign=+1, out a sublayer's output).  In
+            # grad mode the module's output is rebuilt from the derived tensor, which puts that
+            # tensor in the graph.
             def g(out: torch.Tensor) -> torch.Tensor:
                 base = self.stash[base_key]
                 value = base + out if sign > 0 else out - base
@@ -296,7 +306,7 @@ class _Session:
                     return out
                 return value - base if sign > 0 else base + value
 
-            self._out_map(module, g)
+            self._out_map(module, self._contribution(g) if sign > 0 else g)
 
         if site.kind == "resid_pre":
             self._in_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
@@ -310,7 +320,9 @@ class _Session:
             if fam.post_ln:
                 derived(m.layer_module(L, fam.mid_writer), ("pre", L), -1)
             else:
-                self._out_map(self._attn_module(L), passthrough(lambda t: rec(site, t)))
+                self._out_map(
+                    self._attn_module(L), self._contribution(passthrough(lambda t: rec(site, t)))
+                )
         elif site.kind == "resid_mid":
             if fam.post_ln:
                 self._out_map(
@@ -326,7 +338,7 @@ class _Session:
             else:
                 # copy_mlp_out: the layer adds into this tensor in place after the hook
                 keep = (lambda t: t.clone()) if fam.copy_mlp_out else (lambda t: t)
-                read = passthrough(lambda t: rec(site, t))
+                read = self._contribution(passthrough(lambda t: rec(site, t)))
                 self._out_map(m.layer_module(L, fam.mlp_write), lambda t: keep(read(t)))
         elif site.kind in ("embed", "pos_embed"):
             self._out_map(
@@ -411,7 +423,6 @@ class _Session:
         if fam.qkv_proj is None:
             for k, site in wanted.items():
                 path = {"q": fam.q_proj, "k": fam.k_proj, "v": fam.v_proj}[k]
-
                 self._out_map(
                     m.layer_module(layer, path),
                     self._tap_output(site, rebuild, lambda t: t.unflatten(-1, (-1, d))),

@@ -19,7 +19,7 @@ import torch
 
 from structlens.models.attention import uses_attention_interface
 from structlens.models.families import Family
-from structlens.sites import CORE_LAYER_KINDS
+from structlens.sites import CORE_LAYER_KINDS, LAYER_KINDS
 
 # ---------------------------------------------------------------------------------------------
 # norms
@@ -163,8 +163,6 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
     offer(("mlp_pre", "mlp_post"), pre and post, moe)
     linear = _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
-    from structlens.sites import LAYER_KINDS
-
     return tuple(k for k in LAYER_KINDS if k in have), missing
 
 
@@ -232,6 +230,7 @@ def discover_family(hf: torch.nn.Module) -> Family:
         problems.append(f"one or two pre-norms (found {layer_norms})")
     if problems:
         raise ValueError(f"{model_type}: could not find the " + "; ".join(problems))
+    assert embed is not None and attn is not None and mlp is not None  # for the type checker
     attn_mod = layer.get_submodule(attn)
     attn_children = dict(attn_mod.named_children())
     out = next((o for o in _OUT if o in attn_children), None)
@@ -256,7 +255,7 @@ def discover_family(hf: torch.nn.Module) -> Family:
         name=f"generic:{model_type}",
         model_types=(model_type,),
         layers=layers_path,
-        embed=embed or "",
+        embed=embed,
         final_norm=norms[0],
         attn_write=attn,
         mlp_write=mlp,
@@ -310,10 +309,11 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
     errs = {}
     for i in range(model.n_layers):
         pre, post = seen[("pre", i)], seen[("post", i)]
-        mid = seen.get(("mid", i), pre + seen[("attn", i)])
+        attn, mlp = (seen[(k, i)] * model.residual_scale for k in ("attn", "mlp"))
+        mid = seen.get(("mid", i), pre + attn)
         scale = float(post.abs().max().clamp_min(1e-12))
-        errs[f"mid{i}"] = float((pre + seen[("attn", i)] - mid).abs().max()) / scale
-        errs[f"post{i}"] = float((mid + seen[("mlp", i)] - post).abs().max()) / scale
+        errs[f"mid{i}"] = float((pre + attn - mid).abs().max()) / scale
+        errs[f"post{i}"] = float((mid + mlp - post).abs().max()) / scale
         if i + 1 < model.n_layers:
             errs[f"chain{i}"] = float((post - seen[("pre", i + 1)]).abs().max()) / scale
     return errs

@@ -80,6 +80,7 @@ class Family:
     mlp_gate_up: str | None = None  # one Linear whose output is [gate | up] (Phi-3)
     mlp_post_reader: str | None = None
     copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
+    residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
 
     @property
     def post_ln(self) -> bool:
@@ -160,9 +161,17 @@ _PARALLEL_LLAMA = {**_LLAMA_LIKE, "mid_reader": None, "ln2": None, "parallel": T
 for _family in (
     Family(
         name="llama",
-        model_types=("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "smollm3"),
+        model_types=("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "smollm3"),
         **_LLAMA_LIKE,
         **_GATED,
+    ),
+    # Granite adds residual_multiplier * (sublayer output) to the residual stream.
+    Family(
+        name="granite",
+        model_types=("granite",),
+        **_LLAMA_LIKE,
+        **_GATED,
+        residual_multiplier="residual_multiplier",
     ),
     # Mixture-of-experts MLPs have no single set of neurons: no mlp.hook_* sites.
     Family(name="moe", model_types=("mixtral", "qwen2_moe", "qwen3_moe"), **_LLAMA_LIKE),

@@ -111,6 +111,11 @@ class Model:
         self.parallel = self.family.parallel or bool(
             self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
         )
+        fam = self.family
+        #: the factor between a sublayer's output and its residual contribution (Granite)
+        self.residual_scale = (
+            float(getattr(hf.config, fam.residual_multiplier)) if fam.residual_multiplier else 1.0
+        )
         self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
         self.n_kv_heads = self._n_kv_heads()
         self.d_mlp = self._d_mlp()

@@ -82,6 +82,16 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
             "BertConfig",
             dict(common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
         ),
+        "tiny-granite": (
+            "GraniteConfig",
+            dict(
+                common,
+                num_key_value_heads=2,
+                residual_multiplier=0.5,
+                embedding_multiplier=2.0,
+                logits_scaling=4.0,
+            ),
+        ),
         "tiny-qwen3": ("Qwen3Config", dict(common, num_key_value_heads=2, head_dim=16)),
         "tiny-phi3": ("Phi3Config", dict(common, num_key_value_heads=2, pad_token_id=None)),
         "tiny-olmo2": ("Olmo2Config", dict(common, num_key_value_heads=2)),
