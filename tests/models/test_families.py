@@ -153,3 +153,12 @@ def test_the_documented_register_family_example(registry):
     if importlib.util.find_spec("transformer_lens") is not None:
         compared = assert_sites_equal_transformer_lens(model, d)
         assert "blocks.1.attn.hook_q" in compared
+
+
+def test_a_registered_family_that_does_not_fit_the_checkpoint_is_refused(registry):
+    # Without its residual multiplier, Granite's attn_out and mlp_out would be off by 0.5.
+    d = _saved("tiny-granite")
+    granite = families_module.family_for("granite")
+    register_family(Family(**{**granite.__dict__, "residual_multiplier": None}), replace=True)
+    with pytest.raises(ValueError, match="registered 'granite' family.*residual identities"):
+        load_model(d)

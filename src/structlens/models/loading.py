@@ -16,7 +16,12 @@ from typing import Any
 
 import torch
 
-from structlens.models.adapters import available_kinds, out_features
+from structlens.models.adapters import (
+    available_kinds,
+    family_of,
+    out_features,
+    verify_family,
+)
 from structlens.models.families import Family
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, SiteError, all_site_names, parse_site
@@ -98,8 +103,6 @@ class Model:
         self.name = name
         self.source = source
         self.config = hf.config
-        from structlens.models.adapters import family_of
-
         self.family: Family = family_of(hf)
         self.base = hf.base_model
         self.layers = self._module(self.base, self.family.layers)
@@ -119,10 +122,7 @@ class Model:
         self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
         self.n_kv_heads = self._n_kv_heads()
         self.d_mlp = self._d_mlp()
-        if self.family.name.startswith("generic:"):
-            from structlens.models.adapters import verify_family
-
-            verify_family(self)
+        verify_family(self)  # one short forward pass: the residual identities must hold
 
     def __repr__(self) -> str:
         return (
