@@ -87,7 +87,12 @@ class Model:
     tokenizer
         Its tokenizer (right padding).
     family : Family
-        The adapter mapping site names onto ``hf``.
+        The adapter mapping site names onto ``hf`` (registered, or discovered from the module
+        structure); checked at construction by the residual identities on one forward pass.
+    layer_kinds, missing_kinds
+        The per-layer site kinds this model has, and why it lacks the others.
+    n_kv_heads, d_mlp
+        Key/value heads (``hook_k``/``hook_v``) and MLP width (None for mixture-of-experts).
     name : str
         The name or path it was loaded from.
     """
@@ -114,11 +119,9 @@ class Model:
         self.parallel = self.family.parallel or bool(
             self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
         )
-        fam = self.family
-        #: the factor between a sublayer's output and its residual contribution (Granite)
-        self.residual_scale = (
-            float(getattr(hf.config, fam.residual_multiplier)) if fam.residual_multiplier else 1.0
-        )
+        # the factor between a sublayer's output and its residual contribution (Granite)
+        multiplier = self.family.residual_multiplier
+        self.residual_scale = float(getattr(hf.config, multiplier)) if multiplier else 1.0
         self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
         self.n_kv_heads = self._n_kv_heads()
         self.d_mlp = self._d_mlp()
