@@ -25,8 +25,6 @@ def get_model(name: str):
 def affine_fit_error(x, y):
     """Max residual of the per-feature least-squares fit ``y[..., j] = a_j x[..., j] + b_j``,
     relative to ``y``'s range (0 when ``y`` is an affine function of ``x`` feature-wise)."""
-    import torch
-
     x = x.reshape(-1, x.shape[-1]).double()
     y = y.reshape(-1, y.shape[-1]).double()
     xc, yc = x - x.mean(0), y - y.mean(0)
