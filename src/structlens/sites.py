@@ -1,45 +1,91 @@
-"""The site grammar: TransformerLens-style names for places in a transformer.
+"""The site grammar: TransformerLens names for places in a transformer, with TL's meaning.
 
-Valid names::
+Valid names (shapes after ``[batch, pos]`` unless the layout says otherwise)::
 
-    hook_embed                       token embeddings (GPT-2 also has hook_pos_embed)
-    blocks.{l}.hook_resid_pre        input of layer l
-    blocks.{l}.hook_resid_mid        between attention and MLP (= resid_pre + attn_out)
-    blocks.{l}.hook_resid_post       output of layer l (= resid_mid + mlp_out)
-    blocks.{l}.hook_attn_out         attention's residual contribution
-    blocks.{l}.hook_mlp_out          MLP's residual contribution
-    blocks.{l}.attn.hook_z           per-head outputs before the output projection
-    ln_final.hook_normalized         output of the final norm (causal LMs)
-    logits                           the unembedding output (causal LMs)
+    hook_embed                       token embeddings                      [d_model]
+    hook_pos_embed                   learned absolute position embeddings  [d_model]
+    blocks.{l}.hook_resid_pre        input of layer l                      [d_model]
+    blocks.{l}.ln1.hook_scale        the norm's scale (RMS or std) before attention   [1]
+    blocks.{l}.ln1.hook_normalized   its input / scale (centred first for LayerNorm),
+                                     BEFORE the gain and bias              [d_model]
+    blocks.{l}.attn.hook_q           queries x W_Q + b_Q, before rotary    [n_heads, d_head]
+    blocks.{l}.attn.hook_k/hook_v    keys and values, one per KV head      [n_kv_heads, d_head]
+    blocks.{l}.attn.hook_rot_q/_k    queries/keys after rotary (RoPE models only)
+    blocks.{l}.attn.hook_attn_scores scaled, masked (-inf) scores          [batch, head, q, k]
+    blocks.{l}.attn.hook_pattern     softmax of the scores                 [batch, head, q, k]
+    blocks.{l}.attn.hook_z           per-head outputs before W_O           [n_heads, d_head]
+    blocks.{l}.hook_attn_out         attention's residual contribution     [d_model]
+    blocks.{l}.hook_resid_mid        between attention and MLP             [d_model]
+    blocks.{l}.ln2.hook_scale/hook_normalized   the norm before the MLP
+    blocks.{l}.mlp.hook_pre          MLP pre-activation (gate for gated MLPs)        [d_mlp]
+    blocks.{l}.mlp.hook_pre_linear   gated MLPs: the linear (up) branch    [d_mlp]
+    blocks.{l}.mlp.hook_post         MLP neurons after the activation (x up branch)  [d_mlp]
+    blocks.{l}.hook_mlp_out          MLP's residual contribution           [d_model]
+    blocks.{l}.hook_resid_post       output of layer l                     [d_model]
+    ln_final.hook_scale / ln_final.hook_normalized   the final norm (causal LMs)
+    unembed.hook_out                 logits (causal LMs); ``logits`` is an alias
 
 Layer indices are zero-based; negative indices count from the end (``blocks.-1.hook_resid_post``)
-and are normalised to non-negative ones.  ``docs/sites.md`` and
-:mod:`structlens.models.families` say where each family's sites come from.
+and are normalised to non-negative ones.  Which sites a model has depends on its family
+(``Model.site_names()``); ``docs/sites.md`` gives every site's meaning per family.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-LAYER_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
-MODEL_KINDS = ("embed", "pos_embed", "ln_final", "logits")
-
-_BLOCK_RE = re.compile(
-    r"^blocks\.(-?\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
-    r"hook_attn_out|hook_mlp_out|attn\.hook_z)$"
-)
+#: kind -> the name after ``blocks.{l}.``, in forward order.
+_LAYER_SUFFIX = {
+    "resid_pre": "hook_resid_pre",
+    "ln1_scale": "ln1.hook_scale",
+    "ln1_normalized": "ln1.hook_normalized",
+    "q": "attn.hook_q",
+    "k": "attn.hook_k",
+    "v": "attn.hook_v",
+    "rot_q": "attn.hook_rot_q",
+    "rot_k": "attn.hook_rot_k",
+    "attn_scores": "attn.hook_attn_scores",
+    "pattern": "attn.hook_pattern",
+    "z": "attn.hook_z",
+    "attn_out": "hook_attn_out",
+    "resid_mid": "hook_resid_mid",
+    "ln2_scale": "ln2.hook_scale",
+    "ln2_normalized": "ln2.hook_normalized",
+    "mlp_pre": "mlp.hook_pre",
+    "mlp_pre_linear": "mlp.hook_pre_linear",
+    "mlp_post": "mlp.hook_post",
+    "mlp_out": "hook_mlp_out",
+    "resid_post": "hook_resid_post",
+}
+#: kind -> name of the model-level sites, in forward order.
 _MODEL_NAMES = {
-    "hook_embed": "embed",
-    "hook_pos_embed": "pos_embed",
-    "ln_final.hook_normalized": "ln_final",
+    "embed": "hook_embed",
+    "pos_embed": "hook_pos_embed",
+    "ln_final_scale": "ln_final.hook_scale",
+    "ln_final": "ln_final.hook_normalized",
     "logits": "logits",
 }
+#: Other accepted spellings (TransformerLens's) of model-level sites.
+ALIASES = {"unembed.hook_out": "logits"}
+
+LAYER_KINDS = tuple(_LAYER_SUFFIX)
+MODEL_KINDS = tuple(_MODEL_NAMES)
+#: The kinds every family provides (the residual decomposition and hook_z).
+CORE_LAYER_KINDS = ("resid_pre", "z", "attn_out", "resid_mid", "mlp_out", "resid_post")
+#: Sites laid out ``[batch, head, query_pos, key_pos]`` instead of ``[batch, pos, ...]``.
+HEAD_FIRST_KINDS = ("attn_scores", "pattern")
+#: Sites with a head axis (axis 2 for token-major sites, axis 1 for head-first ones).
+HEAD_KINDS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
+
+_SUFFIX_KIND = {v: k for k, v in _LAYER_SUFFIX.items()}
+_BLOCK_RE = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 
 
 class SiteError(ValueError):
-    """An unknown or malformed site name."""
+    """An unknown or malformed site name, or a site the model does not have."""
 
 
 @dataclass(frozen=True, order=True)
@@ -52,10 +98,17 @@ class Site:
     @property
     def name(self) -> str:
         if self.layer is None:
-            return {v: k for k, v in _MODEL_NAMES.items()}[self.kind]
-        if self.kind == "z":
-            return f"blocks.{self.layer}.attn.hook_z"
-        return f"blocks.{self.layer}.hook_{self.kind}"
+            return _MODEL_NAMES[self.kind]
+        return f"blocks.{self.layer}.{_LAYER_SUFFIX[self.kind]}"
+
+    @property
+    def head_first(self) -> bool:
+        """True for ``[batch, head, query_pos, key_pos]`` sites (scores, pattern)."""
+        return self.kind in HEAD_FIRST_KINDS
+
+    @property
+    def has_heads(self) -> bool:
+        return self.kind in HEAD_KINDS
 
     def __str__(self) -> str:
         return self.name
@@ -64,12 +117,15 @@ class Site:
 def site_name(kind: str, layer: int | None = None, *, n_layers: int | None = None) -> str:
     """The one way to build a site name from its parts.
 
-    ``site_name("resid_pre", 3)`` is ``"blocks.3.hook_resid_pre"``; model-level kinds take no
+    ``site_name("resid_pre", 3)`` is ``"blocks.3.hook_resid_pre"``,
+    ``site_name("pattern", 0)`` is ``"blocks.0.attn.hook_pattern"``; model-level kinds take no
     layer (``site_name("logits")``).  With ``n_layers`` the layer is checked and a negative one
     counts from the end.
 
     >>> site_name("resid_post", -1, n_layers=30)
     'blocks.29.hook_resid_post'
+    >>> site_name("mlp_post", 2)
+    'blocks.2.mlp.hook_post'
     """
     if kind in MODEL_KINDS:
         if layer is not None:
@@ -89,21 +145,42 @@ def site_name(kind: str, layer: int | None = None, *, n_layers: int | None = Non
     return Site(kind, layer).name
 
 
-def all_site_names(n_layers: int, *, causal: bool = True, pos_embed: bool = False) -> list[str]:
-    """Every valid site name for a model with ``n_layers`` layers, in forward order."""
+def _model_kinds(causal: bool, pos_embed: bool) -> list[str]:
+    kinds = ["embed"] + (["pos_embed"] if pos_embed else [])
+    return kinds + (["ln_final_scale", "ln_final", "logits"] if causal else [])
+
+
+def all_site_names(
+    n_layers: int,
+    *,
+    causal: bool = True,
+    pos_embed: bool = False,
+    kinds: Iterable[str] = CORE_LAYER_KINDS,
+) -> list[str]:
+    """Every site name of a model with ``n_layers`` layers and these layer ``kinds``, in
+    forward order (``unembed.hook_out`` is listed after its alias ``logits``)."""
+    kinds = set(kinds)
     names = ["hook_embed"] + (["hook_pos_embed"] if pos_embed else [])
     for layer in range(n_layers):
-        for kind in LAYER_KINDS:
-            names.append(Site(kind, layer).name)
+        names += [Site(k, layer).name for k in LAYER_KINDS if k in kinds]
     if causal:
-        names += ["ln_final.hook_normalized", "logits"]
+        names += ["ln_final.hook_scale", "ln_final.hook_normalized", "logits", "unembed.hook_out"]
     return names
 
 
 def parse_site(
-    name: str | Site, n_layers: int, *, causal: bool = True, pos_embed: bool = False
+    name: str | Site,
+    n_layers: int,
+    *,
+    causal: bool = True,
+    pos_embed: bool = False,
+    kinds: Iterable[str] = CORE_LAYER_KINDS,
+    missing: dict[str, str] | None = None,
 ) -> Site:
     """Parse and validate a site name for a model with ``n_layers`` layers.
+
+    ``kinds`` are the layer kinds the model has; ``missing`` maps a kind it lacks to the reason
+    (quoted in the error).
 
     Raises
     ------
@@ -115,23 +192,27 @@ def parse_site(
         name = name.name
     if not isinstance(name, str):
         raise SiteError(f"site names are strings like 'blocks.3.hook_resid_pre', got {name!r}")
-    valid = all_site_names(n_layers, causal=causal, pos_embed=pos_embed)
+    kinds = tuple(kinds)
     m = _BLOCK_RE.match(name)
-    if m:
-        layer = int(m.group(1))
+    if m and m.group(2) in _SUFFIX_KIND:
+        layer, kind = int(m.group(1)), _SUFFIX_KIND[m.group(2)]
         if not -n_layers <= layer < n_layers:
             raise SiteError(
                 f"site {name!r}: layer {layer} is out of range for a model with {n_layers} "
                 f"layers (valid: 0..{n_layers - 1}, or negative from the end)."
             )
-        kind = m.group(2).removeprefix("attn.").removeprefix("hook_")
-        return Site(kind, layer % n_layers)
-    if name in _MODEL_NAMES and name in valid:
-        return Site(_MODEL_NAMES[name])
+        if kind in kinds:
+            return Site(kind, layer % n_layers)
+        reason = (missing or {}).get(kind, "this model's family does not provide it")
+        raise SiteError(f"site {name!r} is not available for this model: {reason}.")
+    name = ALIASES.get(name, name)
+    model_names = {Site(k).name: k for k in _model_kinds(causal, pos_embed)}
+    if name in model_names:
+        return Site(model_names[name])
+    valid = all_site_names(n_layers, causal=causal, pos_embed=pos_embed, kinds=kinds)
     close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise SiteError(
-        f"unknown site {name!r}.{hint} Run `structlens sites MODEL` to list all sites; the "
-        f"grammar is blocks.{{l}}.hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
-        f"hook_mlp_out, blocks.{{l}}.attn.hook_z, hook_embed, ln_final.hook_normalized, logits."
+        f"unknown site {name!r}.{hint} Run `structlens sites MODEL` to list this model's sites "
+        f"(the grammar is in docs/sites.md)."
     )

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from _models import TEXTS
+from _models import TEXTS, affine_fit_error
 from structlens.interventions import hooked
-from structlens.sites import Site, SiteError, parse_site
+from structlens.sites import ALIASES, Site, SiteError, parse_site
 
 
 def _identity_errors(model, texts):
@@ -27,8 +27,11 @@ def _identity_errors(model, texts):
     last = c[f"blocks.{model.n_layers - 1}.hook_resid_post"]
     if model.causal:
         normed = model.base_module(model.family.final_norm)(last)
-        errs["final_norm"] = (normed - c["ln_final.hook_normalized"]).abs().max()
-        errs["hf_last"] = (out.hidden_states[-1] - c["ln_final.hook_normalized"]).abs().max()
+        errs["hf_last"] = (out.hidden_states[-1] - normed).abs().max()
+        # hook_normalized is the norm's input over hook_scale, before the gain (TL's meaning):
+        # the norm's output is an affine function of it, feature by feature.
+        errs["final_norm"] = affine_fit_error(c["ln_final.hook_normalized"], normed)
+        errs["logits_alias"] = (c["logits"] - c["unembed.hook_out"]).abs().max()
         if model.family.name != "gemma2":  # Gemma-2 soft-caps logits after the unembedding
             errs["logits"] = (out.logits - c["logits"]).abs().max()
     else:
@@ -74,4 +77,4 @@ def test_parse_site_normalises_and_rejects():
 
 def test_every_listed_site_parses(tiny):
     for name in tiny.site_names():
-        assert tiny.site(name).name == name
+        assert tiny.site(name).name == ALIASES.get(name, name)

@@ -107,7 +107,7 @@ def iter_activations(
     plus the prompt's index in ``token_lists``), ``position`` and ``token_id``.
     """
     for s in sites:
-        model.site(s)
+        model.site_shape(s)  # a SiteError for unknown sites and for [batch, head, q, k] ones
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     out_dtype = resolve_dtype(dtype)

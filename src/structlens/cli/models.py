@@ -56,9 +56,11 @@ def sites(
     dtype: Dtype = "float32",
     seed: Seed = 0,
 ) -> None:
-    """List every site of MODEL with its per-token shape."""
+    """List every site of MODEL with its shape (docs/sites.md says what each one is)."""
     m = load_model_or_fail(model, device, dtype, seed)
-    rows = [{"site": s, "shape": list(m.site_shape(s))} for s in m.site_names()]
+    # shape: after [batch, pos], or after [batch] for [batch, head, query_pos, key_pos] sites
+    dims = {s: m.site_dims(s) for s in m.site_names()}
+    rows = [{"site": s, "shape": list(d[2:] if d[1] == "pos" else d[1:])} for s, d in dims.items()]
     info = {
         "name": m.name,
         "family": m.family.name,
@@ -72,7 +74,7 @@ def sites(
     if not quiet:
         console.print(f"{m!r}")
         for r in rows:
-            typer.echo(f"{r['site']}\t{tuple(r['shape'])}")
+            typer.echo(f"{r['site']}\t[{', '.join(map(str, dims[r['site']]))}]")
         console.print(f"wrote {path}")
 
 

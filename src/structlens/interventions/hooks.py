@@ -10,11 +10,18 @@ activations at the requested sites, after applying any writes::
     cache["blocks.2.hook_resid_pre"]          # [batch, seq, d_model]
 
 Activations have shape ``[batch, seq, *site_shape]`` (``attn.hook_z``:
-``[batch, seq, n_heads, d_head]``).  A writer receives that tensor and returns a replacement of
-the same shape.  Sites that are sums or differences of real tensors (``resid_mid`` on parallel
-GPT-NeoX; ``attn_out``/``mlp_out`` on post-LN BERT) are written by adjusting the module output
-they are derived from, so the identities ``resid_mid = resid_pre + attn_out`` and
-``resid_post = resid_mid + mlp_out`` keep holding after a write.
+``[batch, seq, n_heads, d_head]``), except ``attn.hook_attn_scores``/``attn.hook_pattern``,
+which are ``[batch, head, query_pos, key_pos]`` as in TransformerLens.  A writer receives that
+tensor and returns a replacement of the same shape.  Reading or writing ``hook_rot_q``,
+``hook_rot_k``, ``hook_attn_scores`` or ``hook_pattern`` runs attention on structlens's eager
+path for the session (:mod:`structlens.models.attention`; checked once per model to reproduce
+the model's own output).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are computed from
+the norm's input; a write rebuilds the norm's output as ``normalized * gain + bias``.
+
+Sites that are sums or differences of real tensors (``resid_mid`` on parallel GPT-NeoX;
+``attn_out``/``mlp_out`` on post-LN BERT) are written by adjusting the module output they are
+derived from, so the identities ``resid_mid = resid_pre + attn_out`` and ``resid_post = resid_mid +
+mlp_out`` keep holding after a write.
 
 With ``grad=True`` the activations stay in the autograd graph (the embedding output becomes the
 graph's leaf, since model parameters are frozen), and :func:`site_grads` returns
@@ -24,13 +31,39 @@ d(metric)/d(activation) for each read site.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
 
+from structlens.models.adapters import norm_affine, norm_eps, norm_kind, norm_parts
+from structlens.models.attention import check_eager_path, eager_path
 from structlens.models.loading import Model
 from structlens.sites import Site
+
+#: Kinds served by taps (a value exposed at one place, written then recorded).
+_TAP_KINDS = frozenset(
+    {
+        "q",
+        "k",
+        "v",
+        "rot_q",
+        "rot_k",
+        "attn_scores",
+        "pattern",
+        "mlp_pre",
+        "mlp_pre_linear",
+        "mlp_post",
+        "ln1_scale",
+        "ln1_normalized",
+        "ln2_scale",
+        "ln2_normalized",
+        "ln_final_scale",
+        "ln_final",
+    }
+)
+_EAGER_KINDS = frozenset({"rot_q", "rot_k", "attn_scores", "pattern"})
 
 Writer = Callable[[torch.Tensor], torch.Tensor]
 Reader = Callable[[torch.Tensor], Any]
@@ -70,10 +103,17 @@ class _Session:
         self.cache: dict[str, Any] = {}
         self.stash: dict[tuple[str, int], torch.Tensor] = {}
         self.handles: list[Any] = []
-        self.reads = {model.site(k): (k, v) for k, v in reads.items()}
+        # A site may be read under several names (``logits`` and ``unembed.hook_out``).
+        self.reads: dict[Site, list[tuple[str, Reader | None]]] = {}
+        for k, v in reads.items():
+            self.reads.setdefault(model.site(k), []).append((k, v))
         self.writes = {model.site(k): v for k, v in writes.items()}
-        if not model.causal and any(s.kind in ("logits", "ln_final") for s in self.reads):
-            raise ValueError(f"{model.name} is an encoder: it has no logits or final norm site")
+        if len(self.writes) != len(writes):
+            raise ValueError(f"writes name the same site twice (aliases?): {sorted(writes)}")
+        tapped = [s for s in {**self.reads, **self.writes} if s.kind in _TAP_KINDS]
+        self.taps = {s: self._tap_fn(s) for s in tapped}
+        self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
+        self.attn_taps: list[torch.nn.Module] = []
 
     # -- registration helpers -------------------------------------------------------------
     def _fwd(self, module: torch.nn.Module, fn: Callable[[Any], Any]) -> None:
@@ -85,17 +125,66 @@ class _Session:
         )
 
     def _out_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
+        f = self._per_token(f)
         self._fwd(module, lambda out: _replace_first(out, f(_first(out))))
 
     def _in_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
+        f = self._per_token(f)
         self._pre(module, lambda a, kw: _replace_input(a, kw, f(_input_of(a, kw))))
+
+    def _batched(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on ``[batch, pos, d]`` also for position embeddings computed once for the
+        batch (``[1, pos, d]``), as TransformerLens's ``hook_pos_embed`` is."""
+
+        def g(t: torch.Tensor) -> torch.Tensor:
+            if t.shape[0] == 1 and self.batch is not None and self.batch > 1:
+                t = t.expand(self.batch, *t.shape[1:])
+            return f(t)
+
+        return g
+
+    def _per_token(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on ``[batch, pos, ...]`` also for modules fed ``[batch * pos, ...]`` (OPT's
+        MLP), using the batch shape recorded at the first layer's input."""
+
+        def g(t: torch.Tensor) -> torch.Tensor:
+            bp = self.tokens
+            if t.ndim == 2 and bp is not None and t.shape[0] == bp[0] * bp[1]:
+                return f(t.unflatten(0, bp)).flatten(0, 1)
+            return f(t)
+
+        return g
 
     def _z(self, t: torch.Tensor) -> torch.Tensor:
         return t.reshape(*t.shape[:-1], self.model.n_heads, self.model.d_head)
 
     def _record(self, site: Site, value: torch.Tensor) -> None:
-        name, reader = self.reads[site]
-        self.cache[name] = value if reader is None else reader(value)
+        for name, reader in self.reads[site]:
+            self.cache[name] = value if reader is None else reader(value)
+
+    def _tap_fn(self, site: Site) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Apply the site's writer (if any), then record the result (if read)."""
+        writer = self.writes.get(site)
+
+        def tap(value: torch.Tensor) -> torch.Tensor:
+            if writer is not None:
+                new = writer(value)
+                if new.shape != value.shape:
+                    raise ValueError(
+                        f"writer for {site.name} returned shape {tuple(new.shape)}, expected "
+                        f"{tuple(value.shape)}"
+                    )
+                value = new
+            if site in self.reads:
+                self._record(site, value)
+            return value
+
+        return tap
+
+    def _rebuild(self, kinds: Iterable[Site]) -> bool:
+        # Reads alone leave the module's output untouched (bit-exact); writes, and reads in
+        # grad mode (so the recorded tensor is the one the rest of the graph uses), rebuild it.
+        return self.grad or any(s in self.writes for s in kinds)
 
     def _stash_fn(self, key: tuple[str, int]):
         def f(t: torch.Tensor) -> torch.Tensor:
@@ -107,22 +196,47 @@ class _Session:
     # -- the hooks ------------------------------------------------------------------------
     def register(self) -> None:
         m, fam = self.model, self.fam
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:
+            self.tokens = (int(t.shape[0]), int(t.shape[1]))
+            return t
+
+        def batch(args: tuple, kwargs: dict) -> None:
+            x = kwargs.get("input_ids", args[0] if args else None)
+            x = kwargs.get("inputs_embeds") if x is None else x
+            self.batch = None if x is None else int(x.shape[0])
+
+        self.tokens: tuple[int, int] | None = None
+        self.batch: int | None = None
+        self._in_map(m.layer_module(0), tokens)
+        self._pre(m.base, batch)
         if self.grad:
             for path in filter(None, (fam.embed, fam.pos_embed)):
                 self._out_map(m.base_module(path), lambda t: t.detach().requires_grad_(True))
         for site, fn in self.writes.items():
-            self._register_write(site, fn)
+            if site.kind not in _TAP_KINDS:
+                self._register_write(site, fn)
         for layer in sorted({s.layer for s in self._stash_sites()}):
             self._in_map(m.layer_module(layer), self._stash_fn(("pre", layer)))
             if fam.post_ln:
                 self._out_map(m.layer_module(layer, fam.mid_writer), self._stash_fn(("mid", layer)))
         for site in self.reads:
-            self._register_read(site)
+            if site.kind not in _TAP_KINDS:
+                self._register_read(site)
+        self._register_taps()
 
     def _stash_sites(self) -> list[Site]:
         derived = [s for s in self.writes if s.kind in ("attn_out", "mlp_out", "resid_mid")]
         derived += [s for s in self.reads if s.kind in ("attn_out", "mlp_out", "resid_mid")]
         return derived
+
+    def _contribution(self, f: Callable[[torch.Tensor], torch.Tensor]):
+        """``f`` on a sublayer's residual contribution, given the sublayer's output: the two
+        differ by the model's residual multiplier (Granite), and are equal otherwise."""
+        scale = self.model.residual_scale
+        if scale == 1.0:
+            return f
+        return lambda t: f(t * scale) / scale
 
     def _attn_module(self, layer: int) -> torch.nn.Module:
         return self.model.layer_module(layer, self.fam.attn_write)
@@ -144,14 +258,15 @@ class _Session:
                     lambda mid: self.stash[pre] + fn(mid - self.stash[pre]),
                 )
             else:
-                self._out_map(self._attn_module(L), fn)
+                self._out_map(self._attn_module(L), self._contribution(fn))
         elif site.kind == "resid_mid":
             if fam.post_ln:
                 self._out_map(m.layer_module(L, fam.mid_writer), fn)
             else:
                 pre = ("pre", L)
                 self._out_map(
-                    self._attn_module(L), lambda a: fn(self.stash[pre] + a) - self.stash[pre]
+                    self._attn_module(L),
+                    self._contribution(lambda a: fn(self.stash[pre] + a) - self.stash[pre]),
                 )
         elif site.kind == "mlp_out":
             if fam.post_ln:
@@ -160,11 +275,9 @@ class _Session:
                     m.layer_module(L), lambda post: self.stash[mid] + fn(post - self.stash[mid])
                 )
             else:
-                self._out_map(m.layer_module(L, fam.mlp_write), fn)
+                self._out_map(m.layer_module(L, fam.mlp_write), self._contribution(fn))
         elif site.kind in ("embed", "pos_embed"):
-            self._out_map(m.base_module(getattr(fam, site.kind)), fn)
-        elif site.kind == "ln_final":
-            self._out_map(m.base_module(fam.final_norm), fn)
+            self._out_map(m.base_module(getattr(fam, site.kind)), self._batched(fn))
         elif site.kind == "logits":
             self._out_map(m.hf.get_output_embeddings(), fn)
         else:  # pragma: no cover - parse_site admits no other kinds
@@ -182,8 +295,9 @@ class _Session:
             return g
 
         def derived(module: torch.nn.Module, base_key: tuple[str, int], sign: int):
-            # value = out - base (sign=-1) or base + out (sign=+1).  In grad mode the module's
-            # output is rebuilt from the derived tensor, which puts that tensor in the graph.
+            # value = out - base (sign=-1) or base + out (sign=+1, out a sublayer's output).  In
+            # grad mode the module's output is rebuilt from the derived tensor, which puts that
+            # tensor in the graph.
             def g(out: torch.Tensor) -> torch.Tensor:
                 base = self.stash[base_key]
                 value = base + out if sign > 0 else out - base
@@ -192,7 +306,7 @@ class _Session:
                     return out
                 return value - base if sign > 0 else base + value
 
-            self._out_map(module, g)
+            self._out_map(module, self._contribution(g) if sign > 0 else g)
 
         if site.kind == "resid_pre":
             self._in_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
@@ -206,7 +320,9 @@ class _Session:
             if fam.post_ln:
                 derived(m.layer_module(L, fam.mid_writer), ("pre", L), -1)
             else:
-                self._out_map(self._attn_module(L), passthrough(lambda t: rec(site, t)))
+                self._out_map(
+                    self._attn_module(L), self._contribution(passthrough(lambda t: rec(site, t)))
+                )
         elif site.kind == "resid_mid":
             if fam.post_ln:
                 self._out_map(
@@ -220,17 +336,141 @@ class _Session:
             if fam.post_ln:
                 derived(m.layer_module(L), ("mid", L), -1)
             else:
-                self._out_map(m.layer_module(L, fam.mlp_write), passthrough(lambda t: rec(site, t)))
+                # copy_mlp_out: the layer adds into this tensor in place after the hook
+                keep = (lambda t: t.clone()) if fam.copy_mlp_out else (lambda t: t)
+                read = self._contribution(passthrough(lambda t: rec(site, t)))
+                self._out_map(m.layer_module(L, fam.mlp_write), lambda t: keep(read(t)))
         elif site.kind in ("embed", "pos_embed"):
             self._out_map(
-                m.base_module(getattr(fam, site.kind)), passthrough(lambda t: rec(site, t))
+                m.base_module(getattr(fam, site.kind)),
+                self._batched(passthrough(lambda t: rec(site, t))),
             )
-        elif site.kind == "ln_final":
-            self._out_map(m.base_module(fam.final_norm), passthrough(lambda t: rec(site, t)))
         elif site.kind == "logits":
             self._out_map(m.hf.get_output_embeddings(), passthrough(lambda t: rec(site, t)))
 
+    # -- tapped sites -----------------------------------------------------------------------
+    def _register_taps(self) -> None:
+        m = self.model
+        by_layer: dict[int | None, dict[str, Site]] = {}
+        for site in self.taps:
+            by_layer.setdefault(site.layer, {})[site.kind] = site
+        for layer, sites in by_layer.items():
+            if layer is None:
+                self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
+                continue
+            self._norm_taps(partial(m.layer_module, layer, self.fam.ln1), sites, "ln1")
+            self._norm_taps(partial(m.layer_module, layer, self.fam.ln2), sites, "ln2")
+            self._qkv_taps(layer, sites)
+            self._mlp_taps(layer, sites)
+            attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
+            if attn:
+                mod = self.model.layer_module(layer, self.fam.attn_module)
+                mod._structlens_taps = attn
+                self.attn_taps.append(mod)
+
+    def _norm_taps(
+        self, module: Callable[[], torch.nn.Module], sites: dict[str, Site], prefix: str
+    ) -> None:
+        scale_site = sites.get(f"{prefix}_scale")
+        norm_site = sites.get("ln_final" if prefix == "ln_final" else f"{prefix}_normalized")
+        if scale_site is None and norm_site is None:
+            return
+        mod = module()
+        kind, eps = norm_kind(mod), norm_eps(mod)
+        gain, bias = norm_affine(mod)
+        rebuild = self._rebuild(filter(None, (scale_site, norm_site)))
+
+        def rebuilt(x: torch.Tensor) -> torch.Tensor:
+            scale, normalized = norm_parts(x, kind, eps)
+            if scale_site is not None:
+                scale = self.taps[scale_site](scale)
+                normalized = norm_parts(x, kind, eps, scale=scale)[1]
+            if norm_site is not None:
+                normalized = self.taps[norm_site](normalized)
+            return (normalized * gain + bias).to(x.dtype)
+
+        rebuilt = self._per_token(rebuilt)
+
+        def hook(module, args, kwargs, out):
+            y = rebuilt(_input_of(args, kwargs))
+            return _replace_first(out, y) if rebuild else out
+
+        self.handles.append(mod.register_forward_hook(hook, with_kwargs=True))
+
+    def _tap_output(
+        self,
+        site: Site,
+        rebuild: bool,
+        view: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A module-output map that taps ``view(output)`` (a reshape) and returns the output,
+        rebuilt from the tapped value when needed."""
+        tap = self.taps[site]
+
+        def f(t: torch.Tensor) -> torch.Tensor:
+            value = tap(view(t))
+            return value.reshape(t.shape) if rebuild else t
+
+        return f
+
+    def _qkv_taps(self, layer: int, sites: dict[str, Site]) -> None:
+        m, fam = self.model, self.fam
+        wanted = {k: sites[k] for k in ("q", "k", "v") if k in sites}
+        if not wanted:
+            return
+        d, h, kv = m.d_head, m.n_heads, m.n_kv_heads
+        rebuild = self._rebuild(wanted.values())
+        if fam.qkv_proj is None:
+            for k, site in wanted.items():
+                path = {"q": fam.q_proj, "k": fam.k_proj, "v": fam.v_proj}[k]
+                self._out_map(
+                    m.layer_module(layer, path),
+                    self._tap_output(site, rebuild, lambda t: t.unflatten(-1, (-1, d))),
+                )
+            return
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            if fam.qkv_layout == "per_head":
+                parts = dict(zip("qkv", t.unflatten(-1, (h, 3, d)).unbind(-2)))
+            else:
+                q, k, v = t.split((h * d, kv * d, kv * d), dim=-1)
+                parts = {n: x.unflatten(-1, (-1, d)) for n, x in zip("qkv", (q, k, v))}
+            for name, site in wanted.items():
+                parts[name] = self.taps[site](parts[name])
+            if not rebuild:
+                return t
+            if fam.qkv_layout == "per_head":
+                return torch.stack([parts[n] for n in "qkv"], dim=-2).flatten(-3)
+            return torch.cat([parts[n].flatten(-2) for n in "qkv"], dim=-1)
+
+        self._out_map(m.layer_module(layer, fam.qkv_proj), split)
+
+    def _mlp_taps(self, layer: int, sites: dict[str, Site]) -> None:
+        m, fam = self.model, self.fam
+        pre, lin, post = (sites.get(k) for k in ("mlp_pre", "mlp_pre_linear", "mlp_post"))
+        if post is not None:
+            self._in_map(m.layer_module(layer, fam.mlp_post_reader), self.taps[post])
+        if pre is None and lin is None:
+            return
+        rebuild = self._rebuild(filter(None, (pre, lin)))
+        if fam.mlp_gate_up is not None:
+
+            def gate_up(t: torch.Tensor) -> torch.Tensor:
+                g, u = t.chunk(2, dim=-1)
+                g = self.taps[pre](g) if pre is not None else g
+                u = self.taps[lin](u) if lin is not None else u
+                return torch.cat([g, u], dim=-1) if rebuild else t
+
+            self._out_map(m.layer_module(layer, fam.mlp_gate_up), gate_up)
+            return
+        for site, path in ((pre, fam.mlp_pre), (lin, fam.mlp_pre_linear)):
+            if site is not None:
+                self._out_map(m.layer_module(layer, path), self._tap_output(site, rebuild))
+
     def remove(self) -> None:
+        for mod in self.attn_taps:
+            del mod._structlens_taps
+        self.attn_taps.clear()
         for h in self.handles:
             h.remove()
         self.handles.clear()
@@ -266,9 +506,11 @@ def hooked(
     if not isinstance(reads, Mapping):
         reads = {name: None for name in reads}
     session = _Session(model, reads, writes or {}, grad)
+    if session.eager:
+        check_eager_path(model)
     session.register()
     try:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), eager_path(model.hf) if session.eager else nullcontext():
             yield session.cache
     finally:
         session.remove()

@@ -2,11 +2,14 @@
 
 Conventions
 -----------
-Activations at a site have shape ``[batch, seq, *site_shape]``.  ``positions`` selects tokens:
-``None`` for all, or one list of positions per prompt (a ``[batch, k]`` tensor also works).
-``heads`` (only for ``attn.hook_z``) selects heads.  ``basis`` is a ``[d, k]`` matrix with
-orthonormal columns spanning the subspace acted on (see :func:`subspace_basis`); patching a
-subspace replaces only the component of the activation in it:
+Activations at a site have shape ``[batch, seq, *site_shape]``, or ``[batch, head, query_pos,
+key_pos]`` at ``attn.hook_attn_scores``/``attn.hook_pattern``.  ``positions`` selects tokens
+(query positions at those two sites): ``None`` for all, or one list of positions per prompt (a
+``[batch, k]`` tensor also works).  ``heads`` (only at sites with a head axis: ``attn.hook_q``,
+``hook_k``, ``hook_v`` (KV heads), ``hook_rot_q/k``, ``hook_z``, scores and pattern) selects
+heads.  Patching the pattern replaces whole rows, so patched rows stay normalised.  ``basis``
+is a ``[d, k]`` matrix with orthonormal columns spanning the subspace acted on (see
+:func:`subspace_basis`); patching a subspace replaces only the component of the activation in it:
 ``x + (src - x) Q Qᵀ``.  With ``basis=None`` the whole activation is replaced.
 
 Attribution patching (Nanda 2023; Syed et al. 2023) estimates the effect of patching the
@@ -70,28 +73,47 @@ def replace_writer(
     positions: Positions = None,
     heads: Sequence[int] | None = None,
     basis: torch.Tensor | None = None,
+    head_first: bool = False,
 ) -> Writer:
     """A writer that moves the activation towards ``source`` on the selected part.
 
     ``source`` broadcasts against the activation (a ``[d]`` mean vector works, as does a full
     ``[batch, seq, ...]`` cache entry).  Positions, heads and subspace restrict the change.
+    ``head_first`` says the activation is ``[batch, head, query_pos, key_pos]`` (scores and
+    pattern; :attr:`structlens.sites.Site.head_first`).
     """
+    if head_first and basis is not None:
+        raise ValueError(
+            "a basis cannot restrict a patch of attention scores or patterns (it would mix "
+            "key positions and denormalise the pattern); select heads and positions instead"
+        )
 
     def write(act: torch.Tensor) -> torch.Tensor:
         src = source.to(device=act.device, dtype=act.dtype)
         delta = src - act
+        if head_first:  # masked (-inf) scores stay masked
+            delta = torch.where(torch.isinf(act), 0.0, delta)
         if basis is not None:
             q = _check_basis(basis.to(device=act.device, dtype=act.dtype), act.shape[-1])
             delta = (delta @ q) @ q.T
         if heads is not None:
             if act.ndim != 4:
-                raise ValueError("heads can only be selected at attn.hook_z sites")
-            hmask = torch.zeros(act.shape[2], dtype=torch.bool, device=act.device)
+                raise ValueError(
+                    "heads can only be selected at sites with a head axis (attn.hook_q/k/v, "
+                    "hook_rot_q/k, hook_z, hook_attn_scores, hook_pattern)"
+                )
+            axis = 1 if head_first else 2
+            hmask = torch.zeros(act.shape[axis], dtype=torch.bool, device=act.device)
             hmask[list(heads)] = True
-            delta = delta * hmask[:, None]
-        pmask = _position_mask(act, positions)
-        if pmask is not None:
-            delta = delta * pmask.reshape(*pmask.shape, *([1] * (act.ndim - 2)))
+            delta = delta * hmask.reshape(-1, *([1] * (act.ndim - 1 - axis)))
+        if head_first:
+            pmask = _position_mask(act.transpose(1, 2), positions)
+            if pmask is not None:
+                delta = delta * pmask[:, None, :, None]
+        else:
+            pmask = _position_mask(act, positions)
+            if pmask is not None:
+                delta = delta * pmask.reshape(*pmask.shape, *([1] * (act.ndim - 2)))
         return act + delta
 
     return write
@@ -133,7 +155,10 @@ def patch(
     Returns the model output.  ``source`` must have the target activation's shape, or
     broadcast to it; positions, heads and basis restrict the patch (module docstring).
     """
-    writer = replace_writer(source, positions=positions, heads=heads, basis=basis)
+    head_first = model.site(site).head_first
+    writer = replace_writer(
+        source, positions=positions, heads=heads, basis=basis, head_first=head_first
+    )
     return run_with_writes(model, input_ids, attention_mask, {site: writer})
 
 
@@ -181,10 +206,13 @@ def ablate(
     """Run with ``site`` (or its ``basis`` subspace, heads, positions) ablated; see
     :func:`ablation_source` for the modes."""
     gen = torch.Generator().manual_seed(seed)
+    head_first = model.site(site).head_first
 
     def write(act: torch.Tensor) -> torch.Tensor:
         src = ablation_source(act, mode, mean=mean, generator=gen)
-        return replace_writer(src, positions=positions, heads=heads, basis=basis)(act)
+        return replace_writer(
+            src, positions=positions, heads=heads, basis=basis, head_first=head_first
+        )(act)
 
     return run_with_writes(model, input_ids, attention_mask, {site: write})
 
@@ -223,9 +251,10 @@ def attribution_patch(
 
     Returns a dict with ``metric_clean`` (``[batch]``) and, per site, the estimated change of
     the metric: ``[batch, seq]`` for residual-type sites (patching the whole vector at one
-    position), ``[batch, seq, n_heads]`` for ``attn.hook_z`` (one head at one position), or,
-    with ``directions`` (``[k, d]``, rows normalised here), ``[batch, seq, k]`` for patching
-    the component along each direction.
+    position), ``[batch, seq, n_heads]`` for sites with a head axis (one head at one position;
+    ``[batch, n_heads, query_pos]`` for scores and pattern: one row), or, with ``directions``
+    (``[k, d]``, rows normalised here), ``[batch, seq, k]`` for patching the component along
+    each direction.
     """
     if clean_ids.shape != corrupt_ids.shape:
         raise ValueError(
@@ -233,15 +262,20 @@ def attribution_patch(
             "corruptions), got "
             f"{tuple(clean_ids.shape)} and {tuple(corrupt_ids.shape)}"
         )
+    head_first = {s: model.site(s).head_first for s in sites}
+    if directions is not None and any(head_first.values()):
+        raise ValueError("directions apply to vector sites, not to attention scores or patterns")
     _, corrupt = run_with_cache(model, corrupt_ids, attention_mask, sites)
     value, clean, grads = run_with_grads(model, clean_ids, attention_mask, sites, metric)
     out: dict[str, Any] = {"metric_clean": value}
     for s in sites:
         delta = corrupt[s] - clean[s]
+        if head_first[s]:  # masked scores are -inf in both runs
+            delta = torch.where(torch.isinf(clean[s]), 0.0, delta)
         g = grads[s]
         if directions is not None:
             u = directions.to(delta) / directions.to(delta).norm(dim=-1, keepdim=True)
             out[s] = (delta @ u.T) * (g @ u.T)
-        else:  # per position; for attn.hook_z the last axis is d_head, so also per head
+        else:  # per position; at head sites the last axis is d_head (or key_pos): per head
             out[s] = (delta * g).sum(-1)
     return out

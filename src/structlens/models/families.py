@@ -1,4 +1,9 @@
-"""One adapter per architecture family: where each TransformerLens-style site lives in a HF model.
+"""Site adapters: where each TransformerLens-style site lives in a Hugging Face model.
+
+A :class:`Family` names module paths; :func:`register_family` adds one (users can add their
+own without editing the package) and :func:`family_for` finds the family of a
+``config.model_type``.  Models of an unregistered type get a family discovered from their
+module structure (:mod:`structlens.models.adapters`), verified on one forward pass at load.
 
 Module paths are relative to ``model.base_model`` (the inner ``LlamaModel``, ``GPT2Model``, ...)
 for model-level modules, and relative to one decoder layer for per-layer modules.
@@ -8,15 +13,21 @@ Site semantics per family (what the adapter reads and writes)
 ``hook_resid_pre``  the layer's input hidden states.
 ``hook_resid_post`` the layer's output hidden states (= ``hook_resid_pre`` of the next layer).
 ``hook_attn_out``   the attention sublayer's *residual contribution*. On pre-norm families this
-                    is the attention module output; on sandwich-norm families (Gemma-2/3) it is
-                    the output of ``post_attention_layernorm``, not the raw attention output.
-``hook_mlp_out``    likewise for the MLP (Gemma-2/3: ``post_feedforward_layernorm`` output).
-``hook_resid_mid``  the residual stream between the sublayers, read as the input of the norm
-                    that feeds the MLP; equal to ``resid_pre + attn_out``.  GPT-NeoX with
-                    ``use_parallel_residual`` has no such tensor: the MLP reads ``resid_pre``, and
-                    ``resid_mid`` is defined as ``resid_pre + attn_out`` so the identity holds.
-``attn.hook_z``     per-head attention outputs before the output projection, shape
-                    ``[..., n_heads, d_head]`` (the input of ``o_proj``/``c_proj``/``dense``).
+                    is the attention module output; on sandwich/post-sublayer-norm families
+                    (Gemma-2/3, OLMo-2) it is the output of the norm applied to it.
+``hook_mlp_out``    likewise for the MLP.
+``hook_resid_mid``  the residual stream between the sublayers, read as the input of the module
+                    that reads it (``mid_reader``); equal to ``resid_pre + attn_out``.  Parallel
+                    families (GPT-J, Phi, Cohere, GPT-NeoX with ``use_parallel_residual``) have
+                    no such tensor: the MLP reads ``resid_pre``, and ``resid_mid`` is defined as
+                    ``resid_pre + attn_out`` so the identity holds.
+``attn.hook_z``     per-head attention outputs before the output projection (``z_reader``'s
+                    input), shape ``[..., n_heads, d_head]``.
+``attn.hook_q/k/v`` projection outputs (``q_proj``/``k_proj``/``v_proj``, or the fused
+                    ``qkv_proj`` split by ``qkv_layout``), before any QK-norm and rotary.
+``ln1``/``ln2``     the norms read by attention and MLP (``ln1``/``ln2`` paths).
+``mlp.hook_*``      ``mlp_pre``'s output, ``mlp_pre_linear``'s output (gated MLPs; or the two
+                    halves of a fused ``mlp_gate_up``), and ``mlp_post_reader``'s input.
 
 Post-LN encoders (BERT) apply LayerNorm *after* each residual addition, so no sublayer output
 is additive.  There ``hook_resid_mid`` is the attention block's (normalised) output and
@@ -33,9 +44,12 @@ from dataclasses import dataclass
 class Family:
     """Module paths of one architecture family.
 
-    ``mid_reader`` is the per-layer module whose input is ``resid_mid`` (None when it has none);
-    ``mid_writer`` is set only for post-LN families, whose ``resid_mid`` is a module output.
-    ``attn_write``/``mlp_write`` are None when the contribution is a difference (post-LN).
+    ``mid_reader`` is the per-layer module whose input is ``resid_mid`` (None for parallel
+    families and post-LN ones); ``mid_writer`` is set only for post-LN families, whose
+    ``resid_mid`` is a module output.  ``attn_write``/``mlp_write`` are None when the
+    contribution is a difference (post-LN).  ``attn`` is the module that runs attention (the
+    one handed to the attention function; default ``attn_write``).  Optional paths left None
+    make the corresponding sites unavailable.
     """
 
     name: str
@@ -50,13 +64,84 @@ class Family:
     mid_writer: str | None = None
     pos_embed: str | None = None
     parallel_attr: str | None = None  # config flag that makes attention and MLP parallel
+    parallel: bool = False  # attention and MLP always read resid_pre
     causal: bool = True
+    attn: str | None = None
+    ln1: str | None = None
+    ln2: str | None = None
+    q_proj: str | None = None
+    k_proj: str | None = None
+    v_proj: str | None = None
+    qkv_proj: str | None = None
+    qkv_layout: str = "concat"  # "concat": [q | k | v]; "per_head": [head, (q, k, v), d_head]
+    rotary: bool = False
+    mlp_pre: str | None = None
+    mlp_pre_linear: str | None = None
+    mlp_gate_up: str | None = None  # one Linear whose output is [gate | up] (Phi-3)
+    mlp_post_reader: str | None = None
+    copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
+    residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
 
     @property
     def post_ln(self) -> bool:
         return self.mid_writer is not None
 
+    @property
+    def attn_module(self) -> str:
+        return self.attn or self.attn_write or ""
 
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Register ``family`` for each of its ``model_types``; returns it.
+
+    A model type that already has a family is an error unless ``replace`` is true.  See
+    ``docs/sites.md`` for a worked example.
+    """
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a Family, got {type(family).__name__}")
+    if not family.model_types:
+        raise ValueError(f"family {family.name!r} names no model_types")
+    taken = [t for t in family.model_types if t in _FAMILIES and _FAMILIES[t] != family]
+    if taken and not replace:
+        raise ValueError(
+            f"model types {taken} already have a family ({_FAMILIES[taken[0]].name!r}); pass "
+            f"replace=True to override it."
+        )
+    for t in family.model_types:
+        _FAMILIES[t] = family
+    return family
+
+
+def unregister_family(model_type: str) -> None:
+    """Forget the family registered for ``model_type`` (KeyError if none)."""
+    del _FAMILIES[model_type]
+
+
+def registered_families() -> tuple[Family, ...]:
+    """The registered families, each once, in registration order."""
+    return tuple(dict.fromkeys(_FAMILIES.values()))
+
+
+def family_for(model_type: str) -> Family:
+    """The family registered for a HF ``config.model_type``; ValueError listing supported ones."""
+    if model_type in _FAMILIES:
+        return _FAMILIES[model_type]
+    raise ValueError(
+        f"structlens has no site adapter for model_type {model_type!r}. Registered model types: "
+        f"{', '.join(sorted(_FAMILIES))}. Add one with structlens.models.register_family "
+        f"(docs/sites.md)."
+    )
+
+
+_GATED = dict(
+    mlp_pre="mlp.gate_proj", mlp_pre_linear="mlp.up_proj", mlp_post_reader="mlp.down_proj"
+)
+_SEPARATE_QKV = dict(
+    q_proj="self_attn.q_proj", k_proj="self_attn.k_proj", v_proj="self_attn.v_proj"
+)
 _LLAMA_LIKE = dict(
     layers="layers",
     embed="embed_tokens",
@@ -65,40 +150,170 @@ _LLAMA_LIKE = dict(
     mlp_write="mlp",
     mid_reader="post_attention_layernorm",
     z_reader="self_attn.o_proj",
+    ln1="input_layernorm",
+    ln2="post_attention_layernorm",
+    rotary=True,
+    **_SEPARATE_QKV,
 )
 
-FAMILIES: tuple[Family, ...] = (
+_PARALLEL_LLAMA = {**_LLAMA_LIKE, "mid_reader": None, "ln2": None, "parallel": True}
+
+for _family in (
     Family(
         name="llama",
-        model_types=(
-            "llama",
-            "mistral",
-            "qwen2",
-            "qwen3",
-            "gemma",
-            "olmo",
-            "phi3",
-            "granite",
-            "smollm3",
-            "mixtral",
-            "qwen2_moe",
-        ),
+        model_types=("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "smollm3"),
         **_LLAMA_LIKE,
+        **_GATED,
+    ),
+    # Granite adds residual_multiplier * (sublayer output) to the residual stream.
+    Family(
+        name="granite",
+        model_types=("granite",),
+        **_LLAMA_LIKE,
+        **_GATED,
+        residual_multiplier="residual_multiplier",
+    ),
+    # Mixture-of-experts MLPs have no single set of neurons: no mlp.hook_* sites.
+    Family(name="moe", model_types=("mixtral", "qwen2_moe", "qwen3_moe"), **_LLAMA_LIKE),
+    Family(
+        name="phi3",
+        model_types=("phi3",),
+        **{**_LLAMA_LIKE, "q_proj": None, "k_proj": None, "v_proj": None},
+        qkv_proj="self_attn.qkv_proj",
+        mlp_gate_up="mlp.gate_up_proj",
+        mlp_post_reader="mlp.down_proj",
+    ),
+    Family(
+        name="starcoder2",
+        model_types=("starcoder2",),
+        **_LLAMA_LIKE,
+        mlp_pre="mlp.c_fc",
+        mlp_post_reader="mlp.c_proj",
+    ),
+    Family(
+        name="stablelm",
+        model_types=("stablelm",),
+        **_LLAMA_LIKE,
+        **_GATED,
+        parallel_attr="use_parallel_residual",
+    ),
+    # OLMo-2 normalises each sublayer's output instead of its input: no ln1/ln2 sites.
+    Family(
+        name="olmo2",
+        model_types=("olmo2",),
+        **{
+            **_LLAMA_LIKE,
+            "ln1": None,
+            "ln2": None,
+            "attn_write": "post_attention_layernorm",
+            "mlp_write": "post_feedforward_layernorm",
+            "mid_reader": "mlp",
+        },
+        attn="self_attn",
+        **_GATED,
+    ),
+    Family(name="cohere", model_types=("cohere",), **_PARALLEL_LLAMA, **_GATED),
+    Family(
+        name="phi",
+        model_types=("phi",),
+        **{**_PARALLEL_LLAMA, "final_norm": "final_layernorm", "z_reader": "self_attn.dense"},
+        mlp_pre="mlp.fc1",
+        mlp_post_reader="mlp.fc2",
+    ),
+    Family(
+        name="gptj",
+        model_types=("gptj",),
+        layers="h",
+        embed="wte",
+        final_norm="ln_f",
+        attn_write="attn",
+        mlp_write="mlp",
+        mid_reader=None,
+        parallel=True,
+        z_reader="attn.out_proj",
+        ln1="ln_1",
+        q_proj="attn.q_proj",
+        k_proj="attn.k_proj",
+        v_proj="attn.v_proj",
+        rotary=True,
+        mlp_pre="mlp.fc_in",
+        mlp_post_reader="mlp.fc_out",
+    ),
+    # Falcon's parallel layers add attention into the MLP output in place; reads copy it.  The
+    # q/k/v split assumes the multi-query layout (falcon-7b, the config default).
+    Family(
+        name="falcon",
+        model_types=("falcon",),
+        layers="h",
+        embed="word_embeddings",
+        final_norm="ln_f",
+        attn_write="self_attention",
+        mlp_write="mlp",
+        mid_reader="post_attention_layernorm",
+        parallel_attr="parallel_attn",
+        z_reader="self_attention.dense",
+        ln1="input_layernorm",
+        ln2="post_attention_layernorm",
+        qkv_proj="self_attention.query_key_value",
+        rotary=True,
+        mlp_pre="mlp.dense_h_to_4h",
+        mlp_post_reader="mlp.dense_4h_to_h",
+        copy_mlp_out=True,
+    ),
+    # BLOOM's attention and MLP modules add the residual themselves: their outputs are
+    # resid_mid and resid_post, so attn_out and mlp_out are differences (as for post-LN).
+    Family(
+        name="bloom",
+        model_types=("bloom",),
+        layers="h",
+        embed="word_embeddings_layernorm",  # TL's hook_embed is after the embedding LayerNorm
+        final_norm="ln_f",
+        attn_write=None,
+        mlp_write=None,
+        mid_reader=None,
+        mid_writer="self_attention",
+        z_reader="self_attention.dense",
+        attn="self_attention",
+        ln1="input_layernorm",
+        ln2="post_attention_layernorm",
+        qkv_proj="self_attention.query_key_value",
+        qkv_layout="per_head",
+        mlp_pre="mlp.dense_h_to_4h",
+        mlp_post_reader="mlp.dense_4h_to_h",
+    ),
+    Family(
+        name="opt",
+        model_types=("opt",),
+        layers="decoder.layers",
+        embed="decoder.embed_tokens",
+        pos_embed="decoder.embed_positions",
+        final_norm="decoder.final_layer_norm",
+        attn_write="self_attn",
+        mlp_write="fc2",
+        mid_reader="final_layer_norm",
+        z_reader="self_attn.out_proj",
+        ln1="self_attn_layer_norm",
+        ln2="final_layer_norm",
+        **_SEPARATE_QKV,
+        mlp_pre="fc1",
+        mlp_post_reader="fc2",
     ),
     Family(
         name="gemma2",
         model_types=("gemma2", "gemma3", "gemma3_text"),
-        layers="layers",
-        embed="embed_tokens",
-        final_norm="norm",
-        attn_write="post_attention_layernorm",
-        mlp_write="post_feedforward_layernorm",
-        mid_reader="pre_feedforward_layernorm",
-        z_reader="self_attn.o_proj",
+        **{
+            **_LLAMA_LIKE,
+            "attn_write": "post_attention_layernorm",
+            "mlp_write": "post_feedforward_layernorm",
+            "mid_reader": "pre_feedforward_layernorm",
+            "ln2": "pre_feedforward_layernorm",
+        },
+        attn="self_attn",
+        **_GATED,
     ),
     Family(
         name="gpt2",
-        model_types=("gpt2",),
+        model_types=("gpt2", "gpt_bigcode"),
         layers="h",
         embed="wte",
         pos_embed="wpe",
@@ -107,6 +322,11 @@ FAMILIES: tuple[Family, ...] = (
         mlp_write="mlp",
         mid_reader="ln_2",
         z_reader="attn.c_proj",
+        ln1="ln_1",
+        ln2="ln_2",
+        qkv_proj="attn.c_attn",
+        mlp_pre="mlp.c_fc",
+        mlp_post_reader="mlp.c_proj",
     ),
     Family(
         name="gpt_neox",
@@ -119,6 +339,13 @@ FAMILIES: tuple[Family, ...] = (
         mid_reader="post_attention_layernorm",
         z_reader="attention.dense",
         parallel_attr="use_parallel_residual",
+        ln1="input_layernorm",
+        ln2="post_attention_layernorm",
+        qkv_proj="attention.query_key_value",
+        qkv_layout="per_head",
+        rotary=True,
+        mlp_pre="mlp.dense_h_to_4h",
+        mlp_post_reader="mlp.dense_4h_to_h",
     ),
     Family(
         name="bert",
@@ -132,17 +359,14 @@ FAMILIES: tuple[Family, ...] = (
         mid_writer="attention.output",
         z_reader="attention.output.dense",
         causal=False,
+        attn="attention.self",
+        ln1="attention.output.LayerNorm",
+        ln2="output.LayerNorm",
+        q_proj="attention.self.query",
+        k_proj="attention.self.key",
+        v_proj="attention.self.value",
+        mlp_pre="intermediate.dense",
+        mlp_post_reader="output.dense",
     ),
-)
-
-
-def family_for(model_type: str) -> Family:
-    """The family adapter for a HF ``config.model_type``; ValueError listing supported ones."""
-    for fam in FAMILIES:
-        if model_type in fam.model_types:
-            return fam
-    supported = sorted(t for f in FAMILIES for t in f.model_types)
-    raise ValueError(
-        f"structlens has no site adapter for model_type {model_type!r}. Supported model types: "
-        f"{', '.join(supported)}. Add a Family to structlens/models/families.py to support it."
-    )
+):
+    register_family(_family)

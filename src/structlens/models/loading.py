@@ -16,9 +16,15 @@ from typing import Any
 
 import torch
 
-from structlens.models.families import Family, family_for
+from structlens.models.adapters import (
+    available_kinds,
+    family_of,
+    out_features,
+    verify_family,
+)
+from structlens.models.families import Family
 from structlens.models.tiny import TINY_NAMES, build_tiny
-from structlens.sites import Site, all_site_names, parse_site
+from structlens.sites import Site, SiteError, all_site_names, parse_site
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -81,7 +87,12 @@ class Model:
     tokenizer
         Its tokenizer (right padding).
     family : Family
-        The adapter mapping site names onto ``hf``.
+        The adapter mapping site names onto ``hf`` (registered, or discovered from the module
+        structure); checked at construction by the residual identities on one forward pass.
+    layer_kinds, missing_kinds
+        The per-layer site kinds this model has, and why it lacks the others.
+    n_kv_heads, d_mlp
+        Key/value heads (``hook_k``/``hook_v``) and MLP width (None for mixture-of-experts).
     name : str
         The name or path it was loaded from.
     """
@@ -97,7 +108,7 @@ class Model:
         self.name = name
         self.source = source
         self.config = hf.config
-        self.family: Family = family_for(hf.config.model_type)
+        self.family: Family = family_of(hf)
         self.base = hf.base_model
         self.layers = self._module(self.base, self.family.layers)
         self.n_layers = len(self.layers)
@@ -105,9 +116,16 @@ class Model:
         self.n_heads = int(hf.config.num_attention_heads)
         self.d_head = int(getattr(hf.config, "head_dim", None) or self.d_model // self.n_heads)
         self.causal = self.family.causal
-        self.parallel = bool(
+        self.parallel = self.family.parallel or bool(
             self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
         )
+        # the factor between a sublayer's output and its residual contribution (Granite)
+        multiplier = self.family.residual_multiplier
+        self.residual_scale = float(getattr(hf.config, multiplier)) if multiplier else 1.0
+        self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
+        self.n_kv_heads = self._n_kv_heads()
+        self.d_mlp = self._d_mlp()
+        verify_family(self)  # one short forward pass: the residual identities must hold
 
     def __repr__(self) -> str:
         return (
@@ -136,22 +154,74 @@ class Model:
     def base_module(self, path: str) -> torch.nn.Module:
         return self.base.get_submodule(path)
 
+    def _n_kv_heads(self) -> int:
+        fam, layer = self.family, self.layers[0]
+        if "k" not in self.layer_kinds:
+            return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+        if fam.qkv_proj is None:
+            return out_features(layer.get_submodule(fam.k_proj)) // self.d_head
+        if fam.qkv_layout == "per_head":
+            return self.n_heads
+        width = out_features(layer.get_submodule(fam.qkv_proj))
+        return (width - self.n_heads * self.d_head) // (2 * self.d_head)
+
+    def _d_mlp(self) -> int | None:
+        fam, layer = self.family, self.layers[0]
+        if "mlp_pre" not in self.layer_kinds:
+            return None
+        if fam.mlp_gate_up is not None:
+            return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
+        return out_features(layer.get_submodule(fam.mlp_pre))
+
     def site(self, name: str | Site) -> Site:
         """Parse ``name`` for this model (see :func:`structlens.sites.parse_site`)."""
         return parse_site(
-            name, self.n_layers, causal=self.causal, pos_embed=self.family.pos_embed is not None
+            name,
+            self.n_layers,
+            causal=self.causal,
+            pos_embed=self.family.pos_embed is not None,
+            kinds=self.layer_kinds,
+            missing=self.missing_kinds,
         )
 
     def site_names(self) -> list[str]:
+        """Every site of this model in forward order (``unembed.hook_out`` after ``logits``,
+        its alias)."""
         return all_site_names(
-            self.n_layers, causal=self.causal, pos_embed=self.family.pos_embed is not None
+            self.n_layers,
+            causal=self.causal,
+            pos_embed=self.family.pos_embed is not None,
+            kinds=self.layer_kinds,
         )
 
-    def site_shape(self, site: str | Site) -> tuple[int, ...]:
-        """Trailing shape of one token's activation at ``site``."""
+    def site_dims(self, site: str | Site) -> tuple[int | str, ...]:
+        """Full shape of ``site``'s activation, with ``"batch"``/``"pos"`` (and
+        ``"query_pos"``/``"key_pos"``) for the axes that depend on the input."""
         s = self.site(site)
-        if s.kind == "z":
+        if s.head_first:
+            return ("batch", self.n_heads, "query_pos", "key_pos")
+        return ("batch", "pos", *self.site_shape(s))
+
+    def site_shape(self, site: str | Site) -> tuple[int, ...]:
+        """Trailing shape of one token's activation at ``site`` (after ``[batch, pos]``).
+
+        Raises SiteError for ``hook_attn_scores``/``hook_pattern``, which are laid out
+        ``[batch, head, query_pos, key_pos]`` (see :meth:`site_dims`).
+        """
+        s = self.site(site)
+        if s.head_first:
+            raise SiteError(
+                f"{s.name} is laid out [batch, head, query_pos, key_pos] and has no per-token "
+                f"shape; read it with structlens.interventions.hooked."
+            )
+        if s.kind in ("z", "q", "rot_q"):
             return (self.n_heads, self.d_head)
+        if s.kind in ("k", "v", "rot_k"):
+            return (self.n_kv_heads, self.d_head)
+        if s.kind in ("mlp_pre", "mlp_pre_linear", "mlp_post"):
+            return (int(self.d_mlp or 0),)
+        if s.kind.endswith("scale"):
+            return (1,)
         if s.kind == "logits":
             return (int(self.hf.config.vocab_size),)
         return (self.d_model,)

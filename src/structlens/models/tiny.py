@@ -3,8 +3,9 @@
 They have random weights (seeded), a byte-level tokenizer with a 257-token vocabulary (the 256
 bytes plus ``<|endoftext|>``), 2–3 layers and a width of 64, so a forward pass takes
 milliseconds.  Their names are the built-in aliases ``tiny-llama``, ``tiny-qwen2``,
-``tiny-mistral``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-neox-seq``, ``tiny-gemma2`` and
-``tiny-bert``.
+``tiny-mistral``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-neox-seq``, ``tiny-gemma2``,
+``tiny-bert``, and one per further family (``tiny-phi``, ``tiny-opt``, ``tiny-falcon``, ...;
+:data:`TINY_NAMES` lists them).
 """
 
 from __future__ import annotations
@@ -81,6 +82,104 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
             "BertConfig",
             dict(common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
         ),
+        "tiny-granite": (
+            "GraniteConfig",
+            dict(
+                common,
+                num_key_value_heads=2,
+                residual_multiplier=0.5,
+                embedding_multiplier=2.0,
+                logits_scaling=4.0,
+            ),
+        ),
+        "tiny-qwen3": ("Qwen3Config", dict(common, num_key_value_heads=2, head_dim=16)),
+        "tiny-phi3": ("Phi3Config", dict(common, num_key_value_heads=2, pad_token_id=None)),
+        "tiny-olmo2": ("Olmo2Config", dict(common, num_key_value_heads=2)),
+        "tiny-qwen3-moe": (
+            "Qwen3MoeConfig",
+            dict(
+                common,
+                num_key_value_heads=2,
+                head_dim=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+            ),
+        ),
+        "tiny-starcoder2": (
+            "Starcoder2Config",
+            dict(common, num_key_value_heads=2, residual_dropout=0.0, embedding_dropout=0.0),
+        ),
+        "tiny-stablelm": ("StableLmConfig", dict(common, num_key_value_heads=2, qk_layernorm=True)),
+        "tiny-cohere": ("CohereConfig", dict(common, num_key_value_heads=2, use_qk_norm=True)),
+        "tiny-phi": (
+            "PhiConfig",
+            dict(common, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+        ),
+        "tiny-gptj": (
+            "GPTJConfig",
+            dict(
+                vocab_size=VOCAB,
+                n_embd=64,
+                n_layer=3,
+                n_head=4,
+                n_positions=256,
+                rotary_dim=8,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            ),
+        ),
+        "tiny-opt": (
+            "OPTConfig",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                word_embed_proj_dim=64,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                ffn_dim=128,
+                max_position_embeddings=256,
+                dropout=0.0,
+                attention_dropout=0.0,
+            ),
+        ),
+        "tiny-bigcode": (
+            "GPTBigCodeConfig",
+            dict(
+                vocab_size=VOCAB,
+                n_embd=64,
+                n_layer=3,
+                n_head=4,
+                n_positions=256,
+                multi_query=True,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            ),
+        ),
+        "tiny-falcon": (
+            "FalconConfig",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+            ),
+        ),
+        "tiny-bloom": (
+            "BloomConfig",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                n_layer=3,
+                n_head=4,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+            ),
+        ),
     }
 
 
@@ -98,7 +197,7 @@ def build_tiny(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     special = dict(pad_token_id=VOCAB - 1)
     if cls_name != "BertConfig":
         special.update(bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
-    config = getattr(transformers, cls_name)(**{**kwargs, **special})
+    config = getattr(transformers, cls_name)(**{**special, **kwargs})
     auto = transformers.AutoModel if cls_name == "BertConfig" else transformers.AutoModelForCausalLM
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -1,0 +1,233 @@
+"""Every site of every family: its shape, the identities TransformerLens's sites satisfy, and
+agreement with TransformerLens itself on the same tiny model."""
+
+import pytest
+import torch
+from _families import (
+    EXPECTED_MISSING,
+    FAMILY_MODELS,
+    QK_NORM,
+    assert_sites_equal_transformer_lens,
+    family_model,
+    saved_dir,
+)
+
+from _models import TEXTS, affine_fit_error
+from structlens.interventions import hooked
+
+
+@pytest.fixture(scope="module", params=FAMILY_MODELS)
+def fam(request):
+    return request.param, family_model(request.param)
+
+
+def _run(model, texts=TEXTS):
+    ids, mask = model.tokenize(texts)
+    with hooked(model, model.site_names()) as c:
+        out = model.forward(ids, mask)
+    return ids, mask, c, out
+
+
+def _close(a, b, tol=1e-4):
+    scale = b.abs().max().clamp_min(1e-6)
+    return float((a - b).abs().max() / scale) < tol
+
+
+def test_sites_offered_per_family(fam):
+    name, model = fam
+    assert sorted(model.missing_kinds) == EXPECTED_MISSING[name]
+    names = model.site_names()
+    for kind, site in (("pattern", "attn.hook_pattern"), ("q", "attn.hook_q")):
+        assert (f"blocks.0.{site}" in names) == (kind not in EXPECTED_MISSING[name])
+    assert ("blocks.0.mlp.hook_post" in names) == ("mlp_post" not in EXPECTED_MISSING[name])
+    ids, mask, c, _ = _run(model)
+    b, p = ids.shape
+    for site in names:
+        if model.site(site).head_first:
+            assert c[site].shape == (b, model.n_heads, p, p), site
+        else:
+            assert c[site].shape == (b, p, *model.site_shape(site)), site
+
+
+def test_residual_identities(fam):
+    name, model = fam
+    ids, mask = model.tokenize(TEXTS)
+    with hooked(model, model.site_names()) as c:
+        out = model.hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    for layer in range(model.n_layers):
+        g = lambda k, layer=layer: c[f"blocks.{layer}.hook_{k}"]  # noqa: E731
+        assert _close(g("resid_pre") + g("attn_out"), g("resid_mid"), 1e-5), layer
+        assert _close(g("resid_mid") + g("mlp_out"), g("resid_post"), 1e-5), layer
+        assert _close(out.hidden_states[layer], g("resid_pre"), 1e-6), layer
+
+
+def test_attention_identities(fam):
+    name, model = fam
+    if "pattern" not in model.layer_kinds:
+        pytest.skip(f"{name}: attention does not use HF's attention-function interface")
+    _check_attention(model, qk_norm=name in QK_NORM)
+
+
+@pytest.mark.slow
+def test_attention_identities_on_smollm2(smollm2):
+    # SmolLM2 runs SDPA; the attention sites switch it to the eager path for the pass.
+    _check_attention(smollm2, qk_norm=False, texts=["When Mary and John went to the store,"])
+
+
+def _check_attention(model, qk_norm, texts=TEXTS):
+    ids, mask, c, _ = _run(model, texts)
+    fam_ = model.family
+    causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    allowed = mask.bool()[:, None, None, :] & (causal if model.causal else True)
+    groups = model.n_heads // model.n_kv_heads
+    for layer in range(model.n_layers):
+        site = lambda k, layer=layer: c[f"blocks.{layer}.attn.hook_{k}"]  # noqa: E731
+        pattern, scores = site("pattern"), site("attn_scores")
+        # rows sum to one; masked scores are -inf exactly where the mask blocks
+        assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+        assert torch.equal(torch.isinf(scores), ~allowed.expand_as(scores))
+        assert _close(torch.softmax(scores, -1), pattern)
+        # scores = q k^T * scaling (soft-capped where the model soft-caps)
+        q, k = (site("rot_q"), site("rot_k")) if fam_.rotary else (site("q"), site("k"))
+        attn = model.layer_module(layer, fam_.attn_module)
+        raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, dim=2))
+        raw = raw * getattr(attn, "scaling", model.d_head**-0.5)
+        cap = getattr(model.config, "attn_logit_softcapping", None)
+        if cap:
+            raw = torch.tanh(raw / cap) * cap
+        fin = torch.isfinite(scores)
+        assert _close(raw[fin], scores[fin])
+        # rotary leaves position 0 unchanged
+        if fam_.rotary and not qk_norm:
+            assert _close(site("rot_q")[:, 0], site("q")[:, 0], 1e-5)
+            assert _close(site("rot_k")[:, 0], site("k")[:, 0], 1e-5)
+        # z = pattern . v (keys/values per KV head)
+        v = site("v").repeat_interleave(groups, dim=2)
+        assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, v), site("z"))
+
+
+def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
+    name, model = fam
+    if model.family.name == "bert":
+        pytest.skip("post-LN BERT: attn_out/mlp_out are defined as differences, LN included")
+    ids, mask, c, _ = _run(model)
+    fam_ = model.family
+    for layer in range(model.n_layers):
+        mod = lambda path, layer=layer: model.layer_module(layer, path)  # noqa: E731
+        z = c[f"blocks.{layer}.attn.hook_z"]
+        attn_out = mod(fam_.z_reader)(z.flatten(-2))  # sum_h z_h W_O^h + b_O
+        attn_out = attn_out * model.residual_scale  # Granite's residual multiplier
+        if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
+            attn_out = mod(fam_.attn_write)(attn_out)
+        assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
+        if "mlp_post" in model.layer_kinds:
+            mlp_out = mod(fam_.mlp_post_reader)(c[f"blocks.{layer}.mlp.hook_post"])
+            mlp_out = mlp_out * model.residual_scale
+            if fam_.mlp_write and not fam_.mlp_post_reader.startswith(fam_.mlp_write):
+                mlp_out = mod(fam_.mlp_write)(mlp_out)
+            assert _close(mlp_out, c[f"blocks.{layer}.hook_mlp_out"]), layer
+
+
+def _norm_checks(model, module, x, scale, normalized):
+    from structlens.models.adapters import norm_kind
+
+    xc = x - x.mean(-1, keepdim=True) if norm_kind(module) == "layer" else x
+    assert _close(normalized * scale, xc, 1e-5)
+    # before the gain: unit RMS per token (the gains are random, so after them it is not)
+    rms = normalized.pow(2).mean(-1)
+    assert torch.allclose(rms, torch.ones(()), atol=2e-2), float((rms - 1).abs().max())
+    # the norm's output is an affine function of hook_normalized, feature by feature
+    assert affine_fit_error(normalized, module(x)) < 1e-4
+
+
+def test_norm_sites(fam):
+    name, model = fam
+    if model.family.name == "bert":
+        pytest.skip("post-LN BERT: ln1/ln2 read sublayer sums, checked against TL's encoder")
+    ids, mask, c, _ = _run(model)
+    fam_ = model.family
+    for layer in range(model.n_layers):
+        g = lambda s, layer=layer: c[f"blocks.{layer}.{s}"]  # noqa: E731
+        if "ln1_scale" in model.layer_kinds:
+            _norm_checks(
+                model,
+                model.layer_module(layer, fam_.ln1),
+                g("hook_resid_pre"),
+                g("ln1.hook_scale"),
+                g("ln1.hook_normalized"),
+            )
+        if "ln2_scale" in model.layer_kinds:
+            x = g("hook_resid_pre") if model.parallel else g("hook_resid_mid")
+            _norm_checks(
+                model,
+                model.layer_module(layer, fam_.ln2),
+                x,
+                g("ln2.hook_scale"),
+                g("ln2.hook_normalized"),
+            )
+    if model.causal:
+        last = c[f"blocks.{model.n_layers - 1}.hook_resid_post"]
+        final = model.base_module(fam_.final_norm)
+        _norm_checks(model, final, last, c["ln_final.hook_scale"], c["ln_final.hook_normalized"])
+
+
+def test_reads_do_not_change_the_output_and_identity_writes_rebuild_it(fam):
+    name, model = fam
+    ids, mask = model.tokenize(TEXTS)
+    ref = model.forward(ids, mask)
+    names = model.site_names()
+    with hooked(model, names) as _:
+        read = model.forward(ids, mask)
+    writes = {s: (lambda a: a * 1.0) for s in names if s != "unembed.hook_out"}
+    with hooked(model, writes=writes):
+        written = model.forward(ids, mask)
+    assert _close(read, ref, 1e-5)
+    assert _close(written, ref, 1e-4)
+
+
+# TransformerLens ------------------------------------------------------------------------------
+
+#: Families TransformerLens 3.x's HookedTransformer cannot build from a local checkpoint.
+TL_UNSUPPORTED = {
+    "tiny-granite": "TransformerLens does not support GraniteForCausalLM",
+    "tiny-gemma2": "TransformerLens does not support Gemma2ForCausalLM",
+    "tiny-olmo2": "TransformerLens does not support Olmo2ForCausalLM",
+    "tiny-qwen3-moe": "TransformerLens does not support Qwen3MoeForCausalLM",
+    "tiny-starcoder2": "TransformerLens does not support Starcoder2ForCausalLM",
+    "tiny-stablelm": "TransformerLens supports only StableLM-alpha (GPT-NeoX) checkpoints",
+    "tiny-cohere": "TransformerLens does not support CohereForCausalLM",
+    "tiny-bigcode": "TransformerLens supports GPTBigCode only for santacoder (remote code)",
+    "tiny-falcon": "TransformerLens does not support FalconForCausalLM",
+    "tiny-bert": "BERT is a HookedEncoder in TransformerLens, not a HookedTransformer",
+    "tiny-phi": "TransformerLens reads PhiConfig.partial_rotary_factor, gone in transformers 5",
+}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", [n for n in FAMILY_MODELS if n not in TL_UNSUPPORTED])
+def test_every_site_equals_transformer_lens(name):
+    pytest.importorskip("transformer_lens", reason="transformer-lens is not installed")
+    model = family_model(name)
+    compared = assert_sites_equal_transformer_lens(model, saved_dir(name))
+    assert len(compared) >= 10 * model.n_layers
+
+
+def test_sites_command_on_a_saved_directory(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from structlens.cli.main import app
+
+    for name in FAMILY_MODELS:
+        r = CliRunner().invoke(app, ["sites", saved_dir(name), "--out", str(tmp_path), "-q"])
+        assert r.exit_code == 0, (name, r.output)
+        rows = json.loads((tmp_path / "sites.json").read_text())["sites"]
+        listed = {row["site"]: row["shape"] for row in rows}
+        model = family_model(name)
+        assert list(listed) == model.site_names()
+        if "pattern" not in EXPECTED_MISSING[name]:
+            assert listed["blocks.0.attn.hook_pattern"] == [model.n_heads, "query_pos", "key_pos"]
+        assert listed["blocks.0.attn.hook_q"] == [model.n_heads, model.d_head]
+        if "mlp_post" not in EXPECTED_MISSING[name]:
+            assert listed["blocks.0.mlp.hook_post"] == [model.d_mlp]
