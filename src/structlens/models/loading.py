@@ -6,9 +6,7 @@ that maps TransformerLens-style site names onto the module tree.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +14,8 @@ from typing import Any
 
 import torch
 
+from structlens.errors import UserError
+from structlens.models.digest import model_digest
 from structlens.models.families import Family, family_for
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, all_site_names, parse_site
@@ -32,18 +32,7 @@ ALIASES: dict[str, str] = {
 }
 
 
-# Config entries that say where or how a checkpoint was saved, not what it computes.
-_VOLATILE_CONFIG = {
-    "_name_or_path",
-    "transformers_version",
-    "_commit_hash",
-    "torch_dtype",
-    "dtype",
-    "use_cache",
-}
-
-
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(UserError, RuntimeError):
     """A model that cannot be loaded here (needs a download while offline, package missing)."""
 
 
@@ -156,18 +145,11 @@ class Model:
             return (int(self.hf.config.vocab_size),)
         return (self.d_model,)
 
-    @torch.no_grad()
     def fingerprint(self) -> str:
-        """A content hash of the configuration and weights (cheap: strided samples of each
-        parameter), so caches keyed on it change whenever the weights do."""
-        config = {k: v for k, v in self.config.to_dict().items() if k not in _VOLATILE_CONFIG}
-        h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-        for name, p in self.hf.named_parameters():
-            flat = p.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 64)][:64].to(torch.float64).cpu()
-            h.update(name.encode())
-            h.update(sample.numpy().tobytes())
-        return h.hexdigest()[:16]
+        """SHA-256 of the code-relevant config, the tokenizer and every weight byte as held in
+        memory (see :mod:`structlens.models.digest`): caches keyed on it change whenever any
+        weight, the dtype, the tokenizer or the config does."""
+        return model_digest(self.hf, self.tokenizer)
 
     def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ``(input_ids, attention_mask)`` on the model's device."""
