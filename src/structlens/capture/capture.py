@@ -249,6 +249,10 @@ def capture(
     sites = list(dict.fromkeys(sites))
     if not sites:
         raise ValueError("name at least one site to capture")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not shard_mb > 0:
+        raise ValueError(f"shard_mb must be > 0, got {shard_mb}")
     for s in sites:
         model.site(s)
     prompt_ids, toks = as_token_lists(prompts)
