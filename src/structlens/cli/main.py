@@ -57,9 +57,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return (UserError, ValueError, OSError, SafetensorError)
 
 
+def one_line_text(text: str) -> str:
+    return " ".join(text.split())
+
+
 def one_line(err: BaseException) -> str:
     """``err``'s message on one line (plain text: nothing in it is parsed as markup)."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    text = one_line_text(str(err)) or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None:
         text += " (check the path, its permissions and the free space)"
     return text
@@ -71,10 +75,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     debug = os.environ.get("STRUCTLENS_DEBUG", "").lower() in ("1", "true", "yes", "on")
     _state["debug"] = debug
     try:
-        app(args=args, prog_name="structlens")
-    except KeyboardInterrupt:
+        status = app(args=args, prog_name="structlens", standalone_mode=False)
+    except (KeyboardInterrupt, typer.Abort):
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
+    except typer.TyperException as err:  # click's errors: bad option or argument
+        if type(err).__name__ == "NoArgsIsHelpError":  # as typer itself tells it apart
+            err.show()
+            sys.exit(err.exit_code)
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        sys.stderr.write(f"error: {one_line_text(err.format_message())}{hint}\n")
+        sys.exit(getattr(err, "exit_code", 2))
     except user_errors() as err:
         if _state["debug"]:
             traceback.print_exc()
@@ -87,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "structlens maintainers with the traceback above and the command you ran\n"
         )
         sys.exit(1)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

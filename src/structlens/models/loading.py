@@ -60,6 +60,28 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return table[dtype]
 
 
+def check_device(device: str | torch.device) -> str:
+    """``device`` as a string, if torch knows it and this machine has it; else a clear error."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"unknown device {str(device)!r}; use cpu, cuda, cuda:N or mps"
+        ) from err
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ModelUnavailableError(
+                f"device {str(device)!r}: this torch build or machine has no CUDA GPU; "
+                f"use --device cpu"
+            )
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device {str(device)!r}: this machine has {n} CUDA GPU(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelUnavailableError(f"device {str(device)!r}: MPS is not available; use cpu")
+    return str(device)
+
+
 class Model:
     """A loaded transformer with a site adapter.
 
@@ -274,7 +296,7 @@ def load_model(
     """
     name = str(name_or_path)
     torch_dtype = resolve_dtype(dtype)
-    device = str(device)
+    device = check_device(device)
     if name in TINY_NAMES:
         hf, tok = build_tiny(name, seed=seed)
         hf = hf.to(device=device, dtype=torch_dtype)
