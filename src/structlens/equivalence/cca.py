@@ -108,8 +108,8 @@ def svcca_from_moments(
     m: CrossMoments, keep: float | int = 0.99, keep_by: str = "variance"
 ) -> float:
     """SVCCA similarity from accumulated moments; see :func:`svcca`."""
-    rho, wx, wy, _ = _cca(m, keep, keep, keep_by)
-    kx, ky = wx.shape[1], wy.shape[1]
+    rho, _, _, lx = _cca(m, keep, keep, keep_by)
+    kx, ky = len(lx), len(_principal(m.cov_yy, keep, keep_by)[0])
     if kx + ky > m.n - 1:
         # n centred samples span n - 1 dimensions: two subspaces of kx and ky dimensions
         # then share kx + ky - (n - 1) directions, correlated 1 whatever the data.
