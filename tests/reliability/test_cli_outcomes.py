@@ -60,6 +60,9 @@ ERROR_CASES = [
      ["nope"]),
     ("capture-address-no-ray", ["capture", M, "--sites", "hook_embed", "--address", "x:1", Q],
      ["--address"]),
+    ("capture-ray-no-cluster", ["capture", M, "--sites", "hook_embed", "--max-prompts", 2,
+                                "--executor", "ray", "--address", "127.0.0.1:1", Q],
+     ["no Ray cluster", "127.0.0.1:1"]),
     # tasks
     ("tasks-unknown-task", ["tasks", "eval", "--model", M, "--task", "nope", Q], ["nope"]),
     ("tasks-n-0", ["tasks", "eval", "--model", M, "-n", 0, Q], []),
