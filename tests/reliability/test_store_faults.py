@@ -126,7 +126,7 @@ def test_edited_metadata_is_detected_and_recaptured(model, reference, tmp_path):
 @pytest.mark.parametrize(
     "name", ["../other/shard-00000.safetensors", "/etc/passwd", "..", "sub/shard.safetensors"]
 )
-def test_shard_names_must_stay_inside_the_store(model, tmp_path, name):
+def test_shard_names_must_stay_inside_the_store(model, reference, tmp_path, name):
     store = _capture(model, tmp_path)
     meta = dict(store.metadata)
     meta["shards"] = [dict(s) for s in meta["shards"]]
@@ -134,6 +134,7 @@ def test_shard_names_must_stay_inside_the_store(model, tmp_path, name):
     write_metadata(store.path, meta)  # a consistent digest: only the name check can refuse it
     with pytest.raises(StoreError, match="plain file name"):
         ActivationStore(store.path)
+    _same_as_reference(_capture(model, tmp_path), reference)
 
 
 def test_symlinked_shard_is_refused_and_replaced(model, reference, tmp_path):

@@ -73,7 +73,7 @@ def _check_shard_name(store: Path, name: Any) -> str:
     ):
         raise StoreError(
             f"{store}: metadata.json names shard file {name!r}, which is not a plain file "
-            f"name inside the store; the metadata was edited: delete the store and capture again"
+            f"name inside the store (the metadata was edited); {REPAIR_HINT}"
         )
     return name
 
@@ -101,14 +101,14 @@ class ActivationStore:
         self.path = Path(path)
         meta_file = self.path / "metadata.json"
         if meta_file.is_symlink():
-            raise StoreError(f"{meta_file} is a symlink (refused); capture the store again")
+            raise StoreError(f"{meta_file} is a symlink (refused); {REPAIR_HINT}")
         if not meta_file.is_file():
             raise StoreError(f"{self.path} is not an activation store (no metadata.json)")
         try:
             self.metadata: dict[str, Any] = json.loads(meta_file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise StoreError(
-                f"{meta_file} is not valid JSON ({err}); delete the store and capture again"
+                f"{meta_file} is not valid JSON ({err}); {REPAIR_HINT}"
             ) from err
         if not isinstance(self.metadata, dict) or (
             self.metadata.get("store_format") != STORE_FORMAT
