@@ -81,9 +81,10 @@ ERROR_CASES = [
     # sae
     ("sae-eval-missing", ["sae", "eval", M, "--sae", "{missing}", Q], ["does-not-exist"]),
     ("sae-eval-short-bias", ["sae", "eval", M, "--sae", "{sae_short_bias}", Q], ["b_dec"]),
-    ("sae-eval-bad-json", ["sae", "eval", M, "--sae", "{sae_bad_json}", Q], []),
-    ("sae-eval-pickle", ["sae", "eval", M, "--sae", "{sae_pickle}", Q], []),
-    ("sae-eval-object-npz", ["sae", "eval", M, "--sae", "{sae_object_npz}", Q], []),
+    ("sae-eval-bad-json", ["sae", "eval", M, "--sae", "{sae_bad_json}", Q], ["cfg.json"]),
+    ("sae-eval-pickle", ["sae", "eval", M, "--sae", "{sae_pickle}", Q], ["sae-pickle"]),
+    ("sae-eval-object-npz", ["sae", "eval", M, "--sae", "{sae_object_npz}", Q],
+     ["object.npz"]),
     ("sae-eval-nan", ["sae", "eval", M, "--sae", "{sae_nan}", Q], ["NaN"]),
     ("sae-train-width-0", ["sae", "train", M, "--width", 0, Q], ["d_sae"]),
     ("sae-train-k-0", ["sae", "train", M, "--width", 64, "--k", 0, Q], ["k"]),

@@ -189,8 +189,13 @@ def load_sae(
     path = Path(path)
     npz = path if path.suffix == ".npz" else path / "params.npz"
     if npz.is_file():
-        with np.load(npz, allow_pickle=False) as data:
-            tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                tensors = {
+                    k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data
+                }
+        except ValueError as err:  # object arrays would need unpickling: refused
+            raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
         dt = dtype or torch.float32
         cfg = {"apply_b_dec_to_input": False}
         sae = _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
@@ -200,7 +205,7 @@ def load_sae(
             f"{path} is not an SAE directory: expected {WEIGHTS_FILENAME} and {CFG_FILENAME} "
             "(SAELens format) or params.npz (Gemma Scope)."
         )
-    cfg = json.loads((path / CFG_FILENAME).read_text())
+    cfg = _read_cfg(path)
     arch = cfg.get("architecture")
     if arch is None:  # pre-6.0 SAELens
         fn = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
@@ -232,9 +237,20 @@ def _checked(
     return sae
 
 
+def _read_cfg(path: Path) -> dict[str, Any]:
+    file = path / CFG_FILENAME
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); re-save the SAE.") from err
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file} must hold a JSON object, not {type(cfg).__name__}.")
+    return cfg
+
+
 def sae_metadata(path: str | Path) -> dict[str, Any]:
     """``hook_name``, ``model_name`` and the rest of a SAELens ``cfg.json``'s metadata."""
-    cfg = json.loads((Path(path) / CFG_FILENAME).read_text())
+    cfg = _read_cfg(Path(path))
     meta = dict(cfg.get("metadata") or {})
     for old, new in (
         ("hook_point", "hook_name"),
