@@ -252,7 +252,7 @@ def stage_train(out: Path, s: dict, device: str) -> None:
     layers = sorted({s["sweep_layer"], *s["depth_layers"]})
     acts_path = out / "train_acts.pt"
     if acts_path.exists():
-        acts = torch.load(acts_path)
+        acts = torch.load(acts_path, weights_only=True)
     else:
         model = load_model(s["model"], device=device)
         train, _, _ = prompts_split(model, s)
@@ -326,7 +326,7 @@ def stage_analyze(out: Path, s: dict, device: str) -> None:
     saes = {n: load_sae(out / "saes" / n) for n in sorted(done)}
     grads_path = out / "eval_acts_grads.pt"
     if grads_path.exists():
-        pairs = torch.load(grads_path)
+        pairs = torch.load(grads_path, weights_only=True)
     else:
         t = time.time()
         pairs = {layer: [] for layer in layers}

@@ -23,12 +23,20 @@ SCHEMA_VERSION = 1
 T = TypeVar("T", bound="Result")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates 0600; give the file the mode open() would (shared storage, Ray)
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from structlens.capture import ActivationStore, capture
+from structlens.capture.store import write_metadata
 from structlens.execution import get_executor
 from structlens.models import load_model
 
@@ -90,7 +91,7 @@ def test_interrupted_driver_resumes_on_ray_without_rewriting(
         first.shard_path(i).unlink()
     meta = json.loads((first.path / "metadata.json").read_text())
     meta["complete"] = False
-    (first.path / "metadata.json").write_text(json.dumps(meta))
+    write_metadata(first.path, meta)
     kept = {i: first.shard_path(i).stat() for i in range(n) if i not in lost}
 
     store = capture(

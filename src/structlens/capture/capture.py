@@ -26,6 +26,7 @@ import structlens
 from structlens.capture.store import (
     STORE_FORMAT,
     ActivationStore,
+    StoreError,
     content_key,
     plan_shards,
     write_metadata,
@@ -191,7 +192,7 @@ class _ShardJob:
     batch_size: int
     plan: list[tuple[int, int, int]]
 
-    def __call__(self, index: int) -> int:
+    def __call__(self, index: int) -> dict[str, Any]:
         start, stop, _ = self.plan[index]
         model = self.model.get()
         parts = list(
@@ -206,8 +207,7 @@ class _ShardJob:
             )
         )
         tensors = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
-        return int(tensors["prompt_index"].numel())
+        return write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
 
 
 def capture(
@@ -249,6 +249,10 @@ def capture(
     sites = list(dict.fromkeys(sites))
     if not sites:
         raise ValueError("name at least one site to capture")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not shard_mb > 0:
+        raise ValueError(f"shard_mb must be > 0, got {shard_mb}")
     for s in sites:
         model.site(s)
     prompt_ids, toks = as_token_lists(prompts)
@@ -303,24 +307,53 @@ def capture(
         ],
         "complete": False,
     }
-    if (path / "metadata.json").exists():
-        store = ActivationStore(path)
-        if store.complete:
-            return store
-    else:
-        path.mkdir(parents=True, exist_ok=True)
-        write_metadata(path, metadata)
-    store = ActivationStore(path)
-    todo = store.missing_shards()
+    todo = _prepare_store(path, metadata)
+    if not todo:
+        return ActivationStore(path)
     job = _ShardJob(ModelRef.of(model), str(path), toks, sel, sites, dtype, batch_size, plan)
     # resident: a distributed executor keeps one loaded model per worker, not one per shard
-    for _ in get_executor(executor).map(
+    results = get_executor(executor).map(
         job, todo, desc=f"capture {len(sites)} sites", progress=progress, resident=True
-    ):
-        pass
-    missing = store.missing_shards()
-    if missing:
-        raise RuntimeError(f"capture into {path} left shards {missing} unwritten")
+    )
+    for index, digest in zip(todo, results):
+        # recorded as each shard lands, so a resume trusts exactly the shards with a digest
+        metadata["shards"][index].update(digest)
+        write_metadata(path, metadata)
     metadata["complete"] = True
     write_metadata(path, metadata)
-    return ActivationStore(path)
+    return ActivationStore(path, verify=False)
+
+
+def _prepare_store(path: Path, metadata: dict[str, Any]) -> list[int]:
+    """Create or check the store at ``path``; return the shards that must be (re)written.
+
+    Shard digests of an existing store are kept only where its metadata is intact and plans
+    the same shard; every shard is then verified in full, and bad, missing or unrecorded ones
+    are deleted and returned (a finished, sound store returns none: a cache hit).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        old: dict[str, Any] | None = ActivationStore(path, verify=None).metadata
+    except StoreError:
+        old = None
+    plan_keys = ("file", "prompt_start", "prompt_stop", "n_tokens")
+    carried = 0
+    for new, prev in zip(metadata["shards"], old["shards"] if old else []):
+        if all(new[k] == prev.get(k) for k in plan_keys) and "sha256" in prev:
+            new.update(bytes=prev["bytes"], sha256=prev["sha256"])
+            carried += 1
+    if old and old["complete"] and carried == len(metadata["shards"]):
+        if not ActivationStore(path, verify=None).shard_problems(full=True):
+            return []  # a sound finished store: cache hit, nothing rewritten
+    metadata["complete"] = False
+    write_metadata(path, metadata)
+    store = ActivationStore(path, verify=None)
+    bad = sorted(store.shard_problems(full=True))
+    for i in bad:
+        store.shard_path(i).unlink(missing_ok=True)
+        for k in ("bytes", "sha256"):
+            metadata["shards"][i].pop(k, None)
+    if not bad:
+        metadata["complete"] = True
+    write_metadata(path, metadata)
+    return bad

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from structlens.capture.store import INDEX_KEYS, StoreError
+from structlens.capture.store import INDEX_KEYS, StoreError, read_shard
 from structlens.execution import Executor, map_reduce
 
 A = TypeVar("A")
@@ -25,14 +25,12 @@ class _ShardStatistic:
     """Loads one shard of a store (on the worker, from shared storage) and applies ``fn``."""
 
     path: str
-    files: list[str]
+    shards: list[dict[str, Any]]
     sites: list[str]
     fn: Callable[[dict[str, Any]], Any]
 
     def __call__(self, index: int) -> Any:
-        from safetensors.torch import load_file
-
-        data = load_file(str(Path(self.path) / self.files[index]))
+        data = read_shard(self.path, self.shards[index])
         return self.fn({k: data[k] for k in (*self.sites, *INDEX_KEYS)})
 
 
@@ -70,11 +68,11 @@ def store_statistic(
         raise StoreError(
             f"sites {unknown} were not captured in {store.path}; it holds {store.sites}"
         )
-    files = [s["file"] for s in store.metadata["shards"]]
-    job = _ShardStatistic(str(Path(store.path).resolve()), files, wanted, fn)
+    shards = list(store.metadata["shards"])
+    job = _ShardStatistic(str(Path(store.path).resolve()), shards, wanted, fn)
     return map_reduce(
         job,
-        list(range(len(files))),
+        list(range(len(shards))),
         merge=merge,
         executor=executor,
         desc="shard statistics",

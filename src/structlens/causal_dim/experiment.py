@@ -115,6 +115,11 @@ def shuffled_batches(
     acts: torch.Tensor, batch_size: int, epochs: int, seed: int = 0
 ) -> list[torch.Tensor]:
     """``epochs`` passes over the rows of ``acts`` in fresh random orders, in batches."""
+    if batch_size < 2 or epochs < 1:
+        raise ValueError(
+            f"batch size must be >= 2 (FVU needs a variance) and epochs >= 1; got "
+            f"{batch_size} and {epochs}."
+        )
     if acts.ndim != 2 or acts.shape[0] < batch_size:
         raise ValueError(f"need a [n ≥ {batch_size}, d] activation matrix, got {acts.shape}.")
     gen = torch.Generator().manual_seed(seed)

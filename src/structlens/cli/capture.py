@@ -54,9 +54,8 @@ def load_prompts(
     if data.startswith("task:"):
         from structlens.data.tasks import make_task
 
-        n = max_prompts or 100
         try:
-            task = make_task(data.removeprefix("task:"), model.tokenizer, n=n, seed=seed)
+            task = make_task(data.removeprefix("task:"), model.tokenizer, n=max_prompts, seed=seed)
         except ValueError as err:
             fail(str(err))
         prompts = list(zip(task.prompt_ids, task.clean))

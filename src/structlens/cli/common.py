@@ -60,9 +60,7 @@ def executor_or_fail(
     try:
         return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
     except ImportError as err:
-        from rich.markup import escape
-
-        fail(escape(str(err)))  # the message names the extra "structlens[ray]": not markup
+        fail(str(err))
 
 
 def write_results(out: Path, name: str, payload: dict[str, Any], *, command: str) -> Path:
@@ -81,8 +79,10 @@ def write_results(out: Path, name: str, payload: dict[str, Any], *, command: str
 
 
 def fail(message: str) -> None:
-    """Print a clear error and exit with status 2 (bad input)."""
-    console.print(f"[bold red]error:[/] {message}")
+    """Print a clear error and exit with status 2 (bad input); ``message`` is plain text."""
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -1,10 +1,23 @@
-"""The ``structlens`` command."""
+"""The ``structlens`` command, and its one top-level error handler.
+
+Errors a user can cause and fix (:class:`~structlens.errors.UserError`, and the standard
+errors that bad input raises: ``ValueError``, ``OSError``, JSON and safetensors decoding
+errors) end in one line ``error: ...`` and exit status 2; ``--debug`` or
+``STRUCTLENS_DEBUG=1`` shows their traceback.  Anything else is a bug in structlens: its
+traceback is shown with a request to report it, exit status 1.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
 
 import typer
 
 from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
+from structlens.errors import UserError
 
 app = typer.Typer(
     name="structlens",
@@ -24,5 +37,70 @@ app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
 
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback of errors (or set STRUCTLENS_DEBUG=1)."
+    ),
+) -> None:
+    if debug:
+        _state["debug"] = True
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean bad input or environment, not a bug in structlens."""
+    from safetensors import SafetensorError
+
+    return (UserError, ValueError, OSError, SafetensorError)
+
+
+def one_line_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def one_line(err: BaseException) -> str:
+    """``err``'s message on one line (plain text: nothing in it is parsed as markup)."""
+    text = one_line_text(str(err)) or type(err).__name__
+    if isinstance(err, OSError) and err.filename is not None:
+        text += " (check the path, its permissions and the free space)"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); exits with its status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("STRUCTLENS_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    _state["debug"] = debug
+    try:
+        status = app(args=args, prog_name="structlens", standalone_mode=False)
+    except (KeyboardInterrupt, typer.Abort):
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    except typer.TyperException as err:  # click's errors: bad option or argument
+        if type(err).__name__ == "NoArgsIsHelpError":  # as typer itself tells it apart
+            err.show()
+            sys.exit(err.exit_code)
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        sys.stderr.write(f"error: {one_line_text(err.format_message())}{hint}\n")
+        sys.exit(getattr(err, "exit_code", 2))
+    except user_errors() as err:
+        if _state["debug"]:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {one_line(err)}\n")
+        sys.exit(2)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.write(
+            "error: this is a bug in structlens, not in your input; please report it to the "
+            "structlens maintainers with the traceback above and the command you ran\n"
+        )
+        sys.exit(1)
+    sys.exit(status if isinstance(status, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

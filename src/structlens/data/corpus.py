@@ -122,7 +122,7 @@ def load_texts(source: str | Path | None = None, *, limit: int | None = None) ->
         if path.is_dir():
             docs = _load_dir(path)
         elif path.suffix == ".txt":
-            docs = _split_blank_lines(path.read_text(encoding="utf-8"), path.stem)
+            docs = _split_blank_lines(_read_utf8(path), path.stem)
         elif path.suffix == ".jsonl":
             docs = _load_jsonl(path)
         else:
@@ -182,10 +182,20 @@ def _group_paragraphs(paragraphs: list[str], min_chars: int) -> list[list[str]]:
     return groups
 
 
+def _read_utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. with "
+            f"`iconv -f latin1 -t utf-8`."
+        ) from e
+
+
 def _load_dir(path: Path) -> list[Document]:
     docs = []
     for file in sorted(path.rglob("*.txt")):
-        text = file.read_text(encoding="utf-8").strip()
+        text = _read_utf8(file).strip()
         if text:
             docs.append(Document(file.relative_to(path).as_posix(), text))
     return docs
@@ -193,21 +203,20 @@ def _load_dir(path: Path) -> list[Document]:
 
 def _load_jsonl(path: Path) -> list[Document]:
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e}).") from e
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(
-                    f"{path}, line {i + 1}: expected a JSON object with a string field 'text'."
-                )
-            text = row["text"].strip()
-            if text:
-                docs.append(Document(str(row.get("id", f"{path.stem}:{i}")), text))
+    for i, line in enumerate(_read_utf8(path).splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e}).") from e
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(
+                f"{path}, line {i + 1}: expected a JSON object with a string field 'text'."
+            )
+        text = row["text"].strip()
+        if text:
+            docs.append(Document(str(row.get("id", f"{path.stem}:{i}")), text))
     return docs
 
 

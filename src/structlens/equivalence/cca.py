@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from structlens.errors import DegenerateInputError
 from structlens.stats.moments import DEFAULT_CHUNK_ROWS, CrossMoments
 
 from ._checks import check_pair
@@ -107,7 +108,16 @@ def svcca_from_moments(
     m: CrossMoments, keep: float | int = 0.99, keep_by: str = "variance"
 ) -> float:
     """SVCCA similarity from accumulated moments; see :func:`svcca`."""
-    rho = _cca(m, keep, keep, keep_by)[0]
+    rho, _, _, lx = _cca(m, keep, keep, keep_by)
+    kx, ky = len(lx), len(_principal(m.cov_yy, keep, keep_by)[0])
+    if kx + ky > m.n - 1:
+        # n centred samples span n - 1 dimensions: two subspaces of kx and ky dimensions
+        # then share kx + ky - (n - 1) directions, correlated 1 whatever the data.
+        raise DegenerateInputError(
+            f"SVCCA on {m.n} samples with {kx} + {ky} kept directions is meaningless: "
+            f"{kx + ky - (m.n - 1)} canonical correlations are 1 by construction; give more "
+            f"than {kx + ky} samples (many more for an unbiased value) or a smaller keep"
+        )
     return float(rho.mean())
 
 
@@ -136,6 +146,11 @@ def svcca(
     -------
     float
         Mean of the ``min(k_x, k_y)`` canonical correlations: a similarity in ``[0, 1]``.
+
+    Raises
+    ------
+    DegenerateInputError
+        ``n <= k_x + k_y``, where some correlations are 1 for any data.
     """
     return svcca_from_moments(_moments(x, y, chunk_rows, precision), keep, keep_by)
 

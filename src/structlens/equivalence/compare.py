@@ -152,6 +152,8 @@ def corpus_sentences(
     """``n`` sentences of the bundled corpus (or ``source``), evenly spaced through it."""
     from structlens.data.corpus import load_texts
 
+    if n < 2:
+        raise ValueError(f"a probe needs at least 2 sentences (-n), got {n}.")
     sentences = []
     for doc in load_texts(source):
         for s in re.split(r"(?<=[.!?])\s+", " ".join(doc.text.split())):

@@ -22,6 +22,8 @@ Ray is imported lazily: without it, nothing here is loaded and everything runs l
 from __future__ import annotations
 
 import math
+import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -84,6 +86,10 @@ class RayExecutor:
     runtime_env
         Ray runtime environment for the workers (e.g. ``{"pip": ["structlens[ray]"]}`` on a
         cluster whose image lacks structlens); passed to ``ray.init``.
+    connect_timeout_s
+        How long to wait for the cluster at ``address`` to accept a connection before failing
+        with :class:`ConnectionError` (Ray itself retries for minutes, silently); default
+        ``$STRUCTLENS_RAY_CONNECT_TIMEOUT`` or 30.
 
     Notes
     -----
@@ -105,6 +111,7 @@ class RayExecutor:
         max_retries: int = 3,
         max_workers: int | None = None,
         runtime_env: dict[str, Any] | None = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
         if num_cpus is not None and num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
@@ -123,6 +130,11 @@ class RayExecutor:
         self.max_retries = int(max_retries)
         self.max_workers = max_workers
         self.runtime_env = runtime_env
+        if connect_timeout_s is None:
+            connect_timeout_s = float(os.environ.get("STRUCTLENS_RAY_CONNECT_TIMEOUT", 30))
+        if not connect_timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        self.connect_timeout_s = connect_timeout_s
         self._ray = import_ray()
 
     def __repr__(self) -> str:
@@ -140,10 +152,42 @@ class RayExecutor:
         if self.runtime_env is not None:
             kwargs["runtime_env"] = self.runtime_env
         if self.address is not None:
-            ray.init(address=self.address, **kwargs)
+            self._probe(self.address)
+            # Ray retries the GCS about once a second, this many times, before giving up.
+            wait = os.environ.get("RAY_gcs_server_port_wait_time_s")
+            os.environ["RAY_gcs_server_port_wait_time_s"] = str(max(1, int(self.connect_timeout_s)))
+            try:
+                ray.init(address=self.address, **kwargs)
+            except ConnectionError as err:
+                raise ConnectionError(self._unreachable(str(err))) from err
+            finally:
+                if wait is None:
+                    del os.environ["RAY_gcs_server_port_wait_time_s"]
+                else:
+                    os.environ["RAY_gcs_server_port_wait_time_s"] = wait
         else:
             ray.init(num_cpus=self.num_cpus, **kwargs)
         return ray
+
+    def _probe(self, address: str) -> None:
+        # A TCP connect answers at once (refused) or within the timeout (unreachable host);
+        # "auto" names no socket, so Ray's own lookup is left to report it.
+        hostport = address.removeprefix("ray://")
+        if address == "auto" or ":" not in hostport:
+            return
+        host, _, port = hostport.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=self.connect_timeout_s).close()
+        except (OSError, ValueError) as err:
+            raise ConnectionError(self._unreachable(str(err))) from err
+
+    def _unreachable(self, why: str) -> str:
+        return (
+            f"no Ray cluster answers at --address {self.address} within "
+            f"{self.connect_timeout_s:g} s ({why}); start one there with `ray start --head`, "
+            f"fix the address, or run without --executor ray "
+            f"(STRUCTLENS_RAY_CONNECT_TIMEOUT sets the wait)"
+        )
 
     def _gpus(self, resident: bool) -> float:
         if self.num_gpus_per_task is not None:

@@ -6,9 +6,7 @@ that maps TransformerLens-style site names onto the module tree.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
@@ -16,12 +14,14 @@ from typing import Any
 
 import torch
 
+from structlens.errors import UserError
 from structlens.models.adapters import (
     available_kinds,
     family_of,
     out_features,
     verify_family,
 )
+from structlens.models.digest import model_digest
 from structlens.models.families import Family
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, SiteError, all_site_names, parse_site
@@ -38,18 +38,7 @@ ALIASES: dict[str, str] = {
 }
 
 
-# Config entries that say where or how a checkpoint was saved, not what it computes.
-_VOLATILE_CONFIG = {
-    "_name_or_path",
-    "transformers_version",
-    "_commit_hash",
-    "torch_dtype",
-    "dtype",
-    "use_cache",
-}
-
-
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(UserError, RuntimeError):
     """A model that cannot be loaded here (needs a download while offline, package missing)."""
 
 
@@ -75,6 +64,28 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype not in table:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(table)}")
     return table[dtype]
+
+
+def check_device(device: str | torch.device) -> str:
+    """``device`` as a string, if torch knows it and this machine has it; else a clear error."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"unknown device {str(device)!r}; use cpu, cuda, cuda:N or mps"
+        ) from err
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ModelUnavailableError(
+                f"device {str(device)!r}: this torch build or machine has no CUDA GPU; "
+                f"use --device cpu"
+            )
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device {str(device)!r}: this machine has {n} CUDA GPU(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelUnavailableError(f"device {str(device)!r}: MPS is not available; use cpu")
+    return str(device)
 
 
 class Model:
@@ -226,18 +237,11 @@ class Model:
             return (int(self.hf.config.vocab_size),)
         return (self.d_model,)
 
-    @torch.no_grad()
     def fingerprint(self) -> str:
-        """A content hash of the configuration and weights (cheap: strided samples of each
-        parameter), so caches keyed on it change whenever the weights do."""
-        config = {k: v for k, v in self.config.to_dict().items() if k not in _VOLATILE_CONFIG}
-        h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-        for name, p in self.hf.named_parameters():
-            flat = p.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 64)][:64].to(torch.float64).cpu()
-            h.update(name.encode())
-            h.update(sample.numpy().tobytes())
-        return h.hexdigest()[:16]
+        """SHA-256 of the code-relevant config, the tokenizer and every weight byte as held in
+        memory (see :mod:`structlens.models.digest`): caches keyed on it change whenever any
+        weight, the dtype, the tokenizer or the config does."""
+        return model_digest(self.hf, self.tokenizer)
 
     def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ``(input_ids, attention_mask)`` on the model's device."""
@@ -362,7 +366,7 @@ def load_model(
     """
     name = str(name_or_path)
     torch_dtype = resolve_dtype(dtype)
-    device = str(device)
+    device = check_device(device)
     if name in TINY_NAMES:
         hf, tok = build_tiny(name, seed=seed)
         hf = hf.to(device=device, dtype=torch_dtype)

@@ -5,9 +5,13 @@ A directory holds ``sae_weights.safetensors`` with ``W_enc`` [d_in, d_sae], ``b_
 and ``cfg.json`` with SAELens ≥ 6 field names: ``architecture`` (``"standard"``, ``"topk"``,
 ``"jumprelu"``), ``d_in``, ``d_sae``, ``dtype``, ``device``, ``apply_b_dec_to_input``,
 ``normalize_activations``, ``reshape_activations``, ``k`` (TopK),
-``rescale_acts_by_decoder_norm`` (TopK) and ``metadata`` (``hook_name``, ``model_name``, …).
-Pre-6.0 configs (``hook_point``, ``activation_fn_str``) are read too.  BatchTopK SAEs are
-written as JumpReLU with a constant threshold, as SAELens does, which is the same function.
+``rescale_acts_by_decoder_norm`` (TopK) and ``metadata`` (``hook_name``, ``model_name``, …;
+structlens adds ``model_digest``, the full-content digest of the model, and
+``structlens_version``, and claims no ``sae_lens_version`` it was not written by).
+Loading checks every tensor's exact shape and, given the model and site it will be used with,
+the recorded provenance (:func:`structlens.provenance.check_provenance`).  Pre-6.0 configs
+(``hook_point``, ``activation_fn_str``) are read too.  BatchTopK SAEs are written as JumpReLU
+with a constant threshold, as SAELens does, which is the same function.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+import structlens
+from structlens.provenance import check_provenance
 from structlens.results import atomic_write_bytes, atomic_write_json
 from structlens.sae.models import (
     BatchTopKSAE,
@@ -30,8 +36,6 @@ from structlens.sae.models import (
 
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 CFG_FILENAME = "cfg.json"
-#: SAELens version whose format we write (checked against sae-lens 6.54.12).
-SAELENS_FORMAT_VERSION = "6.54.12"
 
 _DTYPES = {
     "float32": torch.float32,
@@ -47,9 +51,15 @@ def save_sae(
     *,
     hook_name: str | None = None,
     model_name: str | None = None,
+    model_digest: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``sae`` to directory ``path`` in SAELens format; returns ``path``."""
+    """Write ``sae`` to directory ``path`` in SAELens format; returns ``path``.
+
+    ``hook_name``, ``model_name`` and ``model_digest`` (see
+    :func:`structlens.provenance.provenance`) record what the SAE was trained on, so that
+    :func:`load_sae` can refuse to use it with another model or site.
+    """
     from safetensors.torch import save as save_tensors
 
     path = Path(path)
@@ -70,8 +80,9 @@ def save_sae(
         meta["hook_name"] = hook_name
     if model_name is not None:
         meta["model_name"] = model_name
-    meta.setdefault("sae_lens_version", SAELENS_FORMAT_VERSION)
-    meta.setdefault("sae_lens_training_version", SAELENS_FORMAT_VERSION)
+    if model_digest is not None:
+        meta["model_digest"] = model_digest
+    meta["structlens_version"] = structlens.__version__
     meta["structlens_architecture"] = type(sae).__name__
     cfg: dict[str, Any] = {
         "d_in": sae.d_in,
@@ -99,11 +110,22 @@ def _from_tensors(
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         if name not in tensors:
             raise ValueError(f"SAE weights lack {name!r}; found {sorted(tensors)}.")
+    if tensors["W_enc"].ndim != 2:
+        raise ValueError(f"W_enc has shape {tuple(tensors['W_enc'].shape)}; it must be 2-D.")
     d_in, d_sae = tensors["W_enc"].shape
-    if tensors["W_dec"].shape != (d_sae, d_in):
-        raise ValueError(
-            f"W_dec has shape {tuple(tensors['W_dec'].shape)}, expected {(d_sae, d_in)}."
-        )
+    expected = {"W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
+    if "threshold" in tensors:
+        expected["threshold"] = (d_sae,)
+    for name, want in expected.items():
+        # exact: a broadcastable [1] bias would load and silently compute something else
+        if tuple(tensors[name].shape) != want:
+            raise ValueError(
+                f"{name} has shape {tuple(tensors[name].shape)}, expected {want} for an SAE "
+                f"with W_enc of shape {(d_in, d_sae)}; the weights file is damaged or foreign."
+            )
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"SAE tensor {name!r} holds NaN or infinite values.")
     for key, want in (("d_in", d_in), ("d_sae", d_sae)):
         if key in cfg and int(cfg[key]) != want:
             raise ValueError(f"cfg.json says {key} = {cfg[key]} but the weights have {want}.")
@@ -146,28 +168,44 @@ def _from_tensors(
     return sae
 
 
-def load_sae(path: str | Path, *, dtype: torch.dtype | None = None) -> SparseAutoencoder:
+def load_sae(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    model: Any = None,
+    site: str | None = None,
+    allow_foreign: bool = False,
+) -> SparseAutoencoder:
     """Load an SAE from a SAELens directory or a Gemma Scope ``params.npz`` file/directory.
 
     Gemma Scope SAEs are JumpReLU with ``apply_b_dec_to_input = False``.  Files are read with
-    safetensors or ``np.load(allow_pickle=False)``; nothing is unpickled.
+    safetensors or ``np.load(allow_pickle=False)``; nothing is unpickled.  Given the ``model``
+    and ``site`` it will be used with, the provenance recorded in ``cfg.json`` must match
+    (:class:`~structlens.errors.ForeignResultError` otherwise, a warning with
+    ``allow_foreign``).
     """
     from safetensors.torch import load_file
 
     path = Path(path)
     npz = path if path.suffix == ".npz" else path / "params.npz"
     if npz.is_file():
-        with np.load(npz, allow_pickle=False) as data:
-            tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                tensors = {
+                    k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data
+                }
+        except ValueError as err:  # object arrays would need unpickling: refused
+            raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
         dt = dtype or torch.float32
         cfg = {"apply_b_dec_to_input": False}
-        return _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
+        sae = _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
+        return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
         raise ValueError(
             f"{path} is not an SAE directory: expected {WEIGHTS_FILENAME} and {CFG_FILENAME} "
             "(SAELens format) or params.npz (Gemma Scope)."
         )
-    cfg = json.loads((path / CFG_FILENAME).read_text())
+    cfg = _read_cfg(path)
     arch = cfg.get("architecture")
     if arch is None:  # pre-6.0 SAELens
         fn = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
@@ -184,12 +222,35 @@ def load_sae(path: str | Path, *, dtype: torch.dtype | None = None) -> SparseAut
     if "log_threshold" in tensors and "threshold" not in tensors:
         tensors["threshold"] = tensors.pop("log_threshold").exp()
     sae = _from_tensors(arch, tensors, cfg, dt)
+    return _checked(sae, sae_metadata(path), f"the SAE in {path}", model, site, allow_foreign)
+
+
+def _checked(
+    sae: SparseAutoencoder,
+    meta: dict[str, Any],
+    what: str,
+    model: Any,
+    site: str | None,
+    allow_foreign: bool,
+) -> SparseAutoencoder:
+    check_provenance(meta, what=what, model=model, site=site, allow_foreign=allow_foreign)
     return sae
+
+
+def _read_cfg(path: Path) -> dict[str, Any]:
+    file = path / CFG_FILENAME
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); re-save the SAE.") from err
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file} must hold a JSON object, not {type(cfg).__name__}.")
+    return cfg
 
 
 def sae_metadata(path: str | Path) -> dict[str, Any]:
     """``hook_name``, ``model_name`` and the rest of a SAELens ``cfg.json``'s metadata."""
-    cfg = json.loads((Path(path) / CFG_FILENAME).read_text())
+    cfg = _read_cfg(Path(path))
     meta = dict(cfg.get("metadata") or {})
     for old, new in (
         ("hook_point", "hook_name"),

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from structlens.errors import DegenerateInputError
 from structlens.registry import Registry
 from structlens.results import Result, atomic_write_json
 from structlens.sae.models import (
@@ -241,6 +242,12 @@ def _validate_batch(x: Any, d_in: int | None) -> torch.Tensor:
         )
     if d_in is not None and x.shape[1] != d_in:
         raise ValueError(f"batch has d_in = {x.shape[1]}, earlier batches had {d_in}.")
+    if x.shape[0] < 2:
+        # FVU divides by the batch's variance about its mean, which one row does not have
+        raise DegenerateInputError(
+            f"an activation batch has {x.shape[0]} row(s); the fraction of variance "
+            "unexplained needs at least 2 per batch: use batch_size >= 2."
+        )
     if not torch.isfinite(x).all():
         raise ValueError("activation batch contains NaN or inf.")
     return x
@@ -434,7 +441,9 @@ class SAETrainer:
             raise ValueError("no training step was taken; the batch iterator was empty.")
         n = sum(t[0] for t in self._tail)
         l0 = sum(t[0] * t[1] for t in self._tail) / n
-        fvu = sum(t[2] for t in self._tail) / max(sum(t[3] for t in self._tail), 1e-30)
+        sst = sum(t[3] for t in self._tail)
+        # constant activations have no variance to explain: FVU is undefined, not huge
+        fvu = sum(t[2] for t in self._tail) / sst if sst > 0 else float("nan")
         target = self.config.target_l0
         l0_before = l0
         if target is not None and self.config.calibrate_l0 and self._penalised:

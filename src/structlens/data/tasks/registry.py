@@ -62,6 +62,8 @@ def make_task(
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"Unknown task {name!r}; available: {', '.join(TASKS)}.{hint}")
     if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive number of prompts or None, got {n!r}.")
         kwargs["n"] = n
     try:
         return TASKS[name](tokenizer, seed=seed, prepend_bos=prepend_bos, **kwargs)
