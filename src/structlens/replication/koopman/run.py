@@ -46,7 +46,7 @@ GPU = CPU | {"profile": "gpu"}
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-llama",
-    "n_corpus": 24,
+    "n_corpus": 64,
     "prompt_tokens": 32,
     "n_task": 0,  # the byte-level test tokenizer has no single-token names (no IOI)
     "layers": [0, 1],
