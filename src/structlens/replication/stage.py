@@ -144,6 +144,10 @@ class StageCache:
         """Directory that holds (or will hold) ``stage``'s result."""
         return self.root / stage.name / stage.key[:20]
 
+    def has(self, stage: Stage) -> bool:
+        """Whether ``stage`` has been stored (without checking its files)."""
+        return (self.path(stage) / MANIFEST).exists()
+
     def _valid(self, stage: Stage, kind: type[R]) -> R | None:
         folder = self.path(stage)
         manifest = folder / MANIFEST

@@ -1,0 +1,420 @@
+"""Markdown and claims JSON of the NDM replication.
+
+:func:`write` renders ``ndm.md`` (verdicts, settings against the paper, training, the
+patching and Gini tables, knowledge conflict, the preimage browser, notes) and ``ndm.json``
+(:class:`~structlens.replication.claims.ClaimsDocument`, with the per-test whole-space share
+and screen issue 16 asks for) from one run's stage results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.markdown import count_verdict, finite_ci, value_ci, write_text
+from structlens.replication.ndm.run import METHOD
+
+# Issue 16's screen: a test is informative at a layer when its whole-space patching effect is
+# at least this share of the clean metric.
+SCREEN_SHARE = 0.3
+
+
+def _ci(entry: dict) -> str:
+    return value_ci(entry["value"], entry["ci"])
+
+
+def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
+    """The markdown of one run; each verdict is also appended to ``claims``."""
+    LAYERS = R["settings"]["layers"]
+    tdir = Path(R["train_dir"])
+    tr, ev, toy2, per_layer = R["train"], R["evaluate"], R["toy2"], R["per_layer"]
+    methods = ev["methods"]
+    cfg = tr["config"]
+    device_run = R["device_run"]
+    lines = [
+        "# NDM replication on SmolLM2-135M-Instruct",
+        "",
+        f"Produced by `{source}` (stages cached under "
+        "`results/replication/ndm/`). Paper: Huang & Hahn, "
+        "*Decomposing Representation Space into Interpretable Subspaces with Unsupervised "
+        "Learning* (ICLR 2026). Evaluation: 2 shared CPU cores (load average ≈ 10–14 from "
+        "other jobs). "
+        + (
+            f"Training: {tr.get('device', 'a GPU')}, see below."
+            if device_run
+            else "Training: the same CPU, no GPU."
+        ),
+        "",
+        "## Verdicts",
+        "",
+        "| claim (paper) | our measurement | verdict |",
+        "|---|---|---|",
+    ]
+    gm = ev["gini_mean"]
+    ndm_dim = gm["ndm"]["dimension"]
+    base_dims = {m: gm[m]["dimension"] for m in methods if m != "ndm"}
+    best_base = max(base_dims.values(), key=lambda e: e["value"])
+    diffs = ev.get("gini_mean_diff", {})
+    above = [m for m, d in diffs.items() if d["dimension"]["ci"][0] > 0]
+    if len(above) == len(diffs) and diffs:
+        verdict_gini = "reproduced" if ndm_dim["value"] >= 0.6 else "partly: NDM above every "
+        verdict_gini += "" if ndm_dim["value"] >= 0.6 else "baseline, far below 0.71"
+    elif above:
+        verdict_gini = (
+            f"partly: NDM significantly above {len(above)} of {len(diffs)} baselines "
+            f"({', '.join(sorted(above))}), not above "
+            + ", ".join(sorted(set(diffs) - set(above)))
+            + "; far below 0.71"
+        )
+    else:
+        verdict_gini = "not reproduced"
+    claims.append(
+        Claim(
+            "mean_gini_ndm_vs_baselines",
+            "mean dimension-normalised Gini over 5 tests: NDM 0.71 vs baselines 0.21–0.38",
+            ndm_dim["value"],
+            finite_ci(ndm_dim["ci"]),
+            "reproduced"
+            if verdict_gini == "reproduced"
+            else "partly"
+            if verdict_gini.startswith("partly")
+            else "not reproduced",
+            {"methods": methods, "n_prompts": ev["n_prompts"], "n_boot": ev["n_boot"]},
+            ci_reason=None if finite_ci(ndm_dim["ci"]) else "no finite bootstrap interval",
+            note=f"best baseline {_ci(best_base)}; NDM significantly above: {sorted(above)}",
+        )
+    )
+    toy = ev["toy"]
+    toy_ok = toy["right_number_of_subspaces"] and toy["overlap"] > 0.9
+    claims.append(
+        Claim(
+            "toy_recovery",
+            "toy: one subspace per mutually exclusive feature group",
+            toy["overlap"],
+            None,
+            "reproduced" if toy_ok else "partly" if toy2 and toy2["overlap"] > 0.9 else
+            "not reproduced",
+            {"partition": toy["partition"], "truth": toy["truth_dims"]},
+            ci_reason="one seeded toy run (min matched overlap)",
+        )
+    )  # fmt: skip
+    lines += [
+        f"| mean Gini (dimension-normalised) over 5 tests: NDM 0.71 vs baselines 0.21–0.38 "
+        f"(GPT-2 small) | NDM {_ci(ndm_dim)}; best baseline {_ci(best_base)} "
+        f"(95% bootstrap CIs over prompts) | {verdict_gini} |",
+        f"| toy: one subspace per mutually exclusive feature group | merging to the threshold: "
+        f"partition {toy['partition']} (truth {toy['truth_dims']}), min matched overlap "
+        f"{toy['overlap']:.3f}"
+        + (
+            f"; with `min_subspaces=2`: partition {toy2['partition']}, overlap "
+            f"{toy2['overlap']:.3f}"
+            if toy2
+            else ""
+        )
+        + " | "
+        + (
+            "reproduced"
+            if toy["right_number_of_subspaces"] and toy["overlap"] > 0.9
+            else "partly (groups recovered only with the stop guard)"
+            if toy2 and toy2["overlap"] > 0.9
+            else "not reproduced"
+        )
+        + " |",
+    ]
+    if ev.get("conflict"):
+        c = ev["conflict"]
+        parts, close = [], []
+        for name, v in c["corruptions"].items():
+            base = v["clean"]["context_rate"]
+            full_drop = base - v["full"]["context_rate"]
+            drops = [base - sub["context_rate"] for sub in v["subspaces"]]
+            best = int(max(range(len(drops)), key=lambda i: drops[i]))
+            parts.append(
+                f"`{name}`: whole space moves context-rate {base:.2f} → "
+                f"{v['full']['context_rate']:.2f}, best single subspace ({best}) → "
+                f"{v['subspaces'][best]['context_rate']:.2f}"
+            )
+            close.append(full_drop > 0 and drops[best] >= 0.8 * full_drop)
+        lines.append(
+            "| knowledge conflict: a single subspace nearly matches whole-space patching of "
+            "the context/parametric routing (Qwen2.5-1.5B) | "
+            + "; ".join(parts)
+            + f" (layer {c['layer']}, n = {c['n']}) | "
+            + ("reproduced" if all(close) else "partly" if any(close) else "not reproduced")
+            + " |"
+        )
+        claims.append(
+            Claim(
+                "knowledge_conflict_single_subspace",
+                "a single subspace nearly matches whole-space patching of the routing",
+                sum(close) / len(close),
+                None,
+                count_verdict(sum(close), len(close)),
+                {"layer": c["layer"], "n": c["n"], "corruptions": list(c["corruptions"])},
+                ci_reason="share of corruptions where the best subspace reaches 80% of the "
+                "whole-space drop; rates over one prompt set",
+            )
+        )
+    b0 = R["browse"][0] if R["browse"] else None
+    lines.append(
+        "| preimage browser over ≥ 100,000 activations (authors: ≈ 1M) | "
+        + (f"{b0['n_activations']:,} activations indexed" if b0 else "not run")
+        + " (training activations of the layer plus the rest of the bundled corpus) | "
+        + ("reproduced" if b0 and b0["n_activations"] >= 100_000 else "partly")
+        + " |"
+    )
+    lines += [
+        "",
+        "## Settings and distance from the paper",
+        "",
+        "| | paper (GPT-2 small) | here (SmolLM2-135M, d = 576, 30 layers) |",
+        "|---|---|---|",
+        "| layers (resid_post) | 4, 6, 8, 9 of 12 | "
+        + ", ".join(str(v) for v in LAYERS)
+        + " of 30: `round((l+1)·30/12) − 1`, halves up |",
+        "| training data | MiniPile, ≈ 400k-key bank per step | "
+        + (f"{tr['results'][str(LAYERS[0])]['n_activations']:,} of " if device_run else "")
+        + f"{tr['data']['n_tokens_captured']:,} captured "
+        f"activations (bundled Austen corpus: {tr['data']['corpus_prompts']} windows of 128 "
+        f"tokens; {tr['data']['task_prompts']} prompts each of IOI, greater-than, knowledge "
+        "conflict; first position skipped) |",
+        f"| bank / batch | 409,600 keys / 128 | {cfg['bank_size']} keys / {cfg['batch_size']}, "
+        f"refreshed every {cfg['refresh_interval']} steps |",
+        f"| initial subspaces | 32 dims (24) | {cfg['unit_size']} dims "
+        f"({576 // cfg['unit_size']}) |",
+        f"| steps, merges | 100k; merges every 8k from 20k | {cfg['max_steps']}; merges every "
+        f"{cfg['merge_interval']} from {cfg['merge_start']} (≤ max(1, S // 8) disjoint pairs "
+        "per round, S = current number of subspaces); stop when no pair exceeds the threshold |",
+        f"| optimiser | Adam 3e-4 | Adam {cfg['lr']:g} |",
+        f"| KSG | k = 1, 98,304 reference keys | k = {cfg['mi_k']}, {cfg['mi_samples']} rows, "
+        f"threshold {cfg['merge_threshold']} |",
+        f"| patching prompts | 1000 per test | {ev['n_prompts']} per test, "
+        f"{ev['n_boot']} bootstrap resamples |",
+        "",
+        (
+            "Trained with `structlens.replication.ndm.device_train` on "
+            f"{tr.get('device', 'a GPU')} from "
+            f"a seeded subset of {tr['results'][str(LAYERS[0])]['n_activations']:,} of the "
+            "captured activations per layer (float16 transfer), four layers in parallel "
+            "processes. " + tr.get("note", "") + ". Every layer stopped by the paper's rule "
+            "(a merge round found no pair above the threshold), after 6–10 % of the paper's "
+            "step budget; the bank is ~40× smaller than the paper's, because the bundled corpus "
+            "is small. The earlier 60-step CPU run (results/ndm/train, bank 8,192, units of "
+            "48, lr 3e-3) is kept for comparison below."
+            if device_run
+            else "Training is ~1,700× shorter than the paper's (60 vs 100,000 steps) and each "
+            "step searches a 50× smaller bank: one step costs ≈ 1 CPU-second here (dominated "
+            "by the 576×576 float64 matrix exponential and its gradient). This is a smoke-scale "
+            "replication, not a converged one: every merge round still found a pair above the "
+            "threshold, so training did not reach the paper's stopping point. "
+            "`--device cuda` trains to the stopping rule on a GPU."
+        ),
+        "",
+        "How far R moved from the identity start: the mean over columns of the largest "
+        "squared coordinate (1 for the identity or any permutation, ≈ 2 ln d / d ≈ 0.02 for a "
+        "random rotation).",
+        "",
+        "| layer | final partition | steps | merges (normalised MI of the merged pair) | "
+        "seconds | max coord² |",
+        "|---|---|---|---|---|---|",
+    ]
+    from structlens.cli.ndm import load_rotation
+
+    for layer in LAYERS:
+        r = tr["results"][str(layer)]
+        sec = (per_layer.get(layer, {}) if not device_run else {}).get("seconds", r["seconds"])
+        rot, _ = load_rotation(tdir / f"R-L{layer}.safetensors")
+        mis = ", ".join(f"{h['mi'][0]:.3f}" for h in r["merge_history"])
+        lines.append(
+            f"| {layer} | {r['partition']} | {r['steps']} | {len(r['merge_history'])} ({mis}) | "
+            f"{sec:.0f} | {float((rot**2).max(0).mean()):.2f} |"
+        )
+    lines += [
+        "",
+        "## Subspace patching (Gini of per-subspace effects)",
+        "",
+        "Effect of a patch = clean metric − patched metric, mean over prompts; every method "
+        "uses NDM's partition at that layer. Baselines: identity, Haar-random rotation, PCA "
+        "(covariance eigenvectors ascending, as in the reference code), SAE clustering (TopK "
+        "SAE trained on the same activations, decoder directions clustered into subspaces of "
+        "the partition's sizes by K-subspaces, orthonormalised).",
+        "",
+        "The last columns: the whole-space effect, and the sum and the largest of the NDM "
+        "subspaces' effects as fractions of it (1 and ≈ 1 would mean additive and "
+        "concentrated).",
+        "",
+        "| test | layer | positions | corruption | clean metric | whole-space effect | "
+        "Σ NDM / whole | max NDM / whole |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    null_tests = []
+    for t, e in ev["effects"].items():
+        norm = e["methods"]["ndm"]["normalized"]
+        pos = ", ".join("TENS, END" if p == "METRIC" else p for p in e["positions"])
+        lines.append(
+            f"| {t} | {e['layer']} | {pos} | {e['corruption']} | "
+            f"{e['clean_metric_mean']:+.3f} | {e['full_effect_mean']:+.3f} | "
+            f"{sum(norm):.2f} | {max(norm, key=abs):.2f} |"
+        )
+        if abs(e["full_effect_mean"]) < 0.05 * abs(e["clean_metric_mean"]):
+            null_tests.append(t)
+    for variant in ("dimension", "unnormalized", "variance"):
+        lines += [
+            "",
+            f"**Gini, {variant}** (value [95% CI])",
+            "",
+            "| test | " + " | ".join(methods) + " |",
+            "|---|" + "---|" * len(methods),
+        ]
+        for t in ev["gini"]:
+            lines.append(
+                f"| {t} | " + " | ".join(_ci(ev["gini"][t][m][variant]) for m in methods) + " |"
+            )
+        lines.append("| **mean** | " + " | ".join(_ci(gm[m][variant]) for m in methods) + " |")
+    if diffs:
+        lines += [
+            "",
+            "Paired bootstrap difference of the mean dimension-normalised Gini, NDM − baseline: "
+            + "; ".join(f"{m} {_ci(d['dimension'])}" for m, d in diffs.items())
+            + ".",
+        ]
+    sm = R.get("evaluate_cpu")
+    if device_run and sm:
+        lines += [
+            "",
+            f"For comparison, the 60-step CPU run (n = {sm['n_prompts']} per test, its own "
+            "partition): mean dimension-normalised Gini "
+            + "; ".join(f"{m} {_ci(v['dimension'])}" for m, v in sm["gini_mean"].items())
+            + ".",
+        ]
+    if ev.get("conflict"):
+        c = ev["conflict"]
+        lines += [
+            "",
+            "## Knowledge conflict routing",
+            "",
+            f"Layer {c['layer']} (the Qwen2.5-1.5B layer 11 of 28 at ≈ 0.4 depth), NDM "
+            "subspaces, the whole sequence patched from a corrupted prompt. `true_answer`: the "
+            "context states the true (parametric) answer; `other_answer`: the context states a "
+            "third answer. context-rate / param-rate = share of prompts whose top-1 token is "
+            "the clean prompt's context / parametric answer. (The paper's corruptions replace "
+            "the entity instead; our task provides answer-side corruptions.)",
+            "",
+            "| patched | " + " | ".join(f"{k} ctx / param" for k in c["corruptions"]) + " |",
+            "|---|" + "---|" * len(c["corruptions"]),
+        ]
+        first = next(iter(c["corruptions"].values()))
+
+        def cell(r: dict) -> str:
+            return f"{r['context_rate']:.2f} / {r['param_rate']:.2f}"
+
+        lines.append(
+            "| none (clean) | " + " | ".join(cell(v["clean"]) for v in c["corruptions"].values())
+            + " |"
+        )  # fmt: skip
+        lines.append(
+            "| whole space | " + " | ".join(cell(v["full"]) for v in c["corruptions"].values())
+            + " |"
+        )  # fmt: skip
+        part = ev["partition"][str(c["layer"])]
+        for s in range(len(first["subspaces"])):
+            lines.append(
+                f"| subspace {s} ({part[s]}d) | "
+                + " | ".join(cell(v["subspaces"][s]) for v in c["corruptions"].values())
+                + " |"
+            )
+    lines += ["", "## Preimage browser", ""]
+    for b in R["browse"]:
+        lines += [
+            f"Query `{b['query']['context']}` at layer {b['layer']} over "
+            f"{b['n_activations']:,} indexed activations (cosine, top 3 per subspace):",
+            "",
+        ]
+        for sub in b["subspaces"]:
+            hits = "; ".join(f"`{h['context']}` ({h['similarity']:.2f})" for h in sub["hits"][:3])
+            lines.append(f"- subspace {sub['subspace']} ({sub['dim']}d): {hits}")
+        lines.append("")
+    toy_cfg = toy["ndm_config"]
+    lines += [
+        "## Honest notes",
+        "",
+        f"- Toy: this run (read-out noise 0.02, units of {toy_cfg['unit_size']}, "
+        f"{toy['steps']} steps, merges every {toy_cfg['merge_interval']} from "
+        f"{toy_cfg['merge_start']}) "
+        + (
+            "stopped merging at the ground-truth split"
+            + (
+                " (the next merge round found no pair above the threshold). "
+                if toy["converged"]
+                else " (by running out of steps, not by convergence). "
+            )
+            if toy["right_number_of_subspaces"]
+            else f"did not stop at the ground-truth split (ended at {toy['partition']}). "
+        )
+        + "The core engineer's runs (docs/ndm.md, tests/subspaces) found the merge rule "
+        "fragile: without read-out noise KSG on the toy's exact zeros and rays exceeds the "
+        "0.04 threshold after a fraction of a degree of leakage, so merging continues past "
+        "the right partition, and starting from 1-dimensional units merged everything into "
+        "one subspace; a `min_subspaces` guard (the authors' fork's fix) is available.",
+        "- Null tests: "
+        + (
+            ", ".join(null_tests)
+            + " have a whole-space effect below 5 % of the clean metric on SmolLM2 at the "
+            "mapped layer, so their Gini values rank noise (wide CIs). For previous_token this "
+            "suggests SmolLM2's heads that read previous-token information at IO+1/S+1 act "
+            "before layer 12."
+            if null_tests
+            else "none."
+        ),
+        "- Large whole-space effects with tiny per-subspace effects (duplicate_token, "
+        "s_inhibition_position: the subspace effects sum to a small fraction of the whole) "
+        "mean the information is carried redundantly across subspaces of this partition, "
+        "for NDM and for every baseline alike: no single subspace of this partition isolates "
+        "it.",
+        "- Greater-than on SmolLM2 uses the digit-wise adaptation of the task (docs/tasks.md); "
+        "the patched positions are the two positions its metric reads (TENS, END).",
+        "- S-inhibition with name corruption uses the paper's S_name swap (S1, S2 → IO; "
+        "IO → S), built from the clean prompts.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def tests_block(ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per patching test: whole-space effect as a share of the clean metric, and whether it
+    passes the screen (share ≥ :data:`SCREEN_SHARE`)."""
+    rows = []
+    for t, e in ev["effects"].items():
+        clean, full = e["clean_metric_mean"], e["full_effect_mean"]
+        share = full / clean if clean else None
+        rows.append(
+            {
+                "test": t,
+                "layer": e["layer"],
+                "clean_metric": clean,
+                "whole_space_effect": full,
+                "whole_space_share": share,
+                "screened": bool(share is not None and share >= SCREEN_SHARE),
+                "gini_dimension": {m: v["dimension"] for m, v in ev["gini"].get(t, {}).items()},
+            }
+        )
+    return rows
+
+
+def write(R: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``ndm.md`` and ``ndm.json`` into ``doc_dir``."""
+    from structlens.replication import command
+
+    doc_dir = Path(doc_dir)
+    source = command(METHOD, R["settings"]["profile"])
+    found: list[Claim] = []
+    md = write_text(doc_dir / f"{METHOD}.md", render(R, source, found))
+    blocks = {
+        "tests": tests_block(R["evaluate"]),
+        "screen": {"min_whole_space_share": SCREEN_SHARE, "applied_to_gini": False},
+        "settings": {k: R["settings"][k] for k in ("model", "layers", "train", "evaluate")}
+        | {"device_run": R["device_run"]},
+    }
+    doc = ClaimsDocument(METHOD, source, tuple(found), blocks)
+    return md, doc.write(doc_dir / f"{METHOD}.json")
