@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
+from structlens.cli import replicate
 
 app = typer.Typer(
     name="structlens",
@@ -23,6 +24,7 @@ app.add_typer(koopman.app, name="koopman")
 app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
+replicate.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     app()
