@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
-from structlens.cli import replicate
+from structlens.cli.replicate import register as register_replicate
 
 app = typer.Typer(
     name="structlens",
@@ -24,7 +24,7 @@ app.add_typer(koopman.app, name="koopman")
 app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
-replicate.register(app)
+register_replicate(app)
 
 if __name__ == "__main__":  # pragma: no cover
     app()
