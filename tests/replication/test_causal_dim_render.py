@@ -40,7 +40,8 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     assert by_id["random_encoder_inflation"].ours == 3.0
     assert by_id["random_encoder_inflation"].verdict == "reproduced"
     assert by_id["kappa_pr_lower_bound"].verdict == "reproduced"
-    assert abs(by_id["exact_kappa_over_d"].ours - 0.8) < 1e-12
+    assert abs(by_id["exact_kappa"].ours - 8.0) < 1e-9
+    assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 0.8) < 1e-12
     # κ(8)/κ(4) is not on this curve: the last doubling compares n = 8 with n = 1
     doc_json = claims(run, "test").to_json()
     assert list(doc_json["kappa"]["ratio_last_doubling"]) == ["3"]

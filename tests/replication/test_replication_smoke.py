@@ -48,7 +48,7 @@ def test_causal_dimension_second_run_is_all_hits_with_identical_documents(tmp_pa
     md = (tmp_path / "docs" / f"{method}.md").read_text()
     js = (tmp_path / "docs" / f"{method}.json").read_text()
     doc = ClaimsDocument.load(tmp_path / "docs" / f"{method}.json")
-    assert {c.id for c in doc.claims} >= {"exact_kappa_over_d", "kappa_pr_lower_bound"}
+    assert {c.id for c in doc.claims} >= {"exact_kappa", "kappa_pr_lower_bound"}
     assert set(json.loads(js)["kappa"]["ratio_last_doubling"]) == {"1", "2"}
     _, second = _run(method, tmp_path)
     assert [e.key for e in second.events] == [e.key for e in first.events]
