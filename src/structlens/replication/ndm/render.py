@@ -148,11 +148,11 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
             Claim(
                 "knowledge_conflict_single_subspace",
                 "a single subspace nearly matches whole-space patching of the routing",
-                sum(close) / len(close),
+                f"{sum(close)} of {len(close)} corruptions",
                 None,
                 count_verdict(sum(close), len(close)),
                 {"layer": c["layer"], "n": c["n"], "corruptions": list(c["corruptions"])},
-                ci_reason="share of corruptions where the best subspace reaches 80% of the "
+                ci_reason="a count of corruptions where the best subspace reaches 80% of the "
                 "whole-space drop; rates over one prompt set",
             )
         )
@@ -164,6 +164,18 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         + ("reproduced" if b0 and b0["n_activations"] >= 100_000 else "partly")
         + " |"
     )
+    if b0:
+        claims.append(
+            Claim(
+                "preimage_browser_scale",
+                "preimage browser over ≥ 100,000 activations (authors: ≈ 1M)",
+                b0["n_activations"],
+                None,
+                "reproduced" if b0["n_activations"] >= 100_000 else "partly",
+                {"layer": b0["layer"]},
+                ci_reason="a count of indexed activations",
+            )
+        )
     lines += [
         "",
         "## Settings and distance from the paper",
