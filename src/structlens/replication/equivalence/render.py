@@ -29,7 +29,7 @@ from structlens.replication.equivalence.run import (
     EquivalenceReplication,
     Scenario,
 )
-from structlens.replication.markdown import ci, finite_ci, write_text
+from structlens.replication.markdown import ci, finite_ci, num, write_text
 
 
 def _nan(x: float | str) -> bool:
@@ -427,6 +427,12 @@ The summary's numbers come from models we cannot run (GPT-2 family,
 """
 
 
+def _finite(x: Any) -> float | None:
+    """A result's score as a float, ``None`` where it is NaN (not measured for that row)."""
+    v = num(x)
+    return v if np.isfinite(v) else None
+
+
 def _group_verdict(row_verdicts: list[str]) -> str:
     """A group's claims verdict from its rows': all consistent → reproduced; all lower or
     higher → not reproduced; all uninformative (null ≈ score) → unidentified; else partly."""
@@ -471,18 +477,18 @@ def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
             "row": next(n for n in ("sanity-smollm2", "sanity-tiny") if n in results)
             if sanity
             else None,
-            "head_score": sanity[0].score if sanity else None,
-            "layer_score": sanity[0].layer_score if sanity else None,
+            "head_score": _finite(sanity[0].score) if sanity else None,
+            "layer_score": _finite(sanity[0].layer_score) if sanity else None,
         },
         "rows": [
             {
                 "name": sc.name,
                 "group": sc.group,
-                "score": r.score,
-                "score_ci": list(r.score_ci),
-                "null_score": r.null_score,
-                "null_score_ci": list(r.null_score_ci),
-                "layer_score": r.layer_score,
+                "score": _finite(r.score),
+                "score_ci": finite_ci(r.score_ci),
+                "null_score": _finite(r.null_score),
+                "null_score_ci": finite_ci(r.null_score_ci),
+                "layer_score": _finite(r.layer_score),
                 "verdicts": r.verdicts,
                 "verdict_vs_paper": verdict(sc.group, r),
             }
