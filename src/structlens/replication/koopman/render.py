@@ -366,7 +366,7 @@ def render_seeds_and_universality(R: dict[str, Any], claims: list[Claim]) -> lis
     L.append(
         "W∞ between the spectra of two models' realisations at the same relative depth, "
         "against a sampling null. Seed/depth replicas (4-layer and 8-layer d = 128 LMs trained "
-        "on the bundled corpus by scripts/replicate_equivalence.py) have unrelated bases: each "
+        "on the bundled corpus by the equivalence replication) have unrelated bases: each "
         "is lifted by the PCA-8 of its own states and the null is W∞ between random prompt "
         "halves of one model, rescaled by √((1/M_A + 1/M_B)/(4/M_X)) "
         "(`spectral_distance_test`; it relies on the M^-1/2 rate of section 1). The "
