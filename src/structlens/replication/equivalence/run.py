@@ -168,10 +168,11 @@ def _small_stage(config: SmallLMConfig) -> Stage:
 
 def model_dirs(profile: str = "cpu", out: str | Path | None = None) -> dict[str, Path | None]:
     """The small LMs and fine-tunes this replication has trained (``None`` where not yet),
-    for the Koopman replication's universality section.  Trains nothing."""
-    from structlens.replication import default_paths
+    for the Koopman replication's universality section.  Trains and creates nothing."""
+    from structlens.replication import repo_root
 
-    out, _ = default_paths(METHOD, profile, out, None)
+    out = Path(out) if out is not None else repo_root() / "results" / "replication" / METHOD
+    out = out / profile if out.name == METHOD else out
     cache = StageCache(out / "stages")
     found: dict[str, Path | None] = {}
     for name, cfg in PROFILES[profile]["small"].items():

@@ -39,6 +39,8 @@ CPU: dict[str, Any] = {
     "split_half_repeats": 10,
     "split_half_bootstrap": 500,
     "universality_resamples": 200,
+    # the seed replicas and fine-tune come from this profile of the equivalence replication
+    "seed_models_profile": "cpu",
     "seed": 0,
 }
 # Same settings on an accelerator: every stage is sized for the CPU already.
@@ -59,6 +61,7 @@ SMOKE = CPU | {
     "split_half_repeats": 3,
     "split_half_bootstrap": 20,
     "universality_resamples": 20,
+    "seed_models_profile": None,  # no trained replicas: the universality section says so
 }
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
 
@@ -518,7 +521,8 @@ def run(
     rep.invariance()
     rep.ioi()
     rep.sae_seeds()
-    rep.universality(model_dirs("smoke" if profile == "smoke" else "cpu"))
+    models_profile = s["seed_models_profile"]
+    rep.universality(model_dirs(models_profile) if models_profile else {})
     rep.reduction()
     rep.R["wall_seconds"] = time.time() - rep.t0
     md, js = write(rep.R, doc_dir)

@@ -19,7 +19,6 @@ Stages (each a cached stage calling the ``structlens ndm`` commands' library fun
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -256,16 +255,11 @@ def run(
     device: str = "cpu",
 ) -> tuple[dict[str, Any], StageCache]:
     """Run (or resume) every stage of ``profile``; write the markdown and claims JSON."""
-    import torch
-
     from structlens.replication import default_paths
     from structlens.replication.ndm.render import write
 
     s = PROFILES[profile]
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
-    # single-threaded, as the documented stages ran
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
     rep = NDMReplication(s, out, device)
     cpu_train, train_data, per_layer = rep.train()
     train_stage = cpu_train
