@@ -55,3 +55,21 @@ def test_causal_dimension_second_run_is_all_hits_with_identical_documents(tmp_pa
     assert all(second.hits())
     assert (tmp_path / "docs" / f"{method}.md").read_text() == md
     assert (tmp_path / "docs" / f"{method}.json").read_text() == js
+
+
+def test_ndm_device_training_path_runs_on_the_cpu(tmp_path, monkeypatch):
+    """The gpu profile's device training (pack → per-layer processes → training directory)
+    end to end on the tiny model, on the CPU; evaluation then uses the device-trained run and
+    still evaluates the CPU run for comparison."""
+    from structlens.replication.ndm import run as ndm_run
+
+    monkeypatch.setitem(ndm_run.PROFILES, "smoke", ndm_run.SMOKE | {"device_training": True})
+    R, cache = _run("ndm", tmp_path)
+    assert R["device_run"] and R["evaluate_cpu"] is not None
+    names = [e.name for e in cache.events]
+    assert "train-device" in names and names.count("evaluate") == 2
+    assert R["train"]["command"] == "structlens.replication.ndm.device_train train"
+    assert sorted(R["train"]["results"]) == ["0", "1", "2"]
+    md = (tmp_path / "docs" / "ndm.md").read_text()
+    assert "Trained with `structlens.replication.ndm.device_train`" in md
+    assert ClaimsDocument.load(tmp_path / "docs" / "ndm.json").blocks["settings"]["device_run"]

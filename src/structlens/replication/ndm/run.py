@@ -7,9 +7,10 @@ Stages (each a cached stage calling the ``structlens ndm`` commands' library fun
 
 1. training at layers 12, 17, 22, 24 (the paper's GPT-2 layers 4, 6, 8, 9 at the same relative
    depth): one stage per layer (its honest timing), then a collecting stage that reuses their
-   checkpoints.  ``--device cuda`` packs the same activations and trains them to the paper's
-   stopping rule (:mod:`structlens.replication.ndm.device_train`); later stages use that run
-   whenever its stage is in the cache (it can be trained on a GPU host and copied here);
+   checkpoints.  ``--profile gpu`` packs the same activations and trains them on ``--device``
+   to the paper's stopping rule (:mod:`structlens.replication.ndm.device_train`); later
+   stages use that run whenever its stage is in the cache (it can be trained on a GPU host
+   and copied here);
 2. the patching tests with the Gini summary, knowledge conflict and the toy recovery; a second
    toy variant with the ``min_subspaces`` guard;
 3. the preimage browser for two queries;
@@ -54,6 +55,9 @@ CPU: dict[str, Any] = {
     },
     "toy2_model": {},  # ToyConfig overrides of the toy autoencoder
     "browse": {"k": 5, "extra_corpus_prompts": None},
+    # Train on the device to the paper's stopping rule (the CPU profile still uses such a run
+    # when its stage is in the cache, e.g. copied from a GPU host).
+    "device_training": False,
     "device_rows": 12_416,  # activations per layer sent to the device (float16, < 64 MiB)
     "device_config": {},  # overrides of device_train.DEVICE_CONFIG
     "queries": [
@@ -61,7 +65,7 @@ CPU: dict[str, Any] = {
         ["It is a truth universally acknowledged, that a single man in possession", -1],
     ],
 }  # fmt: skip
-GPU = CPU | {"profile": "gpu"}  # the same activations, trained on the device to convergence
+GPU = CPU | {"profile": "gpu", "device_training": True}
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-smol",  # a random 3-layer Llama with SmolLM2's tokenizer (built as a stage)
@@ -263,7 +267,7 @@ def run(
     rep = NDMReplication(s, out, device)
     cpu_train, train_data, per_layer = rep.train()
     train_stage = cpu_train
-    if device != "cpu" or rep.cache.has(rep.device_stage(cpu_train)):
+    if s["device_training"] or rep.cache.has(rep.device_stage(cpu_train)):
         train_stage, train_data = rep.train_device(cpu_train)
     device_run = train_stage is not cpu_train
     R: dict[str, Any] = {
