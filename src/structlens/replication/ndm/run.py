@@ -84,8 +84,9 @@ SMOKE = CPU | {
     "toy2_model": {"steps": 50},
     "browse": {"k": 3, "extra_corpus_prompts": 3},
     "device_rows": 2_000,
-    "device_config": {"max_steps": 20, "merge_start": 10, "merge_interval": 10,
-                      "bank_size": 512, "mi_samples": 300, "unit_size": 8, "chunk_steps": 10},
+    "device_config": {"max_steps": 20, "merge_start": 10, "merge_interval": 10, "batch_size": 16,
+                      "refresh_interval": 5, "bank_size": 512, "mi_samples": 300,
+                      "unit_size": 8, "chunk_steps": 10},
 }  # fmt: skip
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
 
