@@ -1,9 +1,9 @@
-"""Number formatting and markdown tables shared by every replication's render step."""
+"""Number formatting, intervals and verdict counting shared by every replication's render."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,6 @@ def ci(pair: Sequence[Any], nd: int = 2) -> str:
 def value_ci(value: Any, pair: Sequence[Any], nd: int = 2) -> str:
     """``value [low, high]``."""
     return f"{fmt(value, nd)} {ci(pair, nd)}"
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """Markdown table lines: the header, the separator, one line per row (cells as str)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return lines
 
 
 def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
