@@ -144,6 +144,8 @@ class LayerActivations(Result):
 
     def pairs(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(acts, grads) per original batch, as the analysis consumed them when captured."""
+        if self.grads is None or self.batch_sizes is None:
+            raise ValueError("these activations were captured without gradients.")
         i = self.layers.index(layer)
         a = torch.from_numpy(np.ascontiguousarray(self.acts[i]))
         g = torch.from_numpy(np.ascontiguousarray(self.grads[i]))
@@ -488,7 +490,9 @@ class CausalReplication:
             st = stage("ce", {"n_ce_prompts": s["n_ce_prompts"], "ce": data_digest(cep)}, names)
 
             def compute(_: Path) -> Record:
-                got = ce_recovered_by_width(model, L, {n: saes[n] for n in names}, cep)
+                # keyed by SAE name here (the function accepts any keys, e.g. widths)
+                todo: dict[Any, Any] = {n: saes[n] for n in names}
+                got = ce_recovered_by_width(model, L, todo, cep)
                 return Record.of({str(k): v for k, v in got.items()})
 
             R.ce = self.cache.run(st, Record, compute).data

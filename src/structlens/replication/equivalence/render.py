@@ -228,7 +228,7 @@ def discussion(results: dict[str, ComparisonResult]) -> str:
                         f", partner groups pass on {_pooled(kgi, ngi, group)} of the layers "
                         "whose null fails"
                     )
-            flags = [informative(r) for r in patched]
+            flags = [bool(informative(r)) for r in patched]  # never None on patched rows
             line += (
                 f"; score and null intervals disjoint (score claimed) in {sum(flags)} of "
                 f"{len(flags)} row(s)"

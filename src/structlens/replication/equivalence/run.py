@@ -47,7 +47,9 @@ FINETUNES = {
     "smollm2-ft-ioi": ("ioi", "IO"),
     "smollm2-ft-facts": ("factual_recall", "answer"),
 }
-FT_SETTINGS = dict(steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0)
+FT_SETTINGS: dict[str, Any] = dict(
+    steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0
+)
 
 SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
 SMOL_CFG = CompareConfig(
@@ -224,7 +226,8 @@ class EquivalenceReplication:
             task = make_task(task_name, base.tokenizer, n=64, seed=1)  # probe uses seed 0
             t0 = time.perf_counter()
             tuned, losses = finetune_on_task(base, task.clean, task.answers[key], **FT_SETTINGS)
-            tuned.hf.save_pretrained(folder / name, safe_serialization=True)
+            hf: Any = tuned.hf
+            hf.save_pretrained(folder / name, safe_serialization=True)
             base.tokenizer.save_pretrained(folder / name)
             info = dict(task=task_name, n_prompts=len(task), losses=losses, **FT_SETTINGS)
             info["seconds"] = time.perf_counter() - t0
