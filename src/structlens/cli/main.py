@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import typer
 
 from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
+from structlens.cli.replicate import register as register_replicate
 from structlens.errors import UserError
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app.add_typer(koopman.app, name="koopman")
 app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
+register_replicate(app)
 
 _state = {"debug": False}
 

@@ -1,205 +1,42 @@
-"""Reproduce the NDM paper's claims on SmolLM2-135M-Instruct and write docs/replication/ndm.md.
+"""Markdown and claims JSON of the NDM replication.
 
-    .venv/bin/python scripts/replicate_ndm.py            # everything (cached stages are reused)
-    .venv/bin/python scripts/replicate_ndm.py --render   # only rewrite the markdown
-
-    .venv/bin/python scripts/replicate_ndm.py --device cuda   # converged training on a GPU
-
-Stages (each a ``structlens ndm`` command run as a subprocess, single-threaded, several in
-parallel because this 2-core machine is shared and oversubscribed):
-
-1. training at layers 12, 17, 22, 24 (the paper's GPT-2 layers 4, 6, 8, 9 at the same relative
-   depth).  The CPU stage (``ndm train`` once per layer, then a collecting run that reuses the
-   checkpoints) is a 60-step smoke run into ``results/ndm/train``; ``--device cuda`` packs the
-   same activations and trains them to the paper's stopping rule with
-   ``scripts/ndm_device_train.py`` into ``results/ndm/train-device``.  Later stages use the
-   device run when it exists (it can be trained on a GPU host and copied here);
-2. ``ndm evaluate`` once per patching test, then one run that reuses the cached patch runs and
-   adds the Gini summary, knowledge conflict and the toy recovery; a second toy variant with
-   the ``min_subspaces`` guard runs alongside;
-3. ``ndm browse`` for two queries;
-4. the markdown, from the JSON files only.
-
-Results go under ``results/ndm/`` (git-ignored); the markdown to ``docs/replication/ndm.md``.
+:func:`write` renders ``ndm.md`` (verdicts, settings against the paper, training, the
+patching and Gini tables, knowledge conflict, the preimage browser, notes) and ``ndm.json``
+(:class:`~structlens.replication.claims.ClaimsDocument`, with the per-test whole-space share
+and screen issue 16 asks for) from one run's stage results.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results" / "ndm"
-CPU_TRAIN = RESULTS / "train"
-DEVICE_TRAIN = RESULTS / "train-device"
-DOC = ROOT / "docs" / "replication" / "ndm.md"
-LAYERS = (12, 17, 22, 24)
-TESTS = (
-    "previous_token",
-    "duplicate_token",
-    "s_inhibition_position",
-    "s_inhibition_name",
-    "greater_than",
-)
-TRAIN_ARGS = [
-    "--capture-layers", ",".join(map(str, LAYERS)), "--corpus-prompts", "150",
-    "--task-prompts", "40", "--unit-size", "48", "--steps", "60", "--bank-size", "8192",
-    "--batch-size", "128", "--refresh-interval", "20", "--lr", "3e-3", "--merge-start", "20",
-    "--merge-interval", "20", "--merge-threshold", "0.04", "--mi-samples", "2048",
-]  # fmt: skip
-EVAL_ARGS = [
-    "-n", "48", "--batch-size", "16", "--n-boot", "1000", "--sae-width", "512", "--sae-k", "32",
-    "--sae-epochs", "1", "--conflict-n", "32",
-]  # fmt: skip
-DEVICE_ROWS = 12_416  # activations per layer sent to the device (float16, under 64 MiB)
-QUERIES = [
-    ("When Mary and John went to the store, John gave a drink to", -1),
-    ("It is a truth universally acknowledged, that a single man in possession", -1),
-]
-PAPER_GINI = {"ndm": 0.71, "baselines": (0.21, 0.38)}
+from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.markdown import count_verdict, finite_ci, value_ci, write_text
+from structlens.replication.ndm.run import METHOD
 
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from structlens.cli.ndm import app; app()", *args]
-
-
-def _run_parallel(commands: list[tuple[list[str], Path]]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    procs = []
-    for cmd, log in commands:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as fh:
-            procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh), log))
-    failed = [str(log) for p, log in procs if p.wait() != 0]
-    if failed:
-        raise SystemExit(f"stage failed; see {failed}")
-
-
-def train() -> None:
-    ckpt = RESULTS / "train" / "checkpoints"
-    _run_parallel(
-        [
-            (
-                _cli("train", "--layers", str(layer), *TRAIN_ARGS, "--checkpoints", str(ckpt),
-                     "--out", str(RESULTS / f"train-L{layer}"), "-q"),
-                RESULTS / "logs" / f"train-L{layer}.log",
-            )
-            for layer in LAYERS
-            # a finished per-layer run keeps its JSON (and its honest timing)
-            if not (RESULTS / f"train-L{layer}" / "ndm_train.json").exists()
-        ]
-    )  # fmt: skip
-    _run_parallel(
-        [
-            (
-                _cli("train", "--layers", ",".join(map(str, LAYERS)), *TRAIN_ARGS,
-                     "--checkpoints", str(ckpt), "--out", str(RESULTS / "train"), "-q"),
-                RESULTS / "logs" / "train.log",
-            )
-        ]
-    )  # fmt: skip
-
-
-def train_device(device: str) -> None:
-    if (DEVICE_TRAIN / "ndm_train.json").exists():
-        return
-    script = str(ROOT / "scripts" / "ndm_device_train.py")
-    packed = RESULTS / "device-activations.safetensors"
-    layers = ",".join(map(str, LAYERS))
-    subprocess.run(
-        [sys.executable, script, "pack", str(CPU_TRAIN), "--layers", layers,
-         "--rows", str(DEVICE_ROWS), "--out", str(packed)],
-        cwd=ROOT, check=True,
-    )  # fmt: skip
-    subprocess.run(
-        [sys.executable, script, "train", str(packed), "--device", device, "--seconds", "1e9",
-         "--out", str(DEVICE_TRAIN)],
-        cwd=ROOT, check=True,
-    )  # fmt: skip
-
-
-def train_dir() -> Path:
-    return DEVICE_TRAIN if (DEVICE_TRAIN / "ndm_train.json").exists() else CPU_TRAIN
-
-
-def eval_dir() -> Path:
-    return RESULTS / ("eval-device" if train_dir() == DEVICE_TRAIN else "eval")
-
-
-def evaluate() -> None:
-    common = ["--train", str(train_dir()), *EVAL_ARGS, "--out", str(eval_dir())]
-    toy2 = [
-        sys.executable,
-        "-c",
-        "import json,sys; from structlens.ndm import NDMConfig, ToyConfig; "
-        "from structlens.ndm.pipeline import toy_recovery; "
-        "from structlens.results import atomic_write_json; "
-        "c = NDMConfig(unit_size=2, lr=1e-3, max_steps=3000, bank_size=8192, "
-        "refresh_interval=50, merge_start=1000, merge_interval=500, mi_samples=2000, "
-        "min_subspaces=2, seed=0); "
-        "atomic_write_json(sys.argv[1], toy_recovery(ToyConfig(seed=0), c, seed=0))",
-        str(RESULTS / "toy_min_subspaces_2.json"),
-    ]
-    jobs = [
-        (
-            _cli("evaluate", "--tests", t, "--no-conflict", "--no-toy", *common, "-q"),
-            RESULTS / "logs" / f"eval-{t}.log",
-        )
-        for t in TESTS
-    ]
-    if not (RESULTS / "toy_min_subspaces_2.json").exists():
-        jobs.append((toy2, RESULTS / "logs" / "toy-min2.log"))
-    _run_parallel(jobs)
-    _run_parallel([(_cli("evaluate", *common), RESULTS / "logs" / "eval.log")])
-
-
-def _browse_one(i: int, text: str, pos: int) -> None:
-    _run_parallel(
-        [
-            (
-                _cli("browse", "--train", str(train_dir()), "--prompt", text,
-                     "--position", str(pos), "--k", "5", "--out", str(RESULTS / f"browse-{i}"),
-                     "-q"),
-                RESULTS / "logs" / f"browse-{i}.log",
-            )
-        ]
-    )  # fmt: skip
-
-
-def browse() -> None:
-    # sequential: the first query captures the whole corpus once, the second reuses that store
-    for i, (text, pos) in enumerate(QUERIES):
-        _browse_one(i, text, pos)
+# Issue 16's screen: a test is informative at a layer when its whole-space patching effect is
+# at least this share of the clean metric.
+SCREEN_SHARE = 0.3
 
 
 def _ci(entry: dict) -> str:
-    return f"{entry['value']:.2f} [{entry['ci'][0]:.2f}, {entry['ci'][1]:.2f}]"
+    return value_ci(entry["value"], entry["ci"])
 
 
-def render() -> str:
-    tdir = train_dir()
-    tr = json.loads((tdir / "ndm_train.json").read_text())
-    ev = json.loads((eval_dir() / "ndm_evaluate.json").read_text())
-    toy2_path = RESULTS / "toy_min_subspaces_2.json"
-    toy2 = json.loads(toy2_path.read_text()) if toy2_path.exists() else None
-    per_layer = {}
-    for layer in LAYERS:
-        p = RESULTS / f"train-L{layer}" / "ndm_train.json"
-        if p.exists():
-            per_layer[layer] = json.loads(p.read_text())["results"][str(layer)]
+def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
+    """The markdown of one run; each verdict is also appended to ``claims``."""
+    LAYERS = R["settings"]["layers"]
+    tdir = Path(R["train_dir"])
+    tr, ev, toy2, per_layer = R["train"], R["evaluate"], R["toy2"], R["per_layer"]
     methods = ev["methods"]
     cfg = tr["config"]
-    device_run = tdir == DEVICE_TRAIN
+    device_run = R["device_run"]
     lines = [
         "# NDM replication on SmolLM2-135M-Instruct",
         "",
-        "Produced by `.venv/bin/python scripts/replicate_ndm.py` (stages cached under "
-        "`results/ndm/`; `--render` only rewrites this file). Paper: Huang & Hahn, "
+        f"Produced by `{source}` (stages cached under "
+        "`results/replication/ndm/`). Paper: Huang & Hahn, "
         "*Decomposing Representation Space into Interpretable Subspaces with Unsupervised "
         "Learning* (ICLR 2026). Evaluation: 2 shared CPU cores (load average ≈ 10–14 from "
         "other jobs). "
@@ -232,7 +69,36 @@ def render() -> str:
         )
     else:
         verdict_gini = "not reproduced"
+    claims.append(
+        Claim(
+            "mean_gini_ndm_vs_baselines",
+            "mean dimension-normalised Gini over 5 tests: NDM 0.71 vs baselines 0.21–0.38",
+            ndm_dim["value"],
+            finite_ci(ndm_dim["ci"]),
+            "reproduced"
+            if verdict_gini == "reproduced"
+            else "partly"
+            if verdict_gini.startswith("partly")
+            else "not reproduced",
+            {"methods": methods, "n_prompts": ev["n_prompts"], "n_boot": ev["n_boot"]},
+            ci_reason=None if finite_ci(ndm_dim["ci"]) else "no finite bootstrap interval",
+            note=f"best baseline {_ci(best_base)}; NDM significantly above: {sorted(above)}",
+        )
+    )
     toy = ev["toy"]
+    toy_ok = toy["right_number_of_subspaces"] and toy["overlap"] > 0.9
+    claims.append(
+        Claim(
+            "toy_recovery",
+            "toy: one subspace per mutually exclusive feature group",
+            toy["overlap"],
+            None,
+            "reproduced" if toy_ok else "partly" if toy2 and toy2["overlap"] > 0.9 else
+            "not reproduced",
+            {"partition": toy["partition"], "truth": toy["truth_dims"]},
+            ci_reason="one seeded toy run (min matched overlap)",
+        )
+    )  # fmt: skip
     lines += [
         f"| mean Gini (dimension-normalised) over 5 tests: NDM 0.71 vs baselines 0.21–0.38 "
         f"(GPT-2 small) | NDM {_ci(ndm_dim)}; best baseline {_ci(best_base)} "
@@ -278,21 +144,38 @@ def render() -> str:
             + ("reproduced" if all(close) else "partly" if any(close) else "not reproduced")
             + " |"
         )
+        claims.append(
+            Claim(
+                "knowledge_conflict_single_subspace",
+                "a single subspace nearly matches whole-space patching of the routing",
+                f"{sum(close)} of {len(close)} corruptions",
+                None,
+                count_verdict(sum(close), len(close)),
+                {"layer": c["layer"], "n": c["n"], "corruptions": list(c["corruptions"])},
+                ci_reason="a count of corruptions where the best subspace reaches 80% of the "
+                "whole-space drop; rates over one prompt set",
+            )
+        )
+    b0 = R["browse"][0] if R["browse"] else None
     lines.append(
         "| preimage browser over ≥ 100,000 activations (authors: ≈ 1M) | "
-        + (
-            f"{json.loads(p.read_text())['n_activations']:,} activations indexed"
-            if (p := RESULTS / "browse-0" / "ndm_browse.json").exists()
-            else "not run"
-        )
+        + (f"{b0['n_activations']:,} activations indexed" if b0 else "not run")
         + " (training activations of the layer plus the rest of the bundled corpus) | "
-        + (
-            "reproduced"
-            if p.exists() and json.loads(p.read_text())["n_activations"] >= 100_000
-            else "partly"
-        )
+        + ("reproduced" if b0 and b0["n_activations"] >= 100_000 else "partly")
         + " |"
     )
+    if b0:
+        claims.append(
+            Claim(
+                "preimage_browser_scale",
+                "preimage browser over ≥ 100,000 activations (authors: ≈ 1M)",
+                b0["n_activations"],
+                None,
+                "reproduced" if b0["n_activations"] >= 100_000 else "partly",
+                {"layer": b0["layer"]},
+                ci_reason="a count of indexed activations",
+            )
+        )
     lines += [
         "",
         "## Settings and distance from the paper",
@@ -322,7 +205,8 @@ def render() -> str:
         f"{ev['n_boot']} bootstrap resamples |",
         "",
         (
-            f"Trained with `scripts/ndm_device_train.py` on {tr.get('device', 'a GPU')} from "
+            "Trained with `structlens.replication.ndm.device_train` on "
+            f"{tr.get('device', 'a GPU')} from "
             f"a seeded subset of {tr['results'][str(LAYERS[0])]['n_activations']:,} of the "
             "captured activations per layer (float16 transfer), four layers in parallel "
             "processes. " + tr.get("note", "") + ". Every layer stopped by the paper's rule "
@@ -351,12 +235,12 @@ def render() -> str:
 
     for layer in LAYERS:
         r = tr["results"][str(layer)]
-        sec = (per_layer.get(layer, {}) if tdir == CPU_TRAIN else {}).get("seconds", r["seconds"])
-        R, _ = load_rotation(tdir / f"R-L{layer}.safetensors")
+        sec = (per_layer.get(layer, {}) if not device_run else {}).get("seconds", r["seconds"])
+        rot, _ = load_rotation(tdir / f"R-L{layer}.safetensors")
         mis = ", ".join(f"{h['mi'][0]:.3f}" for h in r["merge_history"])
         lines.append(
             f"| {layer} | {r['partition']} | {r['steps']} | {len(r['merge_history'])} ({mis}) | "
-            f"{sec:.0f} | {float((R**2).max(0).mean()):.2f} |"
+            f"{sec:.0f} | {float((rot**2).max(0).mean()):.2f} |"
         )
     lines += [
         "",
@@ -407,9 +291,8 @@ def render() -> str:
             + "; ".join(f"{m} {_ci(d['dimension'])}" for m, d in diffs.items())
             + ".",
         ]
-    smoke = RESULTS / "eval" / "ndm_evaluate.json"
-    if device_run and smoke.exists():
-        sm = json.loads(smoke.read_text())
+    sm = R.get("evaluate_cpu")
+    if device_run and sm:
         lines += [
             "",
             f"For comparison, the 60-step CPU run (n = {sm['n_prompts']} per test, its own "
@@ -454,11 +337,7 @@ def render() -> str:
                 + " |"
             )
     lines += ["", "## Preimage browser", ""]
-    for i in range(len(QUERIES)):
-        p = RESULTS / f"browse-{i}" / "ndm_browse.json"
-        if not p.exists():
-            continue
-        b = json.loads(p.read_text())
+    for b in R["browse"]:
         lines += [
             f"Query `{b['query']['context']}` at layer {b['layer']} over "
             f"{b['n_activations']:,} indexed activations (cosine, top 3 per subspace):",
@@ -514,24 +393,40 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--render", action="store_true", help="only rewrite the markdown")
-    ap.add_argument(
-        "--device", default="cpu", help="'cuda': converged training on a GPU (see module doc)"
-    )
-    args = ap.parse_args()
-    t0 = time.time()
-    if not args.render:
-        train()
-        if args.device != "cpu":
-            train_device(args.device)
-        evaluate()
-        browse()
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(render())
-    print(f"wrote {DOC} ({time.time() - t0:.0f} s)")
+def tests_block(ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per patching test: whole-space effect as a share of the clean metric, and whether it
+    passes the screen (share ≥ :data:`SCREEN_SHARE`)."""
+    rows = []
+    for t, e in ev["effects"].items():
+        clean, full = e["clean_metric_mean"], e["full_effect_mean"]
+        share = full / clean if clean else None
+        rows.append(
+            {
+                "test": t,
+                "layer": e["layer"],
+                "clean_metric": clean,
+                "whole_space_effect": full,
+                "whole_space_share": share,
+                "screened": bool(share is not None and share >= SCREEN_SHARE),
+                "gini_dimension": {m: v["dimension"] for m, v in ev["gini"].get(t, {}).items()},
+            }
+        )
+    return rows
 
 
-if __name__ == "__main__":
-    main()
+def write(R: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``ndm.md`` and ``ndm.json`` into ``doc_dir``."""
+    from structlens.replication import command
+
+    doc_dir = Path(doc_dir)
+    source = command(METHOD, R["settings"]["profile"])
+    found: list[Claim] = []
+    md = write_text(doc_dir / f"{METHOD}.md", render(R, source, found))
+    blocks = {
+        "tests": tests_block(R["evaluate"]),
+        "screen": {"min_whole_space_share": SCREEN_SHARE, "applied_to_gini": False},
+        "settings": {k: R["settings"][k] for k in ("model", "layers", "train", "evaluate")}
+        | {"device_run": R["device_run"]},
+    }
+    doc = ClaimsDocument(METHOD, source, tuple(found), blocks)
+    return md, doc.write(doc_dir / f"{METHOD}.json")

@@ -1,218 +1,40 @@
-"""Rebuild docs/replication/equivalence.md: the interpretive-equivalence scenario table.
+"""Markdown and claims JSON of the interpretive-equivalence replication.
 
-    .venv/bin/python scripts/replicate_equivalence.py [--root results/equivalence] [--only NAME]
-
-Trains the small byte-level LMs (seeds, depth), fine-tunes SmolLM2-135M-Instruct twice, runs
-``structlens.equivalence.compare.compare`` on every scenario pair and writes the doc. Every
-step is cached under ``--root`` (models as HF directories, comparisons as saved results keyed
-by their settings), so a rerun only does what is missing. CPU-only sizes; see the doc.
+:func:`write` renders ``equivalence.md`` (the scenario table, per-row details, settings and
+the discussion derived from the numbers) and ``equivalence.json``
+(:class:`~structlens.replication.claims.ClaimsDocument`: one claim per scenario group, the
+sanity scores and every row's score, null and intervals) from one run's stage results.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import hashlib
 import json
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from structlens.equivalence.compare import (
-    CompareConfig,
-    ComparisonResult,
-    compare,
-    corpus_probe,
-    task_probe,
-)
-from structlens.equivalence.scenarios import finetune_on_task, rotate_and_permute
+from structlens.equivalence.compare import CompareConfig, ComparisonResult
 from structlens.equivalence.score import wilson_interval
-from structlens.equivalence.train_small import SmallLMConfig, train_small_lm
-from structlens.models import load_model
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "replication" / "equivalence.md"
-
-SMALL = {
-    "L4-s0": SmallLMConfig(n_layers=4, seed=0),
-    "L4-s1": SmallLMConfig(n_layers=4, seed=1),
-    "L4-s2": SmallLMConfig(n_layers=4, seed=2),
-    "L2-s0": SmallLMConfig(n_layers=2, seed=0),
-    "L8-s0": SmallLMConfig(n_layers=8, seed=0),
-}
-FINETUNES = {
-    # name: (task, answer key); 16 AdamW steps of 8 prompts, layers 15-29, lr 2e-4
-    "smollm2-ft-ioi": ("ioi", "IO"),
-    "smollm2-ft-facts": ("factual_recall", "answer"),
-}
-FT_SETTINGS = dict(steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0)
-
-SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
-SMOL_CFG = CompareConfig(
-    validate_head_groups=True,
-    max_validate_heads=30,
-    max_validate_layers=4,
-    congruity_top_k=2,
-    congruity_max_layers=3,
-    batch_size=12,
+from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.equivalence.run import (
+    ENC_CFG,
+    FINETUNES,
+    METHOD,
+    PAPER,
+    SCENARIOS,
+    SMALL,
+    SMOL_CFG,
+    EquivalenceReplication,
+    Scenario,
 )
-ENC_CFG = CompareConfig(
-    representation="sentence", congruity_top_k=2, congruity_max_layers=3, batch_size=16
-)
-
-
-def small_model(root: Path, name: str):
-    path = train_small_lm(SMALL[name], root / "models" / name)
-    return load_model(str(path))
-
-
-def finetuned(root: Path, name: str):
-    out = root / "models" / name
-    if not (out / "finetune.json").exists():
-        base = load_model("smollm2-135m")
-        task_name, key = FINETUNES[name]
-        from structlens.data.tasks import make_task
-
-        task = make_task(task_name, base.tokenizer, n=64, seed=1)  # probe uses seed 0
-        t0 = time.perf_counter()
-        tuned, losses = finetune_on_task(base, task.clean, task.answers[key], **FT_SETTINGS)
-        tuned.hf.save_pretrained(out, safe_serialization=True)
-        base.tokenizer.save_pretrained(out)
-        info = dict(task=task_name, n_prompts=len(task), losses=losses, **FT_SETTINGS)
-        info["seconds"] = time.perf_counter() - t0
-        (out / "finetune.json").write_text(json.dumps(info))
-    return load_model(str(out))
-
-
-@dataclasses.dataclass
-class Scenario:
-    name: str
-    group: str
-    build: Callable[[Path], tuple]  # root -> (model_a, model_b, probe, config, note)
-    setting: str
-
-
-def _sanity_tiny(root: Path) -> tuple:
-    a = load_model("tiny-llama", seed=1)
-    b, _, _ = rotate_and_permute(a, seed=3)
-    return a, b, corpus_probe(a, b, n=32), SMALL_CFG
-
-
-def _sanity_smol(root: Path) -> tuple:
-    a = load_model("smollm2-135m")
-    b, _, _ = rotate_and_permute(a, seed=3)
-    return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
-
-
-def _small_pair(x: str, y: str) -> Callable[[Path], tuple]:
-    def build(root: Path) -> tuple:
-        a, b = small_model(root, x), small_model(root, y)
-        return a, b, corpus_probe(a, b, n=48), SMALL_CFG
-
-    return build
-
-
-def _ft_pair(name: str) -> Callable[[Path], tuple]:
-    def build(root: Path) -> tuple:
-        b = finetuned(root, name)
-        a = load_model("smollm2-135m")
-        return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
-
-    return build
-
-
-def _enc_dec(root: Path) -> tuple:
-    a, b = load_model("minilm-l6"), load_model("smollm2-135m")
-    return a, b, corpus_probe(a, b, n=64), ENC_CFG
-
-
-SCENARIOS = [
-    Scenario("sanity-tiny", "sanity", _sanity_tiny, "tiny-llama vs rotated+permuted copy, corpus"),
-    Scenario("sanity-smollm2", "sanity", _sanity_smol, "SmolLM2 vs rotated+permuted copy, IOI"),
-    Scenario("enc-dec", "encoder-decoder", _enc_dec, "MiniLM-L6 vs SmolLM2, sentences"),
-    Scenario("seeds-s0-s1", "seeds", _small_pair("L4-s0", "L4-s1"), "4L seed 0 vs 1"),
-    Scenario("seeds-s0-s2", "seeds", _small_pair("L4-s0", "L4-s2"), "4L seed 0 vs 2"),
-    Scenario("seeds-s1-s2", "seeds", _small_pair("L4-s1", "L4-s2"), "4L seed 1 vs 2"),
-    Scenario("depth-2-4", "depth", _small_pair("L2-s0", "L4-s0"), "2L vs 4L"),
-    Scenario("depth-4-8", "depth", _small_pair("L4-s0", "L8-s0"), "4L vs 8L"),
-    Scenario("depth-2-8", "depth", _small_pair("L2-s0", "L8-s0"), "2L vs 8L"),
-    Scenario("ft-ioi", "finetune", _ft_pair("smollm2-ft-ioi"), "SmolLM2 vs IOI fine-tune"),
-    Scenario("ft-facts", "finetune", _ft_pair("smollm2-ft-facts"), "SmolLM2 vs facts fine-tune"),
-]
-
-PAPER = {
-    "sanity": ("1 (by construction)", 1.0, 1.0),
-    "seeds": ("≈ 0.85", 0.85, 0.85),
-    "depth": ("≈ 0.6 (12 vs 24 layers)", 0.6, 0.6),
-    "finetune": ("0.4–0.9", 0.4, 0.9),
-    "encoder-decoder": ("≈ 0.3", 0.3, 0.3),
-}
-
-
-def fold_check(root: Path) -> dict:
-    """SmolLM2 against its rotated, head-permuted copy on one IOI-style prompt: logits,
-    hook_z of the moved heads and the rotated residual stream (cached)."""
-    path = root / "sanity_smollm2_fold.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    from structlens.interventions import run_with_cache
-
-    a = load_model("smollm2-135m")
-    b, head_map, r = rotate_and_permute(a, seed=3)
-    ids, mask = a.tokenize(["When Mary and John went to the store, John gave a drink to"])
-    sites = ["blocks.12.attn.hook_z", "blocks.12.hook_resid_post"]
-    la, ca = run_with_cache(a, ids, mask, sites)
-    lb, cb = run_with_cache(b, ids, mask, sites)
-    za, zb = ca[sites[0]], cb[sites[0]]
-    out = {
-        "max_abs_logit_diff": float((la - lb).abs().max()),
-        "max_abs_logit": float(la.abs().max()),
-        "top1_unchanged": bool((la.argmax(-1) == lb.argmax(-1)).all()),
-        "max_abs_z_diff_layer12": max(
-            float((za[:, :, h] - zb[:, :, head_map[12][h]]).abs().max()) for h in range(a.n_heads)
-        ),
-        "max_abs_resid_rotation_error_layer12": float(
-            (ca[sites[1]] @ r - cb[sites[1]]).abs().max()
-        ),
-        "max_abs_resid_layer12": float(ca[sites[1]].abs().max()),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
-
-
-def scenario_key(a, b, probe, cfg: CompareConfig) -> str:
-    """Cache key of a comparison: the non-default settings (so a new option left at its
-    default keeps old results valid), the probe texts and both models' fingerprints."""
-    default = dataclasses.asdict(CompareConfig())
-    changed = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
-    blob = json.dumps([changed, probe.texts, a.fingerprint(), b.fingerprint()], default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def run_scenario(root: Path, sc: Scenario) -> ComparisonResult:
-    out = root / "compare" / sc.name
-    a, b, probe, cfg = sc.build(root)
-    key = scenario_key(a, b, probe, cfg)
-    if (out / "key.txt").exists() and (out / "key.txt").read_text() == key:
-        return ComparisonResult.load(out)
-    t0 = time.perf_counter()
-    res = compare(a, b, probe, cfg)
-    res.save(out)
-    (out / "seconds.txt").write_text(f"{time.perf_counter() - t0:.0f}")
-    (out / "key.txt").write_text(key)
-    return res
+from structlens.replication.markdown import ci, finite_ci, num, write_text
 
 
 def _nan(x: float | str) -> bool:
     """NaN test for a loaded result, whose JSON stores NaN as the string "nan"."""
     return bool(np.isnan(float(x)))
-
-
-def _fmt_ci(lo: float, hi: float) -> str:
-    return f"[{lo:.2f}, {hi:.2f}]"
 
 
 def informative(r: ComparisonResult) -> bool | None:
@@ -239,7 +61,7 @@ def verdict(group: str, r: ComparisonResult) -> str:
     return _vs_paper(group, r.score_ci)
 
 
-def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
+def _row(sc: Scenario, r: ComparisonResult, seconds: dict[str, float]) -> str:
     cg = r.congruity
     rate = (
         " / ".join(f"{cg[k]['decision_rate']:.2f}" for k in ("point_test_ab", "point_test_ba"))
@@ -249,10 +71,10 @@ def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
     if _nan(r.null_score):
         null = inf = "— (no patching)"
     else:
-        null = f"{r.null_score:.2f} {_fmt_ci(*r.null_score_ci)}"
+        null = f"{r.null_score:.2f} {ci(r.null_score_ci)}"
         i = r.informative
         inf = (
-            f"{i['n_passed']}/{i['n_heads']} = {i['score']:.2f} {_fmt_ci(*i['score_ci'])}"
+            f"{i['n_passed']}/{i['n_heads']} = {i['score']:.2f} {ci(i['score_ci'])}"
             if i.get("n_heads")
             else "0 heads"
         )
@@ -260,17 +82,22 @@ def _row(root: Path, sc: Scenario, r: ComparisonResult) -> str:
     g = r.head_groups
     groups = f"{g['score']:.2f} / {g['null_score']:.2f} ({len(g['pairs'])} layers)" if g else "—"
     agree = {True: "yes", False: "**no**", None: "—"}[r.verdicts.get("agree")]
-    secs = root / "compare" / sc.name / "seconds.txt"
     return (
         f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | **{r.score:.2f}** "
-        f"{_fmt_ci(*r.score_ci)} ({r.validation_method}) | {len(r.validation)} | {null} | "
+        f"{ci(r.score_ci)} ({r.validation_method}) | {len(r.validation)} | {null} | "
         f"{inf} | {groups} | {layer} | {rate} | {r.verdicts['matching']} / "
         f"{r.verdicts.get('congruity', '—')} | {agree} | {verdict(sc.group, r)} | "
-        f"{secs.read_text() if secs.exists() else '?'} |"
+        f"{f'{seconds[sc.name]:.0f}' if sc.name in seconds else '?'} |"
     )
 
 
-def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
+def render_markdown(
+    rep: EquivalenceReplication,
+    results: dict[str, ComparisonResult],
+    fold: dict[str, Any] | None,
+    source: str,
+) -> str:
+    """The scenario table, per-row details, settings and discussion, from the stage results."""
     lines = []
     for sc in SCENARIOS:
         r = results.get(sc.name)
@@ -280,7 +107,7 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
                 "(rerun the script) |" + " |" * 10
             )
         else:
-            lines.append(_row(root, sc, r))
+            lines.append(_row(sc, r, rep.seconds))
     table = "\n".join(
         [
             "| scenario | pair | paper (summary) | our score [95 % CI] (method) | heads "
@@ -311,28 +138,18 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
                 else ""
             )
         )
-    small = {
-        n: json.loads((root / "models" / n / "train.json").read_text())
-        for n in SMALL
-        if (root / "models" / n / "train.json").exists()
-    }
+    small = {n: rep.small_info[n] for n in SMALL if n in rep.small_info}
     train_lines = [
         f"* `{n}`: {c['config']['n_layers']} layers, d = {c['config']['d_model']}, final loss "
         f"{c['loss'][-1][1]:.2f} nats/byte, {c['seconds']:.0f} s"
         for n, c in small.items()
     ]
-    ft = {
-        n: json.loads((root / "models" / n / "finetune.json").read_text())
-        for n in FINETUNES
-        if (root / "models" / n / "finetune.json").exists()
-    }
+    ft = {n: rep.ft_info[n] for n in FINETUNES if n in rep.ft_info}
     ft_lines = [
         f"* `{n}`: task `{c['task']}`, loss {c['losses'][0]:.2f} → {c['losses'][-1]:.2f} nats "
         f"(first → last step), {c['seconds']:.0f} s"
         for n, c in ft.items()
     ]
-    fold_path = root / "sanity_smollm2_fold.json"
-    fold = json.loads(fold_path.read_text()) if fold_path.exists() else None
     fold_text = (
         "SmolLM2-135M-Instruct folded (norm gains into readers, tied unembedding untied), rotated "
         f"and head-permuted: max |Δlogit| {fold['max_abs_logit_diff']:.2g} (max |logit| "
@@ -343,7 +160,8 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
         if fold
         else "not run yet."
     )
-    text = TEMPLATE.format(
+    return TEMPLATE.format(
+        source=source,
         fold=fold_text,
         discussion=discussion(results),
         disagree=disagreements(results),
@@ -351,19 +169,17 @@ def write_doc(root: Path, results: dict[str, ComparisonResult]) -> None:
         detail="\n".join(detail),
         train="\n".join(train_lines),
         ft="\n".join(ft_lines),
-        small_cfg=json.dumps(dataclasses.asdict(SMALL["L4-s0"])),
+        small_cfg=json.dumps(dataclasses.asdict(rep.s["small"]["L4-s0"])),
         smol_cfg=_cfg_text(SMOL_CFG),
-        small_cmp=_cfg_text(SMALL_CFG),
+        small_cmp=_cfg_text(rep.s["small_cfg"]),
         enc_cfg=_cfg_text(ENC_CFG),
     )
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
 
 
 def _pooled(k: int, n: int, group: str | None = None) -> str:
     """``k/n = rate [Wilson CI]``, and the verdict against the paper when ``group`` is given."""
     lo, hi = wilson_interval(k, n)
-    text = f"{k}/{n} = {k / n:.2f} {_fmt_ci(lo, hi)}"
+    text = f"{k}/{n} = {k / n:.2f} {ci((lo, hi))}"
     return text + (f" ({_vs_paper(group, (lo, hi))} vs paper)" if group else "")
 
 
@@ -412,7 +228,7 @@ def discussion(results: dict[str, ComparisonResult]) -> str:
                         f", partner groups pass on {_pooled(kgi, ngi, group)} of the layers "
                         "whose null fails"
                     )
-            flags = [informative(r) for r in patched]
+            flags = [bool(informative(r)) for r in patched]  # never None on patched rows
             line += (
                 f"; score and null intervals disjoint (score claimed) in {sum(flags)} of "
                 f"{len(flags)} row(s)"
@@ -472,12 +288,12 @@ def _cfg_text(cfg: CompareConfig) -> str:
 
 TEMPLATE = """# Replication: interpretive equivalence scenario table
 
-Produced by `python scripts/replicate_equivalence.py` (2 shared CPU cores, no GPU; caches under
-`results/equivalence/`). The "paper" column is the scenario table of the circulating method
-summary of Sun & Toneva (arXiv 2603.30002). **That table is not in the paper's public code**
-(../shared/notes/equivalence.md §3: the reference code has no matching step and no
-encoder–decoder models), and its models (GPT-2 family, 12 vs 24 layers) are not ours, so the
-verdicts compare orders of magnitude, not numbers.
+Produced by `{source}` (2 shared CPU cores, no GPU; caches under
+`results/replication/equivalence/`). The "paper" column is the scenario table of the
+circulating method summary of Sun & Toneva (arXiv 2603.30002). **That table is not in the
+paper's public code** (../shared/notes/equivalence.md §3: the reference code has no matching
+step and no encoder–decoder models), and its models (GPT-2 family, 12 vs 24 layers) are not
+ours, so the verdicts compare orders of magnitude, not numbers.
 
 ## Method
 
@@ -611,54 +427,88 @@ The summary's numbers come from models we cannot run (GPT-2 family,
 """
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default="results/equivalence")
-    ap.add_argument("--only", nargs="*", default=None, help="scenario names to (re)run")
-    ap.add_argument(
-        "--doc-only", action="store_true", help="rewrite the doc from cached results only"
-    )
-    ap.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (1 on a shared machine)"
-    )
-    args = ap.parse_args(argv)
-    import torch
+def _finite(x: Any) -> float | None:
+    """A result's score as a float, ``None`` where it is NaN (not measured for that row)."""
+    v = num(x)
+    return v if np.isfinite(v) else None
 
-    torch.set_num_threads(args.threads)
-    unknown = set(args.only or []) - {sc.name for sc in SCENARIOS}
-    if unknown:
-        ap.error(
-            f"unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in SCENARIOS]}"
+
+def _group_verdict(row_verdicts: list[str]) -> str:
+    """A group's claims verdict from its rows': all consistent → reproduced; all lower or
+    higher → not reproduced; all uninformative (null ≈ score) → unidentified; else partly."""
+    kinds = {"consistent" if v == "consistent" else "uninformative" if v.startswith("un")
+             else "off" for v in row_verdicts}  # fmt: skip
+    if kinds == {"consistent"}:
+        return "reproduced"
+    if kinds == {"off"}:
+        return "not reproduced"
+    if kinds == {"uninformative"}:
+        return "unidentified"
+    return "partly"
+
+
+def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
+    """One claim per scenario group (pooled validated-head score, Wilson CI) plus the
+    sanity, per-row and settings blocks issue 16 asks for."""
+    found = []
+    for group, (claim, _, _) in PAPER.items():
+        names = [sc.name for sc in SCENARIOS if sc.group == group and sc.name in results]
+        if not names:
+            continue
+        rs = [results[n] for n in names]
+        k = sum(sum(v["passed"] for v in r.validation) for r in rs)
+        n = sum(len(r.validation) for r in rs)
+        rows = [verdict(group, r) for r in rs]
+        found.append(
+            Claim(
+                id=f"{group}_score",
+                paper=claim,
+                ours=k / n if n else None,
+                ci=finite_ci(wilson_interval(k, n)) if n else None,
+                verdict=_group_verdict(rows),
+                settings={"rows": names, "validation": rs[0].validation_method},
+                ci_reason=None if n else "no head was validated",
+                note="row verdicts: " + ", ".join(f"{a} {b}" for a, b in zip(names, rows)),
+            )
         )
-    root = Path(args.root)
-    if args.doc_only:
-        args.only = []
-    else:
-        fold_check(root)
-    results = {}
-    todo = []
-    for sc in SCENARIOS:
-        out = root / "compare" / sc.name
-        if args.only is not None and sc.name not in args.only:
-            if (out / "result.json").exists():
-                results[sc.name] = ComparisonResult.load(out)
-        else:
-            todo.append(sc)
-    if args.only:  # run in the order asked, e.g. the cheap scenarios first
-        todo.sort(key=lambda sc: args.only.index(sc.name))
-    for sc in todo:
-        t0 = time.perf_counter()
-        results[sc.name] = run_scenario(root, sc)
-        r = results[sc.name]
-        print(
-            f"{sc.name}: score {r.score:.3f} {r.score_ci} null {float(r.null_score):.3f} "
-            f"layers {float(r.layer_score):.3f} verdicts {r.verdicts} "
-            f"({time.perf_counter() - t0:.0f} s)",
-            flush=True,
-        )
-        write_doc(root, results)
-    write_doc(root, results)
+    sanity = [results[n] for n in ("sanity-smollm2", "sanity-tiny") if n in results]
+    blocks: dict[str, Any] = {
+        "sanity": {
+            "row": next(n for n in ("sanity-smollm2", "sanity-tiny") if n in results)
+            if sanity
+            else None,
+            "head_score": _finite(sanity[0].score) if sanity else None,
+            "layer_score": _finite(sanity[0].layer_score) if sanity else None,
+        },
+        "rows": [
+            {
+                "name": sc.name,
+                "group": sc.group,
+                "score": _finite(r.score),
+                "score_ci": finite_ci(r.score_ci),
+                "null_score": _finite(r.null_score),
+                "null_score_ci": finite_ci(r.null_score_ci),
+                "layer_score": _finite(r.layer_score),
+                "verdicts": r.verdicts,
+                "verdict_vs_paper": verdict(sc.group, r),
+            }
+            for sc in SCENARIOS
+            if (r := results.get(sc.name)) is not None
+        ],
+    }
+    return ClaimsDocument(METHOD, source, tuple(found), blocks)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def write(
+    rep: EquivalenceReplication,
+    results: dict[str, ComparisonResult],
+    fold: dict[str, Any] | None,
+    doc_dir: str | Path,
+) -> tuple[Path, Path]:
+    """Write ``equivalence.md`` and ``equivalence.json`` into ``doc_dir``."""
+    from structlens.replication import command
+
+    doc_dir = Path(doc_dir)
+    source = command(METHOD, rep.s["profile"])
+    md = write_text(doc_dir / f"{METHOD}.md", render_markdown(rep, results, fold, source))
+    return md, claims(results, source).write(doc_dir / f"{METHOD}.json")

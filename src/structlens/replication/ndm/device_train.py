@@ -5,11 +5,12 @@ training runs.  This script splits the two so the optimisation can run on an acc
 only receives activations:
 
     # here: pack the residuals of an `ndm train` activation store (float16, a file per layer group)
-    python scripts/ndm_device_train.py pack results/ndm/train --layers 12,17 --out a.safetensors
+    python -m structlens.replication.ndm.device_train pack TRAIN_DIR --layers 12,17 --out a.st
     # there: one process per layer, each stopped after --seconds of wall time (checkpointed)
-    python scripts/ndm_device_train.py train a.safetensors --device cuda --seconds 240 --out OUT
+    python -m structlens.replication.ndm.device_train train a.st --device cuda --out OUT
     # here: OUT has the layout of `ndm train --out` (ndm_train.json, ndm-L*/, R-L*.safetensors),
-    # so `structlens ndm evaluate --train OUT` and `scripts/replicate_ndm.py --train OUT` use it.
+    # so `structlens ndm evaluate --train OUT` uses it; `structlens replicate ndm --profile gpu`
+    # runs both steps as one cached stage.
 
 Activations travel as float16 (the residual stream of SmolLM2 stays far inside float16's range;
 its relative rounding, 5e-4, is far below nearest-neighbour distances).  Every optimisation
@@ -111,7 +112,7 @@ def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[st
     results = {str(r.pop("layer")): r for r in rows}
     payload = {
         **header,
-        "command": "scripts/ndm_device_train.py train",
+        "command": "structlens.replication.ndm.device_train train",
         "layers": [int(k) for k in results],
         "partition": {k: v["partition"] for k, v in results.items()},
         "config": {**rows[0]["config"]},

@@ -1,25 +1,23 @@
-"""The replication report renders what the JSON files hold (and leaves out what is missing)."""
+"""The causal-dimension render step shows what the stages produced and leaves out the rest."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
 from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
-from structlens.report.causal import write_replication_doc
+from structlens.replication.causal_dim.render import claims, render_markdown
+from structlens.replication.causal_dim.run import Run
 from structlens.results import to_jsonable
 
-SETTINGS = {"profile": "quick", "k": 4, "jacobian_prompt_tokens": 8, "n_ce_prompts": 2}
+SETTINGS = {"profile": "smoke", "k": 4, "jacobian_prompt_tokens": 8, "n_ce_prompts": 2}
 
 
-def test_report_from_kappa_and_four_cell(tmp_path):
+def test_render_from_kappa_and_four_cell(tmp_path):
     g = np.zeros((8, 10, 10))
     for i in range(8):
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: κ = κ_PR = 8
     res = kappa_from_grams(g)
     entry = to_jsonable(res) | {"layer": 3, "curve": kappa_curve(g, [1, 8], n_draws=3)}
-    (tmp_path / "kappa.json").write_text(json.dumps({"d": 10, "layers": [entry]}))
     four = {
         "width": 64,
         "n_causal": {"learned_enc/learned_dec": 4, "random_enc/learned_dec": 12},
@@ -28,8 +26,8 @@ def test_report_from_kappa_and_four_cell(tmp_path):
         "epsilon": 0.1,
         "n_tokens": 100,
     }
-    (tmp_path / "fourcell.json").write_text(json.dumps(four))
-    doc = write_replication_doc(tmp_path, SETTINGS, tmp_path / "doc.md").read_text()
+    run = Run(settings=SETTINGS, out=tmp_path, kappa={"d": 10, "layers": [entry]}, fourcell=four)
+    doc = render_markdown(run, "test")
     assert "L3: κ = 8 " in doc and "κ/d = 0.800" in doc
     assert "L3: κ_PR = 8.0" in doc and "reproduced (PR ≤ erank" in doc
     assert "| 3.00× (random enc/learned dec" in doc and "reproduced (direction)" in doc
@@ -37,3 +35,14 @@ def test_report_from_kappa_and_four_cell(tmp_path):
     assert "| Wedge | 15.6× vs 4.35× | not run | — |" in doc
     assert "## Width sweep" not in doc and "## IOI" not in doc
     assert (tmp_path / "sigma_spectrum.png").exists() and (tmp_path / "kappa_vs_n.png").exists()
+    # the claims carry the same numbers and verdicts as the table
+    by_id = {c.id: c for c in claims(run, "test").claims}
+    assert by_id["random_encoder_inflation"].ours == 3.0
+    assert by_id["random_encoder_inflation"].verdict == "reproduced"
+    assert by_id["kappa_pr_lower_bound"].verdict == "reproduced"
+    assert abs(by_id["exact_kappa"].ours - 8.0) < 1e-9
+    assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 0.8) < 1e-12
+    # κ(8)/κ(4) is not on this curve: the last doubling compares n = 8 with n = 1
+    doc_json = claims(run, "test").to_json()
+    assert list(doc_json["kappa"]["ratio_last_doubling"]) == ["3"]
+    assert abs(doc_json["kappa"]["ratio_last_doubling"]["3"] - 8.0) < 1e-9

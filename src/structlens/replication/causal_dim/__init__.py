@@ -1,0 +1,1 @@
+"""Replication of the causal-dimensionality claims (Sarkar & Deka) on SmolLM2."""

@@ -1,0 +1,663 @@
+"""Replicate the causal-dimensionality claims on SmolLM2-135M-Instruct.
+
+    python -m structlens.replication causal-dimension                  # CPU profile
+    python -m structlens.replication causal-dimension --profile gpu --device cuda
+
+Stages, each cached through :class:`~structlens.replication.stage.StageCache` under
+``--out`` (default ``results/causal-dimension/<profile>``): exact per-vector Grams in blocks
+of 16 vectors, taken in rounds over layers, then κ with CIs (``kappa``); the training
+residuals captured once (``train-acts``) and every SAE trained on that one stream (``sae``);
+the evaluation residuals and their gradients from one backward pass per batch
+(``eval-grads``), reused by the width sweep, CE recovered, the four-cell control, the
+architecture and depth comparisons and IOI; and the synthetic AtP-recall check.  A failing
+analysis part is logged and left out; the others still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.results import Result, to_jsonable
+
+METHOD = "causal-dimension"
+GRAM_BLOCK = 16  # vectors per cached Gram block
+
+CPU = {
+    "profile": "cpu",
+    "model": "smollm2-135m",
+    "jacobian_layers": [15, 5, 10, 20, 25],
+    # Rounds: every layer gets the first count before any gets the next (a stopped run still
+    # covers all layers); L15 (the sweep layer, compared with κ̂) gets more vectors first.
+    "jacobian_rounds": [
+        {"default": 16},
+        {"15": 64, "default": 16},
+        {"15": 64, "default": 32},
+        {"15": 128, "default": 32},
+        {"15": 128, "default": 64},
+    ],
+    "jacobian_prompt_tokens": 24,
+    # Each bootstrap replicate and curve draw is one eigendecomposition of a d × d matrix.
+    "kappa_curve_draws": 10,
+    "sweep_layer": 15,
+    "widths": [512, 1024, 2048, 4096, 8192, 16384, 32768],
+    "architecture": "topk",
+    "k": 32,
+    # A fixed rate: with the width rule and lr_base 1e-3, widths 512–2048 got 2.8e-3–5.7e-3
+    # and diverged (training FVU 2.7–5.1) in a first run; 1e-3 trained 16384 to FVU 0.32.
+    "lr": 1e-3,
+    "batch_size": 256,
+    # One epoch: the 2-core machine was shared with ~15 runnable jobs during the run.
+    "epochs": 1,
+    # Features silent for this many training tokens count as dead and get the aux-k loss.
+    "dead_tokens": 25_000,
+    "prompt_tokens": 128,
+    "n_train_prompts": 400,
+    "n_eval_prompts": 36,
+    # The CPU profile ran on 2 cores shared with ~12 runnable jobs: 400 training windows
+    # (~5·10⁴ tokens, half the corpus), 12 of the unused ones join the held-out evaluation.
+    "n_eval_extra": 12,
+    "train_tokens": None,  # cap on the captured tokens each SAE trains on (None = all)
+    "n_ce_prompts": 8,
+    "n_blocks": 64,
+    "n_bootstrap": 200,
+    "ablation_width": 2048,
+    "arch_controls": ["jumprelu", "relu"],
+    "depth_layers": [5, 10, 20],
+    "depth_width": 512,
+    "ioi_prompts": 32,
+    "seed": 0,
+}
+GPU = CPU | {
+    "profile": "gpu",
+    "jacobian_rounds": [{"default": 64}, {"15": 220, "default": 128}],
+    "widths": [512, 1024, 2048, 4096, 8192, 16384, 32768],
+    "batch_size": 1024,
+    "epochs": 8,
+    "dead_tokens": 100_000,
+    "n_train_prompts": 800,
+    "n_eval_extra": 27,
+    "depth_layers": [5, 10, 20, 25],
+}
+SMOKE = CPU | {
+    "profile": "smoke",
+    "model": "tiny-llama",
+    "jacobian_layers": [1, 2],
+    "jacobian_rounds": [{"default": 3}, {"1": 5, "default": 3}],
+    "jacobian_prompt_tokens": 8,
+    "kappa_curve_draws": 3,
+    "sweep_layer": 1,
+    "widths": [64, 128, 256],
+    "k": 4,
+    "batch_size": 64,
+    "epochs": 1,
+    "dead_tokens": 1000,
+    "prompt_tokens": 32,
+    "n_train_prompts": 40,
+    "n_eval_prompts": 8,
+    "n_eval_extra": 4,
+    "n_ce_prompts": 4,
+    "n_blocks": 8,
+    "n_bootstrap": 20,
+    "ablation_width": 128,
+    "depth_layers": [0, 2],
+    "depth_width": 64,
+    "ioi_prompts": 0,  # the byte-level test tokenizer has no single-token names
+    "synthetic_steps": 60,
+}
+PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class GramBlock(Result):
+    """Exact ``JᵀJ`` [n, d, d] (float64) of consecutive residual vectors of one layer."""
+
+    grams: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerActivations(Result):
+    """Residuals [n_layers, n_tokens, d] (``acts``) and, for evaluation, the gradient of the
+    summed next-token loss at the same rows (``grads``), with the batch sizes they came in."""
+
+    layers: list[int]
+    acts: np.ndarray
+    grads: np.ndarray | None = None
+    batch_sizes: list[int] | None = None
+
+    def of(self, layer: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.acts[self.layers.index(layer)]))
+
+    def pairs(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(acts, grads) per original batch, as the analysis consumed them when captured."""
+        if self.grads is None or self.batch_sizes is None:
+            raise ValueError("these activations were captured without gradients.")
+        i = self.layers.index(layer)
+        a = torch.from_numpy(np.ascontiguousarray(self.acts[i]))
+        g = torch.from_numpy(np.ascontiguousarray(self.grads[i]))
+        return list(zip(a.split(self.batch_sizes), g.split(self.batch_sizes), strict=True))
+
+
+def prompts_split(model: Any, s: dict) -> tuple[list, list, list]:
+    """(train, eval, ce) prompts: every 20th full window is held out; eval = the first
+    held-out windows plus the training windows left over, CE = the next held-out ones."""
+    from structlens.data.corpus import chunk_documents, load_texts
+
+    chunks = chunk_documents(load_texts(None), model.tokenizer, max_tokens=s["prompt_tokens"])
+    full = [list(c.token_ids) for c in chunks if len(c.token_ids) == s["prompt_tokens"]]
+    held = full[::20]
+    other = [p for i, p in enumerate(full) if i % 20]
+    n_tr, n_ev = s["n_train_prompts"], s["n_eval_prompts"]
+    evalp = held[:n_ev] + other[n_tr : n_tr + s["n_eval_extra"]]
+    return other[:n_tr], evalp, held[n_ev : n_ev + s["n_ce_prompts"]]
+
+
+def jacobian_prompts(model: Any, s: dict) -> list[list[int]]:
+    """Held-out windows of ``jacobian_prompt_tokens`` tokens, chunk-major within a window
+    index, so the first vectors all come from different chunks."""
+    from structlens.data.corpus import chunk_documents, load_texts
+
+    chunks = chunk_documents(load_texts(None), model.tokenizer, max_tokens=s["prompt_tokens"])
+    held = [list(c.token_ids) for c in chunks if len(c.token_ids) == s["prompt_tokens"]][::20]
+    n = s["jacobian_prompt_tokens"]
+    starts = range(0, s["prompt_tokens"] - n + 1, n + 2)
+    return [c[a : a + n] for a in starts for c in held]
+
+
+def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
+    """(name, SAETrainConfig kwargs, layer) in training order: the width sweep (smallest
+    first), the architecture controls, then the depth SAEs."""
+    base = {"k": s["k"], "lr": s["lr"], "seed": s["seed"], "dead_tokens": s["dead_tokens"]}
+    sweep = [
+        (f"topk-{w}", base | {"architecture": "topk", "d_sae": w}, s["sweep_layer"])
+        for w in s["widths"]
+    ]
+    arch = [
+        (
+            f"{a}-{s['ablation_width']}",
+            base | {"architecture": a, "d_sae": s["ablation_width"], "target_l0": float(s["k"])},
+            s["sweep_layer"],
+        )
+        for a in s["arch_controls"]
+    ]
+    depth = [
+        (f"depth-L{layer}-topk-{s['depth_width']}", base | {"d_sae": s["depth_width"]}, layer)
+        for layer in s["depth_layers"]
+    ]
+    return sweep + arch + depth
+
+
+@dataclasses.dataclass
+class Run:
+    """What the render step reads: every stage result of one run (``None`` when missing)."""
+
+    settings: dict[str, Any]
+    out: Path
+    kappa: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None
+    ce: dict[str, Any] | None = None
+    fourcell: dict[str, Any] | None = None
+    arch: dict[str, Any] | None = None
+    depth: dict[str, Any] | None = None
+    ioi: dict[str, Any] | None = None
+    synthetic: dict[str, Any] | None = None
+    trained: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class CausalReplication:
+    """The stages of one profile, sharing one model, one cache and one :class:`Run`."""
+
+    def __init__(self, s: dict[str, Any], out: Path, device: str = "cpu") -> None:
+        from structlens.models import load_model
+
+        self.s, self.device = s, device
+        self.cache = StageCache(out / "stages")
+        self.model = load_model(s["model"], device=device)
+        self.fp = self.model.fingerprint()
+        self.run_ = Run(settings=s, out=out)
+
+    def part(self, name: str, fn: Any) -> None:
+        """Run one analysis part; a failure is logged and recorded, and the others still run."""
+        t = time.time()
+        try:
+            fn()
+            log(f"{name} done ({time.time() - t:.0f} s)")
+        except Exception:  # noqa: BLE001 - one broken part must not lose the rest of a long run
+            log(f"{name} FAILED\n{traceback.format_exc()}")
+            self.run_.failures[name] = traceback.format_exc()
+
+    # -- exact κ ------------------------------------------------------------------------
+    def gram_spans(self, n_prompts: int) -> dict[int, list[tuple[int, int]]]:
+        """Per layer, the vector ranges [start, stop) of the Gram blocks the rounds ask for:
+        blocks of :data:`GRAM_BLOCK` vectors, a round's last block cut at its target."""
+        s = self.s
+        have = {layer: 0 for layer in s["jacobian_layers"]}
+        out: dict[int, list[tuple[int, int]]] = {layer: [] for layer in have}
+        for round_target in s["jacobian_rounds"]:
+            for layer in s["jacobian_layers"]:
+                target = min(round_target.get(str(layer), round_target["default"]), n_prompts)
+                while have[layer] < target:
+                    a = have[layer]
+                    b = min(target, (a // GRAM_BLOCK + 1) * GRAM_BLOCK)
+                    out[layer].append((a, b))
+                    have[layer] = b
+        return out
+
+    def jacobian(self) -> list[Stage]:
+        """Exact per-vector Grams in rounds over layers, then κ with CIs."""
+        from structlens.causal_dim import JacobianConfig
+        from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+        from structlens.causal_dim.model import vector_grams
+
+        s = self.s
+        prompts = jacobian_prompts(self.model, s)
+        cfg = JacobianConfig(output="log_probs", max_rows=self.model.d_model)
+        blocks: dict[int, list[Stage]] = {layer: [] for layer in s["jacobian_layers"]}
+        grams: dict[int, list[np.ndarray]] = {layer: [] for layer in s["jacobian_layers"]}
+        plan = self.gram_spans(len(prompts))
+        # round-major order, as the rounds were designed (a stopped run covers every layer)
+        order = sorted(
+            ((i, layer) for layer, spans in plan.items() for i in range(len(spans))),
+            key=lambda t: (t[0], s["jacobian_layers"].index(t[1])),
+        )
+        for i, layer in order:
+            a, b = plan[layer][i]
+            stage = Stage(
+                "grams",
+                {"layer": layer, "start": a, "stop": b, "output": "log_probs"},
+                model=self.fp,
+                data=data_digest(prompts[a:b]),
+            )
+
+            def compute(_: Path, layer: int = layer, a: int = a, b: int = b) -> GramBlock:
+                t = time.time()
+                g = [x.numpy() for x in vector_grams(self.model, layer, prompts[a:b], cfg)]
+                log(f"layer {layer}: vectors {a}-{b} ({(time.time() - t) / (b - a):.1f} s/vec)")
+                return GramBlock(grams=np.stack(g))
+
+            grams[layer].append(self.cache.run(stage, GramBlock, compute).grams)
+            blocks[layer].append(stage)
+        all_blocks = [st for layer in s["jacobian_layers"] for st in blocks[layer]]
+        stage = Stage(
+            "kappa",
+            {k: s[k] for k in ("kappa_curve_draws", "seed")},
+            inputs=tuple(st.key for st in all_blocks),
+        )
+
+        def summarize(_: Path) -> Record:
+            layers = []
+            for layer in s["jacobian_layers"]:
+                if not grams[layer]:
+                    continue
+                g = np.concatenate(grams[layer])
+                if g.shape[0] < 2:
+                    continue
+                res = kappa_from_grams(g)
+                sizes = sorted(
+                    {n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n < g.shape[0]} | {len(g)}
+                )
+                curve = kappa_curve(g, sizes, n_draws=s["kappa_curve_draws"], seed=s["seed"])
+                layers.append(to_jsonable(res) | {"layer": layer, "curve": curve})
+            settings = {
+                "output": "log_probs",
+                "outputs": "same",
+                "position": "last token of each window",
+                "prompt_tokens": s["jacobian_prompt_tokens"],
+            }
+            d = layers[0]["d"] if layers else None
+            return Record.of({"d": d, "settings": settings, "layers": layers})
+
+        self.run_.kappa = self.cache.run(stage, Record, summarize).data
+        self.kappa_stage = stage
+        return all_blocks
+
+    # -- SAE training ---------------------------------------------------------------------
+    def train(self) -> dict[str, tuple[Stage, Path]]:
+        """Capture the training residuals once, then every SAE on that one stream."""
+        from structlens.causal_dim.experiment import shuffled_batches
+        from structlens.causal_dim.model import residual_batches_multi
+        from structlens.sae import SAETrainConfig, save_sae, train_sae
+
+        s, device = self.s, self.device
+        layers = sorted({s["sweep_layer"], *s["depth_layers"]})
+        train_prompts, _, _ = prompts_split(self.model, s)
+        acts_stage = Stage(
+            "train-acts", {"layers": layers}, model=self.fp, data=data_digest(train_prompts)
+        )
+
+        def capture(_: Path) -> LayerActivations:
+            t = time.time()
+            parts: dict[int, list] = {layer: [] for layer in layers}
+            for batch in residual_batches_multi(self.model, layers, train_prompts):
+                for layer, a in batch.items():
+                    parts[layer].append(a.half())
+            acts = np.stack([torch.cat(parts[layer]).cpu().numpy() for layer in layers])
+            log(f"captured {acts.shape[1]} tokens at layers {layers} ({time.time() - t:.0f} s)")
+            return LayerActivations(layers=layers, acts=acts)
+
+        acts = self.cache.run(acts_stage, LayerActivations, capture)
+        trained = {}
+        for name, kw, layer in sae_jobs(s):
+            cfg = {
+                "name": name,
+                "sae": kw,
+                "layer": layer,
+                "batch_size": s["batch_size"],
+                "epochs": s["epochs"],
+                "train_tokens": s["train_tokens"],
+                "seed": s["seed"],
+                "device": device,
+            }
+            stage = Stage("sae", cfg, inputs=(acts_stage.key,))
+
+            def fit(folder: Path, name: str = name, kw: dict = kw, layer: int = layer) -> Record:
+                t = time.time()
+                x = acts.of(layer)[: s["train_tokens"]].to(device).float()
+                batches = shuffled_batches(x, s["batch_size"], s["epochs"], s["seed"])
+                res = train_sae(SAETrainConfig(**kw), batches, device=device, tail_tokens=20_000)
+                save_sae(res.sae.cpu(), folder / "sae")
+                info = {
+                    "layer": layer,
+                    "n_train_tokens": int(x.shape[0]),
+                    "tokens": res.tokens,
+                    "steps": res.steps,
+                    "epochs": s["epochs"],
+                    "final_fvu": res.final_fvu,
+                    "final_l0": res.final_l0,
+                    "l0_matched": res.l0_matched,
+                    "dead_fraction": res.dead_fraction,
+                    "learning_rate": res.learning_rate,
+                    "seconds": time.time() - t,
+                    "device": device,
+                }
+                log(
+                    f"trained {name}: FVU {res.final_fvu:.3f} L0 {res.final_l0:.1f} "
+                    f"({info['seconds']:.0f} s)"
+                )
+                return Record.of(info)
+
+            self.run_.trained[name] = self.cache.run(stage, Record, fit).data
+            trained[name] = (stage, self.cache.path(stage) / "sae")
+        return trained
+
+    # -- analysis -------------------------------------------------------------------------
+    def analyze(self, trained: dict[str, tuple[Stage, Path]]) -> None:
+        from structlens.causal_dim import FeatureStats, calibrate_epsilon
+        from structlens.causal_dim.experiment import (
+            ce_recovered_by_width,
+            four_cell,
+            ioi_recovery,
+            sae_quality,
+            sweep_analysis,
+        )
+        from structlens.causal_dim.model import residual_grads_multi
+        from structlens.causal_dim.sweep import WidthSweepConfig, analyze_width_sweep
+        from structlens.sae import load_sae
+
+        s, model, R = self.s, self.model, self.run_
+        torch.manual_seed(s["seed"])
+        _, evalp, cep = prompts_split(model, s)
+        L = s["sweep_layer"]
+        layers = sorted({L, *s["depth_layers"]})
+        saes = {n: load_sae(path) for n, (_, path) in sorted(trained.items())}
+        key_of = {n: st.key for n, (st, _) in trained.items()}
+        grads_stage = Stage(
+            "eval-grads", {"layers": layers}, model=self.fp, data=data_digest(evalp)
+        )
+
+        def capture(_: Path) -> LayerActivations:
+            t = time.time()
+            pairs: dict[int, list] = {layer: [] for layer in layers}
+            for batch in residual_grads_multi(model, layers, evalp):
+                for layer, ag in batch.items():
+                    pairs[layer].append(ag)
+            sizes = [a.shape[0] for a, _ in pairs[L]]
+            acts = np.stack([torch.cat([a for a, _ in pairs[y]]).numpy() for y in layers])
+            grads = np.stack([torch.cat([g for _, g in pairs[y]]).numpy() for y in layers])
+            log(f"eval acts+grads: {sum(sizes)} tokens at {layers} ({time.time() - t:.0f} s)")
+            return LayerActivations(layers=layers, acts=acts, grads=grads, batch_sizes=sizes)
+
+        ev = self.cache.run(grads_stage, LayerActivations, capture)
+        pairs = {layer: ev.pairs(layer) for layer in layers}
+        eval_acts = {layer: ev.of(layer) for layer in layers}
+        exact = None
+        for e in (R.kappa or {}).get("layers", []):
+            if e["layer"] == L:
+                exact = e["erank"]
+        topk = {w: saes[f"topk-{w}"] for w in s["widths"] if f"topk-{w}" in saes}
+        cfg = WidthSweepConfig(n_bootstrap=s["n_bootstrap"], seed=s["seed"])
+        kappa_key = (self.kappa_stage.key,) if hasattr(self, "kappa_stage") else ()
+
+        def stage(name: str, config: dict, sae_names: list[str], extra: tuple = ()) -> Stage:
+            inputs = (grads_stage.key, *(key_of[n] for n in sae_names), *extra)
+            return Stage(name, config, inputs=inputs)
+
+        sweep_names = [f"topk-{w}" for w in topk]
+
+        def sweep() -> None:
+            def compute(_: Path) -> Record:
+                res, stats = sweep_analysis(
+                    topk, pairs[L], cfg, n_blocks=s["n_blocks"], exact_erank=exact
+                )
+                # Total and largest AtP per width: does a wider SAE split the same causal mass?
+                atp = {str(w): st.scores()[0] for w, st in stats.items()}
+                mass = {w: {"sum": float(a.sum()), "max": float(a.max())} for w, a in atp.items()}
+                # Sensitivity to the base width: ε from the top 2% of a wider base (same tokens).
+                bases = {}
+                for b in [w for w in topk if w > min(topk)][:2]:
+                    sub = {w: st for w, st in stats.items() if w >= b}
+                    if len(sub) >= 2:
+                        r = analyze_width_sweep(sub, dataclasses.replace(cfg, n_bootstrap=0))
+                        bases[str(b)] = {
+                            "widths": r.widths.tolist(),
+                            "n_causal": r.n_causal.tolist(),
+                        }
+                quality = {str(w): sae_quality(sae, eval_acts[L]) for w, sae in topk.items()}
+                training = {str(w): R.trained[f"topk-{w}"] for w in topk}
+                log(f"sweep: n_repr {res.n_repr.tolist()} n_causal {res.n_causal.tolist()}")
+                return Record(
+                    payload=json.dumps(
+                        to_jsonable(res)
+                        | {"layer": L, "site": f"blocks.{L}.hook_resid_pre"}
+                        | {"quality": quality, "training": training, "atp_mass": mass}
+                        | {"other_bases": bases},
+                        default=str,
+                    )
+                )
+
+            config = {"n_bootstrap": s["n_bootstrap"], "n_blocks": s["n_blocks"], "seed": s["seed"]}
+            st = stage("sweep", config, sweep_names, kappa_key)
+            R.sweep = self.cache.run(st, Record, compute).data
+            self.sweep_stage = st
+
+        def ce() -> None:
+            names = [n for n in saes if not n.startswith("depth")]
+            st = stage("ce", {"n_ce_prompts": s["n_ce_prompts"], "ce": data_digest(cep)}, names)
+
+            def compute(_: Path) -> Record:
+                # keyed by SAE name here (the function accepts any keys, e.g. widths)
+                todo: dict[Any, Any] = {n: saes[n] for n in names}
+                got = ce_recovered_by_width(model, L, todo, cep)
+                return Record.of({str(k): v for k, v in got.items()})
+
+            R.ce = self.cache.run(st, Record, compute).data
+
+        def arch() -> None:
+            w = s["ablation_width"]
+            names = [f"{a}-{w}" for a in ["topk", *s["arch_controls"]] if f"{a}-{w}" in saes]
+            sweep_key = (self.sweep_stage.key,) if hasattr(self, "sweep_stage") else ()
+            sweep_eps = R.sweep["epsilon"] if R.sweep else None
+
+            def compute(_: Path) -> Record:
+                scores = {}
+                for a in ["topk", *s["arch_controls"]]:
+                    if f"{a}-{w}" in saes:
+                        st = FeatureStats(w, n_blocks=1)
+                        for acts, grads in pairs[L]:
+                            st.update(saes[f"{a}-{w}"], acts, grads)
+                        scores[a] = st.scores()
+                # Common thresholds: the sweep's ε (98th percentile at the base width) and
+                # TopK's own 98th percentile at this width; each architecture's own ε too.
+                eps_topk = calibrate_epsilon(scores["topk"][0], 0.02) if "topk" in scores else None
+                rows = {}
+                for a, (atp, fires) in scores.items():
+                    eps_own = calibrate_epsilon(atp, 0.02)
+                    rows[a] = {
+                        "n_repr": int((fires >= 1).sum()),
+                        "epsilon_own": eps_own,
+                        "n_causal_at_sweep_epsilon": int((atp > sweep_eps).sum())
+                        if sweep_eps is not None
+                        else None,
+                        "n_causal_at_topk_epsilon": int((atp > eps_topk).sum())
+                        if eps_topk
+                        else None,
+                        "top2pct_atp_share": float(
+                            atp[atp > eps_own].sum() / max(atp.sum(), 1e-300)
+                        ),
+                        "quality": sae_quality(saes[f"{a}-{w}"], eval_acts[L]),
+                        "training": R.trained[f"{a}-{w}"],
+                    }
+                return Record.of({"width": w, "layer": L, "rows": rows})
+
+            st = stage("arch", {"width": w}, names, sweep_key)
+            R.arch = self.cache.run(st, Record, compute).data
+
+        def depth() -> None:
+            def name_at(layer: int) -> str:
+                w = s["depth_width"]
+                return f"topk-{w}" if layer == L else f"depth-L{layer}-topk-{w}"
+
+            names = [name_at(layer) for layer in layers if name_at(layer) in saes]
+
+            def compute(_: Path) -> Record:
+                rows = []
+                for layer in layers:
+                    name = name_at(layer)
+                    if name not in saes:
+                        continue
+                    st = FeatureStats(s["depth_width"], n_blocks=1)
+                    gnorm = []
+                    for acts, grads in pairs[layer]:
+                        st.update(saes[name], acts, grads)
+                        gnorm.append(grads.norm(dim=1))
+                    atp, fires = st.scores()
+                    rows.append(
+                        {
+                            "layer": layer,
+                            "epsilon": calibrate_epsilon(atp, 0.02),
+                            "mean_atp": float(atp.mean()),
+                            "median_grad_norm": float(torch.cat(gnorm).median()),
+                            "n_repr": int((fires >= 1).sum()),
+                            "quality": sae_quality(saes[name], eval_acts[layer]),
+                        }
+                    )
+                return Record.of({"width": s["depth_width"], "rows": rows})
+
+            R.depth = self.cache.run(
+                stage("depth", {"width": s["depth_width"]}, names), Record, compute
+            ).data
+
+        def fourcell() -> None:
+            name = f"topk-{s['ablation_width']}"
+
+            def compute(_: Path) -> Record:
+                return Record.of(four_cell(saes[name], pairs[L], seed=s["seed"]))
+
+            st = stage("fourcell", {"seed": s["seed"]}, [name])
+            R.fourcell = self.cache.run(st, Record, compute).data
+
+        def ioi() -> None:
+            name = f"topk-{s['ablation_width']}"
+
+            def compute(_: Path) -> Record:
+                res = ioi_recovery(model, L, saes[name], n_prompts=s["ioi_prompts"], seed=s["seed"])
+                return Record.of(res)
+
+            st = Stage(
+                "ioi",
+                {"n_prompts": s["ioi_prompts"], "layer": L, "seed": s["seed"]},
+                model=self.fp,
+                inputs=(key_of[name],),
+            )
+            R.ioi = self.cache.run(st, Record, compute).data
+
+        if len(topk) >= 2:
+            self.part("sweep", sweep)
+        for name, fn in [("ce", ce), ("arch", arch), ("depth", depth), ("fourcell", fourcell)]:
+            self.part(name, fn)
+        if s["ioi_prompts"]:
+            self.part("ioi", ioi)
+
+    def synthetic(self) -> None:
+        from structlens.causal_dim import SyntheticCausalModel, atp_recall
+        from structlens.sae import SAETrainConfig, train_sae
+
+        steps = self.s.get("synthetic_steps", 600)
+
+        def compute(_: Path) -> Record:
+            model = SyntheticCausalModel(d=32, n_atoms=256, n_causal=8, vocab=64, active=4, seed=0)
+            sae = train_sae(
+                SAETrainConfig(architecture="topk", d_sae=512, k=4, lr=2e-3),
+                (model.sample(512) for _ in range(steps)),
+            ).sae
+            acts = model.sample(4000)
+            grads = model.metric_grads(acts)
+            return Record.of(
+                {
+                    k: atp_recall(sae, model.causal, acts, grads, top_k=k).to_json()
+                    for k in (8, 11, 26)
+                }
+            )
+
+        st = Stage("synthetic", {"steps": steps, "d_sae": 512, "k": 4, "lr": 2e-3})
+        self.run_.synthetic = self.cache.run(st, Record, compute).data
+
+
+STAGES = ("jacobian", "train", "analyze", "synthetic")
+
+
+def run(
+    profile: str = "cpu",
+    out: str | Path | None = None,
+    doc_dir: str | Path | None = None,
+    device: str = "cpu",
+    stages: tuple[str, ...] = STAGES,
+) -> tuple[Run, StageCache]:
+    """Run (or resume) the stages of ``profile`` and render the markdown and claims JSON
+    into ``doc_dir`` (default: ``docs/replication`` for the cpu/gpu profiles, ``out`` for
+    smoke)."""
+    from structlens.replication import default_paths
+    from structlens.replication.causal_dim.render import write
+
+    s = PROFILES[profile]
+    out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
+    rep = CausalReplication(s, out, device)
+    trained: dict[str, tuple[Stage, Path]] = {}
+    if "jacobian" in stages:
+        log("stage jacobian")
+        rep.jacobian()
+    if "train" in stages or "analyze" in stages:
+        log("stage train")
+        trained = rep.train()
+    if "analyze" in stages:
+        log("stage analyze")
+        rep.analyze(trained)
+    if "synthetic" in stages:
+        log("stage synthetic")
+        rep.synthetic()
+    md, js = write(rep.run_, doc_dir)
+    log(f"wrote {md} and {js}")
+    return rep.run_, rep.cache

@@ -1,0 +1,1 @@
+"""Replication of the interpretive-equivalence scenario table (Sun & Toneva)."""

@@ -1,0 +1,336 @@
+"""Rebuild docs/replication/equivalence.md: the interpretive-equivalence scenario table.
+
+    python -m structlens.replication equivalence [--profile cpu|smoke]
+
+Trains the small byte-level LMs (seeds, depth), fine-tunes SmolLM2-135M-Instruct twice, runs
+:func:`structlens.equivalence.compare.compare` on every scenario pair and writes the doc.
+Every step is a cached stage: small LMs and fine-tunes keyed by their settings (and the base
+model's fingerprint), comparisons by the non-default compare settings, the probe texts and
+both models' fingerprints.  CPU-only sizes; see the doc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from structlens.equivalence.compare import (
+    CompareConfig,
+    ComparisonResult,
+    compare,
+    corpus_probe,
+    task_probe,
+)
+from structlens.equivalence.train_small import SmallLMConfig
+from structlens.replication.stage import Record, Stage, StageCache, data_digest
+
+METHOD = "equivalence"
+
+SMALL = {
+    "L4-s0": SmallLMConfig(n_layers=4, seed=0),
+    "L4-s1": SmallLMConfig(n_layers=4, seed=1),
+    "L4-s2": SmallLMConfig(n_layers=4, seed=2),
+    "L2-s0": SmallLMConfig(n_layers=2, seed=0),
+    "L8-s0": SmallLMConfig(n_layers=8, seed=0),
+}
+# A few dozen steps of narrow models: enough to exercise every stage in seconds.
+SMALL_SMOKE = {
+    n: dataclasses.replace(c, d_model=32, d_mlp=64, n_heads=2, steps=8, seq_len=32)
+    for n, c in SMALL.items()
+}
+FINETUNES = {
+    # name: (task, answer key); 16 AdamW steps of 8 prompts, layers 15-29, lr 2e-4
+    "smollm2-ft-ioi": ("ioi", "IO"),
+    "smollm2-ft-facts": ("factual_recall", "answer"),
+}
+FT_SETTINGS: dict[str, Any] = dict(
+    steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0
+)
+
+SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
+SMOL_CFG = CompareConfig(
+    validate_head_groups=True,
+    max_validate_heads=30,
+    max_validate_layers=4,
+    congruity_top_k=2,
+    congruity_max_layers=3,
+    batch_size=12,
+)
+ENC_CFG = CompareConfig(
+    representation="sentence", congruity_top_k=2, congruity_max_layers=3, batch_size=16
+)
+SMOKE_CFG = CompareConfig(
+    congruity_top_k=2, congruity_max_layers=1, point_n=4, straps=4, batch_size=16
+)
+
+PAPER = {
+    "sanity": ("1 (by construction)", 1.0, 1.0),
+    "seeds": ("≈ 0.85", 0.85, 0.85),
+    "depth": ("≈ 0.6 (12 vs 24 layers)", 0.6, 0.6),
+    "finetune": ("0.4–0.9", 0.4, 0.9),
+    "encoder-decoder": ("≈ 0.3", 0.3, 0.3),
+}
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    group: str
+    build: Callable[[EquivalenceReplication], tuple]  # -> (model_a, model_b, probe, config)
+    setting: str
+
+
+def _sanity_tiny(rep: EquivalenceReplication) -> tuple:
+    from structlens.equivalence.scenarios import rotate_and_permute
+    from structlens.models import load_model
+
+    a = load_model("tiny-llama", seed=1)
+    b, _, _ = rotate_and_permute(a, seed=3)
+    return a, b, corpus_probe(a, b, n=rep.s["probe_sanity_tiny"]), rep.s["small_cfg"]
+
+
+def _sanity_smol(rep: EquivalenceReplication) -> tuple:
+    from structlens.equivalence.scenarios import rotate_and_permute
+    from structlens.models import load_model
+
+    a = load_model("smollm2-135m")
+    b, _, _ = rotate_and_permute(a, seed=3)
+    return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
+
+
+def _small_pair(x: str, y: str) -> Callable[[EquivalenceReplication], tuple]:
+    def build(rep: EquivalenceReplication) -> tuple:
+        a, b = rep.small_model(x), rep.small_model(y)
+        return a, b, corpus_probe(a, b, n=rep.s["probe_small"]), rep.s["small_cfg"]
+
+    return build
+
+
+def _ft_pair(name: str) -> Callable[[EquivalenceReplication], tuple]:
+    def build(rep: EquivalenceReplication) -> tuple:
+        from structlens.models import load_model
+
+        b = rep.finetuned(name)
+        a = load_model("smollm2-135m")
+        return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
+
+    return build
+
+
+def _enc_dec(rep: EquivalenceReplication) -> tuple:
+    from structlens.models import load_model
+
+    a, b = load_model("minilm-l6"), load_model("smollm2-135m")
+    return a, b, corpus_probe(a, b, n=64), ENC_CFG
+
+
+SCENARIOS = [
+    Scenario("sanity-tiny", "sanity", _sanity_tiny, "tiny-llama vs rotated+permuted copy, corpus"),
+    Scenario("sanity-smollm2", "sanity", _sanity_smol, "SmolLM2 vs rotated+permuted copy, IOI"),
+    Scenario("enc-dec", "encoder-decoder", _enc_dec, "MiniLM-L6 vs SmolLM2, sentences"),
+    Scenario("seeds-s0-s1", "seeds", _small_pair("L4-s0", "L4-s1"), "4L seed 0 vs 1"),
+    Scenario("seeds-s0-s2", "seeds", _small_pair("L4-s0", "L4-s2"), "4L seed 0 vs 2"),
+    Scenario("seeds-s1-s2", "seeds", _small_pair("L4-s1", "L4-s2"), "4L seed 1 vs 2"),
+    Scenario("depth-2-4", "depth", _small_pair("L2-s0", "L4-s0"), "2L vs 4L"),
+    Scenario("depth-4-8", "depth", _small_pair("L4-s0", "L8-s0"), "4L vs 8L"),
+    Scenario("depth-2-8", "depth", _small_pair("L2-s0", "L8-s0"), "2L vs 8L"),
+    Scenario("ft-ioi", "finetune", _ft_pair("smollm2-ft-ioi"), "SmolLM2 vs IOI fine-tune"),
+    Scenario("ft-facts", "finetune", _ft_pair("smollm2-ft-facts"), "SmolLM2 vs facts fine-tune"),
+]
+
+CPU: dict[str, Any] = {
+    "profile": "cpu",
+    "small": SMALL,
+    "small_cfg": SMALL_CFG,
+    "probe_small": 48,
+    "probe_sanity_tiny": 32,
+    "scenarios": [sc.name for sc in SCENARIOS],
+    "fold_check": True,
+}
+GPU = CPU | {"profile": "gpu"}  # the CPU sizes; nothing here needs an accelerator
+SMOKE = CPU | {
+    "profile": "smoke",
+    "small": SMALL_SMOKE,
+    "small_cfg": SMOKE_CFG,
+    "probe_small": 12,
+    "probe_sanity_tiny": 12,
+    "scenarios": ["sanity-tiny", "seeds-s0-s1"],
+    "fold_check": False,
+}
+PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+
+
+def _small_stage(config: SmallLMConfig) -> Stage:
+    return Stage("small-lm", dataclasses.asdict(config))
+
+
+def model_dirs(profile: str = "cpu", out: str | Path | None = None) -> dict[str, Path | None]:
+    """The small LMs and fine-tunes this replication has trained (``None`` where not yet),
+    for the Koopman replication's universality section.  Trains and creates nothing."""
+    from structlens.replication import repo_root
+
+    out = Path(out) if out is not None else repo_root() / "results" / "replication" / METHOD
+    out = out / profile if out.name == METHOD else out
+    cache = StageCache(out / "stages")
+    found: dict[str, Path | None] = {}
+    for name, cfg in PROFILES[profile]["small"].items():
+        path = cache.path(_small_stage(cfg)) / "model"
+        found[name] = path if (path / "config.json").exists() else None
+    for name in FINETUNES:
+        hits = sorted((out / "stages" / "finetune").glob(f"*/{name}/config.json"))
+        found[name] = hits[0].parent if hits else None
+    return found
+
+
+class EquivalenceReplication:
+    """Models, fine-tunes and comparisons of one profile, each a cached stage."""
+
+    def __init__(self, s: dict[str, Any], out: Path) -> None:
+        self.s, self.out = s, out
+        self.cache = StageCache(out / "stages")
+        self.small_info: dict[str, dict[str, Any]] = {}
+        self.ft_info: dict[str, dict[str, Any]] = {}
+        self.seconds: dict[str, float] = {}
+
+    def small_model(self, name: str) -> Any:
+        from structlens.equivalence.train_small import train_small_lm
+        from structlens.models import load_model
+
+        stage = _small_stage(self.s["small"][name])
+
+        def compute(folder: Path) -> Record:
+            path = train_small_lm(self.s["small"][name], folder / "model")
+            return Record.of(json.loads((path / "train.json").read_text()))
+
+        self.small_info[name] = self.cache.run(stage, Record, compute).data
+        return load_model(str(self.cache.path(stage) / "model"))
+
+    def finetuned(self, name: str) -> Any:
+        from structlens.data.tasks import make_task
+        from structlens.equivalence.scenarios import finetune_on_task
+        from structlens.models import load_model
+
+        base = load_model("smollm2-135m")
+        task_name, key = FINETUNES[name]
+        stage = Stage(
+            "finetune",
+            {"name": name, "task": task_name, "answer": key, "n": 64, "seed": 1, **FT_SETTINGS},
+            model=base.fingerprint(),
+        )
+
+        def compute(folder: Path) -> Record:
+            task = make_task(task_name, base.tokenizer, n=64, seed=1)  # probe uses seed 0
+            t0 = time.perf_counter()
+            tuned, losses = finetune_on_task(base, task.clean, task.answers[key], **FT_SETTINGS)
+            hf: Any = tuned.hf
+            hf.save_pretrained(folder / name, safe_serialization=True)
+            base.tokenizer.save_pretrained(folder / name)
+            info = dict(task=task_name, n_prompts=len(task), losses=losses, **FT_SETTINGS)
+            info["seconds"] = time.perf_counter() - t0
+            return Record.of(info)
+
+        self.ft_info[name] = self.cache.run(stage, Record, compute).data
+        return load_model(str(self.cache.path(stage) / name))
+
+    def fold_check(self) -> dict[str, Any]:
+        """SmolLM2 against its rotated, head-permuted copy on one IOI-style prompt: logits,
+        hook_z of the moved heads and the rotated residual stream."""
+        from structlens.equivalence.scenarios import rotate_and_permute
+        from structlens.interventions import run_with_cache
+        from structlens.models import load_model
+
+        a = load_model("smollm2-135m")
+        prompt = "When Mary and John went to the store, John gave a drink to"
+        stage = Stage("fold-check", {"seed": 3, "prompt": prompt}, model=a.fingerprint())
+
+        def compute(_: Path) -> Record:
+            b, head_map, r = rotate_and_permute(a, seed=3)
+            ids, mask = a.tokenize([prompt])
+            sites = ["blocks.12.attn.hook_z", "blocks.12.hook_resid_post"]
+            la, ca = run_with_cache(a, ids, mask, sites)
+            lb, cb = run_with_cache(b, ids, mask, sites)
+            za, zb = ca[sites[0]], cb[sites[0]]
+            return Record.of(
+                {
+                    "max_abs_logit_diff": float((la - lb).abs().max()),
+                    "max_abs_logit": float(la.abs().max()),
+                    "top1_unchanged": bool((la.argmax(-1) == lb.argmax(-1)).all()),
+                    "max_abs_z_diff_layer12": max(
+                        float((za[:, :, h] - zb[:, :, head_map[12][h]]).abs().max())
+                        for h in range(a.n_heads)
+                    ),
+                    "max_abs_resid_rotation_error_layer12": float(
+                        (ca[sites[1]] @ r - cb[sites[1]]).abs().max()
+                    ),
+                    "max_abs_resid_layer12": float(ca[sites[1]].abs().max()),
+                }
+            )
+
+        return self.cache.run(stage, Record, compute).data
+
+    def scenario(self, sc: Scenario) -> ComparisonResult:
+        """One comparison, keyed by the non-default compare settings (so a new option left
+        at its default keeps old results valid), the probe texts and both fingerprints."""
+        a, b, probe, cfg = sc.build(self)
+        default = dataclasses.asdict(CompareConfig())
+        changed = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
+        stage = Stage(
+            "compare",
+            {"scenario": sc.name, "compare": json.loads(json.dumps(changed, default=str))},
+            model=f"{a.fingerprint()}:{b.fingerprint()}",
+            data=data_digest(probe.texts),
+        )
+
+        def compute(folder: Path) -> ComparisonResult:
+            t0 = time.perf_counter()
+            res = compare(a, b, probe, cfg)
+            (folder / "seconds.txt").write_text(f"{time.perf_counter() - t0:.0f}")
+            return res
+
+        res = self.cache.run(stage, ComparisonResult, compute)
+        secs = self.cache.path(stage) / "seconds.txt"
+        if secs.exists():
+            self.seconds[sc.name] = float(secs.read_text())
+        return res
+
+
+def run(
+    profile: str = "cpu",
+    out: str | Path | None = None,
+    doc_dir: str | Path | None = None,
+    device: str = "cpu",
+    only: list[str] | None = None,
+) -> tuple[dict[str, ComparisonResult], StageCache]:
+    """Run (or resume) the scenarios of ``profile`` (``only``: a subset, in that order) and
+    write the markdown and claims JSON."""
+    from structlens.replication import default_paths
+    from structlens.replication.equivalence.render import write
+
+    s = PROFILES[profile]
+    names = only if only is not None else s["scenarios"]
+    unknown = set(names) - {sc.name for sc in SCENARIOS}
+    if unknown:
+        raise ValueError(
+            f"unknown scenario(s) {sorted(unknown)}; choose from {[x.name for x in SCENARIOS]}"
+        )
+    out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
+    rep = EquivalenceReplication(s, out)
+    fold = rep.fold_check() if s["fold_check"] else None
+    by_name = {sc.name: sc for sc in SCENARIOS}
+    results = {}
+    for name in names:
+        t0 = time.perf_counter()
+        r = results[name] = rep.scenario(by_name[name])
+        print(
+            f"{name}: score {r.score:.3f} {r.score_ci} null {float(r.null_score):.3f} "
+            f"layers {float(r.layer_score):.3f} verdicts {r.verdicts} "
+            f"({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+    md, js = write(rep, results, fold, doc_dir)
+    print(f"wrote {md} and {js}", flush=True)
+    return results, rep.cache

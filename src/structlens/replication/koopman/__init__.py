@@ -1,0 +1,1 @@
+"""Replication of the Koopman spectral-identifiability claims on SmolLM2."""

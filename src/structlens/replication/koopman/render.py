@@ -1,0 +1,431 @@
+"""Markdown and claims JSON of the Koopman replication.
+
+:func:`write` renders ``koopman.md`` (one section per claim, each with its verdict) and
+``koopman.json`` (:class:`~structlens.replication.claims.ClaimsDocument`, one claim per
+verdict, plus the protocol settings issue 15 asks for) from the section results of one run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.koopman.run import METHOD
+from structlens.replication.markdown import ci, count_verdict, finite_ci, write_text
+
+
+def ci3(c: list[float]) -> str:
+    return ci(c, 3)
+
+
+def _unfinished(L: list[str], section: int) -> str:
+    L.append(
+        f"**Not measured in this run** (sections {section}–6 did not finish in the time "
+        "available on the shared machine); rerun the script to complete them.\n"
+    )
+    return "\n".join(L) + "\n"
+
+
+def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
+    """The markdown of one run's sections; each verdict is also appended to ``claims``."""
+    s = R["settings"]
+    L = []
+    L.append("# Replication: Koopman spectral identifiability on SmolLM2-135M-Instruct\n")
+    L.append(
+        f"Produced by `{source}` (figures and cached stages under "
+        "`results/replication/koopman/`). The paper has no public text or "
+        "code, so its figures cannot be quoted; each claim is the one stated in issue 3.\n"
+    )
+    L.append(
+        f"Settings: {s['n_prompts']} prompts ({s['n_corpus']} bundled-corpus chunks of "
+        f"{s['prompt_tokens']} tokens plus {s['n_ioi_in_fit']} IOI prompts), "
+        f"{s['tokens_per_layer']} token samples per layer, one sample per token; x = "
+        "resid_pre(l), u = attn_out(l), y = resid_pre(l+1). Per-layer operators at layers "
+        f"{s['probe_layers']}; pooled operator over layers {s['layers'][0]}-{s['layers'][-1]}. "
+        "Ridge α = 1e-6 (relative); control rank 32 (16 for split-half, so that one prompt "
+        f"block has more samples than features). Seed {s['seed']}. {s['machine']}; wall time "
+        f"of the last run {R.get('wall_seconds', float('nan')) / 60:.1f} min (an interrupted or "
+        "extended run reuses finished sections from the stage cache; the full run here took "
+        "≈ 30 min under a load average of ≈ 12).\n"
+    )
+    L.append("## 1. Split-half rate ≈ −1/2\n")
+    if "split_half" not in R:
+        return _unfinished(L, 1)
+    L.append(
+        "| fit | slope (W∞) | 95% CI | slope last 4 | slope W₂ | max κ(λ) | median κ(λ) | M range |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|")
+    slopes = []
+    for key, v in R["split_half"].items():
+        slopes.append(v)
+        L.append(
+            f"| {key} | {v['slope']:.3f} | {ci3(v['slope_ci'])} | {v['slope_last4']:.3f} | "
+            f"{v['slope_w2']:.3f} | {v['eig_condition_max']:.3g} | "
+            f"{v['eig_condition_median']:.3g} | {v['n_samples'][0]:.0f}–{v['n_samples'][-1]:.0f} |"
+        )
+    inside = sum(v["slope_ci"][0] <= -0.5 <= v["slope_ci"][1] for v in slopes)
+    verdict = (
+        "reproduced"
+        if inside == len(slopes)
+        else "partly reproduced"
+        if inside
+        else "not reproduced"
+    )
+    L.append(
+        f"\n32 hashed prompt blocks (blocks with <= 2(N + r) samples dropped; kept: "
+        f"{[v['n_blocks'] for v in slopes]}), halves of 1, 2, 4, ... blocks, 10 random half "
+        f"pairs per size; CI: delete-a-group jackknife over prompt blocks (t). −0.5 lies inside {inside} of {len(slopes)} CIs. "
+        f"**Verdict: {verdict}.** "
+        "The rate is asymptotic and needs κ(λ) ≪ √M; compare the κ columns with √M.\n"
+    )
+    first = next(iter(R["split_half"].values()))
+    claims.append(
+        Claim(
+            "split_half_rate",
+            "W∞ between split-half spectra falls as M^-1/2 (slope −0.5)",
+            first["slope"],
+            finite_ci(first["slope_ci"]),
+            count_verdict(inside, len(slopes)),
+            {"fits": list(R["split_half"]), "n_blocks": [v["n_blocks"] for v in slopes]},
+            ci_reason=None if finite_ci(first["slope_ci"]) else "no finite jackknife interval",
+            note=f"ours is {next(iter(R['split_half']))}; −0.5 lies inside {inside} of "
+            f"{len(slopes)} CIs",
+        )
+    )
+    L.append("## 2. Non-normal realisation with modal/principal dissociation\n")
+    if "fits" not in R:
+        return _unfinished(L, 2)
+    L.append(
+        "| fit | ρ(A) | Henrici rel. | κ(V) | max κ(λ) | dissociation k | largest angle (°) | mean cos² |"  # noqa: E501
+    )
+    L.append("|---|---|---|---|---|---|---|---|")
+    for key, v in R["fits"].items():
+        nn, d = v["non_normality"], v.get("dissociation", {})
+        L.append(
+            f"| {key} | {v['spectral_radius']:.3f} | {nn['henrici_relative']:.3f} | "
+            f"{nn['kappa_V']:.3g} | {nn['eig_condition_max']:.3g} | {d.get('k', '-')} | "
+            f"{d.get('largest_angle_deg', float('nan')):.1f} | {d.get('mean_cos2', float('nan')):.3f} |"  # noqa: E501
+        )
+    nonnormal = all(v["non_normality"]["henrici_relative"] > 0.1 for v in R["fits"].values())
+    dissoc = all(v.get("dissociation", {}).get("mean_cos2", 1) < 0.5 for v in R["fits"].values())
+    verdict = (
+        "reproduced"
+        if nonnormal and dissoc
+        else "partly reproduced"
+        if nonnormal or dissoc
+        else "not reproduced"
+    )
+    henrici = [v["non_normality"]["henrici_relative"] for v in R["fits"].values()]
+    claims.append(
+        Claim(
+            "non_normal_dissociated",
+            "non-normal realisation (Henrici > 0.1) with modal/principal dissociation",
+            min(henrici),
+            None,
+            "partly" if verdict.startswith("partly") else verdict,
+            {"fits": list(R["fits"]), "rule": "henrici_relative > 0.1; mean cos² < 0.5"},
+            ci_reason="point estimates of full-data fits; no resampling was run",
+            note="ours = the smallest relative Henrici departure over the fits",
+        )
+    )
+    L.append(
+        f"\nRule: non-normal if the relative Henrici departure > 0.1; dissociated if the mean cos² "
+        f"between the top-k PCA directions and the dominant modes' span is < 0.5. **Verdict: {verdict}.**\n"  # noqa: E501
+    )
+    L.append("## 3. Invariance gap: SAE vs spectral vs random\n")
+    if "invariance" not in R or len(R["invariance"]) < 4:
+        return _unfinished(L, 3)
+    L.append(
+        f"SAE: TopK trained here by `train_sae_dictionary` (λ = 0) on the layer's resid_pre: {R.get('sae')}.\n"  # noqa: E501
+    )
+    L.append("| dictionary | pooled 1−R² (held-out prompts) | mean | median | dead |")
+    L.append("|---|---|---|---|---|")
+    inv = R["invariance"]
+    for key, v in inv.items():
+        L.append(
+            f"| {key} | {v['pooled']:.4f} | {v['mean']:.4f} | {v['median']:.4f} | {v['n_dead']} |"
+        )
+    g = {k.split("/")[1]: v["pooled"] for k, v in inv.items()}
+    ok = g["sae_topk256"] > g["spectral16"] and g["sae_topk256"] > g["relu256"]
+    partly = g["sae_topk256"] > g["spectral16"] or g["sae_topk256"] > g["relu256"]
+    verdict = "reproduced" if ok else "partly reproduced" if partly else "not reproduced"
+    claims.append(
+        Claim(
+            "invariance_gap",
+            "the SAE's invariance residual exceeds the spectral and random dictionaries'",
+            g["sae_topk256"],
+            None,
+            "reproduced" if ok else "partly" if partly else "not reproduced",
+            {"dictionaries": g, "split": "held-out prompts"},
+            ci_reason="pooled residuals on one held-out split; no resampling was run",
+            note="ours = the SAE's pooled held-out 1 − R²",
+        )
+    )
+    L.append(
+        f"\nClaim: the SAE's residual is larger than both the spectral and the random dictionary's. "  # noqa: E501
+        f"**Verdict: {verdict}.** Widths differ (SAE 256, spectral 16, RFF/ReLU 256): the spectral "
+        "dictionary is selected for invariance on held-out rows, so its low residual is by "
+        "construction.\n"
+    )
+    L.append("## 4. IOI ablation ordering PCA > modes > random\n")
+    if not R.get("ioi"):
+        return _unfinished(L, 4)
+    L.append(
+        "Normalised logit-difference change (LD_abl − LD_clean)/mean LD_clean, k = 4 real dimensions, mean-ablation to the corpus mean at resid_pre(l), 95% bootstrap CI over prompts; random = mean of 3 orthonormal draws.\n"  # noqa: E501
+    )
+    L.append("| layer/positions | layers to read-out | modes | PCA | random |")
+    L.append("|---|---|---|---|---|")
+    orders = []
+    for key, v in R["ioi"].items():
+        L.append(
+            f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {ci3(v['modes']['ci'])} | "  # noqa: E501
+            f"{v['pca']['mean']:+.3f} {ci3(v['pca']['ci'])} | {v['random']['mean']:+.3f} {ci3(v['random']['ci'])} |"  # noqa: E501
+        )
+        eff = {m: abs(v[m]["mean"]) for m in ("modes", "pca", "random")}
+        orders.append(eff["pca"] > eff["modes"] > eff["random"])
+    verdict = (
+        "reproduced" if all(orders) else "partly reproduced" if any(orders) else "not reproduced"
+    )
+    claims.append(
+        Claim(
+            "ioi_ablation_ordering",
+            "IOI ablation effect |PCA| > |modes| > |random|",
+            f"{sum(orders)} of {len(orders)} settings",
+            None,
+            count_verdict(sum(orders), len(orders)),
+            {"settings": list(R["ioi"]), "k": 4, "ablation": "mean, resid_pre"},
+            ci_reason="a count of settings; per-setting CIs are in the markdown",
+        )
+    )
+    trend = "; ".join(
+        f"{pos}: "
+        + ", ".join(
+            f"{v['depth_to_readout']} → {abs(v['pca']['mean']) - abs(v['modes']['mean']):+.2f}"
+            for k, v in sorted(R["ioi"].items(), key=lambda kv: kv[1]["depth_to_readout"])
+            if k.endswith("/" + pos)
+        )
+        for pos in ("all", "END")
+    )
+    L.append(
+        f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
+        f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
+        f"(layers to read-out → gap): {trend}.\n"
+    )
+    L.append("## 5. Heavy tails removed by lifting?\n")
+    L.append("| features | median kurtosis | p95 kurtosis | heavy (p95 > 10) |")
+    L.append("|---|---|---|---|")
+    for key, v in R["tails"].items():
+        if isinstance(v, dict):
+            L.append(
+                f"| {key} | {v['median_kurtosis']:.2f} | {v['p95_kurtosis']:.2f} | {v['heavy']} |"
+            )
+    mom = {k: v for k, v in R["tails"].items() if not isinstance(v, dict)}
+    L.append(f"\nW∞ between median-of-means (10 prompt blocks) and plain spectra: {mom}.\n")
+    raw_heavy = [v["heavy"] for k, v in R["tails"].items() if isinstance(v, dict) and "raw" in k]
+    lift_heavy = [
+        v["heavy"] for k, v in R["tails"].items() if isinstance(v, dict) and "lifted" in k
+    ]
+    if not any(raw_heavy):
+        verdict = (
+            "not reproduced: the raw residual states are not heavy-tailed at these layers "
+            "(p95 excess kurtosis below 10), so there is nothing for lifting to remove"
+        )
+    elif not any(lift_heavy):
+        verdict = "reproduced"
+    else:
+        verdict = "partly reproduced" if not all(lift_heavy) else "not reproduced"
+    L.append(f"**Verdict: {verdict}.**\n")
+    raw_p95 = [
+        v["p95_kurtosis"] for k, v in R["tails"].items() if isinstance(v, dict) and "raw" in k
+    ]
+    claims.append(
+        Claim(
+            "heavy_tails_removed_by_lifting",
+            "lifting removes the heavy tails of the residual states",
+            max(raw_p95),
+            None,
+            "not testable here"
+            if not any(raw_heavy)
+            else "reproduced"
+            if not any(lift_heavy)
+            else "partly"
+            if not all(lift_heavy)
+            else "not reproduced",
+            {"statistic": "p95 excess kurtosis over coordinates", "heavy": "> 10"},
+            ci_reason="a percentile over coordinates of one sample",
+            note="ours = the raw states' p95 excess kurtosis (max over probe layers)",
+        )
+    )
+    L.append("## 6. Reduction bound sharper than Enns–Glover\n")
+    if "reduction" not in R:
+        return _unfinished(L, 6)
+    red = R["reduction"]
+    L.append(f"Pooled operator over layers {red['layers']} (PCA-32), horizon {red['horizon']}.\n")
+    L.append(
+        "| order | actual error | Enns–Glover | a-posteriori Markov | instance error | instance bound | eff. rank Σ_u | ρ₀ |"  # noqa: E501
+    )
+    L.append("|---|---|---|---|---|---|---|---|")
+    tighter = []
+    for r in ("4", "8", "16"):
+        v = red[r]
+        L.append(
+            f"| {r} | {v['error']:.3g} | {v['enns_glover']:.3g} | {v['markov_bound']:.3g} | "
+            f"{v['instance_error']:.3g} | {v['instance_bound']:.3g} | {v['effective_rank']:.2f} | {v['rho0']:.3f} |"  # noqa: E501
+        )
+        tighter.append(v["instance_bound"] < v["enns_glover"] and v["error"] <= v["enns_glover"])
+    verdict = (
+        "reproduced" if all(tighter) else "partly reproduced" if any(tighter) else "not reproduced"
+    )
+    claims.append(
+        Claim(
+            "reduction_bound",
+            "the instance bound is sharper than Enns–Glover",
+            red["8"]["instance_bound"],
+            None,
+            count_verdict(sum(tighter), len(tighter)),
+            {
+                "orders": [4, 8, 16],
+                "layers": red["layers"],
+                "horizon": red["horizon"],
+                "enns_glover_order8": red["8"]["enns_glover"],
+            },
+            ci_reason="deterministic bounds of one fitted operator",
+            note="ours = the instance bound at order 8 (Enns–Glover in settings)",
+        )
+    )
+    L.append(
+        f"\nThe instance bound certifies the error on inputs shaped like the attention writes "
+        f"(a different norm from Enns–Glover's worst case), so the comparison is of certificates. "
+        f"**Verdict: {verdict}.**\n"
+    )
+    L += render_seeds_and_universality(R, claims)
+    return "\n".join(L) + "\n"
+
+
+def render_seeds_and_universality(R: dict[str, Any], claims: list[Claim]) -> list[str]:
+    L = ["## 7. Invariance penalty and run-to-run variability of SAE dictionaries\n"]
+    if "sae_seeds" not in R:
+        return [*L, "**Not measured in this run.**\n"]
+    ss = R["sae_seeds"]
+    L.append(
+        f"TopK SAEs (256 features, k = 16, {R['settings']['sae_epochs']} epochs, batch 512) on "
+        "resid_pre of layer "
+        f"{ss['layer']}, seeds 0–{len(next(iter(ss['runs'].values()))['fits']) - 1}, without "
+        f"(λ = 0) and with (λ = {R['settings']['sae_penalty']:g}) the in-batch invariance penalty "
+        "(`train_sae_dictionary(..., invariance_weight=λ)`). Residual: held-out-prompt pooled "
+        "1 − R² of the one-step fit; agreement: decoder directions matched one to one "
+        "(Hungarian on |cos|) between every pair of seeds.\n"
+    )
+    L.append(
+        "| λ | held-out residual (per seed) | FVU (per seed) | matched \\|cos\\| (per pair) "
+        "| share > 0.9 |"
+    )
+    L.append("|---|---|---|---|---|")
+    summary = {}
+    for lam, run in ss["runs"].items():
+        res = [f["invariance_pooled"] for f in run["fits"]]
+        fvu = [f["final_fvu"] for f in run["fits"]]
+        agree = [p["mean_cos"] for p in run["agreement"]]
+        share = [p["share_above"] for p in run["agreement"]]
+        summary[lam] = (float(np.mean(res)), float(np.mean(agree)))
+        L.append(
+            f"| {lam} | {', '.join(f'{v:.4f}' for v in res)} | "
+            f"{', '.join(f'{v:.3f}' for v in fvu)} | "
+            f"{', '.join(f'{v:.3f}' for v in agree)} | {', '.join(f'{v:.2f}' for v in share)} |"
+        )
+    (r0, a0), (r1, a1) = summary.values()
+    shares = [p["share_above"] for run in ss["runs"].values() for p in run["agreement"]]
+    claims.append(
+        Claim(
+            "invariance_penalty_identifiability",
+            "an invariance penalty makes SAE dictionaries agree across seeds",
+            a1,
+            None,
+            "not reproduced" if max(shares, default=0) == 0 else "partly",
+            {"layer": ss["layer"], "penalty": R["settings"]["sae_penalty"]},
+            ci_reason="mean over seed pairs; too few seeds for an interval",
+            note=f"ours = mean matched |cos| with the penalty (without: {a0:.3f}); held-out "
+            f"residual {r0:.4f} → {r1:.4f}",
+        )
+    )
+    L.append(
+        f"\nWith the penalty the mean held-out residual goes {r0:.4f} → {r1:.4f} "
+        f"({(r1 - r0) / r0:+.0%}) and the mean matched |cos| between seeds {a0:.3f} → {a1:.3f}. "
+        "The penalty does what it is for (a more invariant span at the same reconstruction "
+        "error) but does not make the dictionary identifiable: no decoder direction of one seed "
+        "has a partner above 0.9 in another, with or without it. These SAEs see ≈ 10⁴ tokens, "
+        "so run-to-run variability here mixes non-identifiability with too little data.\n"
+    )
+    L.append("## 8. Universality of the spectrum across models\n")
+    u = R.get("universality")
+    if not u:
+        return [*L, "**Not measured in this run.**\n"]
+    L.append(
+        "W∞ between the spectra of two models' realisations at the same relative depth, "
+        "against a sampling null. Seed/depth replicas (4-layer and 8-layer d = 128 LMs trained "
+        "on the bundled corpus by the equivalence replication) have unrelated bases: each "
+        "is lifted by the PCA-8 of its own states and the null is W∞ between random prompt "
+        "halves of one model, rescaled by √((1/M_A + 1/M_B)/(4/M_X)) "
+        "(`spectral_distance_test`; it relies on the M^-1/2 rate of section 1). The "
+        "fine-tuned SmolLM2 copy shares the base basis and is also tested with one shared "
+        "PCA-16 and the block-permutation null (`universality_test`). 200 resamples.\n"
+    )
+    L.append("| pair | W∞ | null 95% | p | shared-basis W∞ | null 95% | p |")
+    L.append("|---|---|---|---|---|---|---|")
+    for k, v in u.get("pairs", {}).items():
+        sh = (
+            f"{v['shared_distance']:.3f} | {v['shared_null_q95']:.3f} | {v['shared_p_value']:.3f}"
+            if "shared_distance" in v
+            else "— | — | —"
+        )
+        L.append(f"| {k} | {v['distance']:.3f} | {v['null_q95']:.3f} | {v['p_value']:.3f} | {sh} |")
+    for key in ("small_models", "finetuned"):
+        if key in u:
+            L.append(f"\n{u[key]}.")
+    L.append(
+        "\nA p-value above 0.05 means the two realisations' spectra are indistinguishable at "
+        "this sample size (universal up to sampling error); below, they differ. Where the two "
+        "tests are both run they use different dictionaries (own PCA-8 vs shared PCA-16): the "
+        "16-feature spectrum has more eigenvalues and a wider null, so a difference that the "
+        "PCA-8 test resolves can sit inside the PCA-16 null. The unchanged layer of the "
+        "fine-tuned copy gives W∞ = 0 exactly, a check of the pipeline.\n"
+    )
+    seeds = [v for k, v in u.get("pairs", {}).items() if k.startswith("L4-s") and "L8" not in k]
+    if seeds:
+        differ = sum(v["p_value"] < 0.05 for v in seeds)
+        claims.append(
+            Claim(
+                "spectrum_universal_across_seeds",
+                "the depth spectrum is universal across seed replicas",
+                f"{differ} of {len(seeds)} seed pairs differ beyond sampling error",
+                None,
+                count_verdict(len(seeds) - differ, len(seeds)),
+                {"pairs": [k for k in u.get("pairs", {}) if k.startswith("L4-s")]},
+                ci_reason="one test per pair against its own sampling null",
+            )
+        )
+        L.append(
+            f"**Verdict:** seed replicas differ beyond sampling error in {sum(v['p_value'] < 0.05 for v in seeds)}"  # noqa: E501
+            f" of {len(seeds)} pairs (W∞ {min(v['distance'] for v in seeds):.3f}–"
+            f"{max(v['distance'] for v in seeds):.3f} against null 95% quantiles "
+            f"{min(v['null_q95'] for v in seeds):.3f}–{max(v['null_q95'] for v in seeds):.3f}): "
+            "at this M the depth spectrum of these briefly trained byte-level LMs is "
+            "seed-specific, not universal.\n"
+        )
+    return L
+
+
+
+def write(R: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``koopman.md`` and ``koopman.json`` into ``doc_dir``."""
+    from structlens.replication import command
+
+    doc_dir = Path(doc_dir)
+    source = command(METHOD, R["settings"].get("profile", "cpu"))
+    found: list[Claim] = []
+    md = write_text(doc_dir / f"{METHOD}.md", render(R, source, found))
+    doc = ClaimsDocument(METHOD, source, tuple(found), {"settings": dict(R["settings"])})
+    return md, doc.write(doc_dir / f"{METHOD}.json")

@@ -1,0 +1,58 @@
+"""Number formatting, intervals and verdict counting shared by every replication's render."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def num(x: Any) -> float:
+    """A float from a JSON number, including the strings "nan"/"inf" ``to_jsonable`` writes
+    for non-finite values; anything else that is not a number is NaN."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def fmt(x: Any, nd: int = 2) -> str:
+    """``x`` with ``nd`` decimals, or ``n/a`` when it is missing or not finite."""
+    v = num(x)
+    return f"{v:.{nd}f}" if math.isfinite(v) else "n/a"
+
+
+def ci(pair: Sequence[Any], nd: int = 2) -> str:
+    """An interval as ``[low, high]`` with ``nd`` decimals."""
+    return f"[{fmt(pair[0], nd)}, {fmt(pair[1], nd)}]"
+
+
+def value_ci(value: Any, pair: Sequence[Any], nd: int = 2) -> str:
+    """``value [low, high]``."""
+    return f"{fmt(value, nd)} {ci(pair, nd)}"
+
+
+def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
+    """``(low, high)`` as floats when both ends are finite and ordered, else ``None``."""
+    if pair is None or len(pair) != 2:
+        return None
+    lo, hi = num(pair[0]), num(pair[1])
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
+
+
+def count_verdict(n_hold: int, n: int) -> str:
+    """``reproduced`` when a claim holds in all ``n`` settings, ``partly`` in some, else
+    ``not reproduced`` (the claims-JSON spelling; the markdown says "partly reproduced")."""
+    if n and n_hold == n:
+        return "reproduced"
+    return "partly" if n_hold else "not reproduced"
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` atomically (parents created)."""
+    from structlens.results import atomic_write_bytes
+
+    path = Path(path)
+    atomic_write_bytes(path, text.encode())
+    return path

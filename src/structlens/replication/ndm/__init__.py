@@ -1,0 +1,1 @@
+"""Replication of the NDM paper's claims (Huang & Hahn) on SmolLM2."""

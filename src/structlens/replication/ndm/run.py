@@ -1,0 +1,288 @@
+"""Reproduce the NDM paper's claims on SmolLM2-135M-Instruct and write docs/replication/ndm.md.
+
+    python -m structlens.replication ndm                    # CPU: 60-step smoke-scale training
+    python -m structlens.replication ndm --profile gpu --device cuda   # converged training
+
+Stages (each a cached stage calling the ``structlens ndm`` commands' library functions):
+
+1. training at layers 12, 17, 22, 24 (the paper's GPT-2 layers 4, 6, 8, 9 at the same relative
+   depth): one stage per layer (its honest timing), then a collecting stage that reuses their
+   checkpoints.  ``--profile gpu`` packs the same activations and trains them on ``--device``
+   to the paper's stopping rule (:mod:`structlens.replication.ndm.device_train`); later
+   stages use that run whenever its stage is in the cache (it can be trained on a GPU host
+   and copied here);
+2. the patching tests with the Gini summary, knowledge conflict and the toy recovery; a second
+   toy variant with the ``min_subspaces`` guard;
+3. the preimage browser for two queries;
+4. the markdown and claims JSON, from the stage results only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from structlens.replication.stage import Record, Stage, StageCache
+
+METHOD = "ndm"
+
+CPU: dict[str, Any] = {
+    "profile": "cpu",
+    "model": "smollm2-135m",
+    "layers": [12, 17, 22, 24],
+    "tests": [
+        "previous_token",
+        "duplicate_token",
+        "s_inhibition_position",
+        "s_inhibition_name",
+        "greater_than",
+    ],
+    "train": {
+        "corpus_prompts": 150, "task_prompts": 40, "unit_size": 48, "steps": 60,
+        "bank_size": 8192, "batch_size": 128, "refresh_interval": 20, "lr": 3e-3,
+        "merge_start": 20, "merge_interval": 20, "merge_threshold": 0.04, "mi_samples": 2048,
+    },
+    "evaluate": {
+        "n": 48, "batch_size": 16, "n_boot": 1000, "sae_width": 512, "sae_k": 32,
+        "sae_epochs": 1, "conflict_n": 32,
+    },
+    "toy2": {
+        "unit_size": 2, "lr": 1e-3, "max_steps": 3000, "bank_size": 8192,
+        "refresh_interval": 50, "merge_start": 1000, "merge_interval": 500, "mi_samples": 2000,
+        "min_subspaces": 2, "seed": 0,
+    },
+    "toy2_model": {},  # ToyConfig overrides of the toy autoencoder
+    "browse": {"k": 5, "extra_corpus_prompts": None},
+    # Train on the device to the paper's stopping rule (the CPU profile still uses such a run
+    # when its stage is in the cache, e.g. copied from a GPU host).
+    "device_training": False,
+    "device_rows": 12_416,  # activations per layer sent to the device (float16, < 64 MiB)
+    "device_config": {},  # overrides of device_train.DEVICE_CONFIG
+    "queries": [
+        ["When Mary and John went to the store, John gave a drink to", -1],
+        ["It is a truth universally acknowledged, that a single man in possession", -1],
+    ],
+}  # fmt: skip
+GPU = CPU | {"profile": "gpu", "device_training": True}
+SMOKE = CPU | {
+    "profile": "smoke",
+    "model": "tiny-smol",  # a random 3-layer Llama with SmolLM2's tokenizer (built as a stage)
+    "layers": [0, 1, 2],
+    "train": {
+        "corpus_prompts": 12, "task_prompts": 4, "unit_size": 8, "steps": 20,
+        "bank_size": 512, "batch_size": 16, "refresh_interval": 5, "lr": 3e-3,
+        "merge_start": 10, "merge_interval": 10, "merge_threshold": 0.04, "mi_samples": 300,
+    },
+    "evaluate": {
+        "n": 4, "batch_size": 4, "n_boot": 20, "sae_width": 64, "sae_k": 4, "sae_epochs": 1,
+        "conflict_n": 4, "toy_steps": 30, "toy_ae_steps": 50,
+    },
+    "toy2": CPU["toy2"] | {"max_steps": 40, "merge_start": 20, "merge_interval": 10,
+                           "bank_size": 512, "mi_samples": 300, "refresh_interval": 10},
+    "toy2_model": {"steps": 50},
+    "browse": {"k": 3, "extra_corpus_prompts": 3},
+    "device_rows": 2_000,
+    "device_config": {"max_steps": 20, "merge_start": 10, "merge_interval": 10, "batch_size": 16,
+                      "refresh_interval": 5, "bank_size": 512, "mi_samples": 300,
+                      "unit_size": 8, "chunk_steps": 10},
+}  # fmt: skip
+PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _read(folder: Path, name: str) -> Record:
+    return Record.of(json.loads((folder / name).read_text()))
+
+
+class NDMReplication:
+    """The stages of one profile; model loading happens inside the commands' functions."""
+
+    def __init__(self, s: dict[str, Any], out: Path, device: str = "cpu") -> None:
+        self.s, self.out, self.device = s, out, device
+        self.cache = StageCache(out / "stages")
+        self.activations = out / "activations"
+        self.checkpoints = out / "checkpoints"
+        self.model = self.model_path()
+        from structlens.models import load_model
+
+        self.fp = load_model(self.model).fingerprint()
+
+    def model_path(self) -> str:
+        """The model name, or for the smoke profile the directory of the tiny model stage."""
+        if self.s["model"] != "tiny-smol":
+            return self.s["model"]
+
+        def build(folder: Path) -> Record:
+            import torch
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            from structlens.models import load_model
+
+            tok = load_model("smollm2-135m").tokenizer
+            torch.manual_seed(0)
+            cfg = LlamaConfig(
+                vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+            )  # fmt: skip
+            LlamaForCausalLM(cfg).save_pretrained(folder / "model")
+            tok.save_pretrained(folder / "model")
+            return Record.of({"hidden_size": 32, "layers": 3, "tokenizer": "smollm2-135m"})
+
+        stage = Stage("tiny-model", {"name": "tiny-smol", "seed": 0})
+        self.cache.run(stage, Record, build)
+        return str(self.cache.path(stage) / "model")
+
+    # 1. training
+    def train(self) -> tuple[Stage, dict[str, Any], dict[int, dict[str, Any]]]:
+        from structlens.cli.ndm import train
+
+        s = self.s
+        common = dict(
+            model_name=self.model,
+            capture_layers=",".join(map(str, s["layers"])),
+            activations=self.activations,
+            checkpoints=self.checkpoints,
+            device="cpu",
+            quiet=True,
+            **s["train"],
+        )
+        per_layer, keys = {}, []
+        for layer in s["layers"]:
+            stage = Stage("train-layer", {"layer": layer, **s["train"]}, model=self.fp)
+
+            def fit(folder: Path, layer: int = layer) -> Record:
+                train(layers=str(layer), out=folder, **common)
+                return _read(folder, "ndm_train.json")
+
+            per_layer[layer] = self.cache.run(stage, Record, fit).data["results"][str(layer)]
+            keys.append(stage.key)
+            log(f"trained layer {layer}")
+        stage = Stage(
+            "train", {"layers": s["layers"], **s["train"]}, model=self.fp, inputs=tuple(keys)
+        )
+
+        def collect(folder: Path) -> Record:
+            train(layers=",".join(map(str, s["layers"])), out=folder, **common)
+            return _read(folder, "ndm_train.json")
+
+        return stage, self.cache.run(stage, Record, collect).data, per_layer
+
+    def device_stage(self, cpu_train: Stage) -> Stage:
+        config = {"rows": self.s["device_rows"], "overrides": self.s["device_config"]}
+        return Stage("train-device", config, inputs=(cpu_train.key,))
+
+    def train_device(self, cpu_train: Stage) -> tuple[Stage, dict[str, Any]]:
+        """Pack the CPU run's activations and train them on ``self.device`` to convergence."""
+        from structlens.replication.ndm import device_train
+
+        stage = self.device_stage(cpu_train)
+
+        def fit(folder: Path) -> Record:
+            packed = folder / "device-activations.safetensors"
+            device_train.pack(
+                self.cache.path(cpu_train), self.s["layers"], packed, self.s["device_rows"]
+            )
+            device_train.train(packed, self.device, 1e9, folder, dict(self.s["device_config"]))
+            packed.unlink()
+            return _read(folder, "ndm_train.json")
+
+        return stage, self.cache.run(stage, Record, fit).data
+
+    # 2. evaluation
+    def evaluate(self, train_stage: Stage) -> Record:
+        from structlens.cli.ndm import evaluate
+
+        s = self.s
+
+        def run(folder: Path) -> Record:
+            evaluate(
+                model_name=self.model,
+                train=self.cache.path(train_stage),
+                tests="all",
+                out=folder,
+                quiet=True,
+                **s["evaluate"],
+            )
+            return _read(folder, "ndm_evaluate.json")
+
+        config = {"tests": s["tests"], **s["evaluate"]}
+        stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
+        return self.cache.run(stage, Record, run)
+
+    def toy2(self) -> dict[str, Any]:
+        from structlens.ndm import NDMConfig, ToyConfig
+        from structlens.ndm.pipeline import toy_recovery
+
+        cfg, toy = self.s["toy2"], self.s["toy2_model"]
+
+        def run(_: Path) -> Record:
+            return Record.of(toy_recovery(ToyConfig(seed=0, **toy), NDMConfig(**cfg), seed=0))
+
+        stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy})
+        return self.cache.run(stage, Record, run).data
+
+    # 3. preimage browser
+    def browse(self, train_stage: Stage) -> list[dict[str, Any]]:
+        from structlens.cli.ndm import browse
+
+        found = []
+        # in order: the first query captures the whole corpus once, the second reuses it
+        for text, pos in self.s["queries"]:
+
+            def run(folder: Path, text: str = text, pos: int = pos) -> Record:
+                browse(
+                    model_name=self.model,
+                    train=self.cache.path(train_stage),
+                    prompt=text,
+                    position=pos,
+                    activations=self.activations,
+                    out=folder,
+                    quiet=True,
+                    **self.s["browse"],
+                )
+                return _read(folder, "ndm_browse.json")
+
+            config = {"prompt": text, "position": pos, **self.s["browse"]}
+            stage = Stage("browse", config, model=self.fp, inputs=(train_stage.key,))
+            found.append(self.cache.run(stage, Record, run).data)
+        return found
+
+
+def run(
+    profile: str = "cpu",
+    out: str | Path | None = None,
+    doc_dir: str | Path | None = None,
+    device: str = "cpu",
+) -> tuple[dict[str, Any], StageCache]:
+    """Run (or resume) every stage of ``profile``; write the markdown and claims JSON."""
+    from structlens.replication import default_paths
+    from structlens.replication.ndm.render import write
+
+    s = PROFILES[profile]
+    out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
+    rep = NDMReplication(s, out, device)
+    cpu_train, train_data, per_layer = rep.train()
+    train_stage = cpu_train
+    if s["device_training"] or rep.cache.has(rep.device_stage(cpu_train)):
+        train_stage, train_data = rep.train_device(cpu_train)
+    device_run = train_stage is not cpu_train
+    R: dict[str, Any] = {
+        "settings": s,
+        "device_run": device_run,
+        "train": train_data,
+        "train_dir": rep.cache.path(train_stage),
+        "per_layer": per_layer,
+        "toy2": rep.toy2(),
+        "evaluate": rep.evaluate(train_stage).data,
+        # the CPU run's evaluation, for comparison with the device-trained one
+        "evaluate_cpu": rep.evaluate(cpu_train).data if device_run else None,
+    }
+    R["browse"] = rep.browse(train_stage)
+    md, js = write(R, doc_dir)
+    log(f"wrote {md} and {js}")
+    return R, rep.cache

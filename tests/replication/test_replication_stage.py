@@ -1,0 +1,112 @@
+"""The cached-stage primitive: hits on equal inputs, recomputes on any change or corruption."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.results import Result
+
+
+@dataclasses.dataclass(frozen=True)
+class Squares(Result):
+    values: np.ndarray
+    n: int
+
+
+def _compute(calls: list[int], n: int):
+    def compute(directory):
+        calls.append(n)
+        (directory / "extra.txt").write_text(f"side artifact {n}")
+        return Squares(values=np.arange(n, dtype=float) ** 2, n=n)
+
+    return compute
+
+
+def test_same_inputs_hit_and_return_the_stored_result(tmp_path):
+    cache, calls = StageCache(tmp_path), []
+    stage = Stage("squares", {"n": 4}, model="m1", data=data_digest([1, 2, 3]))
+    first = cache.run(stage, Squares, _compute(calls, 4))
+    again = StageCache(tmp_path).run(stage, Squares, _compute(calls, 4))
+    assert calls == [4]
+    np.testing.assert_array_equal(again.values, first.values)
+    assert (cache.path(stage) / "extra.txt").read_text() == "side artifact 4"
+    # the key is a content hash: an equal stage built again has the same key
+    assert Stage("squares", {"n": 4}, model="m1", data=data_digest([1, 2, 3])).key == stage.key
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"config": {"n": 5}},
+        {"name": "cubes"},
+        {"model": "m2"},
+        {"data": data_digest([1, 2, 4])},
+        {"inputs": ("upstream-key",)},
+    ],
+)
+def test_any_changed_input_recomputes(tmp_path, change):
+    cache, calls = StageCache(tmp_path), []
+    stage = Stage("squares", {"n": 4}, model="m1", data=data_digest([1, 2, 3]))
+    cache.run(stage, Squares, _compute(calls, 4))
+    changed = dataclasses.replace(stage, **change)
+    assert changed.key != stage.key
+    cache.run(changed, Squares, _compute(calls, 4))
+    assert calls == [4, 4]
+    assert cache.hits() == [False, False]
+
+
+def test_upstream_change_reaches_the_consumer():
+    up_a, up_b = Stage("up", {"seed": 0}), Stage("up", {"seed": 1})
+    down_a = Stage("down", {"x": 1}, inputs=(up_a.key,))
+    down_b = Stage("down", {"x": 1}, inputs=(up_b.key,))
+    assert down_a.key != down_b.key
+
+
+@pytest.mark.parametrize("target", ["result.json", "arrays.safetensors", "extra.txt"])
+def test_a_corrupted_result_is_recomputed_with_a_warning(tmp_path, target):
+    cache, calls = StageCache(tmp_path), []
+    stage = Stage("squares", {"n": 3})
+    cache.run(stage, Squares, _compute(calls, 3))
+    path = cache.path(stage) / target
+    path.write_bytes(path.read_bytes()[:-7] + b"garbage")
+    with pytest.warns(RuntimeWarning, match="corrupted"):
+        res = cache.run(stage, Squares, _compute(calls, 3))
+    assert calls == [3, 3]
+    np.testing.assert_array_equal(res.values, [0.0, 1.0, 4.0])
+    # and the recomputed copy is a clean hit afterwards
+    cache.run(stage, Squares, _compute(calls, 3))
+    assert calls == [3, 3] and cache.hits() == [False, False, True]
+
+
+def test_a_failed_stage_leaves_nothing_that_looks_finished(tmp_path):
+    cache = StageCache(tmp_path)
+    stage = Stage("boom", {})
+
+    def compute(directory):
+        (directory / "partial.bin").write_bytes(b"x")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        cache.run(stage, Record, compute)
+    assert not cache.path(stage).exists()
+    assert list((tmp_path / "boom").iterdir()) == []
+
+
+def test_record_round_trips_nan_and_nested_data(tmp_path):
+    cache = StageCache(tmp_path)
+    data = {"a": [1.5, float("nan")], "b": {"c": np.float64(2.0)}}
+    cache.run(Stage("rec"), Record, lambda _: Record.of(data))
+    got = cache.run(Stage("rec"), Record, lambda _: Record.of({}))
+    assert got.data["b"] == {"c": 2.0} and np.isnan(got.data["a"][1])
+    assert cache.hits() == [False, True]
+
+
+def test_wrong_result_type_and_bad_names_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="plain, non-empty file name"):
+        Stage("a/b")
+    with pytest.raises(TypeError, match="returned a Record, not a Squares"):
+        StageCache(tmp_path).run(Stage("x"), Squares, lambda _: Record.of(1))
