@@ -468,8 +468,8 @@ def render_markdown(run: Run, source: str) -> str:
             "unembedding enters through an exact d × d factor of its Gram), one vector per "
             f"window: the last token of a {s['jacobian_prompt_tokens']}-token window of "
             "held-out Austen text, windows from different 128-token chunks first. SE = "
-            "jackknife over vectors; CI = bias-corrected jackknife interval. Both cover vector sampling "
-            "only: the Jacobians are exact.",
+            "jackknife over vectors; CI = bias-corrected jackknife interval. Both cover vector "
+            "sampling only: the Jacobians are exact.",
             "",
             "| layer | vectors | κ = erank | SE | 95% CI | κ/d | κ(n)/κ(n/2) | κ_PR | κ_PR CI | "
             "stable rank |",

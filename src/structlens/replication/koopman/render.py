@@ -77,7 +77,8 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     L.append(
         f"\n32 hashed prompt blocks (blocks with <= 2(N + r) samples dropped; kept: "
         f"{[v['n_blocks'] for v in slopes]}), halves of 1, 2, 4, ... blocks, 10 random half "
-        f"pairs per size; CI: delete-a-group jackknife over prompt blocks (t). −0.5 lies inside {inside} of {len(slopes)} CIs. "
+        "pairs per size; CI: delete-a-group jackknife over prompt blocks (t). "
+        f"−0.5 lies inside {inside} of {len(slopes)} CIs. "
         f"**Verdict: {verdict}.** "
         "The rate is asymptotic and needs κ(λ) ≪ √M; compare the κ columns with √M.\n"
     )
