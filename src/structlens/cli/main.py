@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
+from structlens.cli import (
+    analyze,
+    capture,
+    causal,
+    demo,
+    equiv,
+    koopman,
+    models,
+    ndm,
+    report,
+    sae,
+    tasks,
+)
 
 app = typer.Typer(
     name="structlens",
@@ -23,6 +35,8 @@ app.add_typer(koopman.app, name="koopman")
 app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
+analyze.register(app)
+report.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     app()
