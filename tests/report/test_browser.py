@@ -55,9 +55,11 @@ def test_loads_without_console_errors_or_requests(page, analysis_dir):
 def test_every_section_and_figure_is_present(page, analysis):
     for method in ["summary", *SECTIONS]:
         assert page.locator(f"section#{method}").count() == 1
-    expected = {"fig-tasks", "fig-koopman-convergence", "fig-koopman-spectrum",
-                "fig-koopman-invariance", "fig-ndm-merges", "fig-ndm-gini", "fig-kappa",
-                "fig-kappa-spectra", "fig-wedge", "fig-equivalence", "fig-layer-similarity"}  # fmt: skip
+    expected = {
+        "fig-tasks", "fig-koopman-convergence", "fig-koopman-spectrum", "fig-koopman-invariance",
+        "fig-ndm-merges", "fig-ndm-gini", "fig-kappa", "fig-kappa-spectra", "fig-wedge",
+        "fig-equivalence", "fig-layer-similarity",
+    }  # fmt: skip
     ids = set(page.eval_on_selector_all("figure.fig", "els => els.map(e => e.id)"))
     assert ids == expected
     for fig in expected:
