@@ -357,18 +357,33 @@ class _Progress:
                 self._bar = None
 
     @contextmanager
-    def stage(self, name: str, total: int) -> Iterator[Callable[[str], None]]:
-        """A bar of ``total`` steps; the yielded ``step(what)`` advances it by one."""
+    def stage(self, name: str, total: int) -> Iterator[_Step]:
+        """A bar of ``total`` steps, advanced by calling the yielded :class:`_Step`."""
+        task = None if self._bar is None else self._bar.add_task(name, total=total)
+        yield _Step(self._bar, task, name)
+        if task is not None:
+            self._bar.update(task, completed=total, description=name)
+
+
+class _Step:
+    """Advances one stage's bar (``step(what)``) and opens bars for long loops inside it
+    (``with step.loop(name, total) as done: done(n)``); does nothing without a bar."""
+
+    def __init__(self, bar: Any, task: Any, name: str) -> None:
+        self._bar, self._task, self._name = bar, task, name
+
+    def __call__(self, what: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=f"{self._name}: {what}"[:34])
+
+    @contextmanager
+    def loop(self, name: str, total: int) -> Iterator[Callable[[int], None]]:
         if self._bar is None:
-            yield lambda what: None
+            yield lambda done: None
             return
-        task = self._bar.add_task(name, total=total)
-
-        def step(what: str) -> None:
-            self._bar.update(task, advance=1, description=f"{name}: {what}"[:34])
-
-        yield step
-        self._bar.update(task, completed=total, description=name)
+        task = self._bar.add_task(f"  {name}"[:34], total=total)
+        yield lambda done: self._bar.update(task, completed=done)
+        self._bar.remove_task(task)
 
 
 @dataclasses.dataclass
@@ -399,7 +414,7 @@ def _logits_fn(model: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     return fn
 
 
-def _stage_tasks(model: Any, cfg: AnalyzeConfig, step: Callable[[str], None]) -> dict[str, Any]:
+def _stage_tasks(model: Any, cfg: AnalyzeConfig, step: _Step) -> dict[str, Any]:
     """Accuracy (Wilson CI) and mean metric (t CI) on every task the tokenizer supports."""
     from structlens.data.tasks import available_tasks, evaluate_task, make_task
 
@@ -482,7 +497,7 @@ def _stage_koopman(
     model: Any,
     cfg: AnalyzeConfig,
     layers: Sequence[int],
-    step: Callable[[str], None],
+    step: _Step,
     executor: _Executor,
 ) -> dict[str, Any]:
     """Per layer (PCA-k dictionary fitted on half the prompts, position 0 excluded):
@@ -696,9 +711,7 @@ def _full_effect_ci(effect: np.ndarray) -> list[float]:
     return _t_interval(effect)
 
 
-def _stage_ndm(
-    model: Any, cfg: AnalyzeConfig, step: Callable[[str], None], executor: _Executor
-) -> dict[str, Any]:
+def _stage_ndm(model: Any, cfg: AnalyzeConfig, step: _Step, executor: _Executor) -> dict[str, Any]:
     """NDM at the layers of the paper's patching tests that this tokenizer supports; the
     patching-test Gini of NDM against baseline rotations (bootstrap CIs over prompts); the
     preimage browser at the first trained layer."""
@@ -752,7 +765,12 @@ def _stage_ndm(
             merge_start=p.ndm_merge_start, merge_interval=p.ndm_merge_interval,
             mi_samples=min(p.ndm_mi_samples, h.shape[0] // 2), log_interval=10, seed=cfg.seed,
         )  # fmt: skip
-        res = NDM(ncfg).fit(h, checkpoint_dir=cfg.out / "cache" / f"ndm-ckpt-L{layer}")
+        with step.loop(f"NDM steps, layer {layer}", p.ndm_steps) as done:
+            res = NDM(ncfg).fit(
+                h,
+                checkpoint_dir=cfg.out / "cache" / f"ndm-ckpt-L{layer}",
+                progress=lambda n, loss, partition, done=done: done(n),
+            )
         trained[layer] = {
             "layer": int(layer),
             "partition": list(res.partition),
@@ -878,7 +896,7 @@ def _stage_causal(
     model: Any,
     cfg: AnalyzeConfig,
     layers: Sequence[int],
-    step: Callable[[str], None],
+    step: _Step,
     executor: _Executor,
 ) -> dict[str, Any]:
     """Exact κ = erank(E[JᵀJ]) of the same-position log-probs at each layer (one vector per
@@ -1072,9 +1090,7 @@ def _equivalence_row(result: Any, name: str) -> tuple[dict[str, Any], list[dict[
     return row, caveats
 
 
-def _stage_equivalence(
-    model: Any, cfg: AnalyzeConfig, step: Callable[[str], None]
-) -> dict[str, Any]:
+def _stage_equivalence(model: Any, cfg: AnalyzeConfig, step: _Step) -> dict[str, Any]:
     """The model against a rotated, head-permuted copy of itself (the answer is known:
     equivalent) and against ``cfg.compare`` when given."""
     from structlens.equivalence.compare import CompareConfig, compare, corpus_probe

@@ -4,7 +4,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from structlens.analyze import STAGES, AnalyzeConfig, parse_layers
+from structlens.analyze import STAGES, AnalyzeConfig, _Progress, parse_layers
 from structlens.cli.main import app
 
 
@@ -38,9 +38,12 @@ def test_second_run_is_a_cache_hit(analysis_dir, analysis, tmp_path):
     out = tmp_path / "again"
     shutil.copytree(analysis_dir, out)
     result = CliRunner().invoke(
-        app, ["analyze", "tiny-llama", "--profile", "smoke", "--out", str(out), "--quiet"]
+        app, ["analyze", "tiny-llama", "--profile", "smoke", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
+    # not quiet: headline numbers and every caveat are printed, then the report's path
+    assert "caveats" in result.output and "too_few_vectors" in result.output
+    assert str(out / "report.html") in result.output.replace("\n", "")
     again = json.loads((out / "analysis.json").read_text())
     assert {s["status"] for s in again["run"]["stages"].values()} == {"cached"}
     assert {m: again[m] for m in STAGES} == {m: analysis[m] for m in STAGES}
@@ -66,6 +69,16 @@ def test_bad_profile_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["analyze", "tiny-llama", "--profile", "gpu"])
     assert result.exit_code == 2
     assert "--profile must be one of smoke, cpu, full" in result.output
+
+
+def test_progress_bars_run_and_close():
+    progress = _Progress(True)
+    with progress.session(), progress.stage("stage", 2) as step:
+        step("first")
+        with step.loop("inner", 5) as done:
+            done(3)
+        step("second")
+    assert progress._bar is None
 
 
 @pytest.mark.parametrize(
