@@ -4,7 +4,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from structlens.analyze import STAGES, AnalyzeConfig, _Progress, parse_layers
+from structlens.analyze import STAGES, AnalyzeConfig, parse_layers
+from structlens.analyze.causal import MIN_KAPPA_VECTORS
+from structlens.analyze.runtime import ProgressBars
 from structlens.cli.main import app
 
 
@@ -21,11 +23,11 @@ def test_smoke_analysis_writes_every_method_with_headlines_and_caveats(analysis_
                 assert h["ci"][0] <= h["ci"][1]
     # the tokenizer of tiny-llama (bytes) cannot build IOI: said, not silently dropped
     assert any("ioi" in c["message"] for c in analysis["tasks"]["caveats"])
-    # 24 vectors for d = 64: κ must be flagged as coming from too few vectors
+    # 24 vectors per layer in the smoke profile: κ must be flagged as coming from too few
     kinds = {c["kind"] for c in analysis["causal_dim"]["caveats"]}
     assert "too_few_vectors" in kinds
     rows = analysis["causal_dim"]["details"]["layers"]
-    assert all(r["n_vectors"] < analysis["run"]["d_model"] for r in rows)
+    assert all(r["n_vectors"] == 24 < MIN_KAPPA_VECTORS for r in rows)
 
 
 def test_sanity_row_recovers_the_rotated_copy(analysis):
@@ -72,7 +74,7 @@ def test_bad_profile_is_a_one_line_error(tmp_path):
 
 
 def test_progress_bars_run_and_close():
-    progress = _Progress(True)
+    progress = ProgressBars(True)
     with progress.session(), progress.stage("stage", 2) as step:
         step("first")
         with step.loop("inner", 5) as done:
