@@ -256,10 +256,9 @@ def run(
                 )
     step("preimage index")
     first = layers[0]
-    keep = index["position"].numpy() >= 0
     browser = preimage_browser(
-        model.tokenizer, hs[first][keep], prompts, index["prompt_index"].numpy()[keep],
-        index["position"].numpy()[keep], rotations[first]["ndm"], trained[first]["partition"],
+        model.tokenizer, hs[first], prompts, index["prompt_index"].numpy(),
+        index["position"].numpy(), rotations[first]["ndm"], trained[first]["partition"],
         top=p.browser_top, pool=p.browser_pool, neighbours=p.browser_neighbours, seed=cfg.seed,
     )  # fmt: skip
     browser["layer"] = int(first)
