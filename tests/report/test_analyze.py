@@ -105,3 +105,18 @@ def test_parse_layers():
         parse_layers("7", 4)
     with pytest.raises(ValueError, match="cannot read a layer"):
         parse_layers("resid", 4)
+
+
+def test_compare_adds_a_row_and_reuses_the_other_stages(analysis_dir, analysis, tmp_path):
+    out = tmp_path / "compare"
+    shutil.copytree(analysis_dir, out)
+    args = ["analyze", "tiny-llama", "--profile", "smoke", "--out", str(out), "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--compare", "tiny-llama"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "analysis.json").read_text())
+    status = {s: v["status"] for s, v in doc["run"]["stages"].items()}
+    assert status == {**dict.fromkeys(STAGES, "cached"), "equivalence": "computed"}
+    rows = doc["equivalence"]["details"]["rows"]
+    assert [r["pair"] for r in rows][1:] == ["vs tiny-llama"]
+    assert rows[1]["score"] == 1.0  # the same weights: every matched head passes
+    assert "compare_score" in doc["equivalence"]["headline"]
