@@ -124,9 +124,21 @@ def run(
     X, U, Y, pid = (a[keep] for a in load_layer(store, mid))
     train = pid % 2 == 0
     invariance = []
+    n_train = int(train.sum())
+    # Random lifts get 4d features, or fewer when the training half could not fit them.
+    lift = min(4 * X.shape[1], n_train // 2)
+    sizes = {"pca": min(p.koopman_pca, X.shape[1] - 1), "spectral": max(2, p.koopman_pca // 4)}
     for name in p.koopman_dictionaries:
-        size = {"pca": min(p.koopman_pca, X.shape[1] - 1), "spectral": max(2, p.koopman_pca // 4)}
-        dic = make_dictionary(name, size.get(name, 4 * X.shape[1]), seed=cfg.seed).fit(X[train])
+        dic = make_dictionary(name, sizes.get(name, lift), seed=cfg.seed).fit(X[train])
+        if dic.n_features + (econf.control_rank or U.shape[1]) >= n_train:
+            caveats.append(
+                caveat(
+                    "not_run",
+                    f"invariance residual of the {name} dictionary: {dic.n_features} features "
+                    f"need more than the {n_train} training samples at layer {mid}.",
+                )
+            )
+            continue
         est = EDMDc(dic, econf)
         res = invariance_residual(
             est.statistics(X[train], U[train], Y[train])[0],
