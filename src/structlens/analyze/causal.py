@@ -145,9 +145,9 @@ def run(
             caveats.append(
                 caveat(
                     "unidentified",
-                    f"width sweep (layer {mid}): κ̂ is unidentified — {pinned} of the "
-                    f"{res.fit_model} fit of N_causal(m); the widths do not pin down a "
-                    "saturation level, so no κ̂ is reported.",
+                    f"width sweep (layer {mid}): κ̂ is unidentified ({res.fit_model} fit of "
+                    f"N_causal(m): {pinned}); the widths do not pin down a saturation level, "
+                    "so no κ̂ is reported.",
                 )
             )
     else:
@@ -172,17 +172,27 @@ def run(
 
 
 def _fit_at_bound(fit: dict[str, float], widths: np.ndarray, counts: np.ndarray) -> str:
-    """Which parameter of a saturating fit sits at a bound of
-    :func:`structlens.causal_dim.fit_saturating`'s box ('' if none)."""
-    ymax, mmax = float(np.max(counts)), float(np.max(widths))
-    tol = 1e-3
-    if math.log(fit["K"]) >= math.log(ymax) + 25 - tol:
-        return "K at its upper bound"
-    if fit["m_half"] > 0 and math.log(fit["m_half"]) >= math.log(mmax) + 25 - tol:
-        return "m½ at its upper bound"
-    if "n" in fit and (
-        abs(math.log(fit["n"]) - math.log(0.1)) < tol
-        or abs(math.log(fit["n"]) - math.log(10)) < tol
-    ):  # noqa: E501
-        return "Hill exponent at a bound"
+    """Which parameter of a saturating fit sits at an edge of the box
+    :func:`structlens.causal_dim.fit_saturating` searches ('' if none).
+
+    The box, in log space: K in [log max N, log max N + 25] (K at its lower edge means the
+    fit only caps the largest count, it does not see saturation), m½ in
+    [log min m − 10, log max m + 25], the Hill exponent in [log 0.1, log 10]; "at an edge"
+    is within 0.1% of it.  A half-saturation width beyond the largest width also leaves K
+    unidentified: the asymptote is then an extrapolation the sweep does not constrain.
+    """
+    ymax, mmin, mmax = float(np.max(counts)), float(np.min(widths)), float(np.max(widths))
+    box = {
+        "K": (math.log(ymax), math.log(ymax) + 25),
+        "m_half": (math.log(mmin) - 10, math.log(mmax) + 25),
+        "n": (math.log(0.1), math.log(10.0)),
+    }
+    for name, (lo, hi) in box.items():
+        if name in fit and fit[name] > 0:
+            x = math.log(fit[name])
+            if x <= lo + 1e-3 or x >= hi - 1e-3:
+                edge = "lower" if x <= lo + 1e-3 else "upper"
+                return f"{name} at the {edge} edge of its range"
+    if fit["m_half"] > mmax:
+        return f"m½ = {fit['m_half']:.3g} beyond the largest width {mmax:.0f}"
     return ""
