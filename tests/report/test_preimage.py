@@ -5,7 +5,7 @@ from structlens.analyze.ndm import preimage_browser
 
 class CharTokenizer:
     def decode(self, ids):
-        return "".join(chr(97 + i) for i in ids)
+        return "".join("\n" if i == 25 else chr(97 + i) for i in ids)
 
 
 def test_top_contexts_and_neighbours_are_the_known_ones():
@@ -36,3 +36,15 @@ def test_top_contexts_and_neighbours_are_the_known_ones():
     # the context keeps the token apart: p7 is ids 2..7, position 2 -> "cd" + "e" + "fgh"
     e7 = out["entries"][rows.index("p7")]
     assert e7["context"] == ["cd", "e", "fgh"]
+
+
+def test_contexts_stay_on_one_line():
+    h = np.eye(4)[[0, 1, 2, 3, 0, 1]] + 0.1
+    prompts = [("p", [23, 24, 25, 0, 1, 2])]
+    out = preimage_browser(
+        CharTokenizer(), h, prompts, np.zeros(6, int), np.arange(6), np.eye(4), [2, 2],
+        top=1, pool=6, neighbours=2,
+    )  # fmt: skip
+    contexts = {tuple(e["context"]) for e in out["entries"]}
+    assert ("xy", "↵", "abc") in contexts
+    assert all("\n" not in "".join(c) for c in contexts)

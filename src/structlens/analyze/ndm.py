@@ -14,8 +14,12 @@ from structlens.analyze.runtime import ExecutorView, StageProgress
 
 
 def _context(tokenizer: Any, ids: Sequence[int], pos: int, left: int = 12, right: int = 4):
-    """``[before, token, after]`` decoded around ``ids[pos]`` (kept apart for escaping)."""
-    dec = tokenizer.decode
+    """``[before, token, after]`` decoded around ``ids[pos]`` (kept apart for escaping), line
+    breaks shown as ``↵`` so a context stays on one line (and fits a one-line query box)."""
+
+    def dec(ids: list[int]) -> str:
+        return tokenizer.decode(ids).replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵")
+
     return [
         dec(list(ids[max(0, pos - left) : pos])),
         dec([ids[pos]]),
