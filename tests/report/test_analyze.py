@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from structlens.analyze import STAGES, AnalyzeConfig, parse_layers
-from structlens.analyze.causal import MIN_KAPPA_VECTORS
+from structlens.analyze.causal import MIN_KAPPA_VECTORS, kappa_layers
 from structlens.analyze.runtime import ProgressBars
 from structlens.cli.main import app
 
@@ -120,3 +120,9 @@ def test_compare_adds_a_row_and_reuses_the_other_stages(analysis_dir, analysis, 
     assert [r["pair"] for r in rows][1:] == ["vs tiny-llama"]
     assert rows[1]["score"] == 1.0  # the same weights: every matched head passes
     assert "compare_score" in doc["equivalence"]["headline"]
+
+
+def test_kappa_layers_are_spread_and_keep_the_sweep_layer():
+    assert kappa_layers([1, 10, 19, 29], 2) == [1, 19]  # 19 is the middle (sweep) layer
+    assert kappa_layers([1, 10, 19, 29], 1) == [19]
+    assert kappa_layers([0, 1, 2], 5) == [0, 1, 2]

@@ -51,7 +51,8 @@ def run(
     ]  # fmt: skip
     jcfg = JacobianConfig(output="log_probs")
     rows, caveats = [], []
-    for layer in layers:
+    mid = layers[len(layers) // 2]  # the width sweep's layer, always among the κ layers
+    for layer in kappa_layers(layers, p.kappa_layers):
         step(f"κ layer {layer}")
         grams = torch.stack(list(vector_grams(model, layer, prompts, jcfg)))
         n = grams.shape[0]
@@ -92,7 +93,6 @@ def run(
             )
     sweep: dict[str, Any] = {}
     if p.sweep_widths:
-        mid = layers[len(layers) // 2]
         step(f"SAE widths (layer {mid})")
         train_p = [
             t
@@ -169,6 +169,18 @@ def run(
         "caveats": caveats,
         "details": {"layers": rows, "d_model": int(d), "sweep": sweep},
     }
+
+
+def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
+    """``count`` evenly spaced entries of ``layers``, the middle one always among them."""
+    n = len(layers)
+    if count >= n:
+        return list(layers)
+    idx = {int(i) for i in np.linspace(0, n - 1, count).round()}
+    if n // 2 not in idx:
+        idx.remove(min(idx, key=lambda i: abs(i - n // 2)))
+        idx.add(n // 2)
+    return [layers[i] for i in sorted(idx)]
 
 
 def _fit_at_bound(fit: dict[str, float], widths: np.ndarray, counts: np.ndarray) -> str:

@@ -65,7 +65,7 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
         "tasks": 4,
         "koopman": len(layers) + 2,
         "ndm": 8,
-        "causal_dim": len(layers) + 2,
+        "causal_dim": len(causal.kappa_layers(layers, cfg.settings.kappa_layers)) + 2,
         "equivalence": 1 + bool(cfg.compare),
     }
     runners = {
