@@ -86,9 +86,9 @@ def test_get_executor_validates():
 def test_cli_koopman_convergence_grid_on_ray_equals_local(ray_cluster, tmp_path):
     from structlens.cli import koopman as kcli
 
-    args = ["convergence", "tiny-llama", "--n-corpus", "16", "--prompt-tokens", "32"]
+    args = ["convergence", "tiny-llama", "--n-corpus", "24", "--prompt-tokens", "32"]
     args += ["--n-task", "0", "--layers", "1,2", "--dictionary", "pca", "--size", "4"]
-    args += ["--n-blocks", "4", "--n-repeats", "3", "--control-rank", "4", "-q"]
+    args += ["--n-blocks", "8", "--n-repeats", "3", "--control-rank", "4", "-q"]
     docs = {}
     for name in ("local", "ray"):
         # the same --out: the Ray run's capture is a cache hit, so only the grid runs on Ray

@@ -96,7 +96,7 @@ def test_damaged_shard_is_named_and_repaired(model, reference, tmp_path, damage,
 
 
 def test_damaged_shard_is_caught_by_store_statistics(model, tmp_path):
-    from structlens.execution.reduce import store_statistic
+    from structlens.capture.statistics import store_statistic
 
     store = _capture(model, tmp_path)
     _overwrite_4k(store.shard_path(1))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ def run(
         train_width_sweep,
     )
     from structlens.causal_dim.jacobian import JacobianConfig
-    from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+    from structlens.causal_dim.kappa import kappa_from_grams
     from structlens.causal_dim.model import residual_grads, vector_grams
     from structlens.ndm.data import training_prompts
     from structlens.sae import SAETrainConfig
@@ -56,31 +55,29 @@ def run(
         step(f"κ layer {layer}")
         grams = torch.stack(list(vector_grams(model, layer, prompts, jcfg)))
         n = grams.shape[0]
-        k = kappa_from_grams(grams, n_bootstrap=200, seed=cfg.seed)
-        curve = kappa_curve(grams, [max(1, n // 2), n], seed=cfg.seed)
-        ratio = curve["erank"][1] / curve["erank"][0]
+        k = kappa_from_grams(grams)
+        ratio = k.ratio_last_doubling
         rows.append(
             {
                 "layer": int(layer),
                 "kappa": k.erank,
                 "kappa_ci": list(k.erank_ci),
+                "kappa_ci_method": k.ci_method,
                 "kappa_pr": k.participation_ratio,
                 "kappa_pr_ci": list(k.participation_ratio_ci),
                 "n_vectors": int(n),
-                "kappa_half": curve["erank"][0],
+                "kappa_half": k.erank / ratio,  # mean κ of the two disjoint halves
                 "convergence_ratio": ratio,
                 "eigenvalues": np.asarray(k.eigenvalues).tolist(),
             }
         )
-        # κ(Σ̂) is concave in the spectrum, so it is biased low at small n; a bootstrap
-        # interval lying below the estimate (resamples repeat vectors) shows that bias.
-        if n < MIN_KAPPA_VECTORS or k.erank > k.erank_ci[1]:
+        # κ(Σ̂) is concave in the spectrum, so it is biased low at small n.
+        if n < MIN_KAPPA_VECTORS:
             caveats.append(
                 caveat(
                     "too_few_vectors",
-                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}, or "
-                    "the bootstrap interval lies below the estimate); κ is biased low at small "
-                    "n and its interval covers vector sampling only.",
+                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}); κ is "
+                    "biased low at small n and its interval covers vector sampling only.",
                 )
             )
         if ratio > 1.05:
@@ -120,12 +117,7 @@ def run(
             n_blocks=16,
             exact_erank=exact,
         )
-        fit = res.fits.get(res.fit_model)
-        pinned = (
-            "no fit: N_causal is 0 at some width"
-            if fit is None
-            else _fit_at_bound(fit, res.widths, res.n_causal)
-        )
+        identified = res.kappa_hat_status == "identified"
         sweep = {
             "layer": int(mid),
             "widths": res.widths.tolist(),
@@ -137,17 +129,22 @@ def run(
             "wedge_ci": list(res.wedge_ci),
             "fit_model": res.fit_model,
             "kappa_hat": res.kappa_hat,
-            "kappa_hat_ci": list(res.kappa_hat_ci),
-            "identified": not pinned,
-            "fit": {k: v for k, v in (fit or {}).items() if isinstance(v, (int, float))},
+            "kappa_hat_ci": list(res.kappa_hat_ci) if identified else None,
+            "kappa_hat_status": res.kappa_hat_status,
+            "kappa_hat_reason": res.kappa_hat_reason,
+            "identified": identified,
+            "fit": {
+                k: v
+                for k, v in res.fits.get(res.fit_model, {}).items()
+                if isinstance(v, (int, float))
+            },
         }
-        if pinned:
+        if not identified:
             caveats.append(
                 caveat(
                     "unidentified",
-                    f"width sweep (layer {mid}): κ̂ is unidentified ({res.fit_model} fit of "
-                    f"N_causal(m): {pinned}); the widths do not pin down a saturation level, "
-                    "so no κ̂ is reported.",
+                    f"width sweep (layer {mid}): κ̂ is {res.kappa_hat_status} "
+                    f"({res.kappa_hat_reason or 'no saturating fit'}); no κ̂ is reported.",
                 )
             )
     else:
@@ -182,29 +179,3 @@ def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
         idx.add(n // 2)
     return [layers[i] for i in sorted(idx)]
 
-
-def _fit_at_bound(fit: dict[str, float], widths: np.ndarray, counts: np.ndarray) -> str:
-    """Which parameter of a saturating fit sits at an edge of the box
-    :func:`structlens.causal_dim.fit_saturating` searches ('' if none).
-
-    The box, in log space: K in [log max N, log max N + 25] (K at its lower edge means the
-    fit only caps the largest count, it does not see saturation), m½ in
-    [log min m − 10, log max m + 25], the Hill exponent in [log 0.1, log 10]; "at an edge"
-    is within 0.1% of it.  A half-saturation width beyond the largest width also leaves K
-    unidentified: the asymptote is then an extrapolation the sweep does not constrain.
-    """
-    ymax, mmin, mmax = float(np.max(counts)), float(np.min(widths)), float(np.max(widths))
-    box = {
-        "K": (math.log(ymax), math.log(ymax) + 25),
-        "m_half": (math.log(mmin) - 10, math.log(mmax) + 25),
-        "n": (math.log(0.1), math.log(10.0)),
-    }
-    for name, (lo, hi) in box.items():
-        if name in fit and fit[name] > 0:
-            x = math.log(fit[name])
-            if x <= lo + 1e-3 or x >= hi - 1e-3:
-                edge = "lower" if x <= lo + 1e-3 else "upper"
-                return f"{name} at the {edge} edge of its range"
-    if fit["m_half"] > mmax:
-        return f"m½ = {fit['m_half']:.3g} beyond the largest width {mmax:.0f}"
-    return ""

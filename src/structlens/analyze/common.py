@@ -27,14 +27,13 @@ def caveat(kind: str, message: str) -> dict[str, str]:
 
 
 def t_interval(x: Sequence[float], confidence: float = 0.95) -> list[float]:
-    """Student-t interval of the mean of ``x`` (NaN with fewer than two values)."""
-    from scipy import stats
+    """:func:`structlens.stats.intervals.t_interval`, NaN with fewer than two values (a
+    section with one prompt has no interval, which the report shows as such)."""
+    from structlens.stats.intervals import t_interval as interval
 
-    a = np.asarray(x, dtype=np.float64)
-    if a.size < 2:
+    if np.asarray(x).size < 2:
         return [float("nan"), float("nan")]
-    half = float(stats.t.ppf(0.5 + confidence / 2, a.size - 1) * a.std(ddof=1) / math.sqrt(a.size))
-    return [float(a.mean() - half), float(a.mean() + half)]
+    return list(interval(x, confidence))
 
 
 def contains(ci: Sequence[float] | None, value: float) -> bool:

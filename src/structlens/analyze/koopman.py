@@ -12,10 +12,6 @@ from structlens.analyze.config import AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, StageProgress
 
 
-def _first_position_mask(store: Any) -> np.ndarray:
-    return store.load_index()["position"].numpy() > 0
-
-
 def _spectrum_bootstrap(
     blocks: Sequence[Any], config: Any, dictionary: Any, n_boot: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +59,6 @@ def run(
         executor=executor,
         progress=executor.progress,
     )
-    keep = _first_position_mask(store)
     # The control (attention output) is compressed to as many components as the dictionary
     # has features, so every half of the smallest split still over-determines the fit.
     econf = EDMDcConfig(alpha=1e-6, control_rank=min(p.koopman_pca, model.d_model))
@@ -72,14 +67,13 @@ def run(
     per_layer, caveats = [], []
     for layer in layers:
         step(f"layer {layer}")
-        X, U, Y, pid = (a[keep] for a in load_layer(store, layer))
+        X, U, Y, pid = load_layer(store, layer)  # position 0 (the attention sink) dropped
         train = pid % 2 == 0  # the dictionary only sees even-numbered prompts
         k = min(p.koopman_pca, X.shape[1] - 1)
         dic = make_dictionary("pca", k, seed=cfg.seed).fit(X[train])
         blocks = EDMDc(dic, econf).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=cfg.seed)
         conv = shc(
-            blocks, econf, half_sizes=halves, n_repeats=p.koopman_repeats, n_bootstrap=500,
-            seed=cfg.seed,
+            blocks, econf, half_sizes=halves, n_repeats=p.koopman_repeats, seed=cfg.seed,
         )  # fmt: skip
         fit = summarise_fit(solve(merge_statistics(blocks), econf, dic))
         radii, cloud = _spectrum_bootstrap(blocks, econf, dic, p.koopman_bootstrap, cfg.seed)
@@ -121,7 +115,7 @@ def run(
             )
     mid = layers[len(layers) // 2]
     step(f"invariance (layer {mid})")
-    X, U, Y, pid = (a[keep] for a in load_layer(store, mid))
+    X, U, Y, pid = load_layer(store, mid)
     train = pid % 2 == 0
     invariance = []
     n_train = int(train.sum())

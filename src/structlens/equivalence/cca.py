@@ -109,7 +109,7 @@ def svcca_from_moments(
 ) -> float:
     """SVCCA similarity from accumulated moments; see :func:`svcca`."""
     rho, _, _, lx = _cca(m, keep, keep, keep_by)
-    kx, ky = len(lx), len(_principal(m.cov_yy, keep, keep_by)[0])
+    kx, ky = len(lx), len(_principal(m.s_yy, keep, keep_by)[0])
     if kx + ky > m.n - 1:
         # n centred samples span n - 1 dimensions: two subspaces of kx and ky dimensions
         # then share kx + ky - (n - 1) directions, correlated 1 whatever the data.
