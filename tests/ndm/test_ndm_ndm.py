@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation
+from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation, plan_merges
 from structlens.ndm.search import RotatedKeys
 from structlens.ndm.toy import ToyConfig, recovery_report, train_toy_model
 from structlens.stats.mutual_info import subspace_mutual_information
@@ -167,3 +167,59 @@ def test_bad_configuration_raises(rng):
         NDM(_small_config()).fit(iter([torch.tensor(h)]))
     with pytest.raises(ValueError, match="lower bank_size"):
         NDM(_small_config(bank_size=5000)).fit(h)
+
+
+def test_plan_merges_known_answer():
+    mi = np.zeros((5, 5))
+    for a, b, v in [(0, 1, 0.5), (1, 2, 0.9), (3, 4, 0.2), (0, 4, 0.03)]:
+        mi[a, b] = mi[b, a] = v
+    partition = [3, 2, 2, 1, 1]
+    # Greedy, disjoint, highest first: (1, 2) then (3, 4); (0, 1) is blocked by subspace 1.
+    plan = plan_merges(mi, partition, 0.04, max_pairs=3)
+    assert plan.pairs == [(1, 2), (3, 4)] and plan.mi == [0.9, 0.2] and plan.max_mi == 0.9
+    assert plan.partition_after == [4, 3, 2]
+    assert plan.permutation == [3, 4, 5, 6, 0, 1, 2, 7, 8]
+    # The default cap is max(1, S // 8) = 1 pair; min_subspaces bounds the count after the round.
+    assert plan_merges(mi, partition, 0.04).pairs == [(1, 2)]
+    assert plan_merges(mi, partition, 0.04, max_pairs=3, min_subspaces=4).pairs == [(1, 2)]
+    assert plan_merges(mi, partition, 0.95) is None
+    assert plan_merges(mi, partition, 0.04, min_subspaces=5) is None
+    with pytest.raises(ValueError, match="mi must be"):
+        plan_merges(mi[:4, :4], partition, 0.04)
+
+
+def test_checkpoint_of_other_inputs_is_never_resumed(rng, tmp_path):
+    h, _ = _planted(rng)
+    other = h[::-1].copy()  # same rows, another order: other bytes, other digest
+    cfg = _small_config()
+    NDM(cfg).fit(h, checkpoint_dir=tmp_path, stop_at_step=25)
+    fresh_other = NDM(cfg).fit(other)
+    with pytest.warns(UserWarning, match="data_digest differ"):
+        rerun = NDM(cfg).fit(other, checkpoint_dir=tmp_path)
+    assert rerun.provenance["resumed_from_step"] is None
+    assert np.array_equal(rerun.rotation, fresh_other.rotation)
+    assert rerun.loss_history == fresh_other.loss_history
+    # Another model or config: not resumed either; the same inputs: resumed from step 25.
+    with pytest.warns(UserWarning, match="model_digest differ"):
+        res = NDM(cfg).fit(h, checkpoint_dir=tmp_path, model_digest="abc", stop_at_step=1)
+    assert res.provenance["resumed_from_step"] is None and res.steps == 1
+    with pytest.warns(UserWarning, match="config differ"):
+        res = NDM(_small_config(lr=0.1)).fit(h, checkpoint_dir=tmp_path, stop_at_step=1)
+    assert res.provenance["resumed_from_step"] is None
+    same = NDM(cfg).fit(h, checkpoint_dir=tmp_path)
+    assert same.provenance["resumed_from_step"] == 25
+    assert same.provenance["data_digest"] != rerun.provenance["data_digest"]
+    assert np.array_equal(same.rotation, NDM(cfg).fit(h).rotation)
+
+
+def test_stream_digest_covers_every_tensor(rng):
+    h, _ = _planted(rng)
+    chunks = [torch.tensor(h[i : i + 500]) for i in range(0, 3000, 500)]
+    cfg = _small_config(max_steps=1)
+    base = NDM(cfg).fit(lambda: iter(chunks)).provenance["data_digest"]
+    changed = [c.clone() for c in chunks]
+    changed[-1][-1, -1] += 1e-3  # the last row of the last chunk: never drawn in one step
+    assert NDM(cfg).fit(lambda: iter(changed)).provenance["data_digest"] != base
+    assert NDM(cfg).fit(torch.cat(chunks)).provenance["data_digest"] != base  # one tensor
+    given = NDM(cfg).fit(lambda: iter(chunks), data_digest="store-123").provenance
+    assert given["data_digest"] == "store-123"

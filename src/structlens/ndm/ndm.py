@@ -783,12 +783,16 @@ def _run_directory(root: Path, provenance: dict[str, Any]) -> Path:
                 "resumed.",
                 stacklevel=3,
             )
-        for path in others:
-            theirs = json.loads(path.read_text()).get("provenance", {})
-            changed = [name for name in provenance if theirs.get(name) != provenance[name]]
+        if others:
+            changed = {}
+            for path in others:
+                theirs = json.loads(path.read_text()).get("provenance", {})
+                changed[path.parent] = [n for n in provenance if theirs.get(n) != provenance[n]]
+            closest = min(changed, key=lambda p: len(changed[p]))
             warnings.warn(
-                f"not resuming the checkpoint {path.parent}: its {', '.join(changed)} differ "
-                f"from this run's; starting fresh in {run_dir}.",
+                f"not resuming the {len(others)} checkpoint(s) in {root}, written for other "
+                f"inputs (the closest, {closest.name}: its {', '.join(changed[closest])} "
+                f"differ); starting fresh in {run_dir.name}.",
                 stacklevel=3,
             )
     run_dir.mkdir(parents=True, exist_ok=True)
