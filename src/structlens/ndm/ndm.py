@@ -83,6 +83,12 @@ class NDMConfig:
         Stop when a merge round finds no pair above the threshold.
     init
         ``"identity"`` (reference) or ``"random"`` (Haar-random start from ``seed``).
+    restarts
+        Independent training runs on the same data stream, from ``init`` and then further
+        Haar-random rotations; the result is the converged run with the most subspaces, ties
+        broken by the lowest loss on a common sample (see ``NDMResult.restarts``).  Guards
+        against a rotation stuck with dimensions of one group inside another's subspace,
+        which makes merges join independent groups.
     log_interval
         Steps per entry of the loss history.
     seed
@@ -112,6 +118,7 @@ class NDMConfig:
     mi_samples: int = 4_096
     stop_when_converged: bool = True
     init: Literal["identity", "random"] = "identity"
+    restarts: int = 1
     log_interval: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -132,6 +139,7 @@ class NDMConfig:
             "min_subspaces": self.min_subspaces,
             "mi_k": self.mi_k,
             "log_interval": self.log_interval,
+            "restarts": self.restarts,
         }
         for name, value in positive.items():
             if value < 1:
@@ -173,7 +181,12 @@ class NDMResult(Result):
         The :class:`NDMConfig` as a dict.
     provenance
         ``data_digest`` and ``model_digest`` of the training inputs (see :meth:`NDM.fit`), the
-        ``config``, and ``resumed_from_step`` (``None`` for an uninterrupted run).
+        ``config``, the ``restart`` this result comes from, and ``resumed_from_step``
+        (``None`` for an uninterrupted run).
+    restarts
+        With ``NDMConfig.restarts > 1``, one entry per run: ``restart``, ``partition``,
+        ``converged``, ``steps``, ``selection_loss`` (NDM loss on a common sample of
+        ``bank_size`` keys and ``batch_size`` queries) and ``chosen``; empty otherwise.
     """
 
     rotation: np.ndarray
@@ -184,6 +197,7 @@ class NDMResult(Result):
     loss_history: list[float]
     config: dict[str, Any]
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    restarts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def bases(self) -> list[np.ndarray]:
         """Orthonormal basis ``(d, d_s)`` of every subspace (column blocks of ``rotation``)."""
@@ -587,27 +601,60 @@ class NDM:
             source once more); pass the source's own content digest to skip that pass.
         """
         cfg = self.config
-        device = torch.device(cfg.device)
-        feed = _Feed(source, cfg.seed)
         provenance = {
-            "data_digest": data_digest or feed.digest(),
+            "data_digest": data_digest or _Feed(source, cfg.seed).digest(),
             "config": _jsonable_config(cfg),
             "model_digest": model_digest,
         }
         run_dir = _run_directory(Path(checkpoint_dir), provenance) if checkpoint_dir else None
+        runs = [
+            self._train(
+                source,
+                restart,
+                provenance,
+                None if run_dir is None else run_dir / f"restart-{restart}",
+                resume=resume,
+                checkpoint_every=checkpoint_every,
+                stop_at_step=stop_at_step,
+                progress=progress,
+            )
+            for restart in range(cfg.restarts)
+        ]
+        if len(runs) == 1:
+            return runs[0]
+        return self._select(source, runs)
+
+    def _train(
+        self,
+        source: ActivationSource,
+        restart: int,
+        provenance: dict[str, Any],
+        run_dir: Path | None,
+        *,
+        resume: bool,
+        checkpoint_every: int,
+        stop_at_step: int | None,
+        progress: Callable[[int, float, list[int]], None] | None,
+    ) -> NDMResult:
+        """One training run from initial rotation number ``restart`` (see ``restarts``)."""
+        cfg = self.config
+        device = torch.device(cfg.device)
+        feed = _Feed(source, cfg.seed)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
         loaded = (
             TrainState.load(run_dir, self._optimizer, device)
             if run_dir is not None and resume
             else None
         )
         if loaded is None:
-            state = self._initial_state(self._peek_width(feed), device)
+            state = self._initial_state(self._peek_width(feed), device, restart)
             resumed_from = None
         else:
             state, _ = loaded
             feed.restore(state.feed_position, state.feed_generator)
             resumed_from = state.step
-        bank = _Bank(feed, cfg, device, torch.float32 if cfg.dtype == "float32" else torch.float64)
+        bank = _Bank(feed, cfg, device, _DTYPES[cfg.dtype])
         bank.refresh(state)
         bank.project(state, state.key_rotation)
 
@@ -632,7 +679,42 @@ class NDM:
             elif state.step % checkpoint_every == 0:
                 checkpoint()
         checkpoint()
-        return self._result(state, {**provenance, "resumed_from_step": resumed_from})
+        return self._result(
+            state, {**provenance, "restart": restart, "resumed_from_step": resumed_from}
+        )
+
+    def _select(self, source: ActivationSource, runs: list[NDMResult]) -> NDMResult:
+        """The best of several restarts: converged runs first, then the finest partition (a
+        merge needs MI above the threshold and cannot be undone, so a spurious merge only
+        ever coarsens the partition), then the lowest loss on one common sample."""
+        cfg = self.config
+        device = torch.device(cfg.device)
+        sample = _Feed(source, cfg.seed + 1).draw(cfg.bank_size + cfg.batch_size)
+        sample = sample.to(device=device, dtype=_DTYPES[cfg.dtype])
+        keys, queries = sample[: cfg.bank_size], sample[cfg.bank_size :]
+        losses = []
+        for run in runs:
+            R = torch.as_tensor(run.rotation, device=device)
+            nearest = RotatedKeys(keys, R, run.partition, cfg.search_chunk).nearest(
+                queries, R, cfg.rerank
+            )
+            losses.append(float(neighbor_distance_loss(queries, keys, nearest, R, run.partition)))
+        best = min(
+            range(len(runs)),
+            key=lambda r: (not runs[r].converged, -len(runs[r].partition), losses[r]),
+        )
+        table = [
+            {
+                "restart": r,
+                "partition": run.partition,
+                "converged": run.converged,
+                "steps": run.steps,
+                "selection_loss": losses[r],
+                "chosen": r == best,
+            }
+            for r, run in enumerate(runs)
+        ]
+        return dataclasses.replace(runs[best], restarts=table)
 
     def _step(self, state: TrainState, bank: _Bank) -> bool:
         """One optimisation step on the next query batch; returns whether it closed a window of
@@ -693,8 +775,8 @@ class NDM:
     def _optimizer(self, rotation: _Rotation) -> torch.optim.Adam:
         return torch.optim.Adam([rotation.A], lr=self.config.lr, betas=self.config.betas)
 
-    def _initial_state(self, d: int, device: torch.device) -> TrainState:
-        rotation = _Rotation(self._initial_rotation(d)).to(device)
+    def _initial_state(self, d: int, device: torch.device, restart: int = 0) -> TrainState:
+        rotation = _Rotation(self._initial_rotation(d, restart)).to(device)
         return TrainState(
             rotation=rotation,
             optimizer=self._optimizer(rotation),
@@ -729,11 +811,15 @@ class NDM:
             )
         return [cfg.unit_size] * (d // cfg.unit_size)
 
-    def _initial_rotation(self, d: int) -> torch.Tensor:
-        if self.config.init == "identity":
+    def _initial_rotation(self, d: int, restart: int = 0) -> torch.Tensor:
+        """``init`` for restart 0; restart ``r`` takes the next Haar-random draw from ``seed``
+        (with ``init="random"`` restart 0 is the first draw)."""
+        draws = restart + (self.config.init == "random")
+        if draws == 0:
             return torch.eye(d, dtype=torch.float64)
         g = torch.Generator().manual_seed(self.config.seed)
-        q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        for _ in range(draws):
+            q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
         return q * torch.sign(torch.diagonal(r))
 
     def _merge_round(
@@ -766,36 +852,40 @@ class NDM:
         }
 
 
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
 def _jsonable_config(cfg: NDMConfig) -> dict[str, Any]:
     return json.loads(json.dumps(cfg.to_dict()))
 
 
 def _run_directory(root: Path, provenance: dict[str, Any]) -> Path:
-    """``root / run-<key>`` for this run's provenance; warns when ``root`` holds checkpoints
-    of other inputs (they are kept, never resumed), naming the inputs that differ."""
+    """``root / run-<key>`` for this run's provenance (restart ``r`` checkpoints in its
+    ``restart-<r>``); warns when ``root`` holds checkpoints of other inputs (they are kept,
+    never resumed), naming the inputs that differ."""
     key = hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
     run_dir = root / f"run-{key}"
-    if not (run_dir / "checkpoint.json").exists():
-        others = sorted(root.glob("run-*/checkpoint.json")) if root.is_dir() else []
+    if not run_dir.is_dir():
         if (root / "checkpoint.json").exists():
             warnings.warn(
                 f"{root} holds a checkpoint without provenance (older structlens); it is not "
                 "resumed.",
                 stacklevel=3,
             )
-        if others:
-            changed = {}
-            for path in others:
-                theirs = json.loads(path.read_text()).get("provenance", {})
-                changed[path.parent] = [n for n in provenance if theirs.get(n) != provenance[n]]
+        changed = {}
+        for path in sorted(root.glob("run-*/restart-*/checkpoint.json")):
+            theirs = json.loads(path.read_text()).get("provenance", {})
+            changed[path.parent.parent] = [
+                name for name in provenance if theirs.get(name) != provenance[name]
+            ]
+        if changed:
             closest = min(changed, key=lambda p: len(changed[p]))
             warnings.warn(
-                f"not resuming the {len(others)} checkpoint(s) in {root}, written for other "
+                f"not resuming the {len(changed)} checkpoint(s) in {root}, written for other "
                 f"inputs (the closest, {closest.name}: its {', '.join(changed[closest])} "
                 f"differ); starting fresh in {run_dir.name}.",
                 stacklevel=3,
             )
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
