@@ -69,6 +69,34 @@ PAPER_TESTS: tuple[PatchTest, ...] = (
     PatchTest("greater_than", "greater_than", "01", 9, ("METRIC",)),
 )
 
+# Tests on the repeated-sequence task (:mod:`structlens.data.tasks.induction`), whose
+# mechanism is relative: they replace the position-swap tests on rotary-embedding models.
+ROPE_TESTS: tuple[PatchTest, ...] = (
+    PatchTest("previous_token_relative", "induction", "prev_swap", 4, ("A+1",)),
+    PatchTest("induction", "induction", "resample_first", 6, ("END",)),
+)
+
+DEFAULT_MIN_SHARE = 0.3
+
+
+def uses_rope(model: Model) -> bool:
+    """Whether the model encodes positions by rotary embeddings (no absolute-position
+    subspace in the residual stream), read from its Hugging Face config."""
+    cfg = model.hf.config
+    if getattr(cfg, "position_embedding_type", None) in ("absolute", "relative_key"):
+        return False
+    attrs = ("rope_parameters", "rope_theta", "rotary_pct", "rotary_dim")  # per release
+    return any(getattr(cfg, attr, None) is not None for attr in attrs)
+
+
+def patch_tests_for(model: Model) -> tuple[PatchTest, ...]:
+    """The paper's tests, with the ``position_swap`` tests (which need an absolute-position
+    subspace) replaced by :data:`ROPE_TESTS` on a rotary-embedding model."""
+    if not uses_rope(model):
+        return PAPER_TESTS
+    kept = tuple(t for t in PAPER_TESTS if t.corruption != "position_swap")
+    return ROPE_TESTS + kept
+
 
 def map_layer(gpt2_layer: int, n_layers: int, source_layers: int = 12) -> int:
     """The layer of an ``n_layers`` model at the relative depth of ``gpt2_layer`` of 12."""
@@ -239,8 +267,9 @@ def patch_subspaces(
                 m_patch, top = score(ids, mask, clean + (delta @ q) @ q.T, idx)
                 effects.append(m_clean - m_patch)
                 tops.append(top)
-            acc[method]["effects"].append(np.stack(effects, 1))
-            acc[method]["top1"].append(np.stack(tops, 1))
+            width = (len(idx), 0)
+            acc[method]["effects"].append(np.stack(effects, 1) if effects else np.empty(width))
+            acc[method]["top1"].append(np.stack(tops, 1) if tops else np.empty(width, np.int64))
             acc[method]["full"].append(m_clean - m_full)
             acc[method]["top1_full"].append(top_full)
     return {
@@ -255,6 +284,92 @@ def patch_subspaces(
         )
         for method, a in acc.items()
     }
+
+
+def whole_space_run(
+    model: Model,
+    task: TaskDataset,
+    corrupted: Sequence[Sequence[int]],
+    layer: int,
+    positions: Sequence[Sequence[int]] | None,
+    *,
+    batch_size: int = 16,
+) -> PatchRun:
+    """Clean, corrupted and whole-space-patched metrics only (no subspace): what the screen
+    needs, at the cost of three forward passes per batch."""
+    return patch_subspaces(
+        model, task, corrupted, layer, positions, {"whole": []}, batch_size=batch_size
+    )["whole"]
+
+
+def whole_space_share(run: PatchRun) -> float:
+    """Mean whole-space patching effect as a fraction of the mean clean metric.
+
+    NaN when the clean metric's mean is not positive: the model does not do the task, so
+    there is no behaviour for a patch to remove.
+    """
+    clean = float(np.mean(run.clean_metric))
+    return float(np.mean(run.full_effect)) / clean if clean > 0 else float("nan")
+
+
+def screen_table(
+    runs: Mapping[str, PatchRun],
+    layers: Mapping[str, int],
+    min_share: float = DEFAULT_MIN_SHARE,
+) -> list[dict[str, Any]]:
+    """One row per test: ``test``, ``layer``, ``whole_space_share`` and ``screened``.
+
+    A test passes the screen at its layer when patching the whole space removes at least
+    ``min_share`` of the clean metric; below that the per-subspace effects are mostly noise
+    and their Gini says nothing about the decomposition (noise alone gives a Gini near 0.41).
+    ``runs[test]`` is any :class:`PatchRun` of the test (the whole-space effect does not depend
+    on the method), e.g. from :func:`whole_space_run`.
+    """
+    rows = []
+    for test, run in runs.items():
+        share = whole_space_share(run)
+        rows.append(
+            {
+                "test": test,
+                "layer": int(layers[test]),
+                "whole_space_share": share,
+                "screened": bool(np.isfinite(share) and share >= min_share),
+            }
+        )
+    return rows
+
+
+def screened_summary(
+    runs: Mapping[str, Mapping[str, PatchRun]],
+    dims: Mapping[str, Sequence[int]],
+    variances: Mapping[str, Mapping[str, Sequence[float]]],
+    layers: Mapping[str, int],
+    *,
+    min_share: float = DEFAULT_MIN_SHARE,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`summarize_gini` over the tests that pass the screen (:func:`screen_table`).
+
+    Returns ``screen`` (the table), ``min_share``, and ``gini`` with every test: the
+    :func:`summarize_gini` entry for a screened test, the string ``"no signal"`` for the
+    others.  ``gini_mean`` (and ``gini_mean_diff``) average the screened tests only; when none
+    passes they are ``"no signal"`` too.  Bootstrap seeds follow the screened tests' order.
+    """
+    table = screen_table({t: next(iter(r.values())) for t, r in runs.items()}, layers, min_share)
+    passed = [row["test"] for row in table if row["screened"]]
+    out: dict[str, Any] = {"screen": table, "min_share": min_share}
+    if passed:
+        summary = summarize_gini(
+            {t: runs[t] for t in passed}, dims, variances, n_boot=n_boot, seed=seed
+        )
+    else:
+        summary = {"gini": {}, "gini_mean": "no signal"}
+        if any("ndm" in r for r in runs.values()):
+            summary["gini_mean_diff"] = "no signal"
+    out.update(summary)
+    out["gini"] = {t: summary["gini"].get(t, "no signal") for t in runs}
+    return out
 
 
 def gini_variants(
