@@ -582,10 +582,10 @@ class NDM:
             are read in order, restarted when exhausted, and each refresh's rows are shuffled.
         checkpoint_dir
             Where to checkpoint every ``checkpoint_every`` steps, at merges and at the end.
-            Each run writes into its own subdirectory ``run-<key>``, the key being a digest of
-            the training data, the config and ``model_digest``; with ``resume``, training
-            continues from the checkpoint under the same key only and gives the same result as
-            an uninterrupted run.  A checkpoint written for other data, another config or
+            Each run writes into its own subdirectory ``run-<key>/restart-<r>``, the key being
+            a digest of the training data, the config and ``model_digest``; with ``resume``,
+            training continues from the checkpoint under the same key only and gives the same
+            result as an uninterrupted run.  A checkpoint written for other data, another config or
             another model is never resumed: the run starts fresh under its own key (the other
             checkpoint is kept) and a warning names the inputs that differ.
         stop_at_step
