@@ -18,10 +18,12 @@ from structlens.ndm.evaluate import (
     patch_subspaces,
     patch_tests_for,
     screen_table,
+    screened_patch_test,
     screened_summary,
     summarize_gini,
     uses_rope,
     whole_space_run,
+    whole_space_share,
 )
 
 
@@ -130,3 +132,23 @@ def test_rope_models_get_transferable_tests(tiny):
     assert {t.name for t in chosen} >= {"s_inhibition_name", "greater_than"}
     gpt2 = SimpleNamespace(hf=SimpleNamespace(config=GPT2Config()))
     assert not uses_rope(gpt2) and patch_tests_for(gpt2) == PAPER_TESTS
+
+
+def test_screened_patch_test_skips_tests_without_signal(tiny, induction):
+    test = ROPE_TESTS[1]
+    R = np.linalg.qr(np.random.default_rng(2).standard_normal((32, 32)))[0]
+    bases = {"r": [R[:, :16], R[:, 16:]]}
+    whole = whole_space_run(
+        tiny, induction, corrupted_prompts(induction, test.corruption), 2,
+        patch_positions(induction, test.positions), batch_size=6,
+    )  # fmt: skip
+    share = whole_space_share(whole)
+    for min_share, expect in ((np.inf, False), (share - 1e-9, bool(np.isfinite(share)))):
+        row, runs = screened_patch_test(
+            tiny, induction, test, 2, bases, min_share=min_share, batch_size=6
+        )
+        assert row["screened"] is expect and row["layer"] == 2
+        assert row["whole_space_share"] == pytest.approx(share, nan_ok=True)
+        assert (runs is None) is (not expect)
+        if runs is not None:
+            np.testing.assert_allclose(runs["r"].full_effect, whole.full_effect, atol=1e-6)

@@ -339,6 +339,33 @@ def screen_table(
     return rows
 
 
+def screened_patch_test(
+    model: Model,
+    task: TaskDataset,
+    test: PatchTest,
+    layer: int,
+    bases: Mapping[str, Sequence[np.ndarray | torch.Tensor]],
+    *,
+    min_share: float = DEFAULT_MIN_SHARE,
+    batch_size: int = 16,
+) -> tuple[dict[str, Any], dict[str, PatchRun] | None]:
+    """Screen ``test`` at ``layer``, then patch every subspace only if it passes.
+
+    Returns the test's :func:`screen_table` row and the :func:`patch_subspaces` runs, or
+    ``None`` for a test without signal at this layer (its subspaces are never patched).
+    """
+    corrupted = corrupted_prompts(task, test.corruption)
+    positions = patch_positions(task, test.positions)
+    whole = whole_space_run(model, task, corrupted, layer, positions, batch_size=batch_size)
+    row = screen_table({test.name: whole}, {test.name: layer}, min_share)[0]
+    if not row["screened"]:
+        return row, None
+    runs = patch_subspaces(
+        model, task, corrupted, layer, positions, bases, batch_size=batch_size
+    )
+    return row, runs
+
+
 def screened_summary(
     runs: Mapping[str, Mapping[str, PatchRun]],
     dims: Mapping[str, Sequence[int]],
