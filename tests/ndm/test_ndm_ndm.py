@@ -223,3 +223,24 @@ def test_stream_digest_covers_every_tensor(rng):
     assert NDM(cfg).fit(torch.cat(chunks)).provenance["data_digest"] != base  # one tensor
     given = NDM(cfg).fit(lambda: iter(chunks), data_digest="store-123").provenance
     assert given["data_digest"] == "store-123"
+
+
+def test_restart_selection_prefers_converged_finer_then_lower_loss(rng):
+    h, q = _planted(rng)
+    ndm = NDM(_small_config(restarts=4))
+
+    def run(R, partition, converged):
+        return NDMResult(R, partition, [], 10, converged, [], {}, {"restart": 0})
+
+    mixed = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    runs = [
+        run(q, [2, 1, 1], False),  # finest, but merging had not finished
+        run(q, [2, 2], True),  # the planted split
+        run(mixed, [2, 2], True),  # same sizes, a worse rotation: higher loss
+        run(q, [4], True),
+    ]
+    best = ndm._select(h, runs)
+    assert [r["chosen"] for r in best.restarts] == [False, True, False, False]
+    assert best.restarts[1]["selection_loss"] < best.restarts[2]["selection_loss"]
+    assert best.partition == [2, 2] and np.array_equal(best.rotation, q)
+    assert NDM(_small_config(restarts=2)).fit(h).restarts[0]["restart"] == 0
