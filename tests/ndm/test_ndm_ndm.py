@@ -4,7 +4,7 @@ import torch
 
 from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation, plan_merges
 from structlens.ndm.search import RotatedKeys
-from structlens.ndm.toy import ToyConfig, recovery_report, train_toy_model
+from structlens.ndm.toy import ToyConfig, planted_partition, recovery_report, train_toy_model
 from structlens.stats.mutual_info import subspace_mutual_information
 
 
@@ -244,3 +244,19 @@ def test_restart_selection_prefers_converged_finer_then_lower_loss(rng):
     assert best.restarts[1]["selection_loss"] < best.restarts[2]["selection_loss"]
     assert best.partition == [2, 2] and np.array_equal(best.rotation, q)
     assert NDM(_small_config(restarts=2)).fit(h).restarts[0]["restart"] == 0
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_restarts_recover_planted_partition_a_single_run_misses(seed):
+    # Two independent 4-D groups, rotated; from 2-D units one run settles with dimensions of
+    # one group inside the other's units, merges them and ends at [8].  Restarts recover it.
+    planted = planted_partition([4, 4], 3000, seed=seed)
+    cfg = NDMConfig(
+        unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
+        reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
+        init="random", seed=seed, log_interval=50, restarts=3,
+    )  # fmt: skip
+    best = NDM(cfg).fit(planted.h)
+    assert best.restarts[0]["partition"] == [8]  # restart 0 is the run without restarts
+    assert best.partition == [4, 4] and best.converged
+    assert recovery_report(best.bases(), planted.bases())["min_matched_overlap"] >= 0.95
