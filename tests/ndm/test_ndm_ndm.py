@@ -246,7 +246,7 @@ def test_restart_selection_prefers_converged_finer_then_lower_loss(rng):
     assert NDM(_small_config(restarts=2)).fit(h).restarts[0]["restart"] == 0
 
 
-@pytest.mark.parametrize("seed", [2])
+@pytest.mark.parametrize("seed", [2, 4])
 def test_restarts_recover_planted_partition_a_single_run_misses(seed):
     # Two independent 4-D groups, rotated; from 2-D units one run settles with dimensions of
     # one group inside the other's units, merges them and ends at [8].  Restarts recover it.
