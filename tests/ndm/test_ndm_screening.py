@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.data.tasks import make_task
+from structlens.data.tasks.induction import make_induction
 from structlens.models import load_model
 from structlens.models.loading import Model
 from structlens.ndm.evaluate import (
@@ -14,6 +14,7 @@ from structlens.ndm.evaluate import (
     ROPE_TESTS,
     PatchRun,
     corrupted_prompts,
+    make_test_task,
     patch_positions,
     patch_subspaces,
     patch_tests_for,
@@ -51,7 +52,7 @@ def tiny(tok):
 
 @pytest.fixture(scope="module")
 def induction(tok):
-    return make_task("induction", tok, n=6, seed=0, length=6)
+    return make_induction(tok, n=6, seed=0, length=6)
 
 
 def test_induction_task_structure(induction):
@@ -122,7 +123,7 @@ def test_whole_space_run_agrees_with_patching(tiny, induction):
         )
 
 
-def test_rope_models_get_transferable_tests(tiny):
+def test_rope_models_get_transferable_tests(tiny, tok):
     from transformers import GPT2Config
 
     assert uses_rope(tiny)
@@ -132,6 +133,11 @@ def test_rope_models_get_transferable_tests(tiny):
     assert {t.name for t in chosen} >= {"s_inhibition_name", "greater_than"}
     gpt2 = SimpleNamespace(hf=SimpleNamespace(config=GPT2Config()))
     assert not uses_rope(gpt2) and patch_tests_for(gpt2) == PAPER_TESTS
+    for test in chosen:
+        task = make_test_task(test, tok, n=4, seed=1)
+        assert task.name == test.task and len(task) == 4
+        assert len(corrupted_prompts(task, test.corruption)) == 4
+        assert all(p is not None for p in patch_positions(task, test.positions))
 
 
 def test_screened_patch_test_skips_tests_without_signal(tiny, induction):

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from structlens.data.tasks import TaskDataset, pad_batch
+from structlens.data.tasks import TaskDataset, make_task, pad_batch
+from structlens.data.tasks.induction import make_induction
 from structlens.interventions import run_with_cache
 from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
@@ -96,6 +97,15 @@ def patch_tests_for(model: Model) -> tuple[PatchTest, ...]:
         return PAPER_TESTS
     kept = tuple(t for t in PAPER_TESTS if t.corruption != "position_swap")
     return ROPE_TESTS + kept
+
+
+def make_test_task(test: PatchTest, tokenizer: Any, *, n: int, seed: int = 0) -> TaskDataset:
+    """The task dataset a test runs on: the registry's task, or the repeated-sequence task of
+    :data:`ROPE_TESTS` (built here, so the circuit-task registry and everything that iterates
+    it are unchanged)."""
+    if test.task == "induction":
+        return make_induction(tokenizer, n=n, seed=seed)
+    return make_task(test.task, tokenizer, n=n, seed=seed)
 
 
 def map_layer(gpt2_layer: int, n_layers: int, source_layers: int = 12) -> int:

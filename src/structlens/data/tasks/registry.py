@@ -9,7 +9,6 @@ from typing import Any
 from structlens.data.tasks.base import TaskDataset
 from structlens.data.tasks.facts import make_factual_recall, make_knowledge_conflict
 from structlens.data.tasks.greater_than import make_greater_than
-from structlens.data.tasks.induction import make_induction
 from structlens.data.tasks.ioi import make_ioi
 
 TASKS: dict[str, Callable[..., TaskDataset]] = {
@@ -17,7 +16,6 @@ TASKS: dict[str, Callable[..., TaskDataset]] = {
     "greater_than": make_greater_than,
     "knowledge_conflict": make_knowledge_conflict,
     "factual_recall": make_factual_recall,
-    "induction": make_induction,
 }
 
 
