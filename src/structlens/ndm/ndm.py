@@ -226,6 +226,8 @@ class NDMResult(Result):
 class _Rotation(torch.nn.Module):
     """``R = B exp(A - A^T)`` in float64: orthogonal for any ``A``; ``B`` is fixed."""
 
+    base: torch.Tensor
+
     def __init__(self, base: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("base", base.to(torch.float64).clone())
