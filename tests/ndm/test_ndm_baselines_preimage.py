@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from structlens.ndm.baselines import (
     identity_rotation,
@@ -53,3 +54,47 @@ def test_preimage_index_matches_brute_force(rng):
     assert (idx_thr[:, 0] == np.arange(7)).all()  # only the query itself is that close
     with pytest.raises(ValueError, match="subspace"):
         index.query(queries, subspace=2)
+
+
+def _planted_sae(rng, spans):
+    from structlens.sae import SAETrainConfig
+    from structlens.sae.train import build_sae
+
+    decoder = np.vstack([rng.standard_normal((30, s.shape[1])) @ s.T for s in spans])
+    sae = build_sae(SAETrainConfig(architecture="topk", d_sae=decoder.shape[0], k=4), d_in=6)
+    with torch.no_grad():
+        sae.W_dec.copy_(torch.as_tensor(decoder, dtype=sae.W_dec.dtype))
+    return sae, decoder
+
+
+def test_sae_baseline_uses_the_given_sae(rng):
+    from structlens.ndm.pipeline import baseline_rotations
+
+    q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    spans = [q[:, :3], q[:, 3:5], q[:, 5:]]
+    sae, decoder = _planted_sae(rng, spans)
+    h = rng.standard_normal((50, 6))  # not used to train anything when the SAE is given
+    rot, info = baseline_rotations(h, [3, 2, 1], ["sae"], sae=sae)
+    assert info["sae"] == {"given": True, "d_sae": 90}
+    assert np.array_equal(rot["sae"], sae_cluster_rotation(sae, [3, 2, 1]))
+    bounds = [0, 3, 5, 6]
+    for s, span in enumerate(spans):  # the planted spans of this SAE's decoder, not others
+        block = rot["sae"][:, bounds[s] : bounds[s + 1]]
+        assert np.allclose(block @ block.T, span @ span.T, atol=1e-5)
+    other, _ = _planted_sae(rng, [q[:, 2:5], q[:, [0, 5]], q[:, 1:2]])
+    R_other = baseline_rotations(h, [3, 2, 1], ["sae"], sae=other)[0]["sae"]
+    assert np.abs(R_other[:, :3] @ R_other[:, :3].T - spans[0] @ spans[0].T).max() > 0.1
+
+
+def test_baseline_sae_trains_until_fvu_plateaus(rng):
+    from structlens.ndm.pipeline import SAEBaselineConfig, train_baseline_sae
+
+    q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    h = (rng.standard_normal((512, 2)) * [3, 1]) @ q[:, :2].T  # rank-2 data: easy to fit
+    cfg = SAEBaselineConfig(width=16, k=2, epochs=200, batch_size=64, tol=0.05)
+    fit = train_baseline_sae(h, cfg)
+    fvu = fit["fvu_history"]
+    assert fit["converged"] and fit["epochs"] == len(fvu) < 200
+    assert fvu[-2] - fvu[-1] < 0.05 * fvu[-2] and fvu[-1] < fvu[0]
+    capped = train_baseline_sae(h, SAEBaselineConfig(width=16, k=2, epochs=1, batch_size=64))
+    assert capped["epochs"] == 1 and not capped["converged"]

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation
+from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, _Rotation, plan_merges
 from structlens.ndm.search import RotatedKeys
-from structlens.ndm.toy import ToyConfig, recovery_report, train_toy_model
+from structlens.ndm.toy import ToyConfig, planted_partition, recovery_report, train_toy_model
 from structlens.stats.mutual_info import subspace_mutual_information
 
 
@@ -167,3 +167,96 @@ def test_bad_configuration_raises(rng):
         NDM(_small_config()).fit(iter([torch.tensor(h)]))
     with pytest.raises(ValueError, match="lower bank_size"):
         NDM(_small_config(bank_size=5000)).fit(h)
+
+
+def test_plan_merges_known_answer():
+    mi = np.zeros((5, 5))
+    for a, b, v in [(0, 1, 0.5), (1, 2, 0.9), (3, 4, 0.2), (0, 4, 0.03)]:
+        mi[a, b] = mi[b, a] = v
+    partition = [3, 2, 2, 1, 1]
+    # Greedy, disjoint, highest first: (1, 2) then (3, 4); (0, 1) is blocked by subspace 1.
+    plan = plan_merges(mi, partition, 0.04, max_pairs=3)
+    assert plan.pairs == [(1, 2), (3, 4)] and plan.mi == [0.9, 0.2] and plan.max_mi == 0.9
+    assert plan.partition_after == [4, 3, 2]
+    assert plan.permutation == [3, 4, 5, 6, 0, 1, 2, 7, 8]
+    # The default cap is max(1, S // 8) = 1 pair; min_subspaces bounds the count after the round.
+    assert plan_merges(mi, partition, 0.04).pairs == [(1, 2)]
+    assert plan_merges(mi, partition, 0.04, max_pairs=3, min_subspaces=4).pairs == [(1, 2)]
+    assert plan_merges(mi, partition, 0.95) is None
+    assert plan_merges(mi, partition, 0.04, min_subspaces=5) is None
+    with pytest.raises(ValueError, match="mi must be"):
+        plan_merges(mi[:4, :4], partition, 0.04)
+
+
+def test_checkpoint_of_other_inputs_is_never_resumed(rng, tmp_path):
+    h, _ = _planted(rng)
+    other = h[::-1].copy()  # same rows, another order: other bytes, other digest
+    cfg = _small_config()
+    NDM(cfg).fit(h, checkpoint_dir=tmp_path, stop_at_step=25)
+    fresh_other = NDM(cfg).fit(other)
+    with pytest.warns(UserWarning, match="data_digest differ"):
+        rerun = NDM(cfg).fit(other, checkpoint_dir=tmp_path)
+    assert rerun.provenance["resumed_from_step"] is None
+    assert np.array_equal(rerun.rotation, fresh_other.rotation)
+    assert rerun.loss_history == fresh_other.loss_history
+    # Another model or config: not resumed either; the same inputs: resumed from step 25.
+    with pytest.warns(UserWarning, match="model_digest differ"):
+        res = NDM(cfg).fit(h, checkpoint_dir=tmp_path, model_digest="abc", stop_at_step=1)
+    assert res.provenance["resumed_from_step"] is None and res.steps == 1
+    with pytest.warns(UserWarning, match="config differ"):
+        res = NDM(_small_config(lr=0.1)).fit(h, checkpoint_dir=tmp_path, stop_at_step=1)
+    assert res.provenance["resumed_from_step"] is None
+    same = NDM(cfg).fit(h, checkpoint_dir=tmp_path)
+    assert same.provenance["resumed_from_step"] == 25
+    assert same.provenance["data_digest"] != rerun.provenance["data_digest"]
+    assert np.array_equal(same.rotation, NDM(cfg).fit(h).rotation)
+
+
+def test_stream_digest_covers_every_tensor(rng):
+    h, _ = _planted(rng)
+    chunks = [torch.tensor(h[i : i + 500]) for i in range(0, 3000, 500)]
+    cfg = _small_config(max_steps=1)
+    base = NDM(cfg).fit(lambda: iter(chunks)).provenance["data_digest"]
+    changed = [c.clone() for c in chunks]
+    changed[-1][-1, -1] += 1e-3  # the last row of the last chunk: never drawn in one step
+    assert NDM(cfg).fit(lambda: iter(changed)).provenance["data_digest"] != base
+    assert NDM(cfg).fit(torch.cat(chunks)).provenance["data_digest"] != base  # one tensor
+    given = NDM(cfg).fit(lambda: iter(chunks), data_digest="store-123").provenance
+    assert given["data_digest"] == "store-123"
+
+
+def test_restart_selection_prefers_converged_finer_then_lower_loss(rng):
+    h, q = _planted(rng)
+    ndm = NDM(_small_config(restarts=4))
+
+    def run(R, partition, converged):
+        return NDMResult(R, partition, [], 10, converged, [], {}, {"restart": 0})
+
+    mixed = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    runs = [
+        run(q, [2, 1, 1], False),  # finest, but merging had not finished
+        run(q, [2, 2], True),  # the planted split
+        run(mixed, [2, 2], True),  # same sizes, a worse rotation: higher loss
+        run(q, [4], True),
+    ]
+    best = ndm._select(h, runs)
+    assert [r["chosen"] for r in best.restarts] == [False, True, False, False]
+    assert best.restarts[1]["selection_loss"] < best.restarts[2]["selection_loss"]
+    assert best.partition == [2, 2] and np.array_equal(best.rotation, q)
+    assert NDM(_small_config(restarts=2)).fit(h).restarts[0]["restart"] == 0
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_restarts_recover_planted_partition_a_single_run_misses(seed):
+    # Two independent 4-D groups, rotated; from 2-D units one run settles with dimensions of
+    # one group inside the other's units, merges them and ends at [8].  Restarts recover it.
+    planted = planted_partition([4, 4], 3000, seed=seed)
+    cfg = NDMConfig(
+        unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
+        reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
+        init="random", seed=seed, log_interval=50, restarts=3,
+    )  # fmt: skip
+    best = NDM(cfg).fit(planted.h)
+    assert best.restarts[0]["partition"] == [8]  # restart 0 is the run without restarts
+    assert best.partition == [4, 4] and best.converged
+    assert recovery_report(best.bases(), planted.bases())["min_matched_overlap"] >= 0.95

@@ -1,17 +1,28 @@
 """NDM subspace decomposition: trainer, neighbour search, toy model, baselines, preimage index."""
 
 from structlens.ndm.baselines import (
+    decoder_directions,
     identity_rotation,
     pca_rotation,
     random_rotation,
     sae_cluster_rotation,
 )
-from structlens.ndm.ndm import NDM, NDMConfig, NDMResult, subspace_variances
+from structlens.ndm.ndm import (
+    NDM,
+    MergePlan,
+    NDMConfig,
+    NDMResult,
+    TrainState,
+    plan_merges,
+    subspace_variances,
+)
 from structlens.ndm.preimage import SubspaceIndex
 from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
 from structlens.ndm.toy import (
+    PlantedPartition,
     ToyConfig,
     ToyModel,
+    planted_partition,
     principal_angles,
     recovery_report,
     subspace_overlap,
@@ -20,15 +31,21 @@ from structlens.ndm.toy import (
 
 __all__ = [
     "NDM",
+    "MergePlan",
     "NDMConfig",
     "NDMResult",
+    "PlantedPartition",
     "RotatedKeys",
     "SubspaceIndex",
     "ToyConfig",
     "ToyModel",
+    "TrainState",
+    "decoder_directions",
     "identity_rotation",
     "neighbor_distance_loss",
     "pca_rotation",
+    "plan_merges",
+    "planted_partition",
     "principal_angles",
     "random_rotation",
     "recovery_report",

@@ -7,7 +7,7 @@ the same ``partition``, are the baseline's subspaces (``z = h @ R``, rows = samp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,12 +40,28 @@ def pca_rotation(
     return vecs if order == "ascending" else vecs[:, ::-1].copy()
 
 
+def decoder_directions(sae: Any) -> np.ndarray:
+    """The ``(n_features, d)`` float64 decoder of an SAE: its ``W_dec`` (a
+    :class:`structlens.sae.SparseAutoencoder` or anything with one, e.g. a SAELens SAE), the
+    ``sae`` of an :class:`structlens.sae.SAETrainingResult`, or an array taken as is."""
+    if hasattr(sae, "sae") and not hasattr(sae, "W_dec"):
+        sae = sae.sae
+    if hasattr(sae, "W_dec"):
+        w = sae.W_dec
+        return np.asarray(w.detach().cpu().double() if hasattr(w, "detach") else w, np.float64)
+    return np.asarray(sae, dtype=np.float64)
+
+
 def sae_cluster_rotation(
-    decoder: np.ndarray, partition: Sequence[int], n_iter: int = 20, seed: int = 0
+    decoder: Any, partition: Sequence[int], n_iter: int = 20, seed: int = 0
 ) -> np.ndarray:
     """Subspaces from clustering SAE decoder directions (K-subspaces with fixed sizes).
 
-    ``decoder`` is ``(n_features, d)``, one feature direction per row (e.g. an SAE's ``W_dec``).
+    ``decoder`` is a trained SAE or its ``(n_features, d)`` decoder, one feature direction per
+    row (see :func:`decoder_directions`).  The baseline is only meaningful for an SAE trained
+    to convergence (e.g. :func:`structlens.ndm.pipeline.train_baseline_sae`): an undertrained
+    decoder is close to its random initialisation.
+
     Directions are normalised; starting from a random rotation cut by ``partition``, each
     direction is assigned to the subspace holding most of its squared norm, then the subspaces
     are refitted one at a time, largest cluster first, as the top singular vectors of the
@@ -53,7 +69,7 @@ def sae_cluster_rotation(
     fitted — which keeps them orthogonal and of exactly the partition's sizes.  Subspace ``s``
     keeps size ``partition[s]``; the returned matrix's blocks follow ``partition``.
     """
-    dec = np.asarray(decoder, dtype=np.float64)
+    dec = decoder_directions(decoder)
     if dec.ndim != 2 or not np.isfinite(dec).all():
         raise ValueError("decoder must be a finite (n_features, d) array of feature directions.")
     sizes = _check_partition(partition, dec.shape[1])

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from structlens.data.tasks import TaskDataset, pad_batch
+from structlens.data.tasks import TaskDataset, make_task, pad_batch
+from structlens.data.tasks.induction import make_induction
 from structlens.interventions import run_with_cache
 from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
@@ -69,6 +70,43 @@ PAPER_TESTS: tuple[PatchTest, ...] = (
     PatchTest("s_inhibition_name", "ioi", "name_swap", 8, ("END",)),
     PatchTest("greater_than", "greater_than", "01", 9, ("METRIC",)),
 )
+
+# Tests on the repeated-sequence task (:mod:`structlens.data.tasks.induction`), whose
+# mechanism is relative: they replace the position-swap tests on rotary-embedding models.
+ROPE_TESTS: tuple[PatchTest, ...] = (
+    PatchTest("previous_token_relative", "induction", "prev_swap", 4, ("A+1",)),
+    PatchTest("induction", "induction", "resample_first", 6, ("END",)),
+)
+
+DEFAULT_MIN_SHARE = 0.3
+
+
+def uses_rope(model: Model) -> bool:
+    """Whether the model encodes positions by rotary embeddings (no absolute-position
+    subspace in the residual stream), read from its Hugging Face config."""
+    cfg = model.hf.config
+    if getattr(cfg, "position_embedding_type", None) in ("absolute", "relative_key"):
+        return False
+    attrs = ("rope_parameters", "rope_theta", "rotary_pct", "rotary_dim")  # per release
+    return any(getattr(cfg, attr, None) is not None for attr in attrs)
+
+
+def patch_tests_for(model: Model) -> tuple[PatchTest, ...]:
+    """The paper's tests, with the ``position_swap`` tests (which need an absolute-position
+    subspace) replaced by :data:`ROPE_TESTS` on a rotary-embedding model."""
+    if not uses_rope(model):
+        return PAPER_TESTS
+    kept = tuple(t for t in PAPER_TESTS if t.corruption != "position_swap")
+    return ROPE_TESTS + kept
+
+
+def make_test_task(test: PatchTest, tokenizer: Any, *, n: int, seed: int = 0) -> TaskDataset:
+    """The task dataset a test runs on: the registry's task, or the repeated-sequence task of
+    :data:`ROPE_TESTS` (built here, so the circuit-task registry and everything that iterates
+    it are unchanged)."""
+    if test.task == "induction":
+        return make_induction(tokenizer, n=n, seed=seed)
+    return make_task(test.task, tokenizer, n=n, seed=seed)
 
 
 def map_layer(gpt2_layer: int, n_layers: int, source_layers: int = 12) -> int:
@@ -240,8 +278,9 @@ def patch_subspaces(
                 m_patch, top = score(ids, mask, clean + (delta @ q) @ q.T, idx)
                 effects.append(m_clean - m_patch)
                 tops.append(top)
-            acc[method]["effects"].append(np.stack(effects, 1))
-            acc[method]["top1"].append(np.stack(tops, 1))
+            width = (len(idx), 0)
+            acc[method]["effects"].append(np.stack(effects, 1) if effects else np.empty(width))
+            acc[method]["top1"].append(np.stack(tops, 1) if tops else np.empty(width, np.int64))
             acc[method]["full"].append(m_clean - m_full)
             acc[method]["top1_full"].append(top_full)
     return {
@@ -256,6 +295,119 @@ def patch_subspaces(
         )
         for method, a in acc.items()
     }
+
+
+def whole_space_run(
+    model: Model,
+    task: TaskDataset,
+    corrupted: Sequence[Sequence[int]],
+    layer: int,
+    positions: Sequence[Sequence[int]] | None,
+    *,
+    batch_size: int = 16,
+) -> PatchRun:
+    """Clean, corrupted and whole-space-patched metrics only (no subspace): what the screen
+    needs, at the cost of three forward passes per batch."""
+    return patch_subspaces(
+        model, task, corrupted, layer, positions, {"whole": []}, batch_size=batch_size
+    )["whole"]
+
+
+def whole_space_share(run: PatchRun) -> float:
+    """Mean whole-space patching effect as a fraction of the mean clean metric.
+
+    NaN when the clean metric's mean is not positive: the model does not do the task, so
+    there is no behaviour for a patch to remove.
+    """
+    clean = float(np.mean(run.clean_metric))
+    return float(np.mean(run.full_effect)) / clean if clean > 0 else float("nan")
+
+
+def screen_table(
+    runs: Mapping[str, PatchRun],
+    layers: Mapping[str, int],
+    min_share: float = DEFAULT_MIN_SHARE,
+) -> list[dict[str, Any]]:
+    """One row per test: ``test``, ``layer``, ``whole_space_share`` and ``screened``.
+
+    A test passes the screen at its layer when patching the whole space removes at least
+    ``min_share`` of the clean metric; below that the per-subspace effects are mostly noise
+    and their Gini says nothing about the decomposition (noise alone gives a Gini near 0.41).
+    ``runs[test]`` is any :class:`PatchRun` of the test (the whole-space effect does not depend
+    on the method), e.g. from :func:`whole_space_run`.
+    """
+    rows = []
+    for test, run in runs.items():
+        share = whole_space_share(run)
+        rows.append(
+            {
+                "test": test,
+                "layer": int(layers[test]),
+                "whole_space_share": share,
+                "screened": bool(np.isfinite(share) and share >= min_share),
+            }
+        )
+    return rows
+
+
+def screened_patch_test(
+    model: Model,
+    task: TaskDataset,
+    test: PatchTest,
+    layer: int,
+    bases: Mapping[str, Sequence[np.ndarray | torch.Tensor]],
+    *,
+    min_share: float = DEFAULT_MIN_SHARE,
+    batch_size: int = 16,
+) -> tuple[dict[str, Any], dict[str, PatchRun] | None]:
+    """Screen ``test`` at ``layer``, then patch every subspace only if it passes.
+
+    Returns the test's :func:`screen_table` row and the :func:`patch_subspaces` runs, or
+    ``None`` for a test without signal at this layer (its subspaces are never patched).
+    """
+    corrupted = corrupted_prompts(task, test.corruption)
+    positions = patch_positions(task, test.positions)
+    whole = whole_space_run(model, task, corrupted, layer, positions, batch_size=batch_size)
+    row = screen_table({test.name: whole}, {test.name: layer}, min_share)[0]
+    if not row["screened"]:
+        return row, None
+    runs = patch_subspaces(
+        model, task, corrupted, layer, positions, bases, batch_size=batch_size
+    )
+    return row, runs
+
+
+def screened_summary(
+    runs: Mapping[str, Mapping[str, PatchRun]],
+    dims: Mapping[str, Sequence[int]],
+    variances: Mapping[str, Mapping[str, Sequence[float]]],
+    layers: Mapping[str, int],
+    *,
+    min_share: float = DEFAULT_MIN_SHARE,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`summarize_gini` over the tests that pass the screen (:func:`screen_table`).
+
+    Returns ``screen`` (the table), ``min_share``, and ``gini`` with every test: the
+    :func:`summarize_gini` entry for a screened test, the string ``"no signal"`` for the
+    others.  ``gini_mean`` (and ``gini_mean_diff``) average the screened tests only; when none
+    passes they are ``"no signal"`` too.  Bootstrap seeds follow the screened tests' order.
+    """
+    table = screen_table({t: next(iter(r.values())) for t, r in runs.items()}, layers, min_share)
+    passed = [row["test"] for row in table if row["screened"]]
+    out: dict[str, Any] = {"screen": table, "min_share": min_share}
+    if passed:
+        summary = summarize_gini(
+            {t: runs[t] for t in passed}, dims, variances, n_boot=n_boot, seed=seed
+        )
+    else:
+        summary = {"gini": {}, "gini_mean": "no signal"}
+        if any("ndm" in r for r in runs.values()):
+            summary["gini_mean_diff"] = "no signal"
+    out.update(summary)
+    out["gini"] = {t: summary["gini"].get(t, "no signal") for t in runs}
+    return out
 
 
 def gini_variants(

@@ -19,10 +19,12 @@ orthogonal group); each merge sets ``B`` to the current ``R`` with reordered col
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -81,6 +83,12 @@ class NDMConfig:
         Stop when a merge round finds no pair above the threshold.
     init
         ``"identity"`` (reference) or ``"random"`` (Haar-random start from ``seed``).
+    restarts
+        Independent training runs on the same data stream, from ``init`` and then further
+        Haar-random rotations; the result is the converged run with the most subspaces, ties
+        broken by the lowest loss on a common sample (see ``NDMResult.restarts``).  Guards
+        against a rotation stuck with dimensions of one group inside another's subspace,
+        which makes merges join independent groups.
     log_interval
         Steps per entry of the loss history.
     seed
@@ -110,6 +118,7 @@ class NDMConfig:
     mi_samples: int = 4_096
     stop_when_converged: bool = True
     init: Literal["identity", "random"] = "identity"
+    restarts: int = 1
     log_interval: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -130,6 +139,7 @@ class NDMConfig:
             "min_subspaces": self.min_subspaces,
             "mi_k": self.mi_k,
             "log_interval": self.log_interval,
+            "restarts": self.restarts,
         }
         for name, value in positive.items():
             if value < 1:
@@ -169,6 +179,14 @@ class NDMResult(Result):
         Mean loss over each ``log_interval`` steps.
     config
         The :class:`NDMConfig` as a dict.
+    provenance
+        ``data_digest`` and ``model_digest`` of the training inputs (see :meth:`NDM.fit`), the
+        ``config``, the ``restart`` this result comes from, and ``resumed_from_step``
+        (``None`` for an uninterrupted run).
+    restarts
+        With ``NDMConfig.restarts > 1``, one entry per run: ``restart``, ``partition``,
+        ``converged``, ``steps``, ``selection_loss`` (NDM loss on a common sample of
+        ``bank_size`` keys and ``batch_size`` queries) and ``chosen``; empty otherwise.
     """
 
     rotation: np.ndarray
@@ -178,6 +196,8 @@ class NDMResult(Result):
     converged: bool
     loss_history: list[float]
     config: dict[str, Any]
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    restarts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def bases(self) -> list[np.ndarray]:
         """Orthonormal basis ``(d, d_s)`` of every subspace (column blocks of ``rotation``)."""
@@ -205,6 +225,8 @@ class NDMResult(Result):
 
 class _Rotation(torch.nn.Module):
     """``R = B exp(A - A^T)`` in float64: orthogonal for any ``A``; ``B`` is fixed."""
+
+    base: torch.Tensor
 
     def __init__(self, base: torch.Tensor) -> None:
         super().__init__()
@@ -253,6 +275,17 @@ class _Feed:
 
     def state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position}
+
+    def digest(self) -> str:
+        """SHA-256 of the data: dtype, shape and bytes of the array, or of every tensor of one
+        full pass over the stream, in order."""
+        h = hashlib.sha256()
+        tensors = [self.pool] if self.pool is not None else self.factory()  # type: ignore[misc]
+        for t in tensors:
+            t = torch.as_tensor(t).detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
     def restore(self, state: dict[str, Any], generator_state: torch.Tensor) -> None:
         self.generator.set_state(generator_state)
@@ -304,6 +337,213 @@ class _Feed:
         return rows[torch.randperm(n_rows, generator=self.generator)]
 
 
+@dataclasses.dataclass(frozen=True)
+class MergePlan:
+    """The subspace pairs one merge round joins, and the column order that re-bases ``R``.
+
+    Attributes
+    ----------
+    pairs
+        Merged pairs ``(a, b)``, indices into the partition before the round, highest MI first.
+    mi
+        Their normalised mutual information.
+    max_mi
+        The largest normalised MI over all pairs (merged or not).
+    partition_after
+        Subspace sizes after the round, descending; among equal sizes merged pairs come first.
+    permutation
+        Column order of the old rotation whose contiguous blocks are ``partition_after``.
+    """
+
+    pairs: list[tuple[int, int]]
+    mi: list[float]
+    max_mi: float
+    partition_after: list[int]
+    permutation: list[int]
+
+
+def plan_merges(
+    mi: np.ndarray,
+    partition: Sequence[int],
+    threshold: float,
+    *,
+    max_pairs: int | None = None,
+    min_subspaces: int = 1,
+) -> MergePlan | None:
+    """Choose the merges of one round from a matrix of normalised mutual information.
+
+    Disjoint pairs with ``mi[a, b] > threshold`` are taken greedily in descending order of MI,
+    at most ``max_pairs`` (default ``max(1, S // 8)`` for ``S`` subspaces) and never leaving
+    fewer than ``min_subspaces``.  Returns ``None`` when nothing merges.  Pure: ``mi`` is the
+    symmetric ``(S, S)`` matrix of :func:`structlens.stats.mutual_info.subspace_mutual_information`
+    (normalised by ``d_a + d_b``), ``partition`` the current block sizes.
+    """
+    sizes = [int(s) for s in partition]
+    n_sub = len(sizes)
+    mi = np.asarray(mi, dtype=np.float64)
+    if mi.shape != (n_sub, n_sub):
+        raise ValueError(f"mi must be ({n_sub}, {n_sub}) for partition {sizes}, got {mi.shape}.")
+    if n_sub <= max(min_subspaces, 1):
+        return None
+    cap = min(max_pairs or max(1, n_sub // 8), n_sub - min_subspaces)
+    candidates = sorted(
+        ((mi[a, b], a, b) for a in range(n_sub) for b in range(a + 1, n_sub)), reverse=True
+    )
+    used: set[int] = set()
+    pairs: list[tuple[int, int, float]] = []
+    for value, a, b in candidates:
+        if value <= threshold or len(pairs) == cap:
+            break
+        if a in used or b in used:
+            continue
+        used.update((a, b))
+        pairs.append((a, b, float(value)))
+    if not pairs:
+        return None
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    groups = [
+        list(range(bounds[a], bounds[a + 1])) + list(range(bounds[b], bounds[b + 1]))
+        for a, b, _ in pairs
+    ]
+    groups += [list(range(bounds[s], bounds[s + 1])) for s in range(n_sub) if s not in used]
+    groups.sort(key=len, reverse=True)  # stable: merged pairs first among equal sizes
+    return MergePlan(
+        pairs=[(a, b) for a, b, _ in pairs],
+        mi=[v for _, _, v in pairs],
+        max_mi=float(candidates[0][0]),
+        partition_after=[len(g) for g in groups],
+        permutation=[int(c) for g in groups for c in g],
+    )
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Everything the trainer carries from one step to the next.
+
+    :meth:`save` and :meth:`load` make an interrupted run continue bit-identically.  The key
+    bank is not stored: it is drawn again from the source after restoring the feed to
+    ``feed_generator`` / ``feed_position`` (its state before the latest refresh) and projected
+    with ``key_rotation`` (the rotation the bank was last projected with).
+    """
+
+    rotation: _Rotation
+    optimizer: torch.optim.Adam
+    partition: list[int]
+    key_rotation: torch.Tensor
+    feed_generator: torch.Tensor
+    feed_position: dict[str, Any]
+    step: int = 0
+    steps_since_refresh: int = 0
+    merge_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    loss_history: list[float] = dataclasses.field(default_factory=list)
+    running: list[float] = dataclasses.field(default_factory=list)
+    converged: bool = False
+
+    _SCALARS: ClassVar[tuple[str, ...]] = (
+        "partition",
+        "step",
+        "steps_since_refresh",
+        "feed_position",
+        "merge_history",
+        "loss_history",
+        "running",
+        "converged",
+    )
+
+    def save(self, directory: Path, provenance: dict[str, Any]) -> None:
+        """Write ``checkpoint.safetensors`` and ``checkpoint.json`` (with ``provenance``)."""
+        from safetensors.torch import save
+
+        tensors = {
+            "base": self.rotation.base.detach().cpu().contiguous(),
+            "A": self.rotation.A.detach().cpu().contiguous(),
+            "key_rotation": self.key_rotation.detach().cpu().contiguous(),
+            "generator": self.feed_generator.clone(),
+        }
+        adam = self.optimizer.state.get(self.rotation.A)
+        if adam:
+            tensors["exp_avg"] = adam["exp_avg"].detach().cpu().contiguous()
+            tensors["exp_avg_sq"] = adam["exp_avg_sq"].detach().cpu().contiguous()
+            tensors["adam_step"] = torch.as_tensor(adam["step"], dtype=torch.float32).reshape(1)
+        atomic_write_bytes(directory / "checkpoint.safetensors", save(tensors))
+        meta = {name: getattr(self, name) for name in self._SCALARS}
+        atomic_write_json(directory / "checkpoint.json", {"provenance": provenance, **meta})
+
+    @classmethod
+    def load(
+        cls,
+        directory: Path,
+        make_optimizer: Callable[[_Rotation], torch.optim.Adam],
+        device: torch.device,
+    ) -> tuple[TrainState, dict[str, Any]] | None:
+        """The state saved in ``directory`` and its provenance, or ``None`` if there is none."""
+        from safetensors.torch import load_file
+
+        meta_path = directory / "checkpoint.json"
+        if not meta_path.exists():
+            return None
+        meta = json.loads(meta_path.read_text())
+        arrays = load_file(str(directory / "checkpoint.safetensors"))
+        rotation = _Rotation(arrays["base"]).to(device)
+        with torch.no_grad():
+            rotation.A.copy_(arrays["A"])
+        optimizer = make_optimizer(rotation)
+        if "exp_avg" in arrays:
+            optimizer.load_state_dict(
+                {
+                    "state": {
+                        0: {
+                            "step": arrays["adam_step"].reshape(()),
+                            "exp_avg": arrays["exp_avg"].to(device),
+                            "exp_avg_sq": arrays["exp_avg_sq"].to(device),
+                        }
+                    },
+                    "param_groups": optimizer.state_dict()["param_groups"],
+                }
+            )
+        state = cls(
+            rotation=rotation,
+            optimizer=optimizer,
+            key_rotation=arrays["key_rotation"].to(device),
+            feed_generator=arrays["generator"],
+            **{name: meta[name] for name in cls._SCALARS},
+        )
+        return state, meta["provenance"]
+
+
+class _Bank:
+    """The current key bank and query pool drawn from the feed, projected for the search."""
+
+    def __init__(
+        self, feed: _Feed, config: NDMConfig, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.feed, self.config, self.device, self.dtype = feed, config, device, dtype
+        self.keys = self.queries = torch.empty(0)
+        self.index: RotatedKeys | None = None
+
+    def refresh(self, state: TrainState) -> None:
+        """Record the feed's position in ``state``, then draw new keys and queries."""
+        cfg = self.config
+        state.feed_generator = self.feed.generator.get_state()
+        state.feed_position = self.feed.state()
+        rows = self.feed.draw(cfg.bank_size + cfg.refresh_interval * cfg.batch_size)
+        rows = rows.to(device=self.device, dtype=self.dtype)
+        if not bool(torch.isfinite(rows).all()):
+            raise ValueError("activations contain NaN or infinite values; clean the source.")
+        self.keys = rows[: cfg.bank_size].contiguous()
+        self.queries = rows[cfg.bank_size :].contiguous()
+
+    def project(self, state: TrainState, rotation: torch.Tensor | None = None) -> None:
+        """Project the keys with ``rotation`` (default: the current one) for ranking."""
+        R = state.rotation().detach() if rotation is None else rotation
+        self.index = RotatedKeys(self.keys, R, state.partition, self.config.search_chunk)
+        state.key_rotation = self.index.rotation
+
+    def batch(self, state: TrainState) -> torch.Tensor:
+        b = self.config.batch_size
+        return self.queries[state.steps_since_refresh * b : (state.steps_since_refresh + 1) * b]
+
+
 class NDM:
     """Neighbor distance minimisation trainer.
 
@@ -330,6 +570,8 @@ class NDM:
         resume: bool = True,
         stop_at_step: int | None = None,
         progress: Callable[[int, float, list[int]], None] | None = None,
+        model_digest: str | None = None,
+        data_digest: str | None = None,
     ) -> NDMResult:
         """Train on activations and return the rotation and partition.
 
@@ -341,151 +583,210 @@ class NDM:
             again (e.g. an activation store), or a callable returning a fresh iterable; streams
             are read in order, restarted when exhausted, and each refresh's rows are shuffled.
         checkpoint_dir
-            Where to write ``checkpoint.safetensors`` + ``checkpoint.json`` every
-            ``checkpoint_every`` steps, at merges and at the end.  With ``resume``, training
-            continues from a checkpoint found there and gives the same result as an
-            uninterrupted run with the same source and config.
+            Where to checkpoint every ``checkpoint_every`` steps, at merges and at the end.
+            Each run writes into its own subdirectory ``run-<key>/restart-<r>``, the key being
+            a digest of the training data, the config and ``model_digest``; with ``resume``,
+            training continues from the checkpoint under the same key only and gives the same
+            result as an uninterrupted run.  A checkpoint written for other data, another config or
+            another model is never resumed: the run starts fresh under its own key (the other
+            checkpoint is kept) and a warning names the inputs that differ.
         stop_at_step
             Stop (and checkpoint) once this many steps are done, as for a time-limited job.
         progress
             Called every ``log_interval`` steps with ``(step, mean loss, partition)``.
+        model_digest
+            Identity of the model the activations came from (e.g. a weights digest); recorded
+            in the checkpoint key and the result's provenance.
+        data_digest
+            Identity of the training data.  By default the SHA-256 of the activations' bytes,
+            dtype and shape (for a stream: of every tensor of one full pass, which reads the
+            source once more); pass the source's own content digest to skip that pass.
         """
         cfg = self.config
-        device = torch.device(cfg.device)
-        dtype = torch.float32 if cfg.dtype == "float32" else torch.float64
-        feed = _Feed(source, cfg.seed)
-        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        state = _load_checkpoint(ckpt) if (ckpt is not None and resume) else None
-
-        if state is None:
-            d = self._peek_width(feed)
-            partition = self._initial_partition(d)
-            base = self._initial_rotation(d)
-            step, history, losses, converged = 0, [], [], False
-            rotation = _Rotation(base).to(device)
-            optimizer = self._optimizer(rotation)
-            gen_state = feed.generator.get_state()
-            feed_state = feed.state()
-            keys, queries = self._refresh(feed, device, dtype)
-            key_rotation = rotation().detach()
-        else:
-            meta, arrays = state
-            if meta["config"] != _jsonable_config(cfg):
-                raise ValueError(
-                    f"checkpoint in {ckpt} was written with a different NDMConfig; "
-                    "resume with the same config or use a fresh checkpoint_dir."
-                )
-            partition = list(meta["partition"])
-            step, history = int(meta["step"]), list(meta["merge_history"])
-            losses, converged = list(meta["loss_history"]), bool(meta["converged"])
-            rotation = _Rotation(arrays["base"]).to(device)
-            with torch.no_grad():
-                rotation.A.copy_(arrays["A"])
-            optimizer = self._optimizer(rotation)
-            if "exp_avg" in arrays:
-                optimizer.load_state_dict(
-                    {
-                        "state": {
-                            0: {
-                                "step": arrays["adam_step"].reshape(()),
-                                "exp_avg": arrays["exp_avg"].to(device),
-                                "exp_avg_sq": arrays["exp_avg_sq"].to(device),
-                            }
-                        },
-                        "param_groups": optimizer.state_dict()["param_groups"],
-                    }
-                )
-            gen_state = arrays["generator"]
-            feed_state = meta["feed"]
-            feed.restore(feed_state, gen_state)
-            keys, queries = self._refresh(feed, device, dtype)
-            key_rotation = arrays["key_rotation"].to(device)
-        bank = RotatedKeys(keys, key_rotation, partition, cfg.search_chunk)
-        steps_since_refresh = int(meta["steps_since_refresh"]) if state is not None else 0
-        running: list[float] = list(meta["running"]) if state is not None else []
-
-        def save() -> None:
-            if ckpt is None:
-                return
-            _save_checkpoint(
-                ckpt,
-                cfg=cfg,
-                rotation=rotation,
-                optimizer=optimizer,
-                key_rotation=bank.rotation,
-                generator_state=gen_state,
-                feed_state=feed_state,
-                partition=partition,
-                step=step,
-                steps_since_refresh=steps_since_refresh,
-                history=history,
-                losses=losses,
-                running=running,
-                converged=converged,
+        provenance = {
+            "data_digest": data_digest or _Feed(source, cfg.seed).digest(),
+            "config": _jsonable_config(cfg),
+            "model_digest": model_digest,
+        }
+        run_dir = _run_directory(Path(checkpoint_dir), provenance) if checkpoint_dir else None
+        runs = [
+            self._train(
+                source,
+                restart,
+                provenance,
+                None if run_dir is None else run_dir / f"restart-{restart}",
+                resume=resume,
+                checkpoint_every=checkpoint_every,
+                stop_at_step=stop_at_step,
+                progress=progress,
             )
+            for restart in range(cfg.restarts)
+        ]
+        if len(runs) == 1:
+            return runs[0]
+        return self._select(source, runs)
+
+    def _train(
+        self,
+        source: ActivationSource,
+        restart: int,
+        provenance: dict[str, Any],
+        run_dir: Path | None,
+        *,
+        resume: bool,
+        checkpoint_every: int,
+        stop_at_step: int | None,
+        progress: Callable[[int, float, list[int]], None] | None,
+    ) -> NDMResult:
+        """One training run from initial rotation number ``restart`` (see ``restarts``)."""
+        cfg = self.config
+        device = torch.device(cfg.device)
+        feed = _Feed(source, cfg.seed)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        loaded = (
+            TrainState.load(run_dir, self._optimizer, device)
+            if run_dir is not None and resume
+            else None
+        )
+        if loaded is None:
+            state = self._initial_state(self._peek_width(feed), device, restart)
+            resumed_from = None
+        else:
+            state, _ = loaded
+            feed.restore(state.feed_position, state.feed_generator)
+            resumed_from = state.step
+        bank = _Bank(feed, cfg, device, _DTYPES[cfg.dtype])
+        bank.refresh(state)
+        bank.project(state, state.key_rotation)
+
+        def checkpoint() -> None:
+            if run_dir is not None:
+                state.save(run_dir, provenance)
 
         limit = cfg.max_steps if stop_at_step is None else min(cfg.max_steps, stop_at_step)
-        while step < limit and not converged:
-            if steps_since_refresh == cfg.refresh_interval:
-                gen_state = feed.generator.get_state()
-                feed_state = feed.state()
-                keys, queries = self._refresh(feed, device, dtype)
-                bank = RotatedKeys(keys, rotation().detach(), partition, cfg.search_chunk)
-                steps_since_refresh = 0
-            elif step % cfg.reproject_interval == 0 and step > 0:
-                bank = RotatedKeys(keys, rotation().detach(), partition, cfg.search_chunk)
+        while state.step < limit and not state.converged:
+            if state.steps_since_refresh == cfg.refresh_interval:
+                bank.refresh(state)
+                bank.project(state)
+                state.steps_since_refresh = 0
+            elif state.step % cfg.reproject_interval == 0 and state.step > 0:
+                bank.project(state)
+            if self._step(state, bank) and progress is not None:
+                progress(state.step, state.loss_history[-1], list(state.partition))
+            if self._merge_due(state.step):
+                if self._merge(state, bank.keys):
+                    bank.project(state)
+                checkpoint()
+            elif state.step % checkpoint_every == 0:
+                checkpoint()
+        checkpoint()
+        return self._result(
+            state, {**provenance, "restart": restart, "resumed_from_step": resumed_from}
+        )
 
-            q = queries[
-                steps_since_refresh * cfg.batch_size : (steps_since_refresh + 1) * cfg.batch_size
-            ]
-            R = rotation()
-            neighbors = bank.nearest(q, R.detach(), cfg.rerank)
-            loss = neighbor_distance_loss(q, keys, neighbors, R, partition)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_([rotation.A], cfg.grad_clip)
-            optimizer.step()
-            step += 1
-            steps_since_refresh += 1
-            running.append(float(loss.detach()))
-            if len(running) == cfg.log_interval:
-                losses.append(float(np.mean(running)))
-                running = []
-                if progress is not None:
-                    progress(step, losses[-1], list(partition))
+    def _select(self, source: ActivationSource, runs: list[NDMResult]) -> NDMResult:
+        """The best of several restarts: converged runs first, then the finest partition (a
+        merge needs MI above the threshold and cannot be undone, so a spurious merge only
+        ever coarsens the partition), then the lowest loss on one common sample."""
+        cfg = self.config
+        device = torch.device(cfg.device)
+        sample = _Feed(source, cfg.seed + 1).draw(cfg.bank_size + cfg.batch_size)
+        sample = sample.to(device=device, dtype=_DTYPES[cfg.dtype])
+        keys, queries = sample[: cfg.bank_size], sample[cfg.bank_size :]
+        losses = []
+        for run in runs:
+            R = torch.as_tensor(run.rotation, device=device)
+            nearest = RotatedKeys(keys, R, run.partition, cfg.search_chunk).nearest(
+                queries, R, cfg.rerank
+            )
+            losses.append(float(neighbor_distance_loss(queries, keys, nearest, R, run.partition)))
+        best = min(
+            range(len(runs)),
+            key=lambda r: (not runs[r].converged, -len(runs[r].partition), losses[r]),
+        )
+        table = [
+            {
+                "restart": r,
+                "partition": run.partition,
+                "converged": run.converged,
+                "steps": run.steps,
+                "selection_loss": losses[r],
+                "chosen": r == best,
+            }
+            for r, run in enumerate(runs)
+        ]
+        return dataclasses.replace(runs[best], restarts=table)
 
-            if step >= cfg.merge_start and (step - cfg.merge_start) % cfg.merge_interval == 0:
-                with torch.no_grad():
-                    R_now = rotation().detach()
-                entry = self._merge_round(keys, R_now, partition, step)
-                if entry is None:
-                    converged = cfg.stop_when_converged
-                else:
-                    history.append(entry)
-                    perm = entry.pop("_perm")
-                    partition = entry["partition_after"]
-                    rotation = _Rotation(R_now[:, perm]).to(device)
-                    optimizer = self._optimizer(rotation)
-                    bank = RotatedKeys(keys, rotation().detach(), partition, cfg.search_chunk)
-                save()
-            elif ckpt is not None and step % checkpoint_every == 0:
-                save()
-        save()
+    def _step(self, state: TrainState, bank: _Bank) -> bool:
+        """One optimisation step on the next query batch; returns whether it closed a window of
+        ``log_interval`` steps (whose mean loss it appended to the loss history)."""
+        cfg = self.config
+        assert bank.index is not None
+        q = bank.batch(state)
+        R = state.rotation()
+        neighbors = bank.index.nearest(q, R.detach(), cfg.rerank)
+        loss = neighbor_distance_loss(q, bank.keys, neighbors, R, state.partition)
+        state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_([state.rotation.A], cfg.grad_clip)
+        state.optimizer.step()
+        state.step += 1
+        state.steps_since_refresh += 1
+        state.running.append(float(loss.detach()))
+        if len(state.running) == cfg.log_interval:
+            state.loss_history.append(float(np.mean(state.running)))
+            state.running = []
+            return True
+        return False
+
+    def _merge_due(self, step: int) -> bool:
+        cfg = self.config
+        return step >= cfg.merge_start and (step - cfg.merge_start) % cfg.merge_interval == 0
+
+    def _merge(self, state: TrainState, keys: torch.Tensor) -> bool:
+        """Run a merge round; re-base the rotation and restart the optimiser if pairs merge."""
         with torch.no_grad():
-            R_final = rotation().detach().cpu().numpy()
+            R_now = state.rotation().detach()
+        entry = self._merge_round(keys, R_now, state.partition, state.step)
+        if entry is None:
+            state.converged = self.config.stop_when_converged
+            return False
+        perm = entry.pop("_perm")
+        state.merge_history.append(entry)
+        state.partition = entry["partition_after"]
+        state.rotation = _Rotation(R_now[:, perm]).to(R_now.device)
+        state.optimizer = self._optimizer(state.rotation)
+        return True
+
+    def _result(self, state: TrainState, provenance: dict[str, Any]) -> NDMResult:
+        with torch.no_grad():
+            R_final = state.rotation().detach().cpu().numpy()
         return NDMResult(
             rotation=R_final,
-            partition=list(partition),
-            merge_history=history,
-            steps=step,
-            converged=converged,
-            loss_history=losses,
-            config=_jsonable_config(cfg),
+            partition=list(state.partition),
+            merge_history=state.merge_history,
+            steps=state.step,
+            converged=state.converged,
+            loss_history=state.loss_history,
+            config=_jsonable_config(self.config),
+            provenance=provenance,
         )
 
     def _optimizer(self, rotation: _Rotation) -> torch.optim.Adam:
         return torch.optim.Adam([rotation.A], lr=self.config.lr, betas=self.config.betas)
+
+    def _initial_state(self, d: int, device: torch.device, restart: int = 0) -> TrainState:
+        rotation = _Rotation(self._initial_rotation(d, restart)).to(device)
+        return TrainState(
+            rotation=rotation,
+            optimizer=self._optimizer(rotation),
+            partition=self._initial_partition(d),
+            key_rotation=rotation().detach(),
+            feed_generator=torch.empty(0, dtype=torch.uint8),
+            feed_position={},
+        )
 
     def _peek_width(self, feed: _Feed) -> int:
         if feed.pool is not None:
@@ -512,128 +813,82 @@ class NDM:
             )
         return [cfg.unit_size] * (d // cfg.unit_size)
 
-    def _initial_rotation(self, d: int) -> torch.Tensor:
-        if self.config.init == "identity":
+    def _initial_rotation(self, d: int, restart: int = 0) -> torch.Tensor:
+        """``init`` for restart 0; restart ``r`` takes the next Haar-random draw from ``seed``
+        (with ``init="random"`` restart 0 is the first draw)."""
+        draws = restart + (self.config.init == "random")
+        if draws == 0:
             return torch.eye(d, dtype=torch.float64)
         g = torch.Generator().manual_seed(self.config.seed)
-        q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        for _ in range(draws):
+            q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
         return q * torch.sign(torch.diagonal(r))
-
-    def _refresh(
-        self, feed: _Feed, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.config
-        n_queries = cfg.refresh_interval * cfg.batch_size
-        rows = feed.draw(cfg.bank_size + n_queries).to(device=device, dtype=dtype)
-        if not bool(torch.isfinite(rows).all()):
-            raise ValueError("activations contain NaN or infinite values; clean the source.")
-        return rows[: cfg.bank_size].contiguous(), rows[cfg.bank_size :].contiguous()
 
     def _merge_round(
         self, keys: torch.Tensor, R: torch.Tensor, partition: list[int], step: int
     ) -> dict[str, Any] | None:
+        """Estimate the subspaces' MI on the first ``mi_samples`` keys and plan a round; the
+        merge-history entry carries the column permutation under ``"_perm"``."""
         cfg = self.config
-        n_sub = len(partition)
-        if n_sub <= cfg.min_subspaces:
+        if len(partition) <= cfg.min_subspaces:
             return None
         z = keys[: cfg.mi_samples].to(torch.float64) @ R.to(keys.device)
         mi = subspace_mutual_information(z, partition, k=cfg.mi_k, standardize=True, normalize=True)
-        cap = cfg.max_merges_per_round or max(1, n_sub // 8)
-        cap = min(cap, n_sub - cfg.min_subspaces)
-        candidates = sorted(
-            ((mi[a, b], a, b) for a in range(n_sub) for b in range(a + 1, n_sub)),
-            reverse=True,
+        plan = plan_merges(
+            mi,
+            partition,
+            cfg.merge_threshold,
+            max_pairs=cfg.max_merges_per_round,
+            min_subspaces=cfg.min_subspaces,
         )
-        used: set[int] = set()
-        pairs: list[tuple[int, int, float]] = []
-        for value, a, b in candidates:
-            if value <= cfg.merge_threshold or len(pairs) == cap:
-                break
-            if a in used or b in used:
-                continue
-            used.update((a, b))
-            pairs.append((a, b, float(value)))
-        if not pairs:
+        if plan is None:
             return None
-        bounds = np.concatenate([[0], np.cumsum(partition)])
-        groups = [
-            list(range(bounds[a], bounds[a + 1])) + list(range(bounds[b], bounds[b + 1]))
-            for a, b, _ in pairs
-        ]
-        groups += [list(range(bounds[s], bounds[s + 1])) for s in range(n_sub) if s not in used]
-        groups.sort(key=len, reverse=True)  # stable: merged pairs first among equal sizes
-        perm = [c for g in groups for c in g]
         return {
             "step": step,
-            "pairs": [[a, b] for a, b, _ in pairs],
-            "mi": [v for _, _, v in pairs],
-            "max_mi": float(max(v for v, _, _ in candidates)),
+            "pairs": [[a, b] for a, b in plan.pairs],
+            "mi": plan.mi,
+            "max_mi": plan.max_mi,
             "partition_before": list(partition),
-            "partition_after": [len(g) for g in groups],
-            "_perm": perm,
+            "partition_after": plan.partition_after,
+            "_perm": plan.permutation,
         }
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def _jsonable_config(cfg: NDMConfig) -> dict[str, Any]:
     return json.loads(json.dumps(cfg.to_dict()))
 
 
-def _save_checkpoint(
-    directory: Path,
-    *,
-    cfg: NDMConfig,
-    rotation: _Rotation,
-    optimizer: torch.optim.Adam,
-    key_rotation: torch.Tensor,
-    generator_state: torch.Tensor,
-    feed_state: dict[str, Any],
-    partition: list[int],
-    step: int,
-    steps_since_refresh: int,
-    history: list[dict[str, Any]],
-    losses: list[float],
-    running: list[float],
-    converged: bool,
-) -> None:
-    from safetensors.torch import save
-
-    tensors = {
-        "base": rotation.base.detach().cpu().contiguous(),
-        "A": rotation.A.detach().cpu().contiguous(),
-        "key_rotation": key_rotation.detach().cpu().contiguous(),
-        "generator": generator_state.clone(),
-    }
-    adam = optimizer.state.get(rotation.A)
-    if adam:
-        tensors["exp_avg"] = adam["exp_avg"].detach().cpu().contiguous()
-        tensors["exp_avg_sq"] = adam["exp_avg_sq"].detach().cpu().contiguous()
-        tensors["adam_step"] = torch.as_tensor(adam["step"], dtype=torch.float32).reshape(1)
-    atomic_write_bytes(directory / "checkpoint.safetensors", save(tensors))
-    atomic_write_json(
-        directory / "checkpoint.json",
-        {
-            "config": _jsonable_config(cfg),
-            "partition": partition,
-            "step": step,
-            "steps_since_refresh": steps_since_refresh,
-            "feed": feed_state,
-            "merge_history": history,
-            "loss_history": losses,
-            "running": running,
-            "converged": converged,
-        },
-    )
-
-
-def _load_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    from safetensors.torch import load_file
-
-    meta_path = directory / "checkpoint.json"
-    if not meta_path.exists():
-        return None
-    meta = json.loads(meta_path.read_text())
-    arrays = load_file(str(directory / "checkpoint.safetensors"))
-    return meta, arrays
+def _run_directory(root: Path, provenance: dict[str, Any]) -> Path:
+    """``root / run-<key>`` for this run's provenance (restart ``r`` checkpoints in its
+    ``restart-<r>``); warns when ``root`` holds checkpoints of other inputs (they are kept,
+    never resumed), naming the inputs that differ."""
+    key = hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
+    run_dir = root / f"run-{key}"
+    if not run_dir.is_dir():
+        if (root / "checkpoint.json").exists():
+            warnings.warn(
+                f"{root} holds a checkpoint without provenance (older structlens); it is not "
+                "resumed.",
+                stacklevel=3,
+            )
+        changed = {}
+        for path in sorted(root.glob("run-*/restart-*/checkpoint.json")):
+            theirs = json.loads(path.read_text()).get("provenance", {})
+            changed[path.parent.parent] = [
+                name for name in provenance if theirs.get(name) != provenance[name]
+            ]
+        if changed:
+            closest = min(changed, key=lambda p: len(changed[p]))
+            warnings.warn(
+                f"not resuming the {len(changed)} checkpoint(s) in {root}, written for other "
+                f"inputs (the closest, {closest.name}: its {', '.join(changed[closest])} "
+                f"differ); starting fresh in {run_dir.name}.",
+                stacklevel=3,
+            )
+    return run_dir
 
 
 def subspace_variances(

@@ -15,6 +15,7 @@ import torch
 
 from structlens.execution import Executor, get_executor
 from structlens.ndm.baselines import (
+    decoder_directions,
     identity_rotation,
     pca_rotation,
     random_rotation,
@@ -28,32 +29,50 @@ METHODS = ("ndm", "identity", "random", "pca", "sae")
 
 @dataclasses.dataclass
 class SAEBaselineConfig:
-    """The SAE trained for the SAE-feature-clustering baseline (TopK, unit-norm decoder)."""
+    """The SAE trained for the SAE-feature-clustering baseline (TopK, unit-norm decoder).
+
+    Training runs whole epochs over the activations until the epoch's FVU improves by less
+    than ``tol`` (relative) on the previous epoch, or ``epochs`` epochs have run.
+    """
 
     width: int = 2048
     k: int = 32
     epochs: int = 4
     batch_size: int = 1024
     seed: int = 0
+    tol: float = 0.01
 
 
-def sae_decoder(h: np.ndarray | torch.Tensor, config: SAEBaselineConfig) -> np.ndarray:
-    """Train a TopK SAE on activations ``h`` ``(n, d)`` and return its decoder ``(width, d)``
-    (one feature direction per row) together with nothing else; see ``structlens.sae``."""
-    from structlens.sae import SAETrainConfig, train_sae
+def train_baseline_sae(h: np.ndarray | torch.Tensor, config: SAEBaselineConfig) -> dict[str, Any]:
+    """Train a TopK SAE on activations ``h`` ``(n, d)`` to convergence (see
+    :class:`SAEBaselineConfig`).  Returns ``sae`` (the trained
+    :class:`structlens.sae.SparseAutoencoder`), ``fvu_history`` (per epoch), ``epochs`` run
+    and ``converged``."""
+    from structlens.sae import SAETrainConfig
+    from structlens.sae.train import SAETrainer
 
     x = torch.as_tensor(np.asarray(h), dtype=torch.float32)
+    if x.ndim != 2 or x.shape[0] < config.batch_size:
+        raise ValueError(
+            f"the SAE baseline needs (n >= batch_size={config.batch_size}, d) activations, "
+            f"got {tuple(x.shape)}; lower SAEBaselineConfig.batch_size or supply more rows."
+        )
     gen = torch.Generator().manual_seed(config.seed)
-
-    def batches():
-        for _ in range(config.epochs):
-            perm = torch.randperm(x.shape[0], generator=gen)
-            for s in range(0, x.shape[0] - config.batch_size + 1, config.batch_size):
-                yield x[perm[s : s + config.batch_size]]
-
     cfg = SAETrainConfig(architecture="topk", d_sae=config.width, k=config.k, seed=config.seed)
-    result = train_sae(cfg, batches(), tail_tokens=min(100_000, x.shape[0]))
-    return result.sae.W_dec.detach().cpu().numpy().astype(np.float64)
+    trainer = SAETrainer(cfg, x.shape[1], tail_tokens=min(100_000, x.shape[0]))
+    fvus: list[float] = []
+    for _ in range(config.epochs):
+        sse = sst = 0.0
+        perm = torch.randperm(x.shape[0], generator=gen)
+        for s in range(0, x.shape[0] - config.batch_size + 1, config.batch_size):
+            batch = x[perm[s : s + config.batch_size]]
+            sse += trainer.step(batch)["mse"] * batch.shape[0]
+            sst += float((batch - batch.mean(0)).pow(2).sum())
+        fvus.append(sse / sst)
+        if len(fvus) > 1 and fvus[-2] - fvus[-1] < config.tol * fvus[-2]:
+            break
+    converged = len(fvus) > 1 and fvus[-2] - fvus[-1] < config.tol * fvus[-2]
+    return {"sae": trainer.sae, "fvu_history": fvus, "epochs": len(fvus), "converged": converged}
 
 
 @dataclasses.dataclass
@@ -63,7 +82,7 @@ class _Baseline:
     h: np.ndarray
     partition: list[int]
     seed: int
-    sae: SAEBaselineConfig
+    sae_decoder: np.ndarray | None
 
     def __call__(self, method: str) -> np.ndarray:
         d = self.h.shape[1]
@@ -73,8 +92,8 @@ class _Baseline:
             return random_rotation(d, self.seed)
         if method == "pca":
             return pca_rotation(self.h, order="ascending")
-        dec = sae_decoder(self.h, self.sae)
-        return sae_cluster_rotation(dec, self.partition, seed=self.seed)
+        assert self.sae_decoder is not None
+        return sae_cluster_rotation(self.sae_decoder, self.partition, seed=self.seed)
 
 
 def baseline_rotations(
@@ -83,24 +102,41 @@ def baseline_rotations(
     methods: Sequence[str] = ("identity", "random", "pca", "sae"),
     *,
     seed: int = 0,
-    sae: SAEBaselineConfig | None = None,
+    sae: Any = None,
     executor: str | Executor | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Rotations of the baselines with NDM's partition, plus diagnostics (SAE fit).
 
     ``h`` are activations ``(n, d)`` of the same layer (PCA's covariance and the SAE's training
     data).  PCA uses the reference code's ascending order (smallest-variance directions fill
-    the largest subspace).  The baselines are independent; ``executor`` (e.g. ``"ray"``) may
-    compute them in parallel.
+    the largest subspace).  ``sae`` is the SAE whose decoder the ``"sae"`` baseline clusters:
+    a trained SAE (anything :func:`structlens.ndm.baselines.decoder_directions` reads), which
+    the caller must have trained to convergence on this layer, or an
+    :class:`SAEBaselineConfig` (default ``SAEBaselineConfig(seed=seed)``) to train one here with
+    :func:`train_baseline_sae`.  The baselines are independent; ``executor`` (e.g. ``"ray"``)
+    may compute them in parallel.
     """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; choose from {METHODS}.")
     todo = [m for m in methods if m != "ndm"]
-    cfg = sae or SAEBaselineConfig(seed=seed)
-    job = _Baseline(np.asarray(h, dtype=np.float64), list(partition), seed, cfg)
+    info: dict[str, Any] = {}
+    decoder = None
+    if "sae" in todo:
+        if sae is None or isinstance(sae, SAEBaselineConfig):
+            cfg = sae or SAEBaselineConfig(seed=seed)
+            fit = train_baseline_sae(h, cfg)
+            info["sae"] = {
+                **dataclasses.asdict(cfg),
+                **{k: fit[k] for k in ("fvu_history", "epochs", "converged")},
+            }
+            sae = fit["sae"]
+        else:
+            info["sae"] = {"given": True}
+        decoder = decoder_directions(sae)
+        info["sae"]["d_sae"] = int(decoder.shape[0])
+    job = _Baseline(np.asarray(h, dtype=np.float64), list(partition), seed, decoder)
     out = dict(zip(todo, get_executor(executor).map(job, todo, desc="baselines"), strict=True))
-    info: dict[str, Any] = {"sae": dataclasses.asdict(cfg)} if "sae" in todo else {}
     return out, info
 
 

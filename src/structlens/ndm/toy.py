@@ -108,6 +108,60 @@ def train_toy_model(config: ToyConfig | None = None) -> ToyModel:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PlantedPartition:
+    """Activations with a known subspace partition (see :func:`planted_partition`).
+
+    ``h`` is ``(n, d)`` float32 (rows = samples); ``bases[g]`` is the orthonormal ``(d, d_g)``
+    basis of group ``g``'s subspace (a column block of ``rotation``, in the order of ``sizes``).
+    """
+
+    h: np.ndarray
+    rotation: np.ndarray
+    sizes: list[int]
+
+    def bases(self) -> list[np.ndarray]:
+        bounds = np.concatenate([[0], np.cumsum(self.sizes)])
+        return [self.rotation[:, bounds[g] : bounds[g + 1]] for g in range(len(self.sizes))]
+
+
+def planted_partition(
+    sizes: Sequence[int],
+    n: int,
+    *,
+    features_per_dim: int = 2,
+    p_absent: float = 0.25,
+    noise: float = 0.02,
+    seed: int = 0,
+) -> PlantedPartition:
+    """Independent groups of mutually exclusive features in a randomly rotated space.
+
+    Group ``g`` owns ``features_per_dim * sizes[g]`` random unit directions in its own
+    ``sizes[g]``-dimensional block; in each sample the group is absent with probability
+    ``p_absent``, otherwise one of its features is active with magnitude U(0, 1) (the toy's
+    generative rule, without the autoencoder).  Isotropic Gaussian noise of standard deviation
+    ``noise`` is added (KSG needs continuous data), and the blocks are rotated by a Haar-random
+    orthogonal matrix, so the true subspaces are not basis-aligned.
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"sizes must be positive block dimensions, got {sizes}.")
+    if n < 1 or features_per_dim < 1 or not 0.0 <= p_absent < 1.0:
+        raise ValueError("need n >= 1, features_per_dim >= 1 and p_absent in [0, 1).")
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for k in sizes:
+        dirs = rng.standard_normal((features_per_dim * k, k))
+        dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+        which = rng.integers(0, dirs.shape[0], n)
+        scale = rng.uniform(0.0, 1.0, n) * (rng.uniform(size=n) >= p_absent)
+        blocks.append(dirs[which] * scale[:, None] + noise * rng.standard_normal((n, k)))
+    d = sum(sizes)
+    q, r = np.linalg.qr(rng.standard_normal((d, d)))
+    q = q * np.sign(np.diag(r))
+    return PlantedPartition(h=(np.hstack(blocks) @ q.T).astype(np.float32), rotation=q, sizes=sizes)
+
+
 def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Principal angles (radians, ascending) between the column spans of ``a`` and ``b``.
 
