@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -100,9 +100,6 @@ def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
         fail(str(err))
 
 
-C = TypeVar("C")
-
-
 @dataclasses.dataclass(frozen=True)
 class Common:
     """The options every command shares (declared once, added by :func:`common_options`)."""
@@ -150,13 +147,15 @@ def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Paramet
 
 
 def common_options(
-    *, out: Path | None = None, executor: bool = False
+    *, out: Path | None = None, executor: bool = False, flags: dict[str, str] | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add ``--out`` (default ``out``; required if None), ``--device``, ``--dtype``,
     ``--seed``, ``--quiet`` and, with ``executor``, ``--executor``/``--address`` to a command.
 
     The command receives them as ``common: Common``.  A ``ValueError`` raised by the command
-    (bad input found by a config or an experiment) exits with status 2 and its message.
+    (bad input found by a config or an experiment) exits with status 2 and its message, in
+    which every config field named in ``flags`` reads as its option
+    (``flags={"n_blocks": "--n-blocks"}``).
     """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,28 +170,16 @@ def common_options(
             try:
                 return f(common=Common(**shared), **kwargs)
             except ValueError as err:
-                fail(_escape(str(err)))
+                message = str(err)
+                for name, flag in (flags or {}).items():
+                    message = re.sub(rf"(?<![-\w]){name}\b", flag, message)
+                fail(_escape(message))
 
         command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
         return command
 
     return decorate
-
-
-def make_config(cls: type[C], flags: dict[str, str] | None = None, **kwargs: Any) -> C:
-    """``cls(**kwargs)``; on ``ValueError`` exit 2 with the message in command-line terms
-    (field ``n_blocks`` read as ``--n-blocks``, or as ``flags[field]``)."""
-    try:
-        return cls(**kwargs)
-    except ValueError as err:
-        message = str(err)
-        fields = [fld.name for fld in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        names = {n: "--" + n.replace("_", "-") for n in fields if "_" in n} | (flags or {})
-        for name, flag in names.items():
-            message = re.sub(rf"(?<![-\w]){name}\b", flag, message)
-        fail(_escape(message))
-    raise AssertionError  # fail() exits
 
 
 def parse_ints(spec: str, option: str) -> tuple[int, ...]:

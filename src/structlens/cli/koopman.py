@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from structlens.cli.common import Common, common_options, make_config, parse_ints, parse_names
+from structlens.cli.common import Common, common_options, parse_ints, parse_names
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
 
@@ -42,7 +42,13 @@ Rank = Annotated[
     int | None,
     typer.Option("--control-rank", help="Keep this many PCs of u (overrides --control-energy)."),
 ]
-FLAGS = {"dictionaries": "--dictionary", "orders": "--order"}
+OUT = Path("koopman-out")
+FLAGS = {
+    "dictionaries": "--dictionary",
+    "orders": "--order",
+    "n_blocks": "--n-blocks",
+    "n_repeats": "--n-repeats",
+}
 
 
 def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
@@ -52,9 +58,7 @@ def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
     settings["layers"] = parse_ints(settings["layers"], "--layers")
     if "dictionaries" in settings:
         settings["dictionaries"] = parse_names(settings["dictionaries"])
-    cfg = make_config(
-        KoopmanExperimentConfig, FLAGS, analysis=analysis, seed=common.seed, **settings
-    )
+    cfg = KoopmanExperimentConfig(analysis=analysis, seed=common.seed, **settings)
     m = common.load_model(model)
     root = common.out / "activations"
     return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
@@ -77,7 +81,7 @@ def _spectra(results: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 @app.command("fit")
-@common_options(out=Path("koopman-out"), executor=True)
+@common_options(out=OUT, executor=True, flags=FLAGS)
 def fit_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -120,7 +124,7 @@ def fit_cmd(
 
 
 @app.command("convergence")
-@common_options(out=Path("koopman-out"), executor=True)
+@common_options(out=OUT, executor=True, flags=FLAGS)
 def convergence_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -168,7 +172,7 @@ def convergence_cmd(
 
 
 @app.command("invariance")
-@common_options(out=Path("koopman-out"))
+@common_options(out=OUT, flags=FLAGS)
 def invariance_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -199,7 +203,7 @@ def invariance_cmd(
 
 
 @app.command("modes")
-@common_options(out=Path("koopman-out"))
+@common_options(out=OUT, flags=FLAGS)
 def modes_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -239,7 +243,7 @@ def modes_cmd(
 
 
 @app.command("reduce")
-@common_options(out=Path("koopman-out"))
+@common_options(out=OUT, flags=FLAGS)
 def reduce_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
