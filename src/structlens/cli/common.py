@@ -182,6 +182,30 @@ def common_options(
     return decorate
 
 
+def shared_settings(
+    spec: dict[str, tuple[Any, Any]],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the options ``spec[name] = (Annotated type, default)`` to a command whose
+    ``**settings`` receives them, so options shared by a group's commands are declared once."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(f, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        kw = inspect.Parameter.KEYWORD_ONLY
+        extra = [inspect.Parameter(n, kw, annotation=a, default=d) for n, (a, d) in spec.items()]
+        params = own + extra
+
+        @functools.wraps(f)
+        def command(**kwargs: Any) -> Any:
+            return f(**kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
 def parse_ints(spec: str, option: str) -> tuple[int, ...]:
     """``'4,8,12'`` or an inclusive range ``'6-10'`` as a tuple of ints; exits 2 otherwise."""
     try:

@@ -13,7 +13,13 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from structlens.cli.common import Common, common_options, parse_ints, parse_names
+from structlens.cli.common import (
+    Common,
+    common_options,
+    parse_ints,
+    parse_names,
+    shared_settings,
+)
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
 
@@ -42,6 +48,27 @@ Rank = Annotated[
     int | None,
     typer.Option("--control-rank", help="Keep this many PCs of u (overrides --control-energy)."),
 ]
+DATA = {
+    "layers": (Layers, "8"),
+    "n_corpus": (NCorpus, 200),
+    "prompt_tokens": (PromptTokens, 64),
+    "n_task": (NTask, 50),
+    "alpha": (Alpha, 1e-6),
+    "control_energy": (Energy, 0.99),
+    "control_rank": (Rank, None),
+}
+
+
+def _streams(dictionary: str, size: int) -> dict[str, tuple[Any, Any]]:
+    """The options of the dictionary fits (their defaults differ by command)."""
+    return DATA | {
+        "pooled": (Pooled, False),
+        "dictionary": (Dicts, dictionary),
+        "size": (Size, size),
+        "sae": (SAEPath, None),
+    }
+
+
 OUT = Path("koopman-out")
 FLAGS = {
     "dictionaries": "--dictionary",
@@ -52,12 +79,12 @@ FLAGS = {
 
 
 def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
-    """Build the config, run the experiment, write ``<analysis>.json``; return the report."""
+    """Build the config from the options and run the experiment; return the report."""
     from structlens.koopman.experiment import KoopmanExperimentConfig, run
 
     settings["layers"] = parse_ints(settings["layers"], "--layers")
-    if "dictionaries" in settings:
-        settings["dictionaries"] = parse_names(settings["dictionaries"])
+    if "dictionary" in settings:
+        settings["dictionaries"] = parse_names(settings.pop("dictionary"))
     cfg = KoopmanExperimentConfig(analysis=analysis, seed=common.seed, **settings)
     m = common.load_model(model)
     root = common.out / "activations"
@@ -65,6 +92,7 @@ def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
 
 
 def _write(common: Common, report: Any, figure: Path | None = None) -> None:
+    """Write ``<analysis>.json`` (naming the figure, if any) and say where."""
     payload = report.payload()
     if figure is not None:
         payload["figures"] = [figure.name]
@@ -82,23 +110,14 @@ def _spectra(results: dict[str, Any]) -> dict[str, np.ndarray]:
 
 @app.command("fit")
 @common_options(out=OUT, executor=True, flags=FLAGS)
+@shared_settings(_streams("identity,pca", 64))
 def fit_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    layers: Layers = "8",
-    pooled: Pooled = False,
-    dictionary: Dicts = "identity,pca",
-    size: Size = 64,
-    sae: SAEPath = None,
-    n_corpus: NCorpus = 200,
-    prompt_tokens: PromptTokens = 64,
-    n_task: NTask = 50,
-    alpha: Alpha = 1e-6,
-    control_energy: Energy = 0.99,
-    control_rank: Rank = None,
     mom_blocks: Annotated[
         int, typer.Option("--mom-blocks", help="Also fit median-of-means with this many blocks.")
     ] = 0,
+    **settings: Any,
 ) -> None:
     """Fit EDMDc per layer (or pooled): spectrum, non-normality, dissociation, tails.
 
@@ -107,11 +126,7 @@ def fit_cmd(
     """
     from structlens.report.koopman import plot_eigenvalues
 
-    report = _run(
-        common, model, "fit", layers=layers, pooled=pooled, dictionaries=dictionary, size=size,
-        sae=sae, n_corpus=n_corpus, prompt_tokens=prompt_tokens, n_task=n_task, alpha=alpha,
-        control_energy=control_energy, control_rank=control_rank, mom_blocks=mom_blocks,
-    )  # fmt: skip
+    report = _run(common, model, "fit", mom_blocks=mom_blocks, **settings)
     fig = plot_eigenvalues(_spectra(report.results), common.out / "eigenvalues.png")
     for label, per in report.results.items():
         for name, e in per.items():
@@ -125,22 +140,13 @@ def fit_cmd(
 
 @app.command("convergence")
 @common_options(out=OUT, executor=True, flags=FLAGS)
+@shared_settings(_streams("pca", 32))
 def convergence_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    layers: Layers = "8",
-    pooled: Pooled = False,
-    dictionary: Dicts = "pca",
-    size: Size = 32,
-    sae: SAEPath = None,
-    n_corpus: NCorpus = 200,
-    prompt_tokens: PromptTokens = 64,
-    n_task: NTask = 50,
-    alpha: Alpha = 1e-6,
-    control_energy: Energy = 0.99,
-    control_rank: Rank = None,
     n_blocks: Annotated[int, typer.Option("--n-blocks", help="Prompt blocks (>= 4).")] = 32,
     n_repeats: Annotated[int, typer.Option("--n-repeats", help="Half pairs per size.")] = 10,
+    **settings: Any,
 ) -> None:
     """Split-half W∞ distance against M and its log-log slope (claim: −1/2).
 
@@ -148,12 +154,7 @@ def convergence_cmd(
     """
     from structlens.report.koopman import plot_split_half
 
-    report = _run(
-        common, model, "convergence", layers=layers, pooled=pooled, dictionaries=dictionary,
-        size=size, sae=sae, n_corpus=n_corpus, prompt_tokens=prompt_tokens, n_task=n_task,
-        alpha=alpha, control_energy=control_energy, control_rank=control_rank,
-        n_blocks=n_blocks, n_repeats=n_repeats,
-    )  # fmt: skip
+    report = _run(common, model, "convergence", n_blocks=n_blocks, n_repeats=n_repeats, **settings)
     curves = {}
     for label, per in report.results.items():
         for name, e in per.items():
@@ -173,41 +174,23 @@ def convergence_cmd(
 
 @app.command("invariance")
 @common_options(out=OUT, flags=FLAGS)
-def invariance_cmd(
-    common: Common,
-    model: ModelOpt = "smollm2-135m",
-    layers: Layers = "8",
-    pooled: Pooled = False,
-    dictionary: Dicts = "spectral,rff,relu",
-    size: Size = 64,
-    sae: SAEPath = None,
-    n_corpus: NCorpus = 200,
-    prompt_tokens: PromptTokens = 64,
-    n_task: NTask = 50,
-    alpha: Alpha = 1e-6,
-    control_energy: Energy = 0.99,
-    control_rank: Rank = None,
-) -> None:
+@shared_settings(_streams("spectral,rff,relu", 64))
+def invariance_cmd(common: Common, model: ModelOpt = "smollm2-135m", **settings: Any) -> None:
     """Held-out one-step invariance residual (1 − R², by prompt split) per dictionary."""
-    report = _run(
-        common, model, "invariance", layers=layers, pooled=pooled, dictionaries=dictionary,
-        size=size, sae=sae, n_corpus=n_corpus, prompt_tokens=prompt_tokens, n_task=n_task,
-        alpha=alpha, control_energy=control_energy, control_rank=control_rank,
-    )  # fmt: skip
+    report = _run(common, model, "invariance", **settings)
     for label, per in report.results.items():
         for name, e in per.items():
-            common.say(
-                f"layer {label} {name}: pooled 1−R² = {e['invariance_residual']['pooled']:.4f}"
-            )
+            pooled = e["invariance_residual"]["pooled"]
+            common.say(f"layer {label} {name}: pooled 1−R² = {pooled:.4f}")
     _write(common, report)
 
 
 @app.command("modes")
 @common_options(out=OUT, flags=FLAGS)
+@shared_settings(DATA)
 def modes_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    layers: Layers = "8",
     k: Annotated[int, typer.Option("--k", help="Real dimension ablated.")] = 4,
     size: Annotated[int, typer.Option("--size", help="PCA dictionary size k_pca.")] = 32,
     positions: Annotated[
@@ -215,20 +198,14 @@ def modes_cmd(
     ] = "all",
     n_ioi: Annotated[int, typer.Option("--n-ioi", help="IOI prompts scored.")] = 50,
     n_random: Annotated[int, typer.Option("--n-random", help="Random bases averaged.")] = 5,
-    n_corpus: NCorpus = 200,
-    prompt_tokens: PromptTokens = 64,
-    n_task: NTask = 50,
-    alpha: Alpha = 1e-6,
-    control_energy: Energy = 0.99,
-    control_rank: Rank = None,
+    **settings: Any,
 ) -> None:
     """IOI: ablate k Koopman modes vs k PCA vs k random directions at resid_pre(l)."""
     from structlens.report.koopman import plot_ablation
 
     report = _run(
-        common, model, "modes", layers=layers, k=k, size=size, positions=positions, n_ioi=n_ioi,
-        n_random=n_random, n_corpus=n_corpus, prompt_tokens=prompt_tokens, n_task=n_task,
-        alpha=alpha, control_energy=control_energy, control_rank=control_rank,
+        common, model, "modes", k=k, size=size, positions=positions, n_ioi=n_ioi,
+        n_random=n_random, **settings,
     )  # fmt: skip
     rows = []
     for label, r in report.results.items():
@@ -244,28 +221,24 @@ def modes_cmd(
 
 @app.command("reduce")
 @common_options(out=OUT, flags=FLAGS)
+@shared_settings(
+    DATA
+    | {
+        "layers": (Layers, "4-12"),
+        "dictionary": (Annotated[str, typer.Option("--dictionary", help="One dictionary.")], "pca"),
+        "size": (Size, 32),
+        "sae": (SAEPath, None),
+    }
+)
 def reduce_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    layers: Layers = "4-12",
-    dictionary: Annotated[str, typer.Option("--dictionary", help="One dictionary.")] = "pca",
-    size: Size = 32,
-    sae: SAEPath = None,
     order: Annotated[str, typer.Option("--order", help="Comma list of reduced orders.")] = "4,8,16",
-    n_corpus: NCorpus = 200,
-    prompt_tokens: PromptTokens = 64,
-    n_task: NTask = 50,
-    alpha: Alpha = 1e-6,
-    control_energy: Energy = 0.99,
-    control_rank: Rank = None,
+    **settings: Any,
 ) -> None:
     """Balanced truncation of the pooled depth operator over --layers (horizon = #layers):
     actual error vs Enns–Glover vs the instance bound (attention-write covariance)."""
-    report = _run(
-        common, model, "reduce", layers=layers, dictionaries=dictionary, size=size, sae=sae,
-        orders=parse_ints(order, "--order"), n_corpus=n_corpus, prompt_tokens=prompt_tokens,
-        n_task=n_task, alpha=alpha, control_energy=control_energy, control_rank=control_rank,
-    )  # fmt: skip
+    report = _run(common, model, "reduce", orders=parse_ints(order, "--order"), **settings)
     for r, e in report.results.items():
         common.say(
             f"order {r}: error {e['error']:.3g} ≤ Enns–Glover {e['enns_glover']:.3g}; "
