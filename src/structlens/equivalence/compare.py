@@ -187,7 +187,7 @@ class Comparison:
     >>> heads = [rng.normal(size=(40, 2, 3)) for _ in range(2)]
     >>> m = Comparison(CompareConfig(metric="linear_cka")).fit((resid, heads), (resid, heads))
     >>> m.matching["layers"]["pairs"]
-    [(0, 0), (1, 1)]
+    [[0, 0], [1, 1]]
     """
 
     def __init__(self, config: CompareConfig | None = None) -> None:
