@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from structlens.cli.common import (
@@ -91,21 +90,15 @@ def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
     return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
 
 
-def _write(common: Common, report: Any, figure: Path | None = None) -> None:
-    """Write ``<analysis>.json`` (naming the figure, if any) and say where."""
+def _write(common: Common, report: Any) -> None:
+    """Draw the analysis' figure (if any), write ``<analysis>.json`` and say where."""
+    from structlens.report.koopman import plot_report
+
     payload = report.payload()
-    if figure is not None:
+    if (figure := plot_report(report, common.out)) is not None:
         payload["figures"] = [figure.name]
     path = common.write(report.analysis, payload, command=f"koopman {report.analysis}")
     common.say(f"wrote {path}")
-
-
-def _spectra(results: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {
-        f"L{label} {name}": np.array([complex(re, im) for re, im in e["eigenvalues"]])
-        for label, per in results.items()
-        for name, e in per.items()
-    }
 
 
 @app.command("fit")
@@ -124,10 +117,7 @@ def fit_cmd(
     The EDMDc statistics are accumulated per store shard and merged; with --executor ray the
     capture and the shard statistics run on Ray (the store must be on shared storage).
     """
-    from structlens.report.koopman import plot_eigenvalues
-
     report = _run(common, model, "fit", mom_blocks=mom_blocks, **settings)
-    fig = plot_eigenvalues(_spectra(report.results), common.out / "eigenvalues.png")
     for label, per in report.results.items():
         for name, e in per.items():
             nn = e["non_normality"]
@@ -135,7 +125,7 @@ def fit_cmd(
                 f"layer {label} {name}: ρ(A) = {e['spectral_radius']:.3f}, "
                 f"Henrici rel = {nn['henrici_relative']:.3f}, κ(V) = {nn['kappa_V']:.3g}"
             )
-    _write(common, report, fig)
+    _write(common, report)
 
 
 @app.command("convergence")
@@ -152,24 +142,16 @@ def convergence_cmd(
 
     With --executor ray the capture and every (layer, dictionary) point run on Ray.
     """
-    from structlens.report.koopman import plot_split_half
-
     report = _run(common, model, "convergence", n_blocks=n_blocks, n_repeats=n_repeats, **settings)
-    curves = {}
     for label, per in report.results.items():
         for name, e in per.items():
             s = e["split_half"]
-            curves[f"L{label} {name}"] = (
-                np.array(s["n_samples"]),
-                np.array(s["w_inf_mean"]),
-                s["slope"],
-            )
             common.say(
                 f"layer {label} {name}: slope {s['slope']:.3f} "
                 f"[{s['slope_ci'][0]:.3f}, {s['slope_ci'][1]:.3f}], "
                 f"max κ(λ) {s['eig_condition_max']:.3g}"
             )
-    _write(common, report, plot_split_half(curves, common.out / "split_half.png"))
+    _write(common, report)
 
 
 @app.command("invariance")
@@ -201,22 +183,16 @@ def modes_cmd(
     **settings: Any,
 ) -> None:
     """IOI: ablate k Koopman modes vs k PCA vs k random directions at resid_pre(l)."""
-    from structlens.report.koopman import plot_ablation
-
     report = _run(
         common, model, "modes", k=k, size=size, positions=positions, n_ioi=n_ioi,
         n_random=n_random, **settings,
     )  # fmt: skip
-    rows = []
     for label, r in report.results.items():
-        methods = [m for m, v in r.items() if isinstance(v, dict)]
-        means = np.array([r[m]["mean"] for m in methods])
-        rows.append((f"L{label}", methods, means, np.array([r[m]["ci"] for m in methods])))
         common.say(
             f"layer {label} (dim {r['dimension']}): modes {r['modes']['mean']:+.3f}, "
             f"pca {r['pca']['mean']:+.3f}, random {r['random']['mean']:+.3f}"
         )
-    _write(common, report, plot_ablation(rows, common.out / "ioi_ablation.png"))
+    _write(common, report)
 
 
 @app.command("reduce")
