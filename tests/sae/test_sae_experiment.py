@@ -27,7 +27,7 @@ FLAGS += ["--prompt-tokens", "32", "--batch-size", "64", "-q"]
 @pytest.mark.parametrize(
     ("cls", "kwargs", "message"),
     [
-        (SAEExperimentConfig, dict(arch="gated"), "arch must be one of"),
+        (SAEExperimentConfig, dict(arch="gated"), "unknown architecture 'gated'"),
         (SAEExperimentConfig, dict(widths=()), "widths must be positive"),
         (SAEExperimentConfig, dict(widths=(0, 64)), "widths must be positive"),
         (SAEExperimentConfig, dict(prompt_tokens=1), "prompt-tokens"),

@@ -38,7 +38,6 @@ from structlens.koopman.pipeline import (
 __all__ = ["KoopmanExperimentConfig", "KoopmanReport", "run"]
 
 Analysis = Literal["fit", "convergence", "invariance", "modes", "reduce"]
-DictionaryName = Literal["identity", "pca", "rff", "relu", "spectral", "sae"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,9 @@ class KoopmanExperimentConfig:
 
     Data: ``n_corpus`` corpus chunks of ``prompt_tokens`` tokens plus ``n_task`` IOI prompts;
     every position is a sample of the depth map ``resid_pre(l) -> resid_pre(l+1)`` driven by
-    ``attn_out(l)``.  ``size`` is PCA k, RFF/ReLU D or the number of spectral modes.
+    ``attn_out(l)``.  ``dictionaries`` are names in the dictionary registry
+    (:data:`structlens.koopman.pipeline.DICTIONARIES`); ``size`` is PCA k, RFF/ReLU D or
+    the number of spectral modes.
     ``control_rank`` (if set) overrides ``control_energy``.  ``mom_blocks`` (fit) adds a
     median-of-means fit; ``n_blocks``/``n_repeats`` set the split-half convergence; ``k``,
     ``positions``, ``n_ioi``, ``n_random`` the IOI mode ablation; ``orders`` the balanced
@@ -57,7 +58,7 @@ class KoopmanExperimentConfig:
     analysis: Analysis = "fit"
     layers: tuple[int, ...] = (8,)
     pooled: bool = False
-    dictionaries: tuple[DictionaryName, ...] = ("identity", "pca")
+    dictionaries: tuple[str, ...] = ("identity", "pca")
     size: int = 64
     sae: Path | None = None
     n_corpus: int = 200
