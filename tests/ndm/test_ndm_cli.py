@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from structlens.cli import ndm as ndm_cli
 from structlens.models import load_model
 
+# SmolLM2's tokenizer comes from loading the real model
+pytestmark = pytest.mark.slow
 runner = CliRunner()
 
 

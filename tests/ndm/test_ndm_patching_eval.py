@@ -23,6 +23,9 @@ from structlens.ndm.evaluate import (
     summarize_gini,
 )
 
+# the fixtures take SmolLM2's tokenizer, which comes from loading the real model
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():

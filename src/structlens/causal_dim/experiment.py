@@ -12,7 +12,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from structlens.causal_dim.model import (
     vector_grams,
 )
 from structlens.causal_dim.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
+from structlens.config import ExperimentReport, check_choices
 from structlens.execution import Executor, get_executor
 from structlens.models.loading import Model
 from structlens.sae import (
@@ -40,6 +41,7 @@ from structlens.sae import (
     train_sweep,
     width_sweep_configs,
 )
+from structlens.sae.experiment import SAEExperimentConfig
 from structlens.stats.ranks import CONVENTION, effective_ranks
 
 
@@ -312,7 +314,142 @@ def sae_quality(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class CausalDimExperimentConfig:
+    """Settings of one causal-dimensionality experiment.
+
+    ``jacobian``: exact Σ = E[JᵀJ] at ``blocks.{l}.hook_resid_pre`` for ``layers``, from
+    ``jacobian_prompts`` corpus windows of ``jacobian_tokens`` tokens, of the ``output``
+    (``log_probs`` or ``raw`` logits) at the ``same`` (last) or ``downstream`` positions.
+    ``sweep``: SAEs of ``sae_config.widths`` (≥ 2) at ``sae_config.layer``, AtP on the LM
+    loss over the held-out windows in ``n_blocks`` token blocks, N_repr/N_causal at
+    ε = ``percentile``, κ̂ with ``n_bootstrap`` resamples, and the exact κ at that layer.
+    ``ablate``: the four-cell encoder/decoder ablation of a given SAE at ``sae_config.layer``
+    on its held-out windows.
+    """
+
+    analysis: Literal["jacobian", "sweep", "ablate"] = "jacobian"
+    layers: tuple[int, ...] = (0,)
+    jacobian_prompts: int = 4
+    jacobian_tokens: int = 24
+    output: Literal["log_probs", "raw"] = "log_probs"
+    positions: Literal["same", "downstream"] = "same"
+    sae_config: SAEExperimentConfig = dataclasses.field(default_factory=SAEExperimentConfig)
+    percentile: float = 98.0
+    min_count: int = 1
+    n_bootstrap: int = 200
+    n_blocks: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if not self.layers or min(self.layers) < 0:
+            raise ValueError(f"layers must name layers >= 0; got {list(self.layers)}.")
+        if self.jacobian_prompts < 1:
+            raise ValueError("jacobian_prompts must be ≥ 1.")
+        if self.analysis == "sweep" and len(self.sae_config.widths) < 2:
+            raise ValueError("a width sweep needs at least two widths.")
+        self.width_sweep  # noqa: B018  (WidthSweepConfig validates percentile, min_count, ...)
+
+    @property
+    def width_sweep(self) -> WidthSweepConfig:
+        """The settings of the width-sweep analysis."""
+        return WidthSweepConfig(
+            percentile=self.percentile, min_count=self.min_count,
+            n_bootstrap=self.n_bootstrap, seed=self.seed,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalDimReport(ExperimentReport):
+    """Results of a causal-dimensionality experiment; ``payload()`` is its JSON document
+    (``results`` holds κ by layer, the width sweep or the four-cell table)."""
+
+    def payload(self) -> dict[str, Any]:
+        return {"model": self.model, **self.meta, **self.results}
+
+
+def _check_layers(layers: Sequence[int], n_layers: int) -> None:
+    if any(not 0 <= x < n_layers for x in layers):
+        raise ValueError(f"layers must lie in [0, {n_layers}); got {list(layers)}.")
+
+
+def _kappa(cfg: CausalDimExperimentConfig, model: Model, layers: Sequence[int]) -> dict[str, Any]:
+    from structlens.sae.collect import corpus_windows
+
+    _, held = corpus_windows(model.tokenizer, cfg.jacobian_tokens, 1, cfg.jacobian_prompts)
+    n = cfg.jacobian_prompts
+    jac = JacobianConfig(output=cfg.output, n_groups=max(2, n), max_rows=max(2048, model.d_model))
+    return kappa_by_layer(model, layers, held, jac, outputs=cfg.positions)
+
+
+def run(
+    cfg: CausalDimExperimentConfig,
+    model: Model,
+    *,
+    sae: SparseAutoencoder | None = None,
+    executor: str | Executor | None = None,
+) -> tuple[CausalDimReport, dict[int, SparseAutoencoder]]:
+    """Run ``cfg.analysis`` on ``model``; returns the report and the SAEs trained (by width;
+    empty unless ``sweep``).  ``ablate`` needs the ``sae`` to ablate; ``executor`` trains the
+    sweep's widths in parallel (same SAEs as in-process)."""
+    from structlens.sae.collect import check_sae_fits, corpus_windows
+    from structlens.sae.experiment import train_saes
+
+    if cfg.analysis == "jacobian":
+        _check_layers(cfg.layers, model.n_layers)
+        res = _kappa(cfg, model, cfg.layers)
+        first = res["layers"][0]
+        kappa = {k: first[k] for k in ("erank", "participation_ratio", "layer")}
+        results = {"kappa": kappa, "by_layer": res}
+        return CausalDimReport(analysis="causal_jacobian", model=model.name, results=results), {}
+    layer = cfg.sae_config.layer
+    _check_layers([layer], model.n_layers)
+    if cfg.analysis == "ablate":
+        if sae is None:
+            raise ValueError("the four-cell ablation needs an SAE (--sae).")
+        check_sae_fits(sae, model)
+        _, ev = corpus_windows(
+            model.tokenizer, cfg.sae_config.prompt_tokens, 1, cfg.sae_config.eval_prompts
+        )
+        table = four_cell(sae, list(residual_grads(model, layer, ev)), seed=cfg.seed)
+        report = CausalDimReport(
+            analysis="causal_ablate", model=model.name, results={"four_cell": table},
+            meta={"layer": layer},
+        )  # fmt: skip
+        return report, {}
+    if not model.causal:
+        raise ValueError(f"{model.name} is an encoder; the sweep's AtP metric is the LM loss.")
+    trained, _, ev = train_saes(cfg.sae_config, model, executor=executor)
+    saes = {w: r.sae for w, r in trained.items()}
+    kappa = _kappa(dataclasses.replace(cfg, output="log_probs", positions="same"), model, [layer])
+    erank = kappa["layers"][0]["erank"]
+    pairs = list(residual_grads(model, layer, ev))
+    res, _ = sweep_analysis(saes, pairs, cfg.width_sweep, n_blocks=cfg.n_blocks, exact_erank=erank)
+    sweep_json = res.to_json() | {
+        "widths": res.widths.tolist(),
+        "n_repr": res.n_repr.tolist(),
+        "n_causal": res.n_causal.tolist(),
+        "n_repr_growth": res.n_repr_growth.tolist(),
+        "n_causal_growth": res.n_causal_growth.tolist(),
+        "n_repr_ci": res.n_repr_ci.tolist(),
+        "n_causal_ci": res.n_causal_ci.tolist(),
+    }
+    pr = kappa["layers"][0]["participation_ratio"]
+    results = {
+        "kappa": {"erank": erank, "participation_ratio": pr, "by_layer": kappa},
+        "sweep": sweep_json,
+    }
+    report = CausalDimReport(
+        analysis="causal_sweep", model=model.name, results=results, meta={"layer": layer}
+    )
+    return report, saes
+
+
 __all__ = [
+    "CausalDimExperimentConfig",
+    "CausalDimReport",
+    "run",
     "ce_recovered_by_width",
     "collect_residuals",
     "four_cell",

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -93,3 +98,134 @@ def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
         return load_model(name, device=device, dtype=dtype, seed=seed)
     except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
         fail(str(err))
+
+
+@dataclasses.dataclass(frozen=True)
+class Common:
+    """The options every command shares (declared once, added by :func:`common_options`)."""
+
+    out: Path
+    device: str
+    dtype: str
+    seed: int
+    quiet: bool
+    executor: str = "local"
+    address: str | None = None
+
+    def load_model(self, name: str, *, seed: int | None = None) -> Any:
+        """The model ``name`` on ``--device`` in ``--dtype``; exits 2 if it cannot load."""
+        seed = self.seed if seed is None else seed
+        return load_model_or_fail(name, self.device, self.dtype, seed)
+
+    def runner(self) -> Any:
+        """The ``--executor`` (with ``--address``); exits 2 on bad input."""
+        return executor_or_fail(self.executor, self.address)
+
+    def write(self, name: str, payload: dict[str, Any], *, command: str) -> Path:
+        """Write ``--out/name.json`` (see :func:`write_results`)."""
+        return write_results(self.out, name, payload, command=command)
+
+    def say(self, message: str, **kw: Any) -> None:
+        """Print ``message`` unless ``--quiet``."""
+        if not self.quiet:
+            console.print(message, **kw)
+
+
+def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Parameter]:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    empty = inspect.Parameter.empty
+    spec: list[tuple[str, Any, Any]] = [
+        ("out", Out, empty if out is None else out),
+        ("device", Device, "cpu"),
+        ("dtype", Dtype, "float32"),
+        ("seed", Seed, 0),
+        ("quiet", Quiet, False),
+    ]
+    if executor:
+        spec += [("executor", ExecutorName, "local"), ("address", Address, None)]
+    return [inspect.Parameter(n, kw, annotation=a, default=d) for n, a, d in spec]
+
+
+def common_options(
+    *, out: Path | None = None, executor: bool = False, flags: dict[str, str] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add ``--out`` (default ``out``; required if None), ``--device``, ``--dtype``,
+    ``--seed``, ``--quiet`` and, with ``executor``, ``--executor``/``--address`` to a command.
+
+    The command receives them as ``common: Common``.  A ``ValueError`` raised by the command
+    (bad input found by a config or an experiment) exits with status 2 and its message, in
+    which every config field named in ``flags`` reads as its option
+    (``flags={"n_blocks": "--n-blocks"}``).
+    """
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(f, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "common"]
+        params = own + _shared_parameters(out, executor)
+
+        @functools.wraps(f)
+        def command(**kwargs: Any) -> Any:
+            names = [fld.name for fld in dataclasses.fields(Common)]
+            shared = {n: kwargs.pop(n) for n in names if n in kwargs}
+            try:
+                return f(common=Common(**shared), **kwargs)
+            except ValueError as err:
+                message = str(err)
+                for name, flag in (flags or {}).items():
+                    message = re.sub(rf"(?<![-\w]){name}\b", flag, message)
+                fail(_escape(message))
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+def shared_settings(
+    spec: dict[str, tuple[Any, Any]],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the options ``spec[name] = (Annotated type, default)`` to a command whose
+    ``**settings`` receives them, so options shared by a group's commands are declared once."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(f, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        kw = inspect.Parameter.KEYWORD_ONLY
+        extra = [inspect.Parameter(n, kw, annotation=a, default=d) for n, (a, d) in spec.items()]
+        params = own + extra
+
+        @functools.wraps(f)
+        def command(**kwargs: Any) -> Any:
+            return f(**kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+def parse_ints(spec: str, option: str) -> tuple[int, ...]:
+    """``'4,8,12'`` or an inclusive range ``'6-10'`` as a tuple of ints; exits 2 otherwise."""
+    try:
+        if "-" in spec.strip().lstrip("-"):
+            lo, hi = (int(s) for s in spec.split("-", 1))
+            return tuple(range(lo, hi + 1))
+        values = tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        fail(f"{option} {spec!r} is not '8', '4,8,12' or '6-10'.")
+    if not values:
+        fail(f"{option} names no value.")
+    return values
+
+
+def parse_names(spec: str) -> tuple[str, ...]:
+    """A comma list of names as a tuple (blank entries dropped)."""
+    return tuple(s.strip() for s in spec.split(",") if s.strip())
+
+
+def _escape(message: str) -> str:
+    from rich.markup import escape
+
+    return escape(message)

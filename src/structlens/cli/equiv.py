@@ -1,4 +1,5 @@
-"""``structlens equiv compare|similarity``: interpretive equivalence of two models."""
+"""``structlens equiv compare|similarity``: interpretive equivalence of two models; the
+experiment is :func:`structlens.equivalence.experiment.run`."""
 
 from __future__ import annotations
 
@@ -7,18 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import (
-    Device,
-    Dtype,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    fail,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.common import Common, ModelArg, common_options
 
 app = typer.Typer(
     help="Interpretive equivalence: do two models implement the same mechanism?",
@@ -47,99 +37,68 @@ HeadMatching = Annotated[str, typer.Option("--head-matching", help="global or pe
 Representation = Annotated[
     str, typer.Option("--representation", help="auto, tokens or sentence (mean over tokens).")
 ]
-
-
-def _probe(model_a: Any, model_b: Any, task: str, n: int, seed: int) -> Any:
-    from structlens.equivalence.compare import corpus_probe, task_probe
-
-    try:
-        if task == "corpus":
-            return corpus_probe(model_a, model_b, n=n)
-        return task_probe(model_a, model_b, task, n=n, seed=seed)
-    except ValueError as err:
-        fail(str(err))
+BatchSize = Annotated[int, typer.Option("--batch-size")]
+OUT = Path("results/equiv")
+FLAGS = {
+    "layer_matching": "--layer-matching",
+    "head_matching": "--head-matching",
+    "representation": "--representation",
+    "map_method": "--map",
+}
 
 
 def _run(
-    model_a: str,
-    model_b: str,
-    task: str,
-    n: int,
-    config_kw: dict[str, Any],
-    out: Path,
-    name: str,
-    quiet: bool,
-    device: str,
-    dtype: str,
-    seed: int,
-) -> Any:
+    common: Common, model_a: str, model_b: str, task: str, n: int, name: str, **compare: Any
+) -> None:
     from structlens.equivalence import Preprocess, ValidationCriterion
-    from structlens.equivalence.compare import CompareConfig, compare
+    from structlens.equivalence.compare import CompareConfig
+    from structlens.equivalence.experiment import EquivalenceExperimentConfig, run
     from structlens.report.equivalence import plot_layer_matching
 
-    a = load_model_or_fail(model_a, device, dtype, seed)
-    b = load_model_or_fail(model_b, device, dtype, seed + 1 if model_a == model_b else seed)
-    probe = _probe(a, b, task, n, seed)
-    try:
-        cfg = CompareConfig(
-            preprocess=Preprocess(exclude_bos=True),
-            criterion=ValidationCriterion(
-                max_kl=config_kw.pop("max_kl"), min_top1=config_kw.pop("min_top1")
-            ),
-            seed=seed,
-            **config_kw,
-        )
-        result = compare(a, b, probe, cfg)
-    except ValueError as err:
-        fail(str(err))
+    criterion = ValidationCriterion(max_kl=compare.pop("max_kl"), min_top1=compare.pop("min_top1"))
+    cmp = CompareConfig(
+        preprocess=Preprocess(exclude_bos=True), criterion=criterion, seed=common.seed, **compare
+    )
+    cfg = EquivalenceExperimentConfig(task=task, n=n, compare=cmp)
+    a = common.load_model(model_a)
+    b = common.load_model(model_b, seed=common.seed + 1 if model_a == model_b else common.seed)
+    result = run(cfg, a, b)
+    out = common.out
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / f"{name}_result")
-    path = write_results(out, name, result.summary(), command=f"equiv {name}")
-    layer_passed = (
-        [r["passed"] for r in result.layer_validation] if result.layer_validation else None
-    )
+    path = common.write(name, result.summary(), command=f"equiv {name}")
+    passed = [r["passed"] for r in result.layer_validation] if result.layer_validation else None
     plot_layer_matching(
-        result.layer_similarity,
-        result.matching["layers"]["pairs"],
-        out / f"{name}_layers.png",
-        label_a=model_a,
-        label_b=model_b,
-        title=f"{cfg.metric}, {result.matching['layers']['method']} matching",
-        passed=layer_passed,
+        result.layer_similarity, result.matching["layers"]["pairs"], out / f"{name}_layers.png",
+        label_a=model_a, label_b=model_b,
+        title=f"{cmp.metric}, {result.matching['layers']['method']} matching", passed=passed,
+    )  # fmt: skip
+    common.say(
+        f"{model_a} vs {model_b} on {result.probe} ({result.representation} rows): "
+        f"score {result.score:.3f} [{result.score_ci[0]:.3f}, {result.score_ci[1]:.3f}] "
+        f"({result.validation_method}), layers {result.layer_score:.3f}"
     )
-    if not quiet:
-        console.print(
-            f"{model_a} vs {model_b} on {probe.name} ({result.representation} rows): "
-            f"score {result.score:.3f} [{result.score_ci[0]:.3f}, {result.score_ci[1]:.3f}] "
-            f"({result.validation_method}), layers {result.layer_score:.3f}"
+    if inf := result.informative:
+        common.say(
+            f"null (mean ablation) score {result.null_score:.3f}; partner passes on "
+            f"{inf['n_passed']} of the {inf['n_heads']} heads whose mean ablation fails"
         )
-        if result.informative:
-            inf = result.informative
-            console.print(
-                f"null (mean ablation) score {result.null_score:.3f}; partner passes on "
-                f"{inf['n_passed']} of the {inf['n_heads']} heads whose mean ablation fails"
-            )
-        if result.head_groups:
-            g = result.head_groups
-            console.print(
-                f"whole-layer head groups: score {g['score']:.3f}, null {g['null_score']:.3f}"
-            )
-        if result.congruity:
-            console.print(
-                f"congruity: point-test decision rate A->B "
-                f"{result.congruity['point_test_ab']['decision_rate']:.2f}, B->A "
-                f"{result.congruity['point_test_ba']['decision_rate']:.2f}; verdicts "
-                f"{result.verdicts}"
-            )
-        console.print(f"wrote {path}")
-    return result
+    if g := result.head_groups:
+        common.say(f"whole-layer head groups: score {g['score']:.3f}, null {g['null_score']:.3f}")
+    if c := result.congruity:
+        common.say(
+            f"congruity: point-test decision rate A->B {c['point_test_ab']['decision_rate']:.2f}, "
+            f"B->A {c['point_test_ba']['decision_rate']:.2f}; verdicts {result.verdicts}"
+        )
+    common.say(f"wrote {path}")
 
 
 @app.command("compare")
+@common_options(out=OUT, flags=FLAGS)
 def compare_cmd(
+    common: Common,
     model_a: ModelArg,
     model_b: ModelArg,
-    out: Out = Path("results/equiv"),
     task: Task = "corpus",
     n: N = 64,
     metric: Metric = "linear_cka_debiased",
@@ -172,11 +131,7 @@ def compare_cmd(
         int | None,
         typer.Option("--congruity-max-layers", help="Rank heads of at most this many layers."),
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
+    batch_size: BatchSize = 8,
 ) -> None:
     """Match layers and heads of MODEL_A and MODEL_B, validate by patching, run CONGRUITY.
 
@@ -185,39 +140,21 @@ def compare_cmd(
     seeds of a tiny model (B gets seed + 1).
     """
     _run(
-        model_a,
-        model_b,
-        task,
-        n,
-        dict(
-            metric=metric,
-            layer_matching=layer_matching,
-            head_matching=head_matching,
-            representation=representation,
-            map_method=map_method,
-            max_kl=max_kl,
-            min_top1=min_top1,
-            max_validate_heads=max_validate_heads,
-            validate_head_groups=head_groups,
-            congruity=congruity,
-            congruity_top_k=top_k,
-            congruity_max_layers=congruity_max_layers,
-            batch_size=batch_size,
-        ),
-        out,
-        "compare",
-        quiet,
-        device,
-        dtype,
-        seed,
-    )
+        common, model_a, model_b, task, n, "compare", metric=metric,
+        layer_matching=layer_matching, head_matching=head_matching,
+        representation=representation, map_method=map_method, max_kl=max_kl, min_top1=min_top1,
+        max_validate_heads=max_validate_heads, validate_head_groups=head_groups,
+        congruity=congruity, congruity_top_k=top_k, congruity_max_layers=congruity_max_layers,
+        batch_size=batch_size,
+    )  # fmt: skip
 
 
 @app.command("similarity")
+@common_options(out=OUT, flags=FLAGS)
 def similarity_cmd(
+    common: Common,
     model_a: ModelArg,
     model_b: ModelArg,
-    out: Out = Path("results/equiv"),
     task: Task = "corpus",
     n: N = 64,
     metric: Metric = "linear_cka_debiased",
@@ -227,11 +164,7 @@ def similarity_cmd(
     threshold: Annotated[
         float, typer.Option("--threshold", help="Similarity a matched pair must reach.")
     ] = 0.5,
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 8,
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
+    batch_size: BatchSize = 8,
 ) -> None:
     """Layer and head similarity matrices and matchings only (no patching, no CONGRUITY).
 
@@ -239,26 +172,8 @@ def similarity_cmd(
     similarity_layers.png.
     """
     _run(
-        model_a,
-        model_b,
-        task,
-        n,
-        dict(
-            metric=metric,
-            layer_matching=layer_matching,
-            head_matching=head_matching,
-            representation=representation,
-            similarity_threshold=threshold,
-            validate=False,
-            congruity=False,
-            max_kl=0.1,
-            min_top1=0.9,
-            batch_size=batch_size,
-        ),
-        out,
-        "similarity",
-        quiet,
-        device,
-        dtype,
-        seed,
-    )
+        common, model_a, model_b, task, n, "similarity", metric=metric,
+        layer_matching=layer_matching, head_matching=head_matching,
+        representation=representation, similarity_threshold=threshold, validate=False,
+        congruity=False, max_kl=0.1, min_top1=0.9, batch_size=batch_size,
+    )  # fmt: skip

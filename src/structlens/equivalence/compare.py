@@ -33,35 +33,27 @@ similarity reaches ``similarity_threshold`` (``validation_method = "similarity"`
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-import torch
 
-from structlens.interventions import hooked
+from structlens.config import check_choices
 from structlens.models.loading import Model
 from structlens.results import Result
 
-from .congruity import (
-    accumulated_representation,
-    bootstrap_point_test,
-    kl_from_logits,
-    rank_heads,
-    selectivity_test,
-)
-from .encoding import fit_linear_map
-from .layer_map import fit_layer_map
+from .collect import collect_rows, prepare_layers
 from .matching import (
-    MatchingResult,
     head_similarity_matrix,
     layer_similarity_matrix,
     match_heads,
     match_hungarian,
     match_monotone,
 )
-from .preprocess import Preprocess, prepare
+from .patching import congruity as run_congruity
+from .patching import validate as validate_patches
+from .patching import validation_writers
+from .preprocess import Preprocess
+from .probes import Probe, corpus_probe, task_probe
 from .score import (
     ValidationCriterion,
     bootstrap_interval,
@@ -76,107 +68,11 @@ __all__ = [
     "task_probe",
     "corpus_probe",
     "CompareConfig",
+    "Comparison",
+    "MatchedComponents",
     "ComparisonResult",
     "compare",
 ]
-
-MIN_PROMPTS = 12
-
-
-@dataclasses.dataclass
-class Probe:
-    """The same probe inputs, tokenized for each model.
-
-    ``tokens_a[i]`` and ``tokens_b[i]`` encode ``texts[i]``; ``corrupted_*`` (task probes) are
-    same-length corrupted prompts; ``task_*`` the task datasets (metric positions and metric).
-    """
-
-    name: str
-    texts: list[str]
-    tokens_a: list[list[int]]
-    tokens_b: list[list[int]]
-    corrupted_a: list[list[int]] | None = None
-    corrupted_b: list[list[int]] | None = None
-    task_a: Any = None
-    task_b: Any = None
-
-    def __post_init__(self) -> None:
-        n = len(self.texts)
-        for name in ("tokens_a", "tokens_b", "corrupted_a", "corrupted_b"):
-            v = getattr(self, name)
-            if v is not None and len(v) != n:
-                raise ValueError(
-                    f"mismatched probe sets: {name} has {len(v)} prompts, texts has {n}; both "
-                    "models must see the same probe inputs."
-                )
-        if n < MIN_PROMPTS:
-            raise ValueError(
-                f"too few probe prompts ({n}); compare needs at least {MIN_PROMPTS} (half fit "
-                "the similarities and maps, half validate)."
-            )
-
-    @property
-    def shared_tokens(self) -> bool:
-        """Whether both models see identical token sequences (token-level comparison)."""
-        return self.tokens_a == self.tokens_b
-
-
-def task_probe(model_a: Model, model_b: Model, task: str, n: int = 64, seed: int = 0) -> Probe:
-    """A probe from a circuit task (``structlens.data.tasks``); both tokenizers must yield the
-    same prompts. Corrupted prompts are the task's first corruption (IOI: ``abc``)."""
-    from structlens.data.tasks import make_task
-
-    ta = make_task(task, model_a.tokenizer, n=n, seed=seed)
-    tb = make_task(task, model_b.tokenizer, n=n, seed=seed)
-    if ta.texts != tb.texts:
-        raise ValueError(
-            f"the two tokenizers yield different {task!r} prompts (token filters differ); use a "
-            "corpus probe for models with different tokenizers."
-        )
-    corruption = next(iter(ta.corrupted))
-    return Probe(
-        name=task,
-        texts=list(ta.texts),
-        tokens_a=[list(t) for t in ta.clean],
-        tokens_b=[list(t) for t in tb.clean],
-        corrupted_a=[list(t) for t in ta.corrupted[corruption]],
-        corrupted_b=[list(t) for t in tb.corrupted[corruption]],
-        task_a=ta,
-        task_b=tb,
-    )
-
-
-def corpus_sentences(
-    n: int, min_chars: int = 40, max_chars: int = 160, source: str | None = None
-) -> list[str]:
-    """``n`` sentences of the bundled corpus (or ``source``), evenly spaced through it."""
-    from structlens.data.corpus import load_texts
-
-    if n < 2:
-        raise ValueError(f"a probe needs at least 2 sentences (-n), got {n}.")
-    sentences = []
-    for doc in load_texts(source):
-        for s in re.split(r"(?<=[.!?])\s+", " ".join(doc.text.split())):
-            if min_chars <= len(s) <= max_chars:
-                sentences.append(s)
-    if len(sentences) < n:
-        raise ValueError(f"the corpus has {len(sentences)} usable sentences, {n} requested.")
-    step = len(sentences) / n
-    return [sentences[int(i * step)] for i in range(n)]
-
-
-def corpus_probe(
-    model_a: Model, model_b: Model, n: int = 64, source: str | None = None, max_chars: int = 160
-) -> Probe:
-    """A probe of ``n`` corpus sentences, tokenized by each model's tokenizer (its default
-    special tokens: BERT's ``[CLS]``/``[SEP]``, none for SmolLM2 or the byte tokenizer)."""
-    texts = corpus_sentences(n, max_chars=max_chars, source=source)
-    return Probe(
-        name="corpus",
-        texts=texts,
-        tokens_a=[list(model_a.tokenizer(t)["input_ids"]) for t in texts],
-        tokens_b=[list(model_b.tokenizer(t)["input_ids"]) for t in texts],
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +92,7 @@ class CompareConfig:
     layer_matching : {"monotone", "hungarian"}
     head_matching : {"global", "per_layer"}
     map_method : {"ridge", "procrustes"}
-        Linear map from A's head to B's for validation (layers: :func:`fit_layer_map`).
+        Linear map from A's component to B's for validation.
     criterion : ValidationCriterion
         The sufficient condition (default: KL <= 0.1 nats and top-1 >= 0.9).
     similarity_threshold : float
@@ -235,10 +131,10 @@ class CompareConfig:
 
     metric: str = "linear_cka_debiased"
     preprocess: Preprocess = Preprocess(exclude_bos=True)
-    representation: str = "auto"
-    layer_matching: str = "monotone"
-    head_matching: str = "global"
-    map_method: str = "ridge"
+    representation: Literal["auto", "tokens", "sentence"] = "auto"
+    layer_matching: Literal["monotone", "hungarian"] = "monotone"
+    head_matching: Literal["global", "per_layer"] = "global"
+    map_method: Literal["ridge", "procrustes"] = "ridge"
     criterion: ValidationCriterion = ValidationCriterion()
     similarity_threshold: float = 0.5
     heldout_fraction: float = 0.5
@@ -256,22 +152,86 @@ class CompareConfig:
     equivalent_at: float = 0.5
     batch_size: int = 8
     seed: int = 0
-    ci: str = "wilson"
+    ci: Literal["wilson", "bootstrap"] = "wilson"
 
     def __post_init__(self) -> None:
-        choices = {
-            "representation": ("auto", "tokens", "sentence"),
-            "layer_matching": ("monotone", "hungarian"),
-            "head_matching": ("global", "per_layer"),
-            "map_method": ("ridge", "procrustes"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+        check_choices(self)
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must lie in (0, 1), got {self.heldout_fraction}.")
         if self.congruity_top_k < 1 or self.batch_size < 1:
             raise ValueError("congruity_top_k and batch_size must be positive.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchedComponents(Result):
+    """Similarities and matchings of two models' components on one fit set.
+
+    ``layer_similarity[la, lb]`` and ``head_similarity[la, ha, lb, hb]`` (higher = more
+    similar); ``matching["layers"|"heads"]`` holds the ``method``, the matched ``pairs``
+    (layers ``(la, lb)``, heads ``((la, ha), (lb, hb))``) and their ``similarities``.
+    """
+
+    layer_similarity: np.ndarray
+    head_similarity: np.ndarray
+    matching: dict
+
+
+class Comparison:
+    """Estimator: similarity matrices and component matching of two models' activations.
+
+    Arrays in, :class:`MatchedComponents` out; the model runs that produce the arrays are
+    :func:`structlens.equivalence.collect.collect_rows`, the patching validation is
+    :func:`compare`.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> resid = [rng.normal(size=(40, 6)) for _ in range(2)]
+    >>> heads = [rng.normal(size=(40, 2, 3)) for _ in range(2)]
+    >>> m = Comparison(CompareConfig(metric="linear_cka")).fit((resid, heads), (resid, heads))
+    >>> m.matching["layers"]["pairs"]
+    [[0, 0], [1, 1]]
+    """
+
+    def __init__(self, config: CompareConfig | None = None) -> None:
+        self.config = config or CompareConfig()
+
+    def fit(
+        self,
+        acts_a: tuple[list[np.ndarray], list[np.ndarray]],
+        acts_b: tuple[list[np.ndarray], list[np.ndarray]],
+    ) -> MatchedComponents:
+        """Match ``acts_x = (resid rows [n, d] per layer, head rows [n, H, d_head] per layer)``
+        of both models on the same ``n`` rows (tokens or prompts), after ``config.preprocess``
+        (position exclusion is the collector's job, so ``exclude_bos`` is not applied here)."""
+        cfg = self.config
+        (resid_a, z_a), (resid_b, z_b) = acts_a, acts_b
+        prep = [prepare_layers(x, cfg.preprocess) for x in (resid_a, resid_b, z_a, z_b)]
+        s_layers = layer_similarity_matrix(prep[0], prep[1], cfg.metric)
+        s_heads = head_similarity_matrix(prep[2], prep[3], cfg.metric)
+        layer_match = (
+            match_monotone(s_layers)
+            if cfg.layer_matching == "monotone"
+            else match_hungarian(s_layers)
+        )
+        head_match = match_heads(
+            s_heads,
+            cfg.head_matching,
+            layer_pairs=layer_match.pairs if cfg.head_matching == "per_layer" else None,
+        )
+        matching = {
+            "layers": {
+                "method": layer_match.method,
+                "pairs": layer_match.pairs,
+                "similarities": layer_match.similarities,
+            },
+            "heads": {
+                "method": head_match.method,
+                "pairs": head_match.pairs,
+                "similarities": head_match.similarities,
+            },
+        }
+        return MatchedComponents(s_layers, s_heads, matching)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,131 +288,6 @@ class ComparisonResult(Result):
         return d
 
 
-def _batches(n: int, size: int) -> list[list[int]]:
-    return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
-
-
-def _pad(tokens: Sequence[Sequence[int]], model: Model) -> tuple[torch.Tensor, torch.Tensor]:
-    from structlens.data.tasks import pad_batch
-
-    ids, mask = pad_batch(tokens, int(model.tokenizer.pad_token_id))
-    return ids.to(model.device), mask.to(model.device)
-
-
-def _sites(model: Model) -> tuple[list[str], list[str]]:
-    return (
-        [f"blocks.{l}.hook_resid_post" for l in range(model.n_layers)],
-        [f"blocks.{l}.attn.hook_z" for l in range(model.n_layers)],
-    )
-
-
-def _collect_rows(
-    model: Model, tokens: Sequence[Sequence[int]], start: int, sentence: bool, batch_size: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per layer, resid_post rows ``[n, d]`` and hook_z rows ``[n, H, dh]`` (float64):
-    real tokens from position ``start`` on, or one mean row per prompt."""
-    resid_sites, z_sites = _sites(model)
-    res: list[list[np.ndarray]] = [[] for _ in resid_sites]
-    zs: list[list[np.ndarray]] = [[] for _ in z_sites]
-    for idx in _batches(len(tokens), batch_size):
-        ids, mask = _pad([tokens[i] for i in idx], model)
-        with torch.no_grad(), hooked(model, [*resid_sites, *z_sites]) as cache:
-            model.forward(ids, mask)
-        keep = mask.bool().clone()
-        keep[:, :start] = False
-        if not bool(keep.any(1).all()):
-            raise ValueError("a probe prompt has no token left after excluding position 0.")
-        w = keep.double()
-        for out, sites in ((res, resid_sites), (zs, z_sites)):
-            for l, s in enumerate(sites):
-                a = cache[s].double()
-                if sentence:
-                    flat = a.reshape(*a.shape[:2], -1)
-                    m = (flat * w[..., None]).sum(1) / w.sum(1)[:, None]
-                    out[l].append(m.reshape(len(idx), *a.shape[2:]).cpu().numpy())
-                else:
-                    out[l].append(a[keep].cpu().numpy())
-    return [np.concatenate(r) for r in res], [np.concatenate(z) for z in zs]
-
-
-def _prep_layers(acts: list[np.ndarray], options: Preprocess) -> list[np.ndarray]:
-    opts = dataclasses.replace(options, exclude_bos=False)
-    out = []
-    for a in acts:
-        flat = a.reshape(a.shape[0], -1)
-        out.append(prepare(flat, opts).reshape(a.shape))
-    return out
-
-
-def _eval_rows(
-    logits: torch.Tensor, mask: torch.Tensor, task: Any, idx: list[int], start: int
-) -> torch.Tensor:
-    if task is not None:
-        g = task.gather_logits(logits, idx)
-        return g.reshape(-1, g.shape[-1])
-    keep = mask.bool().clone()
-    keep[:, :start] = False
-    return logits[keep]
-
-
-def _validate(
-    model_a: Model,
-    model_b: Model,
-    tokens: list[list[int]],
-    heldout: list[int],
-    task_b: Any,
-    start: int,
-    writers: list[tuple[str, Callable[[torch.Tensor, dict], torch.Tensor]]],
-    a_sites: list[str],
-    batch_size: int,
-) -> list[dict[str, float]]:
-    """Patch each (site, fn) into B on the held-out prompts; KL, top-1 and metric ratio.
-
-    ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch.
-    """
-    orig_rows, patched_rows = [], [[] for _ in writers]
-    orig_metric, patched_metric = [], [[] for _ in writers]
-    for chunk in _batches(len(heldout), batch_size):
-        idx = [heldout[i] for i in chunk]
-        toks = [tokens[i] for i in idx]
-        ids_a, mask_a = _pad(toks, model_a)
-        with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
-            model_a.forward(ids_a, mask_a)
-        ids, mask = _pad(toks, model_b)
-        with torch.no_grad():
-            base = model_b.forward(ids, mask)
-        orig_rows.append(_eval_rows(base, mask, task_b, idx, start).double())
-        if task_b is not None:
-            orig_metric.append(task_b.metric(task_b.gather_logits(base, idx), idx).double())
-        for k, (site_b, fn) in enumerate(writers):
-
-            def write(act: torch.Tensor, fn=fn, src=cache_a) -> torch.Tensor:
-                return fn(act, src)
-
-            with torch.no_grad(), hooked(model_b, writes={site_b: write}):
-                out = model_b.forward(ids, mask)
-            patched_rows[k].append(_eval_rows(out, mask, task_b, idx, start).double())
-            if task_b is not None:
-                patched_metric[k].append(
-                    task_b.metric(task_b.gather_logits(out, idx), idx).double()
-                )
-    ref = torch.cat(orig_rows)
-    ref_top = ref.argmax(-1)
-    records = []
-    for k in range(len(writers)):
-        p = torch.cat(patched_rows[k])
-        rec = {
-            "kl": kl_from_logits(ref.numpy(), p.numpy()),
-            "top1": float((p.argmax(-1) == ref_top).double().mean()),
-        }
-        if task_b is not None:
-            m0 = float(torch.cat(orig_metric).mean())
-            m1 = float(torch.cat(patched_metric[k]).mean())
-            rec["metric_ratio"] = m1 / m0 if m0 != 0 else float("nan")
-        records.append(rec)
-    return records
-
-
 def _score(
     pairs: list,
     sims: list[float],
@@ -496,146 +331,6 @@ def _informative(partner: list[dict], null: list[dict], ci: str) -> dict[str, An
     return {"n_heads": n, "n_passed": k, "score": k / n, "score_ci": [lo, hi]}
 
 
-def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
-    """Head importance: KL of the next-token distributions (nats) for causal LMs; for
-    encoders, whose output is a hidden state, the relative squared change of that state."""
-    if model.causal:
-        return kl_from_logits(reference, patched)
-    return float(np.sum((patched - reference) ** 2) / np.sum(reference**2))
-
-
-def _congruity_group(
-    model: Model,
-    tokens: list[list[int]],
-    corrupted: list[list[int]] | None,
-    task: Any,
-    position: str,
-    config: CompareConfig,
-) -> dict[str, Any]:
-    """Accumulated representations of the clean run and of the top-KL head patches."""
-    n_layers = model.n_layers
-    resid = ["blocks.0.hook_resid_pre", *[f"blocks.{l}.hook_resid_post" for l in range(n_layers)]]
-    layers = list(range(n_layers))
-    if config.congruity_max_layers is not None and config.congruity_max_layers < n_layers:
-        layers = sorted(
-            {round(x) for x in np.linspace(0, n_layers - 1, config.congruity_max_layers)}
-        )
-    batches = _batches(len(tokens), config.batch_size)
-    z_sites = [f"blocks.{l}.attn.hook_z" for l in layers]
-
-    def run(
-        idx: list[int], writes: dict | None, reads: list[str]
-    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        ids, mask = _pad([tokens[i] for i in idx], model)
-        with torch.no_grad(), hooked(model, reads, writes) as cache:
-            out = model.forward(ids, mask)
-        return out, dict(cache), mask
-
-    clean: list[tuple[torch.Tensor, dict, torch.Tensor]] = []
-    sources: list[dict[str, torch.Tensor]] = []
-    for idx in batches:
-        clean.append(run(idx, None, [*resid, *z_sites]))
-        if corrupted is not None:
-            ids, mask = _pad([corrupted[i] for i in idx], model)
-            with torch.no_grad(), hooked(model, z_sites) as cache:
-                model.forward(ids, mask)
-            sources.append(dict(cache))
-    if corrupted is None:
-        # mean ablation: each head's mean over all real tokens of the probe set
-        means = {}
-        for s in z_sites:
-            tot = sum((c[1][s] * c[2][..., None, None]).sum((0, 1)) for c in clean)
-            cnt = sum(c[2].sum() for c in clean)
-            means[s] = tot / cnt
-        sources = [{s: means[s].expand_as(c[1][s]) for s in z_sites} for c in clean]
-
-    def rows(out: torch.Tensor, mask: torch.Tensor, idx: list[int]) -> np.ndarray:
-        if task is not None:
-            return task.gather_logits(out, idx).reshape(len(idx), -1, out.shape[-1])[:, -1]
-        last = mask.sum(1) - 1
-        return out[torch.arange(out.shape[0]), last]
-
-    def rep(caches: list[dict], masks: list[torch.Tensor]) -> np.ndarray:
-        parts = []
-        for c, m in zip(caches, masks, strict=True):
-            parts.append(accumulated_representation([c[s] for s in resid], position, mask=m))
-        return np.concatenate(parts)
-
-    ref_logits = np.concatenate(
-        [
-            rows(o, m, idx).double().cpu().numpy()
-            for (o, _, m), idx in zip(clean, batches, strict=True)
-        ]
-    )
-    base = rep([c[1] for c in clean], [c[2] for c in clean])
-    kl = np.full((n_layers, model.n_heads), -np.inf)
-    reps: dict[tuple[int, int], np.ndarray] = {}
-    for l, s in zip(layers, z_sites, strict=True):
-        for h in range(model.n_heads):
-            outs, caches, masks = [], [], []
-            for bi, idx in enumerate(batches):
-                src = sources[bi][s]
-
-                def write(act: torch.Tensor, src=src, h=h) -> torch.Tensor:
-                    out = act.clone()
-                    out[:, :, h] = src[:, :, h]
-                    return out
-
-                o, c, m = run(idx, {s: write}, resid)
-                outs.append(rows(o, m, idx).double().cpu().numpy())
-                caches.append(c)
-                masks.append(m)
-            kl[l, h] = _effect(model, ref_logits, np.concatenate(outs))
-            reps[(l, h)] = rep(caches, masks)
-    grid = np.where(np.isfinite(kl), kl, -1.0)
-    top = rank_heads(grid, top_k=min(config.congruity_top_k, len(reps)))
-    return {
-        "base": base,
-        "intervened": [reps[(int(l), int(h))] for l, h in top],
-        "top_heads": [[int(l), int(h)] for l, h in top],
-        "top_kl": [float(kl[l, h]) for l, h in top],
-        "kl_grid": grid,
-    }
-
-
-def _congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfig) -> dict:
-    position = "last" if probe.task_a is not None else "mean"
-    ga = _congruity_group(
-        model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config
-    )
-    gb = _congruity_group(
-        model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config
-    )
-    group_a = [ga["base"], *ga["intervened"]]
-    group_b = [gb["base"], *gb["intervened"]]
-    out: dict[str, Any] = {
-        "representation": f"accumulated residual stream, {position} token(s)",
-        "intervention": "head hook_z from corrupted run"
-        if probe.corrupted_a
-        else "head mean ablation",
-        "top_heads_a": ga["top_heads"],
-        "top_kl_a": ga["top_kl"],
-        "top_heads_b": gb["top_heads"],
-        "top_kl_b": gb["top_kl"],
-        "kl_grid_a": ga["kl_grid"].tolist(),
-        "kl_grid_b": gb["kl_grid"].tolist(),
-    }
-    for tag, g1, g2, grp in (("ab", group_a, group_b, ga), ("ba", group_b, group_a, gb)):
-        pt = bootstrap_point_test(g1, g2, n=config.point_n, straps=config.straps, seed=config.seed)
-        sel = selectivity_test(
-            [grp["base"]] * len(grp["intervened"]), grp["intervened"], g2, seed=config.seed
-        )
-        out[f"point_test_{tag}"] = {
-            "decision_rate": pt.decision_rate,
-            "p_values": pt.p_values.tolist(),
-            "mean_p": float(pt.p_values.mean()),
-        }
-        out[f"selectivity_{tag}"] = sel.score
-    rate = max(out["point_test_ab"]["decision_rate"], out["point_test_ba"]["decision_rate"])
-    out["different"] = bool(rate > 0.5)
-    return out
-
-
 def compare(
     model_a: Model, model_b: Model, probe: Probe, config: CompareConfig | None = None
 ) -> ComparisonResult:
@@ -667,38 +362,28 @@ def compare(
     heldout, fit = sorted(order[:n_held].tolist()), sorted(order[n_held:].tolist())
     start = 1 if cfg.preprocess.exclude_bos else 0
     sentence = rep == "sentence"
-    raw_a, raw_za = _collect_rows(
+    raw_a, raw_za = collect_rows(
         model_a, [probe.tokens_a[i] for i in fit], start, sentence, cfg.batch_size
     )
-    raw_b, raw_zb = _collect_rows(
+    raw_b, raw_zb = collect_rows(
         model_b, [probe.tokens_b[i] for i in fit], start, sentence, cfg.batch_size
     )
-    acts_a, acts_b = _prep_layers(raw_a, cfg.preprocess), _prep_layers(raw_b, cfg.preprocess)
-    z_a, z_b = _prep_layers(raw_za, cfg.preprocess), _prep_layers(raw_zb, cfg.preprocess)
-    s_layers = layer_similarity_matrix(acts_a, acts_b, cfg.metric)
-    s_heads = head_similarity_matrix(z_a, z_b, cfg.metric)
-    layer_match: MatchingResult = (
-        match_monotone(s_layers) if cfg.layer_matching == "monotone" else match_hungarian(s_layers)
-    )
-    head_match = match_heads(
-        s_heads,
-        cfg.head_matching,
-        layer_pairs=layer_match.pairs if cfg.head_matching == "per_layer" else None,
-    )
-    head_pairs, head_sims = head_match.pairs, head_match.similarities
-    congruity = _congruity(model_a, model_b, probe, cfg) if cfg.congruity else {}
+    matched = Comparison(cfg).fit((raw_a, raw_za), (raw_b, raw_zb))
+    s_heads, matching = matched.head_similarity, matched.matching
+    head_pairs, head_sims = matching["heads"]["pairs"], matching["heads"]["similarities"]
+    cong = run_congruity(model_a, model_b, probe, cfg) if cfg.congruity else {}
     if cfg.max_validate_heads is not None and cfg.max_validate_heads < len(head_pairs):
         # validate the heads whose mean ablation fails (top-KL in B), else a random subset
         max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
         pick = (
-            informative_heads(congruity["kl_grid_b"], head_pairs, cfg.max_validate_heads, max_kl)
-            if congruity
+            informative_heads(cong["kl_grid_b"], head_pairs, cfg.max_validate_heads, max_kl)
+            if cong
             else []
         )
         pick = pick or sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False))
         head_pairs = [head_pairs[i] for i in pick]
         head_sims = [head_sims[i] for i in pick]
-    layer_pairs, layer_sims = layer_match.pairs, layer_match.similarities
+    layer_pairs, layer_sims = matching["layers"]["pairs"], matching["layers"]["similarities"]
     if cfg.max_validate_layers is not None and cfg.max_validate_layers < len(layer_pairs):
         pick = sorted(rng.choice(len(layer_pairs), cfg.max_validate_layers, replace=False).tolist())
         layer_pairs = [layer_pairs[i] for i in pick]
@@ -707,109 +392,27 @@ def compare(
     head_records = layer_records = null_records = None
     head_groups: dict[str, Any] = {}
     if can_patch:
-        maps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def head_map(la: int, ha: int, lb: int, hb: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if (la, ha, lb, hb) not in maps:
-                lmap = fit_linear_map(raw_za[la][:, ha], raw_zb[lb][:, hb], cfg.map_method)
-                maps[(la, ha, lb, hb)] = (
-                    torch.as_tensor(lmap.weight, dtype=model_b.dtype),
-                    torch.as_tensor(lmap.bias, dtype=model_b.dtype),
-                )
-            return maps[(la, ha, lb, hb)]
-
-        def replace_heads(parts: list[tuple]) -> Callable:
-            """Writer setting B's heads ``hb`` to A's mapped heads, for (la, ha, hb, w, b)."""
-
-            def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
-                out = act.clone()
-                for la, ha, hb, w, b in parts:
-                    mapped = src[f"blocks.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
-                    out[:, start:, hb] = mapped[:, start:]
-                return out
-
-            return fn
-
-        def mean_heads(lb: int, hbs: list[int]) -> Callable:
-            means = torch.as_tensor(raw_zb[lb][:, hbs].mean(0), dtype=model_b.dtype)
-
-            def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
-                out = act.clone()
-                out[:, start:, hbs] = means
-                return out
-
-            return fn
-
-        head_writers = [
-            (f"blocks.{lb}.attn.hook_z", replace_heads([(la, ha, hb, *head_map(la, ha, lb, hb))]))
-            for (la, ha), (lb, hb) in head_pairs
-        ]
-        by_layer: dict[int, list[tuple[int, int, int]]] = {}
-        if cfg.validate_head_groups:
-            for (la, ha), (lb, hb) in head_match.pairs:
-                by_layer.setdefault(lb, []).append((la, ha, hb))
-        group_pairs = sorted(by_layer)
-        group_writers = [
-            (
-                f"blocks.{lb}.attn.hook_z",
-                replace_heads(
-                    [(la, ha, hb, *head_map(la, ha, lb, hb)) for la, ha, hb in by_layer[lb]]
-                ),
-            )
-            for lb in group_pairs
-        ]
-        group_null_writers = [
-            (f"blocks.{lb}.attn.hook_z", mean_heads(lb, [hb for _, _, hb in by_layer[lb]]))
-            for lb in group_pairs
-        ]
-        layer_writers = []
-        if cfg.validate_layers:
-            for la, lb in layer_pairs:
-                lmap = fit_layer_map(raw_a[la], raw_b[lb])
-                w = torch.as_tensor(lmap.weight, dtype=model_b.dtype)
-                bias = torch.as_tensor(lmap.bias, dtype=model_b.dtype)
-
-                def fn(act, src, la=la, w=w, b=bias):
-                    out = act.clone()
-                    mapped = src[f"blocks.{la}.hook_resid_post"].to(act.dtype) @ w + b
-                    out[:, start:] = mapped[:, start:]
-                    return out
-
-                layer_writers.append((f"blocks.{lb}.hook_resid_post", fn))
-        a_sites = sorted(
-            {f"blocks.{a[0]}.attn.hook_z" for a, _ in head_pairs}
-            | {f"blocks.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
-            | {f"blocks.{la}.hook_resid_post" for la, _ in layer_pairs}
-        )
-        null_writers = []
-        if cfg.null_baseline:
-            null_writers = [
-                (f"blocks.{lb}.attn.hook_z", mean_heads(lb, [hb])) for _, (lb, hb) in head_pairs
-            ]
-        writers = head_writers + layer_writers + null_writers + group_writers + group_null_writers
-        records = _validate(
-            model_a,
-            model_b,
-            probe.tokens_b,
-            heldout,
-            probe.task_b,
-            start,
-            writers,
-            a_sites,
+        w = validation_writers(
+            cfg, head_pairs, matching["heads"]["pairs"], layer_pairs,
+            (raw_a, raw_b, raw_za, raw_zb), start, model_b.dtype,
+        )  # fmt: skip
+        records = validate_patches(
+            model_a, model_b, probe.tokens_b, heldout, probe.task_b, start, w.all(), w.a_sites,
             cfg.batch_size,
-        )
-        nh, nl, nn, ng = len(head_writers), len(layer_writers), len(null_writers), len(group_pairs)
+        )  # fmt: skip
+        nh, nl, nn = len(w.heads), len(w.layers), len(w.nulls)
+        group_pairs = sorted(w.by_layer)
         head_records = records[:nh]
         layer_records = records[nh : nh + nl] if cfg.validate_layers else None
         null_records = records[nh + nl : nh + nl + nn] if cfg.null_baseline else None
         if group_pairs:
             sims = [
-                float(np.mean([s_heads[la, ha, lb, hb] for la, ha, hb in by_layer[lb]]))
+                float(np.mean([s_heads[la, ha, lb, hb] for la, ha, hb in w.by_layer[lb]]))
                 for lb in group_pairs
             ]
             rest = records[nh + nl + nn :]
-            group, _ = _score(group_pairs, sims, rest[:ng], cfg)
-            group_null, _ = _score(group_pairs, sims, rest[ng:], cfg)
+            group, _ = _score(group_pairs, sims, rest[: len(group_pairs)], cfg)
+            group_null, _ = _score(group_pairs, sims, rest[len(group_pairs) :], cfg)
             head_groups = {
                 "pairs": group_pairs,
                 "score": group.score,
@@ -837,9 +440,9 @@ def compare(
         head_score.score, head_score.score_ci, n_ci, cfg.equivalent_at
     )
     verdicts: dict[str, Any] = {"matching": matching_verdict, "matching_reason": reason}
-    if congruity:
+    if cong:
         # no detected difference is not evidence of equivalence: the point test has no null
-        verdicts["congruity"] = "different" if congruity["different"] else "undecided"
+        verdicts["congruity"] = "different" if cong["different"] else "undecided"
         verdicts["agree"] = verdicts["congruity"] == matching_verdict
     return ComparisonResult(
         model_a=model_a.name,
@@ -855,24 +458,13 @@ def compare(
         layer_score_ci=l_ci,
         null_score=n_score,
         null_score_ci=n_ci,
-        matching={
-            "layers": {
-                "method": layer_match.method,
-                "pairs": layer_match.pairs,
-                "similarities": layer_match.similarities,
-            },
-            "heads": {
-                "method": head_match.method,
-                "pairs": head_match.pairs,
-                "similarities": head_match.similarities,
-            },
-        },
+        matching=matching,
         validation=head_score.validation,
         layer_validation=l_val,
-        congruity=congruity,
+        congruity=cong,
         verdicts=verdicts,
         config=dataclasses.asdict(cfg),
-        layer_similarity=s_layers,
+        layer_similarity=matched.layer_similarity,
         head_similarity=s_heads,
         null_validation=n_val,
         informative=informative,

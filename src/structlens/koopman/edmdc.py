@@ -435,16 +435,34 @@ def _replace(res: EDMDcResult, **changes: Any) -> EDMDcResult:
 class EDMDc:
     """Estimator: a frozen dictionary plus an :class:`EDMDcConfig`.
 
+    The streaming protocol: :meth:`partial_fit` folds chunks into the mergeable
+    ``statistics_`` (an :class:`EDMDcStatistics`; ``merge()`` returns self, so statistics of
+    several workers or shards sum), :meth:`fit_from_statistics` solves them, and :meth:`fit`
+    does both on in-memory arrays; every fit returns a frozen :class:`EDMDcResult`.
+
     Examples
     --------
     >>> est = EDMDc(IdentityDictionary().fit(X), EDMDcConfig(alpha=0.0))  # doctest: +SKIP
     >>> res = est.fit(X, U, Y)  # doctest: +SKIP
-    >>> res.eigenvalues  # doctest: +SKIP
+    >>> for chunk in chunks:  # doctest: +SKIP
+    ...     est.partial_fit(chunk)
+    >>> est.fit_from_statistics(est.statistics_).eigenvalues  # doctest: +SKIP
     """
 
     def __init__(self, dictionary: Dictionary, config: EDMDcConfig | None = None) -> None:
         self.dictionary = dictionary
         self.config = config or EDMDcConfig()
+        self.statistics_: EDMDcStatistics | None = None
+
+    def partial_fit(self, chunk: tuple[Any, ...]) -> EDMDc:
+        """Fold one ``(X, U, Y)`` chunk into ``statistics_`` (created by the first call)."""
+        stats = accumulate(self.dictionary, [chunk])[0]
+        self.statistics_ = stats if self.statistics_ is None else self.statistics_.merge(stats)
+        return self
+
+    def fit_from_statistics(self, stats: EDMDcStatistics) -> EDMDcResult:
+        """Solve EDMDc from accumulated (possibly merged) statistics."""
+        return solve(stats, self.config, self.dictionary)
 
     def statistics(
         self,

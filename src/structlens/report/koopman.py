@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -13,7 +14,7 @@ import numpy as np  # noqa: E402
 
 from structlens.report import save_figure  # noqa: E402
 
-__all__ = ["plot_eigenvalues", "plot_split_half", "plot_ablation"]
+__all__ = ["plot_eigenvalues", "plot_split_half", "plot_ablation", "plot_report"]
 
 
 def plot_eigenvalues(
@@ -81,3 +82,32 @@ def plot_ablation(
     ax.set_title(title)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def plot_report(report: Any, out: str | Path) -> Path | None:
+    """The figure of a :class:`~structlens.koopman.experiment.KoopmanReport` in ``out``:
+    the spectra (``fit``), the split-half curves (``convergence``) or the IOI ablation bars
+    (``modes``); ``None`` for the analyses without one."""
+    out = Path(out)
+    per_dict = []
+    if report.analysis in ("fit", "convergence"):
+        per_dict = [
+            (f"L{k} {name}", e) for k, per in report.results.items() for name, e in per.items()
+        ]
+    if report.analysis == "fit":
+        spectra = {k: np.array([complex(*z) for z in e["eigenvalues"]]) for k, e in per_dict}
+        return plot_eigenvalues(spectra, out / "eigenvalues.png")
+    if report.analysis == "convergence":
+        curves = {
+            k: (np.array(s["n_samples"]), np.array(s["w_inf_mean"]), s["slope"])
+            for k, s in ((k, e["split_half"]) for k, e in per_dict)
+        }
+        return plot_split_half(curves, out / "split_half.png")
+    if report.analysis == "modes":
+        rows = []
+        for label, r in report.results.items():
+            methods = [m for m, v in r.items() if isinstance(v, dict)]
+            means = np.array([r[m]["mean"] for m in methods])
+            rows.append((f"L{label}", methods, means, np.array([r[m]["ci"] for m in methods])))
+        return plot_ablation(rows, out / "ioi_ablation.png")
+    return None

@@ -1,0 +1,74 @@
+"""Model to arrays for the equivalence comparison: per-layer residual and head rows of a
+model on probe prompts (fit set), padded batches on the model's device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from structlens.interventions import hooked
+from structlens.models.loading import Model
+
+from .preprocess import Preprocess, prepare
+
+__all__ = ["collect_rows", "prepare_layers"]
+
+
+def _batches(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
+
+
+def _pad(tokens: Sequence[Sequence[int]], model: Model) -> tuple[torch.Tensor, torch.Tensor]:
+    from structlens.data.tasks import pad_batch
+
+    ids, mask = pad_batch(tokens, int(model.tokenizer.pad_token_id))
+    return ids.to(model.device), mask.to(model.device)
+
+
+def _sites(model: Model) -> tuple[list[str], list[str]]:
+    return (
+        [f"blocks.{l}.hook_resid_post" for l in range(model.n_layers)],
+        [f"blocks.{l}.attn.hook_z" for l in range(model.n_layers)],
+    )
+
+
+def collect_rows(
+    model: Model, tokens: Sequence[Sequence[int]], start: int, sentence: bool, batch_size: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per layer, resid_post rows ``[n, d]`` and hook_z rows ``[n, H, dh]`` (float64):
+    real tokens from position ``start`` on, or one mean row per prompt."""
+    resid_sites, z_sites = _sites(model)
+    res: list[list[np.ndarray]] = [[] for _ in resid_sites]
+    zs: list[list[np.ndarray]] = [[] for _ in z_sites]
+    for idx in _batches(len(tokens), batch_size):
+        ids, mask = _pad([tokens[i] for i in idx], model)
+        with torch.no_grad(), hooked(model, [*resid_sites, *z_sites]) as cache:
+            model.forward(ids, mask)
+        keep = mask.bool().clone()
+        keep[:, :start] = False
+        if not bool(keep.any(1).all()):
+            raise ValueError("a probe prompt has no token left after excluding position 0.")
+        w = keep.double()
+        for out, sites in ((res, resid_sites), (zs, z_sites)):
+            for l, s in enumerate(sites):
+                a = cache[s].double()
+                if sentence:
+                    flat = a.reshape(*a.shape[:2], -1)
+                    m = (flat * w[..., None]).sum(1) / w.sum(1)[:, None]
+                    out[l].append(m.reshape(len(idx), *a.shape[2:]).cpu().numpy())
+                else:
+                    out[l].append(a[keep].cpu().numpy())
+    return [np.concatenate(r) for r in res], [np.concatenate(z) for z in zs]
+
+
+def prepare_layers(acts: list[np.ndarray], options: Preprocess) -> list[np.ndarray]:
+    opts = dataclasses.replace(options, exclude_bos=False)
+    out = []
+    for a in acts:
+        flat = a.reshape(a.shape[0], -1)
+        out.append(prepare(flat, opts).reshape(a.shape))
+    return out

@@ -1,0 +1,380 @@
+"""Patching for the equivalence comparison: validation of matched components by replacing
+them in model B with their mapped partners from model A (or a mean ablation), and the
+CONGRUITY implementations (clean run plus top-KL head patches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from structlens.interventions import hooked
+from structlens.models.loading import Model
+
+from .collect import _batches, _pad
+from .congruity import (
+    accumulated_representation,
+    bootstrap_point_test,
+    kl_from_logits,
+    rank_heads,
+    selectivity_test,
+)
+from .encoding import fit_linear_map
+from .layer_map import fit_layer_map
+
+if TYPE_CHECKING:
+    from .compare import CompareConfig
+    from .probes import Probe
+
+__all__ = ["Writers", "validate", "validation_writers", "congruity"]
+
+Writer = Callable[[torch.Tensor, dict], torch.Tensor]
+
+
+def _eval_rows(
+    logits: torch.Tensor, mask: torch.Tensor, task: Any, idx: list[int], start: int
+) -> torch.Tensor:
+    if task is not None:
+        g = task.gather_logits(logits, idx)
+        return g.reshape(-1, g.shape[-1])
+    keep = mask.bool().clone()
+    keep[:, :start] = False
+    return logits[keep]
+
+
+def validate(
+    model_a: Model,
+    model_b: Model,
+    tokens: list[list[int]],
+    heldout: list[int],
+    task_b: Any,
+    start: int,
+    writers: list[tuple[str, Writer]],
+    a_sites: list[str],
+    batch_size: int,
+) -> list[dict[str, float]]:
+    """Patch each (site, fn) into B on the held-out prompts; KL, top-1 and metric ratio.
+
+    ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch.
+    """
+    orig_rows, patched_rows = [], [[] for _ in writers]
+    orig_metric, patched_metric = [], [[] for _ in writers]
+    for chunk in _batches(len(heldout), batch_size):
+        idx = [heldout[i] for i in chunk]
+        toks = [tokens[i] for i in idx]
+        ids_a, mask_a = _pad(toks, model_a)
+        with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
+            model_a.forward(ids_a, mask_a)
+        ids, mask = _pad(toks, model_b)
+        with torch.no_grad():
+            base = model_b.forward(ids, mask)
+        orig_rows.append(_eval_rows(base, mask, task_b, idx, start).double())
+        if task_b is not None:
+            orig_metric.append(task_b.metric(task_b.gather_logits(base, idx), idx).double())
+        for k, (site_b, fn) in enumerate(writers):
+
+            def write(act: torch.Tensor, fn=fn, src=cache_a) -> torch.Tensor:
+                return fn(act, src)
+
+            with torch.no_grad(), hooked(model_b, writes={site_b: write}):
+                out = model_b.forward(ids, mask)
+            patched_rows[k].append(_eval_rows(out, mask, task_b, idx, start).double())
+            if task_b is not None:
+                patched_metric[k].append(
+                    task_b.metric(task_b.gather_logits(out, idx), idx).double()
+                )
+    ref = torch.cat(orig_rows)
+    ref_top = ref.argmax(-1)
+    records = []
+    for k in range(len(writers)):
+        p = torch.cat(patched_rows[k])
+        rec = {
+            "kl": kl_from_logits(ref.numpy(), p.numpy()),
+            "top1": float((p.argmax(-1) == ref_top).double().mean()),
+        }
+        if task_b is not None:
+            m0 = float(torch.cat(orig_metric).mean())
+            m1 = float(torch.cat(patched_metric[k]).mean())
+            rec["metric_ratio"] = m1 / m0 if m0 != 0 else float("nan")
+        records.append(rec)
+    return records
+
+
+def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
+    """Head importance: KL of the next-token distributions (nats) for causal LMs; for
+    encoders, whose output is a hidden state, the relative squared change of that state."""
+    if model.causal:
+        return kl_from_logits(reference, patched)
+    return float(np.sum((patched - reference) ** 2) / np.sum(reference**2))
+
+
+def _congruity_group(
+    model: Model,
+    tokens: list[list[int]],
+    corrupted: list[list[int]] | None,
+    task: Any,
+    position: str,
+    config: CompareConfig,
+) -> dict[str, Any]:
+    """Accumulated representations of the clean run and of the top-KL head patches."""
+    n_layers = model.n_layers
+    resid = ["blocks.0.hook_resid_pre", *[f"blocks.{l}.hook_resid_post" for l in range(n_layers)]]
+    layers = list(range(n_layers))
+    if config.congruity_max_layers is not None and config.congruity_max_layers < n_layers:
+        layers = sorted(
+            {round(x) for x in np.linspace(0, n_layers - 1, config.congruity_max_layers)}
+        )
+    batches = _batches(len(tokens), config.batch_size)
+    z_sites = [f"blocks.{l}.attn.hook_z" for l in layers]
+
+    def run(
+        idx: list[int], writes: dict | None, reads: list[str]
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        ids, mask = _pad([tokens[i] for i in idx], model)
+        with torch.no_grad(), hooked(model, reads, writes) as cache:
+            out = model.forward(ids, mask)
+        return out, dict(cache), mask
+
+    clean: list[tuple[torch.Tensor, dict, torch.Tensor]] = []
+    sources: list[dict[str, torch.Tensor]] = []
+    for idx in batches:
+        clean.append(run(idx, None, [*resid, *z_sites]))
+        if corrupted is not None:
+            ids, mask = _pad([corrupted[i] for i in idx], model)
+            with torch.no_grad(), hooked(model, z_sites) as cache:
+                model.forward(ids, mask)
+            sources.append(dict(cache))
+    if corrupted is None:
+        # mean ablation: each head's mean over all real tokens of the probe set
+        means = {}
+        for s in z_sites:
+            tot = sum((c[1][s] * c[2][..., None, None]).sum((0, 1)) for c in clean)
+            cnt = sum(c[2].sum() for c in clean)
+            means[s] = tot / cnt
+        sources = [{s: means[s].expand_as(c[1][s]) for s in z_sites} for c in clean]
+
+    def rows(out: torch.Tensor, mask: torch.Tensor, idx: list[int]) -> np.ndarray:
+        if task is not None:
+            return task.gather_logits(out, idx).reshape(len(idx), -1, out.shape[-1])[:, -1]
+        last = mask.sum(1) - 1
+        return out[torch.arange(out.shape[0]), last]
+
+    def rep(caches: list[dict], masks: list[torch.Tensor]) -> np.ndarray:
+        parts = []
+        for c, m in zip(caches, masks, strict=True):
+            parts.append(accumulated_representation([c[s] for s in resid], position, mask=m))
+        return np.concatenate(parts)
+
+    ref_logits = np.concatenate(
+        [
+            rows(o, m, idx).double().cpu().numpy()
+            for (o, _, m), idx in zip(clean, batches, strict=True)
+        ]
+    )
+    base = rep([c[1] for c in clean], [c[2] for c in clean])
+    kl = np.full((n_layers, model.n_heads), -np.inf)
+    reps: dict[tuple[int, int], np.ndarray] = {}
+    for l, s in zip(layers, z_sites, strict=True):
+        for h in range(model.n_heads):
+            outs, caches, masks = [], [], []
+            for bi, idx in enumerate(batches):
+                src = sources[bi][s]
+
+                def write(act: torch.Tensor, src=src, h=h) -> torch.Tensor:
+                    out = act.clone()
+                    out[:, :, h] = src[:, :, h]
+                    return out
+
+                o, c, m = run(idx, {s: write}, resid)
+                outs.append(rows(o, m, idx).double().cpu().numpy())
+                caches.append(c)
+                masks.append(m)
+            kl[l, h] = _effect(model, ref_logits, np.concatenate(outs))
+            reps[(l, h)] = rep(caches, masks)
+    grid = np.where(np.isfinite(kl), kl, -1.0)
+    top = rank_heads(grid, top_k=min(config.congruity_top_k, len(reps)))
+    return {
+        "base": base,
+        "intervened": [reps[(int(l), int(h))] for l, h in top],
+        "top_heads": [[int(l), int(h)] for l, h in top],
+        "top_kl": [float(kl[l, h]) for l, h in top],
+        "kl_grid": grid,
+    }
+
+
+def congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfig) -> dict:
+    """CONGRUITY: both models' implementation groups, point tests and selectivity."""
+    position = "last" if probe.task_a is not None else "mean"
+    ga = _congruity_group(
+        model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config
+    )
+    gb = _congruity_group(
+        model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config
+    )
+    group_a = [ga["base"], *ga["intervened"]]
+    group_b = [gb["base"], *gb["intervened"]]
+    out: dict[str, Any] = {
+        "representation": f"accumulated residual stream, {position} token(s)",
+        "intervention": "head hook_z from corrupted run"
+        if probe.corrupted_a
+        else "head mean ablation",
+        "top_heads_a": ga["top_heads"],
+        "top_kl_a": ga["top_kl"],
+        "top_heads_b": gb["top_heads"],
+        "top_kl_b": gb["top_kl"],
+        "kl_grid_a": ga["kl_grid"].tolist(),
+        "kl_grid_b": gb["kl_grid"].tolist(),
+    }
+    for tag, g1, g2, grp in (("ab", group_a, group_b, ga), ("ba", group_b, group_a, gb)):
+        pt = bootstrap_point_test(g1, g2, n=config.point_n, straps=config.straps, seed=config.seed)
+        sel = selectivity_test(
+            [grp["base"]] * len(grp["intervened"]), grp["intervened"], g2, seed=config.seed
+        )
+        out[f"point_test_{tag}"] = {
+            "decision_rate": pt.decision_rate,
+            "p_values": pt.p_values.tolist(),
+            "mean_p": float(pt.p_values.mean()),
+        }
+        out[f"selectivity_{tag}"] = sel.score
+    rate = max(out["point_test_ab"]["decision_rate"], out["point_test_ba"]["decision_rate"])
+    out["different"] = bool(rate > 0.5)
+    return out
+
+
+class _HeadMaps:
+    """Linear maps from A's head ``(la, ha)`` to B's head ``(lb, hb)``, fitted on the fit set
+    once each and cast to B's dtype."""
+
+    def __init__(self, raw_za: list, raw_zb: list, method: str, dtype: torch.dtype) -> None:
+        self.raw_za, self.raw_zb, self.method, self.dtype = raw_za, raw_zb, method, dtype
+        self.maps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, la: int, ha: int, lb: int, hb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if (la, ha, lb, hb) not in self.maps:
+            lmap = fit_linear_map(self.raw_za[la][:, ha], self.raw_zb[lb][:, hb], self.method)
+            self.maps[(la, ha, lb, hb)] = (
+                torch.as_tensor(lmap.weight, dtype=self.dtype),
+                torch.as_tensor(lmap.bias, dtype=self.dtype),
+            )
+        return self.maps[(la, ha, lb, hb)]
+
+
+def _replace_heads(parts: list[tuple], start: int) -> Writer:
+    """Writer setting B's heads ``hb`` to A's mapped heads, for (la, ha, hb, w, b)."""
+
+    def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
+        out = act.clone()
+        for la, ha, hb, w, b in parts:
+            mapped = src[f"blocks.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
+            out[:, start:, hb] = mapped[:, start:]
+        return out
+
+    return fn
+
+
+def _mean_heads(raw_zb: list, lb: int, hbs: list[int], start: int, dtype: torch.dtype) -> Writer:
+    """Writer mean-ablating B's heads ``hbs`` of layer ``lb`` (their fit-set means)."""
+    means = torch.as_tensor(raw_zb[lb][:, hbs].mean(0), dtype=dtype)
+
+    def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
+        out = act.clone()
+        out[:, start:, hbs] = means
+        return out
+
+    return fn
+
+
+def _replace_layer(la: int, w: torch.Tensor, b: torch.Tensor, start: int) -> Writer:
+    """Writer setting B's residual stream to A's mapped ``resid_post`` of layer ``la``."""
+
+    def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
+        out = act.clone()
+        mapped = src[f"blocks.{la}.hook_resid_post"].to(act.dtype) @ w + b
+        out[:, start:] = mapped[:, start:]
+        return out
+
+    return fn
+
+
+@dataclasses.dataclass
+class Writers:
+    """Every patch of a validation run, in groups (each a list of ``(site of B, writer)``),
+    the sites of A they read, and the head groups (B layer -> its (la, ha, hb))."""
+
+    heads: list[tuple[str, Writer]]
+    layers: list[tuple[str, Writer]]
+    nulls: list[tuple[str, Writer]]
+    groups: list[tuple[str, Writer]]
+    group_nulls: list[tuple[str, Writer]]
+    a_sites: list[str]
+    by_layer: dict[int, list[tuple[int, int, int]]]
+
+    def all(self) -> list[tuple[str, Writer]]:
+        return self.heads + self.layers + self.nulls + self.groups + self.group_nulls
+
+
+def validation_writers(
+    config: CompareConfig,
+    head_pairs: list,
+    all_head_pairs: list,
+    layer_pairs: list,
+    raw: tuple[list, list, list, list],
+    start: int,
+    dtype: torch.dtype,
+) -> Writers:
+    """The patches validating ``head_pairs`` and ``layer_pairs`` (maps fitted on the fit-set
+    rows ``raw = (resid A, resid B, z A, z B)``), their mean-ablation nulls and, with
+    ``validate_head_groups``, whole layers of B's heads matched in ``all_head_pairs``."""
+    raw_a, raw_b, raw_za, raw_zb = raw
+    head_map = _HeadMaps(raw_za, raw_zb, config.map_method, dtype)
+    heads = [
+        (
+            f"blocks.{lb}.attn.hook_z",
+            _replace_heads([(la, ha, hb, *head_map(la, ha, lb, hb))], start),
+        )
+        for (la, ha), (lb, hb) in head_pairs
+    ]
+    by_layer: dict[int, list[tuple[int, int, int]]] = {}
+    if config.validate_head_groups:
+        for (la, ha), (lb, hb) in all_head_pairs:
+            by_layer.setdefault(lb, []).append((la, ha, hb))
+    group_pairs = sorted(by_layer)
+    groups = [
+        (
+            f"blocks.{lb}.attn.hook_z",
+            _replace_heads(
+                [(la, ha, hb, *head_map(la, ha, lb, hb)) for la, ha, hb in by_layer[lb]], start
+            ),
+        )
+        for lb in group_pairs
+    ]
+    group_nulls = [
+        (
+            f"blocks.{lb}.attn.hook_z",
+            _mean_heads(raw_zb, lb, [hb for _, _, hb in by_layer[lb]], start, dtype),
+        )
+        for lb in group_pairs
+    ]
+    layers = []
+    if config.validate_layers:
+        for la, lb in layer_pairs:
+            lmap = fit_layer_map(raw_a[la], raw_b[lb])
+            w = torch.as_tensor(lmap.weight, dtype=dtype)
+            bias = torch.as_tensor(lmap.bias, dtype=dtype)
+            layers.append((f"blocks.{lb}.hook_resid_post", _replace_layer(la, w, bias, start)))
+    a_sites = sorted(
+        {f"blocks.{a[0]}.attn.hook_z" for a, _ in head_pairs}
+        | {f"blocks.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
+        | {f"blocks.{la}.hook_resid_post" for la, _ in layer_pairs}
+    )
+    nulls = []
+    if config.null_baseline:
+        nulls = [
+            (f"blocks.{lb}.attn.hook_z", _mean_heads(raw_zb, lb, [hb], start, dtype))
+            for _, (lb, hb) in head_pairs
+        ]
+    return Writers(heads, layers, nulls, groups, group_nulls, a_sites, by_layer)

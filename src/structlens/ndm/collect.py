@@ -1,0 +1,99 @@
+"""Model to arrays for the NDM experiments: the stored training activations of an
+``ndm train`` run, the browse index over them, and the activation of a query token.
+
+Capture itself is :func:`structlens.ndm.data.capture_residuals`; the numerical modules of
+:mod:`structlens.ndm` only see the arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.capture.store import ActivationStore, StoreError
+from structlens.ndm.browse import PreimageBrowser
+from structlens.ndm.data import capture_residuals, training_prompts
+from structlens.sites import site_name
+
+__all__ = ["load_train_meta", "train_context", "browse_index", "query_activation"]
+
+
+def load_train_meta(train: Path) -> dict[str, Any]:
+    """The ``ndm_train.json`` of an ``ndm train`` output directory."""
+    meta = Path(train) / "ndm_train.json"
+    if not meta.exists():
+        raise ValueError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
+    return json.loads(meta.read_text())
+
+
+def train_context(model: Any, train: Path) -> tuple[dict[str, Any], ActivationStore, list[Any]]:
+    """``(meta, store, prompts)`` of an ``ndm train`` run: its record, its activation store and
+    the training prompts rebuilt from the recorded data settings."""
+    meta = load_train_meta(train)
+    try:
+        store = ActivationStore(meta["store"])
+    except (StoreError, FileNotFoundError) as err:
+        raise ValueError(f"activation store of {train} unavailable: {err}") from err
+    data = meta["data"]
+    prompts = training_prompts(
+        model,
+        corpus_prompts=data["corpus_prompts"],
+        task_prompts=data["task_prompts"],
+        seed=data["seed"],
+    )
+    return meta, store, prompts
+
+
+def browse_index(
+    model: Any,
+    train: Path,
+    layer: int,
+    rotation: np.ndarray,
+    partition: list[int],
+    *,
+    extra_corpus_prompts: int | None,
+    activations: Path,
+) -> PreimageBrowser:
+    """A :class:`PreimageBrowser` over the training activations of ``layer`` plus
+    ``extra_corpus_prompts`` further corpus windows (captured once under ``activations``;
+    ``None``: all remaining windows)."""
+    meta, store, prompts = train_context(model, train)
+    site = site_name("resid_post", layer)
+    extra = training_prompts(
+        model, corpus_prompts=extra_corpus_prompts, corpus_offset=meta["data"]["corpus_prompts"]
+    )
+    stores = [(store, prompts)]
+    if extra:
+        stores.append((capture_residuals(model, extra, [layer], activations), extra))
+    browser = PreimageBrowser(rotation, partition, prompts + extra)
+    offset = 0
+    for st, ps in stores:
+        index = st.load_index()
+        browser.add([(st.load(site).float(), index["prompt_index"] + offset, index["position"])])
+        offset += len(ps)
+    return browser
+
+
+def query_activation(
+    model: Any, layer: int, prompt: str, position: int
+) -> tuple[torch.Tensor, list[int], int]:
+    """``resid_post`` of ``layer`` at token ``position`` (negative: from the end) of ``prompt``,
+    with the prompt's token ids and the non-negative position."""
+    from structlens.interventions import run_with_cache
+    from structlens.interventions.fastrun import truncated
+
+    ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("the prompt tokenizes to nothing")
+    pos = position if position >= 0 else len(ids) + position
+    if not 0 <= pos < len(ids):
+        raise ValueError(f"--position {position} is outside the prompt's {len(ids)} tokens")
+    site = site_name("resid_post", layer)
+    t = torch.tensor([ids], device=model.device)
+    with truncated(model, layer):
+        _, cache = run_with_cache(model, t, torch.ones_like(t), [site])
+    return cache[site][0, pos].float(), ids, pos

@@ -1,0 +1,516 @@
+"""NDM experiments on a model: train NDM per layer on residual activations (:func:`run`), and
+evaluate the decompositions by subspace patching (:func:`evaluate`).
+
+``run(NDMExperimentConfig(...), model, out=..., activations=...)`` captures ``resid_post`` at
+the chosen layers over corpus windows and task prompts (cached store), trains NDM per layer,
+writes ``ndm-L{layer}/`` (the full :class:`~structlens.ndm.NDMResult`) and
+``R-L{layer}.safetensors`` to ``out``, and returns the ``ndm_train`` report.
+``evaluate(NDMEvaluationConfig(...), model, train_dir, out=...)`` runs the paper's patching
+tests for NDM and the baselines with NDM's partition, Gini coefficients with bootstrap CIs,
+knowledge-conflict routing and the toy recovery, and returns the ``ndm_evaluate`` report.
+
+Example
+-------
+>>> from structlens.ndm.experiment import NDMEvaluationConfig
+>>> NDMEvaluationConfig(methods=("ndm", "pca")).methods
+('ndm', 'pca')
+>>> NDMEvaluationConfig(n=1)
+Traceback (most recent call last):
+...
+ValueError: n must be at least 2 (bootstrap over prompts), got 1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from structlens.config import ExperimentReport, check_choices
+from structlens.ndm.ndm import NDM, NDMConfig
+from structlens.results import atomic_write_bytes, atomic_write_json
+
+__all__ = [
+    "NDMExperimentConfig",
+    "NDMEvaluationConfig",
+    "NDMReport",
+    "run",
+    "evaluate",
+    "save_rotation",
+    "load_rotation",
+    "DEFAULT_GPT2_LAYERS",
+]
+
+DEFAULT_GPT2_LAYERS = (4, 6, 8, 9)
+Method = Literal["ndm", "identity", "random", "pca", "sae"]
+
+
+def save_rotation(path: Path, rotation: np.ndarray, partition: list[int]) -> None:
+    """Write ``R`` and the partition as ``R-L{layer}.safetensors`` (atomic)."""
+    from safetensors.numpy import save
+
+    meta = {"partition": json.dumps(partition)}
+    atomic_write_bytes(path, save({"R": np.ascontiguousarray(rotation)}, metadata=meta))
+
+
+def load_rotation(path: str | Path) -> tuple[np.ndarray, list[int]]:
+    """``R`` and the partition from an ``R-L{layer}.safetensors`` written by ``ndm train``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor("R"), json.loads(f.metadata()["partition"])
+
+
+@dataclass(frozen=True)
+class NDMExperimentConfig:
+    """Data and NDM settings of ``ndm train``.
+
+    ``layers`` (``resid_post``; empty: the paper's GPT-2 layers 4, 6, 8, 9 mapped to the same
+    relative depth) are trained; ``capture_layers`` (a superset) are captured, so parallel
+    runs naming the same set share one cached store.  Data: ``corpus_prompts`` windows of 128
+    tokens plus ``task_prompts`` clean prompts of each of the three tasks.  The other fields
+    are those of :class:`~structlens.ndm.NDMConfig` (``steps`` is ``max_steps``).
+    """
+
+    layers: tuple[int, ...] = ()
+    capture_layers: tuple[int, ...] = ()
+    corpus_prompts: int = 150
+    task_prompts: int = 40
+    unit_size: int = 48
+    steps: int = 600
+    bank_size: int = 8192
+    batch_size: int = 128
+    refresh_interval: int = 20
+    lr: float = 1e-3
+    merge_start: int = 200
+    merge_interval: int = 200
+    merge_threshold: float = 0.04
+    mi_samples: int = 2048
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.corpus_prompts < 0 or self.task_prompts < 0:
+            raise ValueError("corpus_prompts and task_prompts must be >= 0.")
+        self.ndm.validate()
+
+    @property
+    def ndm(self) -> NDMConfig:
+        """The :class:`NDMConfig` every layer is trained with."""
+        return NDMConfig(
+            unit_size=self.unit_size, lr=self.lr, batch_size=self.batch_size,
+            max_steps=self.steps, bank_size=self.bank_size,
+            refresh_interval=self.refresh_interval, merge_start=self.merge_start,
+            merge_interval=self.merge_interval, merge_threshold=self.merge_threshold,
+            mi_samples=self.mi_samples, log_interval=min(50, self.steps), seed=self.seed,
+            device=self.device,
+        )  # fmt: skip
+
+    def chosen_layers(self, n_layers: int) -> list[int]:
+        """The trained layers of an ``n_layers`` model (``ValueError`` if out of range)."""
+        from structlens.ndm.evaluate import map_layer
+
+        chosen = list(self.layers) or sorted({map_layer(g, n_layers) for g in DEFAULT_GPT2_LAYERS})
+        if any(not 0 <= layer < n_layers for layer in (*chosen, *self.capture_layers)):
+            raise ValueError(
+                f"layers and capture_layers must lie in [0, {n_layers}), got "
+                f"{chosen} and {list(self.capture_layers)}"
+            )
+        return chosen
+
+
+@dataclass(frozen=True)
+class NDMReport(ExperimentReport):
+    """Results of an NDM experiment; ``payload()`` is the ``<analysis>.json`` document."""
+
+    def payload(self) -> dict[str, Any]:
+        doc = {"model": self.model, **self.meta}
+        return doc if self.analysis == "ndm_evaluate" else doc | {"results": self.results}
+
+
+def run(
+    cfg: NDMExperimentConfig,
+    model: Any,
+    *,
+    out: Path,
+    activations: Path,
+    checkpoints: Path | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> NDMReport:
+    """Capture the residual stream and train NDM at each layer of ``cfg`` (see module doc).
+
+    Checkpoints go to ``checkpoints/L{layer}`` (default ``out/checkpoints``); a finished
+    checkpoint is reused, so layers can be trained by parallel runs and collected by one.
+    """
+    from structlens.ndm.data import capture_residuals, training_prompts
+    from structlens.sites import site_name
+
+    chosen = cfg.chosen_layers(model.n_layers)
+    ndm_cfg = cfg.ndm
+    prompts = training_prompts(
+        model, corpus_prompts=cfg.corpus_prompts, task_prompts=cfg.task_prompts, seed=cfg.seed
+    )
+    t0 = time.perf_counter()
+    captured = sorted(set(cfg.capture_layers) | set(chosen))
+    store = capture_residuals(model, prompts, captured, activations, progress=progress)
+    capture_s = time.perf_counter() - t0
+    results: dict[str, Any] = {}
+    for layer in chosen:
+        h = store.load(site_name("resid_post", layer)).float()
+        t1 = time.perf_counter()
+        try:
+            ckpt = (checkpoints or out / "checkpoints") / f"L{layer}"
+            res = NDM(ndm_cfg).fit(h, checkpoint_dir=ckpt)
+        except ValueError as err:
+            raise ValueError(f"layer {layer}: {err}") from err
+        seconds = time.perf_counter() - t1
+        res.save(out / f"ndm-L{layer}")
+        save_rotation(out / f"R-L{layer}.safetensors", res.rotation, res.partition)
+        results[str(layer)] = res.training_record(h.shape[0], seconds)
+        if log is not None:
+            log(f"layer {layer}: {res.steps} steps in {seconds:.0f} s, partition {res.partition}")
+    meta = {
+        "layers": chosen,
+        "partition": {k: v["partition"] for k, v in results.items()},
+        "store": str(store.path),
+        "data": {
+            "corpus_prompts": cfg.corpus_prompts,
+            "task_prompts": cfg.task_prompts,
+            "seed": cfg.seed,
+            "n_prompts": len(prompts),
+            "n_tokens_captured": int(store.load_index()["position"].numel()),
+            "positions": "skip-first",
+        },
+        "config": ndm_cfg.to_dict(),
+        "capture_seconds": capture_s,
+    }
+    return NDMReport(analysis="ndm_train", model=model.name, results=results, meta=meta)
+
+
+@dataclass(frozen=True)
+class NDMEvaluationConfig:
+    """Settings of ``ndm evaluate``.
+
+    ``tests`` are names of :data:`~structlens.ndm.evaluate.PAPER_TESTS` (empty: all), run on
+    ``n`` prompts each; ``methods`` must include ``ndm``; the SAE baseline trains a TopK SAE
+    of ``sae_width``/``sae_k`` for ``sae_epochs``.  ``conflict`` adds knowledge-conflict
+    routing at ``conflict_layer`` (default: the first trained), ``toy`` the toy recovery.
+    """
+
+    n: int = 24
+    tests: tuple[str, ...] = ()
+    methods: tuple[Method, ...] = ("ndm", "identity", "random", "pca", "sae")
+    batch_size: int = 12
+    n_boot: int = 1000
+    sae_width: int = 2048
+    sae_k: int = 32
+    sae_epochs: int = 4
+    conflict: bool = True
+    conflict_n: int = 24
+    conflict_layer: int | None = None
+    toy: bool = True
+    toy_steps: int = 3000
+    toy_ae_steps: int = 10000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from structlens.ndm.evaluate import PAPER_TESTS
+
+        if "ndm" not in self.methods or any(m not in Method.__args__ for m in self.methods):
+            raise ValueError(
+                f"methods must include ndm and only name {list(Method.__args__)}, "
+                f"got {list(self.methods)}"
+            )
+        check_choices(self)
+        known = [t.name for t in PAPER_TESTS]
+        unknown = [t for t in self.tests if t not in known]
+        if unknown:
+            raise ValueError(f"unknown tests {unknown}; choose from {known} or 'all'")
+        if self.n < 2:
+            raise ValueError(f"n must be at least 2 (bootstrap over prompts), got {self.n}")
+
+
+def _cache_key(**parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
+def _load_npz(path: Path, key: str) -> dict[str, np.ndarray] | None:
+    """Arrays cached at ``path`` if they were computed under ``key`` (else None)."""
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as f:
+        if str(f["key"]) != key:
+            return None
+        return {k: f[k] for k in f.files if k != "key"}
+
+
+def _save_npz(path: Path, key: str, arrays: dict[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, key=np.asarray(key), **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _cached_runs(path: Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Per-method :class:`PatchRun` s, from ``path`` when computed under ``key``."""
+    from structlens.ndm.evaluate import PatchRun
+
+    fields = [f.name for f in dataclasses.fields(PatchRun)]
+    cached = _load_npz(path, key)
+    if cached is not None:
+        methods = sorted({k.split("/")[0] for k in cached})
+        return {m: PatchRun(**{f: cached[f"{m}/{f}"] for f in fields}) for m in methods}
+    runs = compute()
+    _save_npz(path, key, {f"{m}/{f}": getattr(r, f) for m, r in runs.items() for f in fields})
+    return runs
+
+
+def _baselines(
+    cfg: NDMEvaluationConfig,
+    meta: dict[str, Any],
+    store: Any,
+    train: Path,
+    out: Path,
+    layers: list[int],
+    executor: Any,
+) -> tuple[dict[int, Any], dict[int, list[int]], dict[int, Any], dict[str, Any]]:
+    """Rotations (NDM's and the baselines' with its partition), partitions, per-subspace
+    variances and baseline diagnostics of every layer; baselines cached under ``out/cache``."""
+    from structlens.ndm import subspace_variances
+    from structlens.ndm.pipeline import SAEBaselineConfig, baseline_rotations
+    from structlens.sites import site_name
+
+    rotations, partitions, variances, info_out = {}, {}, {}, {}
+    sae_cfg = SAEBaselineConfig(
+        width=cfg.sae_width, k=cfg.sae_k, epochs=cfg.sae_epochs, seed=cfg.seed
+    )
+    others = [m for m in cfg.methods if m != "ndm"]
+    for layer in layers:
+        R, partition = load_rotation(train / f"R-L{layer}.safetensors")
+        h = store.load(site_name("resid_post", layer)).double().numpy()
+        key = _cache_key(
+            store=meta["store"], layer=layer, partition=partition, methods=others, seed=cfg.seed,
+            sae=dataclasses.asdict(sae_cfg),
+        )  # fmt: skip
+        cached = _load_npz(out / "cache" / f"baselines-L{layer}.npz", key)
+        if cached is None:
+            base, info = baseline_rotations(
+                h, partition, others, seed=cfg.seed, sae=sae_cfg, executor=executor
+            )
+            _save_npz(out / "cache" / f"baselines-L{layer}.npz", key, base)
+        else:
+            base = {m: cached[m] for m in others}
+            info = {"sae": dataclasses.asdict(sae_cfg)} if "sae" in others else {}
+        rotations[layer] = {"ndm": R, **base}
+        partitions[layer] = partition
+        variances[layer] = {
+            m: subspace_variances(h, r, partition) for m, r in rotations[layer].items()
+        }
+        info_out[str(layer)] = info
+    return rotations, partitions, variances, info_out
+
+
+def _toy(cfg: NDMEvaluationConfig, out: Path) -> dict[str, Any]:
+    """The toy recovery run, cached in ``out/cache/toy.json`` under its settings."""
+    from structlens.ndm import ToyConfig
+    from structlens.ndm.pipeline import toy_recovery
+
+    toy_cfg = ToyConfig(steps=cfg.toy_ae_steps, seed=cfg.seed)
+    toy_ndm = NDMConfig(
+        unit_size=2, lr=1e-3, max_steps=cfg.toy_steps, bank_size=8192, refresh_interval=50,
+        merge_start=max(1, cfg.toy_steps // 3), merge_interval=max(1, cfg.toy_steps // 6),
+        mi_samples=2000, seed=cfg.seed,
+    )  # fmt: skip
+    toy_key = _cache_key(toy=dataclasses.asdict(toy_cfg), ndm=toy_ndm.to_dict())
+    toy_path = out / "cache" / "toy.json"
+    cached = json.loads(toy_path.read_text()) if toy_path.exists() else {}
+    if cached.get("key") == toy_key:
+        return cached["toy"]
+    toy_out = toy_recovery(toy_cfg, toy_ndm, seed=cfg.seed)
+    atomic_write_json(toy_path, {"key": toy_key, "toy": toy_out})
+    return toy_out
+
+
+def evaluate(
+    cfg: NDMEvaluationConfig,
+    model: Any,
+    train: Path,
+    *,
+    out: Path,
+    executor: Any = None,
+    log: Callable[[str], None] | None = None,
+) -> NDMReport:
+    """Subspace-patching Gini table (NDM vs baselines), knowledge conflict and toy recovery
+    for the decompositions of the ``ndm train`` run in ``train`` (see module doc).
+
+    Baselines, patching runs and the toy are cached under ``out/cache`` by content keys;
+    ``executor`` computes the baseline rotations (SAE training among them) in parallel.
+    """
+    from structlens.data.tasks import make_task
+    from structlens.ndm.collect import train_context
+    from structlens.ndm.evaluate import (
+        PAPER_TESTS,
+        corrupted_prompts,
+        map_layer,
+        patch_positions,
+        patch_subspaces,
+        routing_rates,
+        summarize_gini,
+    )
+    from structlens.report.ndm import plot_effect_heatmap
+
+    meta, store, _ = train_context(model, train)
+    trained = [int(k) for k in meta["partition"]]
+    chosen_tests = [t for t in PAPER_TESTS if not cfg.tests or t.name in cfg.tests]
+    layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in chosen_tests}
+    missing = sorted(set(layer_of.values()) - set(trained))
+    if missing:
+        raise ValueError(f"the tests use untrained layer(s) {missing} (trained: {trained}); "
+                         "rerun `ndm train`")  # fmt: skip
+    conflict_layer = cfg.conflict_layer or trained[0]
+    needed = sorted(set(layer_of.values()) | ({conflict_layer} if cfg.conflict else set()))
+    t0 = time.perf_counter()
+    rotations, partitions, variances, baseline_info = _baselines(
+        cfg, meta, store, train, out, needed, executor
+    )
+    timings: dict[str, float] = {"baselines": time.perf_counter() - t0}
+
+    def bases(layer: int, which: list[str]) -> dict[str, list[np.ndarray]]:
+        bounds = np.concatenate([[0], np.cumsum(partitions[layer])])
+        return {
+            m: [rotations[layer][m][:, bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
+            for m in which
+        }
+
+    methods = list(cfg.methods)
+    tasks: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    effects_out: dict[str, Any] = {}
+    for test in chosen_tests:
+        if test.task not in tasks:
+            tasks[test.task] = make_task(test.task, model.tokenizer, n=cfg.n, seed=cfg.seed)
+        task = tasks[test.task]
+        layer = layer_of[test.name]
+        t1 = time.perf_counter()
+        runs[test.name] = _cached_runs(
+            out / "cache" / f"run-{test.name}.npz",
+            _cache_key(
+                test=dataclasses.asdict(test),
+                layer=layer,
+                n=cfg.n,
+                seed=cfg.seed,
+                model=model.name,
+                rotations={m: _digest(rotations[layer][m]) for m in methods},
+                partition=partitions[layer],
+            ),  # fmt: skip
+            lambda task=task, test=test, layer=layer: patch_subspaces(
+                model,
+                task,
+                corrupted_prompts(task, test.corruption),
+                layer,
+                patch_positions(task, test.positions),
+                bases(layer, methods),
+                batch_size=cfg.batch_size,
+            ),  # fmt: skip
+        )
+        timings[test.name] = time.perf_counter() - t1
+        ndm_run = runs[test.name]["ndm"]
+        effects_out[test.name] = {
+            "layer": layer,
+            "positions": list(test.positions),
+            "corruption": test.corruption,
+            "clean_metric_mean": float(ndm_run.clean_metric.mean()),
+            "corrupt_metric_mean": float(ndm_run.corrupt_metric.mean()),
+            "full_effect_mean": float(ndm_run.full_effect.mean()),
+            "methods": {
+                m: {
+                    "mean": r.mean_effects().tolist(),
+                    "normalized": r.normalized_effects().tolist(),
+                }
+                for m, r in runs[test.name].items()
+            },
+        }
+        plot_effect_heatmap(
+            {m: v["normalized"] for m, v in effects_out[test.name]["methods"].items()},
+            partitions[layer],
+            f"{test.name} (layer {layer}, {test.corruption})",
+            out / f"effects-{test.name}.png",
+        )
+        if log is not None:
+            full = effects_out[test.name]["full_effect_mean"]
+            log(f"{test.name}: layer {layer}, whole-space effect {full:+.3f}")
+    summary = summarize_gini(
+        runs,
+        {t: partitions[layer_of[t]] for t in runs},
+        {t: variances[layer_of[t]] for t in runs},
+        n_boot=cfg.n_boot,
+        seed=cfg.seed,
+    )
+
+    conflict_out: dict[str, Any] | None = None
+    if cfg.conflict:
+        layer = conflict_layer
+        task = make_task("knowledge_conflict", model.tokenizer, n=cfg.conflict_n, seed=cfg.seed)
+        conflict_out = {"layer": layer, "positions": "all", "n": cfg.conflict_n, "corruptions": {}}
+        t1 = time.perf_counter()
+        for corruption in ("true_answer", "other_answer"):
+            run_ = _cached_runs(
+                out / "cache" / f"run-conflict-{corruption}.npz",
+                _cache_key(
+                    corruption=corruption,
+                    layer=layer,
+                    n=cfg.conflict_n,
+                    seed=cfg.seed,
+                    model=model.name,
+                    rotation=_digest(rotations[layer]["ndm"]),
+                ),  # fmt: skip
+                lambda corruption=corruption: patch_subspaces(
+                    model,
+                    task,
+                    corrupted_prompts(task, corruption),
+                    layer,
+                    None,
+                    bases(layer, ["ndm"]),
+                    batch_size=cfg.batch_size,
+                ),  # fmt: skip
+            )["ndm"]
+            rates = routing_rates(run_, task)
+            rates["effects_normalized"] = run_.normalized_effects().tolist()
+            conflict_out["corruptions"][corruption] = rates
+        timings["knowledge_conflict"] = time.perf_counter() - t1
+
+    toy_out: dict[str, Any] | None = None
+    if cfg.toy:
+        t1 = time.perf_counter()
+        toy_out = _toy(cfg, out)
+        timings["toy"] = time.perf_counter() - t1
+
+    doc = {
+        "partition": {str(k): v for k, v in partitions.items()},
+        "layers": {t: layer_of[t] for t in runs},
+        "tests": {t.name: dataclasses.asdict(t) for t in chosen_tests},
+        "methods": methods,
+        "n_prompts": cfg.n,
+        "n_boot": cfg.n_boot,
+        **summary,
+        "effects": effects_out,
+        "variances": {str(k): v for k, v in variances.items()},
+        "baselines": baseline_info,
+        "conflict": conflict_out,
+        "toy": toy_out,
+        "train": str(train),
+        "seconds": timings,
+    }
+    return NDMReport(analysis="ndm_evaluate", model=model.name, results={}, meta=doc)
