@@ -153,3 +153,24 @@ class Result:
             elif f.name in meta:
                 kwargs[f.name] = meta[f.name]
         return cls(**kwargs)
+
+
+def write_results(out: str | Path, name: str, payload: dict[str, Any], *, command: str) -> Path:
+    """Write ``payload`` to ``out/name.json`` with the schema version and provenance (the
+    command that made it, its argv and the time)."""
+    import sys
+    import time
+
+    from structlens import __version__
+
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "structlens_version": __version__,
+        "command": command,
+        "argv": sys.argv[1:],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **payload,
+    }
+    path = Path(out) / f"{name}.json"
+    atomic_write_json(path, doc)
+    return path

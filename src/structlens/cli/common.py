@@ -6,8 +6,6 @@ import dataclasses
 import functools
 import inspect
 import re
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,8 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from structlens import __version__
-from structlens.results import SCHEMA_VERSION, atomic_write_json
+from structlens.results import write_results
 
 console = Console(stderr=True)
 
@@ -66,21 +63,6 @@ def executor_or_fail(
         return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
     except ImportError as err:
         fail(str(err))
-
-
-def write_results(out: Path, name: str, payload: dict[str, Any], *, command: str) -> Path:
-    """Write ``payload`` to ``out/name.json`` with the schema version and provenance."""
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "structlens_version": __version__,
-        "command": command,
-        "argv": sys.argv[1:],
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **payload,
-    }
-    path = Path(out) / f"{name}.json"
-    atomic_write_json(path, doc)
-    return path
 
 
 def fail(message: str) -> None:

@@ -175,38 +175,19 @@ def browse(
     activations: Activations = Path("results/ndm/activations"),
 ) -> None:
     """Nearest stored contexts of one (prompt, position) inside each subspace."""
-    from structlens.ndm.browse import highlight_context
-    from structlens.ndm.collect import browse_index, load_train_meta, query_activation
+    from structlens.ndm.experiment import browse as run_browse
 
     if not prompt:
         fail("give a query with --prompt 'some text'")
     model = common.load_model(model_name)
-    trained = list(load_train_meta(train)["partition"])
-    layer = layer if layer is not None else int(trained[0])
-    if str(layer) not in trained:
-        fail(f"layer {layer} was not trained (trained: {trained})")
-    R, partition = load_rotation(train / f"R-L{layer}.safetensors")
-    if subspace is not None and not 0 <= subspace < len(partition):
-        fail(f"--subspace must be in [0, {len(partition)}), got {subspace}")
-    browser = browse_index(
-        model, train, layer, R, partition,
-        extra_corpus_prompts=extra_corpus_prompts, activations=activations,
+    doc = run_browse(
+        model, train, prompt, position=position, subspace=subspace, layer=layer, k=k,
+        min_similarity=min_similarity, extra_corpus_prompts=extra_corpus_prompts,
+        activations=activations,
     )  # fmt: skip
-    query, ids, pos = query_activation(model, layer, prompt, position)
-    results = []
-    for s in range(len(partition)) if subspace is None else [subspace]:
-        hits = browser.query(model.tokenizer, query, s, k=k, min_similarity=min_similarity)
-        results.append({"subspace": s, "dim": partition[s], "hits": hits})
-        common.say(f"[bold]subspace {s}[/] ({partition[s]} dims)")
-        for hit in hits[:k]:
+    for r in doc["subspaces"]:
+        common.say(f"[bold]subspace {r['subspace']}[/] ({r['dim']} dims)")
+        for hit in r["hits"][:k]:
             common.say(f"  {hit['similarity']:.3f}  {hit['context']!r}", markup=False)
-    query_doc = {
-        "prompt": prompt,
-        "position": pos,
-        "token": model.tokenizer.decode([ids[pos]]),
-        "context": highlight_context(model.tokenizer, ids, pos),
-    }
-    doc = {"model": model.name, "layer": layer, "partition": partition}
-    doc |= {"n_activations": len(browser), "query": query_doc, "subspaces": results}
     path = common.write("ndm_browse", doc, command="ndm browse")
-    common.say(f"{len(browser)} activations indexed; wrote {path}")
+    common.say(f"{doc['n_activations']} activations indexed; wrote {path}")

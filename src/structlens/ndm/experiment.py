@@ -514,3 +514,49 @@ def evaluate(
         "seconds": timings,
     }
     return NDMReport(analysis="ndm_evaluate", model=model.name, results={}, meta=doc)
+
+
+def browse(
+    model: Any,
+    train: Path,
+    prompt: str,
+    *,
+    position: int = -1,
+    subspace: int | None = None,
+    layer: int | None = None,
+    k: int = 10,
+    min_similarity: float | None = None,
+    extra_corpus_prompts: int | None = None,
+    activations: Path = Path("results/ndm/activations"),
+) -> dict[str, Any]:
+    """Nearest stored contexts of ``prompt`` at ``position`` inside each subspace of the NDM
+    run saved in ``train`` (the document ``structlens ndm browse`` writes)."""
+    from structlens.ndm.browse import highlight_context
+    from structlens.ndm.collect import browse_index, load_train_meta, query_activation
+
+    if not prompt:
+        raise ValueError("give a query with --prompt 'some text'")
+    trained = list(load_train_meta(train)["partition"])
+    layer = layer if layer is not None else int(trained[0])
+    if str(layer) not in trained:
+        raise ValueError(f"layer {layer} was not trained (trained: {trained})")
+    R, partition = load_rotation(Path(train) / f"R-L{layer}.safetensors")
+    if subspace is not None and not 0 <= subspace < len(partition):
+        raise ValueError(f"--subspace must be in [0, {len(partition)}), got {subspace}")
+    browser = browse_index(
+        model, train, layer, R, partition,
+        extra_corpus_prompts=extra_corpus_prompts, activations=activations,
+    )  # fmt: skip
+    query, ids, pos = query_activation(model, layer, prompt, position)
+    results = []
+    for s in range(len(partition)) if subspace is None else [subspace]:
+        hits = browser.query(model.tokenizer, query, s, k=k, min_similarity=min_similarity)
+        results.append({"subspace": s, "dim": partition[s], "hits": hits})
+    query_doc = {
+        "prompt": prompt,
+        "position": pos,
+        "token": model.tokenizer.decode([ids[pos]]),
+        "context": highlight_context(model.tokenizer, ids, pos),
+    }
+    doc: dict[str, Any] = {"model": model.name, "layer": layer, "partition": partition}
+    return doc | {"n_activations": len(browser), "query": query_doc, "subspaces": results}

@@ -74,8 +74,8 @@ def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None)
 
 def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict[str, Any]:
     path, name, device, seconds, out, overrides = args
-    from structlens.cli.ndm import save_rotation
     from structlens.ndm import NDM, NDMConfig
+    from structlens.ndm.experiment import save_rotation
 
     torch.set_num_threads(2)
     with safe_open(path, framework="pt") as f:

@@ -231,7 +231,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         "seconds | max coord² |",
         "|---|---|---|---|---|---|",
     ]
-    from structlens.cli.ndm import load_rotation
+    from structlens.ndm.experiment import load_rotation
 
     for layer in LAYERS:
         r = tr["results"][str(layer)]

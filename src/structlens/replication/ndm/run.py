@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from structlens.replication.stage import Record, Stage, StageCache
+from structlens.results import write_results
 
 METHOD = "ndm"
 
@@ -138,26 +139,32 @@ class NDMReplication:
         return str(self.cache.path(stage) / "model")
 
     # 1. training
-    def train(self) -> tuple[Stage, dict[str, Any], dict[int, dict[str, Any]]]:
-        from structlens.cli.ndm import train
+    def _model(self) -> Any:
+        from structlens.models import load_model
 
-        s = self.s
-        common = dict(
-            model_name=self.model,
-            capture_layers=",".join(map(str, s["layers"])),
-            activations=self.activations,
-            checkpoints=self.checkpoints,
-            device="cpu",
-            quiet=True,
-            **s["train"],
+        return load_model(self.model)
+
+    def _train(self, layers: list[int], folder: Path) -> Record:
+        from structlens.ndm.experiment import NDMExperimentConfig, run
+
+        cfg = NDMExperimentConfig(
+            layers=tuple(layers), capture_layers=tuple(self.s["layers"]), **self.s["train"]
         )
+        report = run(
+            cfg, self._model(), out=folder, activations=self.activations,
+            checkpoints=self.checkpoints,
+        )  # fmt: skip
+        write_results(folder, "ndm_train", report.payload(), command="ndm train")
+        return _read(folder, "ndm_train.json")
+
+    def train(self) -> tuple[Stage, dict[str, Any], dict[int, dict[str, Any]]]:
+        s = self.s
         per_layer, keys = {}, []
         for layer in s["layers"]:
             stage = Stage("train-layer", {"layer": layer, **s["train"]}, model=self.fp)
 
             def fit(folder: Path, layer: int = layer) -> Record:
-                train(layers=str(layer), out=folder, **common)
-                return _read(folder, "ndm_train.json")
+                return self._train([layer], folder)
 
             per_layer[layer] = self.cache.run(stage, Record, fit).data["results"][str(layer)]
             keys.append(stage.key)
@@ -167,8 +174,7 @@ class NDMReplication:
         )
 
         def collect(folder: Path) -> Record:
-            train(layers=",".join(map(str, s["layers"])), out=folder, **common)
-            return _read(folder, "ndm_train.json")
+            return self._train(list(s["layers"]), folder)
 
         return stage, self.cache.run(stage, Record, collect).data, per_layer
 
@@ -195,19 +201,15 @@ class NDMReplication:
 
     # 2. evaluation
     def evaluate(self, train_stage: Stage) -> Record:
-        from structlens.cli.ndm import evaluate
+        from structlens.ndm.experiment import NDMEvaluationConfig
+        from structlens.ndm.experiment import evaluate as run_evaluation
 
         s = self.s
 
         def run(folder: Path) -> Record:
-            evaluate(
-                model_name=self.model,
-                train=self.cache.path(train_stage),
-                tests="all",
-                out=folder,
-                quiet=True,
-                **s["evaluate"],
-            )
+            cfg = NDMEvaluationConfig(**s["evaluate"])
+            report = run_evaluation(cfg, self._model(), self.cache.path(train_stage), out=folder)
+            write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 
         config = {"tests": s["tests"], **s["evaluate"]}
@@ -228,23 +230,18 @@ class NDMReplication:
 
     # 3. preimage browser
     def browse(self, train_stage: Stage) -> list[dict[str, Any]]:
-        from structlens.cli.ndm import browse
+        from structlens.ndm.experiment import browse
 
         found = []
         # in order: the first query captures the whole corpus once, the second reuses it
         for text, pos in self.s["queries"]:
 
             def run(folder: Path, text: str = text, pos: int = pos) -> Record:
-                browse(
-                    model_name=self.model,
-                    train=self.cache.path(train_stage),
-                    prompt=text,
-                    position=pos,
-                    activations=self.activations,
-                    out=folder,
-                    quiet=True,
-                    **self.s["browse"],
-                )
+                doc = browse(
+                    self._model(), self.cache.path(train_stage), text, position=pos,
+                    activations=self.activations, **self.s["browse"],
+                )  # fmt: skip
+                write_results(folder, "ndm_browse", doc, command="ndm browse")
                 return _read(folder, "ndm_browse.json")
 
             config = {"prompt": text, "position": pos, **self.s["browse"]}
