@@ -131,10 +131,15 @@ def sweep(
     common.write("causal_sweep", report.payload(), command="causal-dim sweep")
     sw = report.results["sweep"]
     plot_width_sweep(sw, common.out / "width_sweep.png")
+    kappa_hat = (
+        f"κ̂ {sw['kappa_hat']:.0f} {sw['kappa_hat_ci']}"
+        if sw["kappa_hat_status"] == "identified"  # never print a fit pinned at a bound
+        else f"κ̂ {sw['kappa_hat_status']} ({sw['kappa_hat_reason'] or sw['sweep_reason']})"
+    )
     common.say(
         f"N_repr {sw['n_repr']}  N_causal {sw['n_causal']}  wedge {sw['wedge']:.2f}  "
-        f"κ̂ {sw['kappa_hat']:.0f} {sw['kappa_hat_ci']}  "
-        f"exact κ {report.results['kappa']['erank']:.1f}"
+        f"{kappa_hat}  exact κ {report.results['kappa']['erank']:.1f}",
+        markup=False,
     )
 
 
