@@ -51,11 +51,18 @@ def main() -> None:
     args = ap.parse_args()
 
     model = load_model("smollm2-135m", device=args.device)
-    prompts = chunk_documents(load_texts(), model.tokenizer, max_tokens=args.tokens,
-                              min_tokens=args.tokens, max_prompts=args.prompts)
+    prompts = chunk_documents(
+        load_texts(),
+        model.tokenizer,
+        max_tokens=args.tokens,
+        min_tokens=args.tokens,
+        max_prompts=args.prompts,
+    )
     toks = [p.token_ids for p in prompts]
-    batches = [torch.tensor(toks[i:i + args.batch], device=args.device)
-               for i in range(0, len(toks), args.batch)]
+    batches = [
+        torch.tensor(toks[i : i + args.batch], device=args.device)
+        for i in range(0, len(toks), args.batch)
+    ]
     n_tokens = sum(len(t) for t in toks)
     sites = [f"blocks.{l}.hook_{k}" for l in range(model.n_layers) for k in KINDS]
     results: dict[str, dict] = {}
@@ -103,9 +110,15 @@ def main() -> None:
                 saved: list = []  # filled inside the trace; nnsight runs its body separately
                 with lm.trace(ids):
                     for layer in layers:
-                        saved.extend([layer.input.save(), layer.self_attn.output[0].save(),
-                                      layer.post_attention_layernorm.input.save(),
-                                      layer.mlp.output.save(), layer.output.save()])
+                        saved.extend(
+                            [
+                                layer.input.save(),
+                                layer.self_attn.output[0].save(),
+                                layer.post_attention_layernorm.input.save(),
+                                layer.mlp.output.save(),
+                                layer.output.save(),
+                            ]
+                        )
                 [s.cpu() for s in saved]
 
         nn()
@@ -125,10 +138,16 @@ def main() -> None:
     for name in ("transformer_lens_bridge", "nnsight"):
         if "seconds" in results[name]:
             results[name]["time_vs_structlens"] = results[name]["seconds"] / ours_s
-    payload = {"machine": f"{platform.processor() or platform.machine()}, "
-                          f"{torch.get_num_threads()} threads, device {args.device}",
-               "torch": torch.__version__, "n_tokens": n_tokens, "batch": args.batch,
-               "prompt_tokens": args.tokens, "repeats": args.repeats, "results": results}
+    payload = {
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, device {args.device}",
+        "torch": torch.__version__,
+        "n_tokens": n_tokens,
+        "batch": args.batch,
+        "prompt_tokens": args.tokens,
+        "repeats": args.repeats,
+        "results": results,
+    }
     out = HERE / ("results.json" if args.device == "cpu" else f"results-{args.device}.json")
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(json.dumps(payload, indent=2))

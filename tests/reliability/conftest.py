@@ -45,13 +45,23 @@ def files(tmp_path_factory):
 
     good = root / "sae-good"
     sae = TopKSAE(m.d_model, 32, 4)
-    save_sae(sae, good, hook_name="blocks.0.hook_resid_pre", model_name="tiny-llama",
-             model_digest=m.fingerprint())
+    save_sae(
+        sae,
+        good,
+        hook_name="blocks.0.hook_resid_pre",
+        model_name="tiny-llama",
+        model_digest=m.fingerprint(),
+    )
     f["sae_good"] = good
 
     foreign = root / "sae-foreign"
-    save_sae(sae, foreign, hook_name="blocks.0.hook_resid_pre", model_name="tiny-llama",
-             model_digest=load_model("tiny-llama", seed=7).fingerprint())
+    save_sae(
+        sae,
+        foreign,
+        hook_name="blocks.0.hook_resid_pre",
+        model_name="tiny-llama",
+        model_digest=load_model("tiny-llama", seed=7).fingerprint(),
+    )
     f["sae_foreign"] = foreign
 
     short_bias = root / "sae-short-bias"

@@ -44,10 +44,16 @@ def _sae_steps(x, steps=1):
 
 CASES = [
     # n < dim, n = 1: CCA-family statistics are 1 by construction, or undefined
-    ("svcca-n-below-dim", lambda: svcca(R.standard_normal((10, 50)), R.standard_normal((10, 50))),
-     (DegenerateInputError, "by construction")),
-    ("svcca-n-equal-dims", lambda: svcca(X[:11], INDEP[:11], keep=1.0),
-     (DegenerateInputError, "by construction")),
+    (
+        "svcca-n-below-dim",
+        lambda: svcca(R.standard_normal((10, 50)), R.standard_normal((10, 50))),
+        (DegenerateInputError, "by construction"),
+    ),
+    (
+        "svcca-n-equal-dims",
+        lambda: svcca(X[:11], INDEP[:11], keep=1.0),
+        (DegenerateInputError, "by construction"),
+    ),
     ("svcca-n-1", lambda: svcca(X[:1], Y[:1]), (ValueError, "at least 2")),
     ("cka-n-1", lambda: linear_cka(X[:1], Y[:1]), (ValueError, "at least 2")),
     ("procrustes-n-1", lambda: procrustes_similarity(X[:1], Y[:1]), (ValueError, "at least 2")),
@@ -58,8 +64,11 @@ CASES = [
     ("cka-inf", lambda: linear_cka(X, _with(Y, 3, 1, -np.inf)), (ValueError, "NaN or infinite")),
     ("pwcca-nan", lambda: pwcca(_with(X, 0, 0, np.nan), Y), (ValueError, "NaN or infinite")),
     ("gini-nan", lambda: gini([1.0, np.nan, 2.0]), (ValueError, "NaN or infinite")),
-    ("mi-nan", lambda: mutual_information(_with(X[:, :2], 0, 0, np.nan), X[:, 2:4]),
-     (ValueError, "NaN or infinite")),
+    (
+        "mi-nan",
+        lambda: mutual_information(_with(X[:, :2], 0, 0, np.nan), X[:, 2:4]),
+        (ValueError, "NaN or infinite"),
+    ),
     # mismatched rows
     ("svcca-rows", lambda: svcca(X, Y[:-1]), (ValueError, "same probe set")),
     ("cka-rows", lambda: linear_cka(X, Y[:-1]), (ValueError, "same probe set")),
@@ -68,29 +77,52 @@ CASES = [
     # constant data
     ("svcca-constant", lambda: svcca(np.ones((50, 3)), Y[:50]), (ValueError, "constant")),
     ("cka-constant", lambda: linear_cka(np.ones((50, 3)), Y[:50]), (ValueError, "undefined")),
-    ("svcca-one-constant-column", lambda: svcca(_const_col(X), Y),
-     lambda v: 0.5 < v <= 1.0),
-    ("cka-one-constant-column", lambda: linear_cka(_const_col(X), Y),
-     lambda v: abs(v - linear_cka(X[:, 1:], Y)) < 1e-9),
+    ("svcca-one-constant-column", lambda: svcca(_const_col(X), Y), lambda v: 0.5 < v <= 1.0),
+    (
+        "cka-one-constant-column",
+        lambda: linear_cka(_const_col(X), Y),
+        lambda v: abs(v - linear_cka(X[:, 1:], Y)) < 1e-9,
+    ),
     # correct answers on valid input
     ("svcca-independent", lambda: svcca(X, INDEP), lambda v: 0.0 <= v < 0.3),
-    ("svcca-linear-map", lambda: svcca(X, X @ R.standard_normal((6, 6))),
-     lambda v: abs(v - 1.0) < 1e-9),
+    (
+        "svcca-linear-map",
+        lambda: svcca(X, X @ R.standard_normal((6, 6))),
+        lambda v: abs(v - 1.0) < 1e-9,
+    ),
     ("cka-self", lambda: linear_cka(X, X), lambda v: abs(v - 1.0) < 1e-12),
-    ("cka-float16", lambda: linear_cka(X.astype(np.float16), Y.astype(np.float16)),
-     lambda v: abs(v - linear_cka(X, Y)) < 1e-3),
-    ("svcca-float16", lambda: svcca(X.astype(np.float16), Y.astype(np.float16)),
-     lambda v: abs(v - svcca(X, Y)) < 1e-3),
+    (
+        "cka-float16",
+        lambda: linear_cka(X.astype(np.float16), Y.astype(np.float16)),
+        lambda v: abs(v - linear_cka(X, Y)) < 1e-3,
+    ),
+    (
+        "svcca-float16",
+        lambda: svcca(X.astype(np.float16), Y.astype(np.float16)),
+        lambda v: abs(v - svcca(X, Y)) < 1e-3,
+    ),
     # SAE training
-    ("sae-1-row-batch", lambda: _sae_steps(torch.randn(1, 6)),
-     (DegenerateInputError, "at least 2")),
+    (
+        "sae-1-row-batch",
+        lambda: _sae_steps(torch.randn(1, 6)),
+        (DegenerateInputError, "at least 2"),
+    ),
     ("sae-nan-batch", lambda: _sae_steps(torch.full((8, 6), float("nan"))), (ValueError, "NaN")),
-    ("sae-constant-batch-fvu-nan", lambda: _sae_steps(torch.ones(16, 6)).final_fvu,
-     lambda v: np.isnan(v)),
-    ("sae-fvu-in-range", lambda: _sae_steps(torch.randn(64, 6), steps=5).final_fvu,
-     lambda v: 0.0 <= v < 2.0),
-    ("sae-wrong-width", lambda: SAETrainer(SAETrainConfig(d_sae=8, k=2), 6).step(
-        torch.randn(8, 7)), (ValueError, "d_in")),
+    (
+        "sae-constant-batch-fvu-nan",
+        lambda: _sae_steps(torch.ones(16, 6)).final_fvu,
+        lambda v: np.isnan(v),
+    ),
+    (
+        "sae-fvu-in-range",
+        lambda: _sae_steps(torch.randn(64, 6), steps=5).final_fvu,
+        lambda v: 0.0 <= v < 2.0,
+    ),
+    (
+        "sae-wrong-width",
+        lambda: SAETrainer(SAETrainConfig(d_sae=8, k=2), 6).step(torch.randn(8, 7)),
+        (ValueError, "d_in"),
+    ),
 ]
 
 

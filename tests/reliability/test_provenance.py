@@ -131,8 +131,7 @@ def test_record_without_digest_is_checked_by_name(models):
 
 @pytest.mark.parametrize(
     "tensor,shape",
-    [("b_dec", (1,)), ("b_enc", (1,)), ("b_dec", (16, 1)), ("W_dec", (16, 1)),
-     ("W_enc", (64,))],
+    [("b_dec", (1,)), ("b_enc", (1,)), ("b_dec", (16, 1)), ("W_dec", (16, 1)), ("W_enc", (64,))],
 )
 def test_wrong_shaped_sae_tensor_is_refused(tmp_path, tensor, shape):
     from safetensors.torch import load_file, save_file

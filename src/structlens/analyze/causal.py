@@ -178,4 +178,3 @@ def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
         idx.remove(min(idx, key=lambda i: abs(i - n // 2)))
         idx.add(n // 2)
     return [layers[i] for i in sorted(idx)]
-

@@ -107,9 +107,7 @@ class ActivationStore:
         try:
             self.metadata: dict[str, Any] = json.loads(meta_file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise StoreError(
-                f"{meta_file} is not valid JSON ({err}); {REPAIR_HINT}"
-            ) from err
+            raise StoreError(f"{meta_file} is not valid JSON ({err}); {REPAIR_HINT}") from err
         if not isinstance(self.metadata, dict) or (
             self.metadata.get("store_format") != STORE_FORMAT
         ):

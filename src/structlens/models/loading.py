@@ -71,9 +71,7 @@ def check_device(device: str | torch.device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"unknown device {str(device)!r}; use cpu, cuda, cuda:N or mps"
-        ) from err
+        raise ValueError(f"unknown device {str(device)!r}; use cpu, cuda, cuda:N or mps") from err
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:

@@ -371,9 +371,7 @@ def screened_patch_test(
     row = screen_table({test.name: whole}, {test.name: layer}, min_share)[0]
     if not row["screened"]:
         return row, None
-    runs = patch_subspaces(
-        model, task, corrupted, layer, positions, bases, batch_size=batch_size
-    )
+    runs = patch_subspaces(model, task, corrupted, layer, positions, bases, batch_size=batch_size)
     return row, runs
 
 

@@ -191,9 +191,7 @@ def load_sae(
     if npz.is_file():
         try:
             with np.load(npz, allow_pickle=False) as data:
-                tensors = {
-                    k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data
-                }
+                tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
         except ValueError as err:  # object arrays would need unpickling: refused
             raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
         dt = dtype or torch.float32

@@ -111,8 +111,11 @@ def _claims(
                 "64× width → N_repr 15.6×, N_causal 4.35× (ratio 3.6)",
                 wedge,
                 wci,
-                "reproduced" if verdict.startswith("reproduced") else "partly" if gap else
-                "not reproduced",
+                "reproduced"
+                if verdict.startswith("reproduced")
+                else "partly"
+                if gap
+                else "not reproduced",
                 {"widths": w, "statistic": "N_repr growth / N_causal growth at the widest SAE"},
             ),
         )
@@ -232,8 +235,7 @@ def _claims(
                 "kappa_pr_lower_bound",
                 "κ_PR ≈ 280 ≪ κ̂ ≈ 1990",
                 "; ".join(
-                    f"L{e['layer']}: κ_PR = {e['participation_ratio']:.1f} vs κ = "
-                    f"{e['erank']:.1f}"
+                    f"L{e['layer']}: κ_PR = {e['participation_ratio']:.1f} vs κ = {e['erank']:.1f}"
                     for e in kappa["layers"]
                 ),
                 None,
@@ -654,9 +656,7 @@ def claims(run: Run, source: str) -> ClaimsDocument:
     blocks issue 15 asks for."""
     kappa, sweep = run.kappa, run.sweep
     d = kappa["d"] if kappa and kappa.get("d") else 576
-    _, found = _claims(
-        d, kappa, sweep, run.fourcell, run.synthetic, run.ioi, run.arch, run.depth
-    )
+    _, found = _claims(d, kappa, sweep, run.fourcell, run.synthetic, run.ioi, run.arch, run.depth)
     blocks: dict[str, Any] = {"settings": dict(run.settings)}
     if sweep:
         fvu = [sweep["quality"][str(w)]["fvu"] for w in sweep["widths"]]

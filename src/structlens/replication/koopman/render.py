@@ -419,7 +419,6 @@ def render_seeds_and_universality(R: dict[str, Any], claims: list[Claim]) -> lis
     return L
 
 
-
 def write(R: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:
     """Write ``koopman.md`` and ``koopman.json`` into ``doc_dir``."""
     from structlens.replication import command
