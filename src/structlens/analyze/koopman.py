@@ -42,6 +42,7 @@ def run(
     analysis layer, held-out invariance residuals of every dictionary."""
     from structlens.koopman import EDMDc, EDMDcConfig, merge_statistics, solve
     from structlens.koopman import split_half_convergence as shc
+    from structlens.koopman.convergence import half_sizes_for
     from structlens.koopman.data import capture_depth, depth_prompts, load_layer
     from structlens.koopman.invariance import invariance_residual
     from structlens.koopman.pipeline import complex_list, make_dictionary, summarise_fit
@@ -63,7 +64,6 @@ def run(
     # has features, so every half of the smallest split still over-determines the fit.
     econf = EDMDcConfig(alpha=1e-6, control_rank=min(p.koopman_pca, model.d_model))
     n_blocks = min(p.koopman_blocks, len(prompts) // 3)
-    halves = [2**i for i in range(1, int(np.log2(n_blocks // 2)) + 1)]
     per_layer, caveats = [], []
     for layer in layers:
         step(f"layer {layer}")
@@ -72,6 +72,9 @@ def run(
         k = min(p.koopman_pca, X.shape[1] - 1)
         dic = make_dictionary("pca", k, seed=cfg.seed).fit(X[train])
         blocks = EDMDc(dic, econf).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=cfg.seed)
+        blocks = [b for b in blocks if b.n > 0]  # a hashed block may have received no prompt
+        # halves of at least 2 blocks, so the smallest split still over-determines the fit
+        halves = half_sizes_for(len(blocks), smallest=2)
         conv = shc(
             blocks, econf, half_sizes=halves, n_repeats=p.koopman_repeats, seed=cfg.seed,
         )  # fmt: skip

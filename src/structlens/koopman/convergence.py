@@ -98,6 +98,20 @@ def _split_half_curve(
     return w_inf, w2, n_half
 
 
+def default_groups(n_blocks: int) -> int:
+    """Groups of the delete-a-group jackknife for ``n_blocks`` prompt blocks."""
+    return max(2, min(8, n_blocks // 2))
+
+
+def half_sizes_for(n_blocks: int, n_groups: int | None = None, *, smallest: int = 1) -> list[int]:
+    """Powers of two from ``smallest`` up to the largest half every jackknife replicate can
+    draw, ``(K − ⌈K/G⌉) // 2`` blocks (the default grid of :func:`split_half_convergence`)."""
+    g = default_groups(n_blocks) if n_groups is None else n_groups
+    usable = n_blocks - -(-n_blocks // g)
+    top = int(np.log2(max(usable // 2, 1)))
+    return [2**i for i in range(top + 1) if 2**i >= smallest]
+
+
 def split_half_convergence(
     blocks: Sequence[EDMDcStatistics],
     config: EDMDcConfig,
@@ -129,12 +143,12 @@ def split_half_convergence(
     if K < 4:
         raise ValueError(f"need at least 4 prompt blocks for split halves; got {K}.")
     if n_groups is None:
-        n_groups = max(2, min(8, K // 2))
+        n_groups = default_groups(K)
     if not 2 <= n_groups <= K // 2:
         raise ValueError(f"n_groups must be in [2, {K // 2}] for {K} blocks; got {n_groups}.")
     usable = K - -(-K // n_groups)  # blocks left when the largest group is deleted
     if half_sizes is None:
-        half_sizes = [2**i for i in range(int(np.log2(max(usable // 2, 1))) + 1)]
+        half_sizes = half_sizes_for(K, n_groups)
     half_sizes = list(half_sizes)
     if len(half_sizes) < 2 or any(not 1 <= j <= usable // 2 for j in half_sizes):
         raise ValueError(
