@@ -168,6 +168,8 @@ def _claims(
             f"κ̂ = {fmt(k, 0)} {ci(kci, 0)} (Michaelis–Menten); κ̂/d = {fmt(k / d)} "
             f"{ci([num(kci[0]) / d, num(kci[1]) / d])}"
             if identified
+            else "not fitted (the sweep is not interpretable)"
+            if status == "not interpretable"
             else f"unidentified (raw fit K = {fmt(raw_k, 0)})",
             kv,
             _claim(
@@ -516,14 +518,18 @@ def render_markdown(run: Run, source: str) -> str:
                     f"{[int(x) for x in r['n_causal']]} | {fmt(r['n_causal_growth'])} | "
                     f"{fmt(r['kappa_hat'], 0)} | {st} |"
                 )
-        lines += [
-            "",
-            "Saturating fits of N_causal(m) (least squares on log N; K = asymptote = κ̂; CI over "
-            f"{sweep['n_bootstrap']} bootstrap resamples of token blocks, ε recomputed in each):",
-            "",
-            "| fit | K = κ̂ | 95% CI | m½ | RMS log residual | replicates fitted |",
-            "|---|---|---|---|---|---|",
-        ]
+        if sweep["fits"]:
+            lines += [
+                "",
+                "Saturating fits of N_causal(m) (least squares on log N; K = asymptote = κ̂; CI "
+                f"over {sweep['n_bootstrap']} bootstrap resamples of token blocks, ε recomputed "
+                "in each; raw fits, whatever κ̂'s status):",
+                "",
+                "| fit | K = κ̂ | 95% CI | m½ | RMS log residual | replicates fitted |",
+                "|---|---|---|---|---|---|",
+            ]
+        else:
+            lines += ["", "No saturating fit (the sweep is not interpretable or N_causal hits 0)."]
         for name, fit in sweep["fits"].items():
             lines.append(
                 f"| {name} | {fit['K']:.0f} | {ci(fit['K_ci'], 0)} | {fit['m_half']:.0f} | "

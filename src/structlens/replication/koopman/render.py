@@ -143,16 +143,16 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for key, v in R["fits"].items():
         nn, d = v["non_normality"], v.get("dissociation", {})
-        hf = (
-            v["henrici_noise_floor"]
-            | dict.fromkeys(("noise_floor_relative", "henrici_extrapolated_relative"), float("nan"))
-            if "not_measured" in v["henrici_noise_floor"]
-            else v["henrici_noise_floor"]
+        hf = v["henrici_noise_floor"]
+        floor = (
+            "— | —"
+            if "not_measured" in hf
+            else f"{hf['noise_floor_relative']:.3f} | {hf['henrici_extrapolated_relative']:.3f}"
         )
         L.append(
             f"| {key} | {v['spectral_radius']:.3f} | {v['control_rank']} "
             f"({v['control_energy_kept']:.2f}) | {nn['henrici_relative']:.3f} | "
-            f"{hf['noise_floor_relative']:.3f} | {hf['henrici_extrapolated_relative']:.3f} | "
+            f"{floor} | "
             f"{nn['kappa_V']:.3g} | {nn['eig_condition_max']:.3g} | {d.get('k', '-')} | "
             f"{d.get('largest_angle_deg', float('nan')):.1f} | "
             f"{d.get('mean_cos2', float('nan')):.3f} |"
@@ -253,52 +253,59 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         "that selection from scoring itself.\n"
     )
     L.append("## 4. IOI ablation ordering PCA > modes > random\n")
-    if not R.get("ioi"):
+    if "ioi" not in R:
         return _unfinished(L, 4)
-    L.append(
-        "Normalised logit-difference change (LD_abl − LD_clean)/mean LD_clean, k = 4 real "
-        "dimensions, mean-ablation to the corpus mean at resid_pre(l), 95% bootstrap CI over "
-        "prompts; random = mean of 3 orthonormal draws. Fits and ablations leave position 0 "
-        "out (`all` = every task position but 0; `END` = the final position).\n"
-    )
-    L.append("| layer/positions | layers to read-out | modes | PCA | random |")
-    L.append("|---|---|---|---|---|")
-    orders = []
-    for key, v in R["ioi"].items():
+    if not R["ioi"]:
+        L.append("**Not run in this profile** (no IOI prompts: `ioi_layers` is empty).\n")
+    else:
         L.append(
-            f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {ci3(v['modes']['ci'])} | "  # noqa: E501
-            f"{v['pca']['mean']:+.3f} {ci3(v['pca']['ci'])} | {v['random']['mean']:+.3f} {ci3(v['random']['ci'])} |"  # noqa: E501
+            "Normalised logit-difference change (LD_abl − LD_clean)/mean LD_clean, k = 4 real "
+            "dimensions, mean-ablation to the corpus mean at resid_pre(l), 95% bootstrap CI over "
+            "prompts; random = mean of 3 orthonormal draws. Fits and ablations leave position 0 "
+            "out (`all` = every task position but 0; `END` = the final position).\n"
         )
-        eff = {m: abs(v[m]["mean"]) for m in ("modes", "pca", "random")}
-        orders.append(eff["pca"] > eff["modes"] > eff["random"])
-    verdict = (
-        "reproduced" if all(orders) else "partly reproduced" if any(orders) else "not reproduced"
-    )
-    claims.append(
-        Claim(
-            "ioi_ablation_ordering",
-            "IOI ablation effect |PCA| > |modes| > |random|",
-            f"{sum(orders)} of {len(orders)} settings",
-            None,
-            count_verdict(sum(orders), len(orders)),
-            {"settings": list(R["ioi"]), "k": 4, "ablation": "mean, resid_pre"},
-            ci_reason="a count of settings; per-setting CIs are in the markdown",
+        L.append("| layer/positions | layers to read-out | modes | PCA | random |")
+        L.append("|---|---|---|---|---|")
+        orders = []
+        for key, v in R["ioi"].items():
+            L.append(
+                f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {ci3(v['modes']['ci'])} | "  # noqa: E501
+                f"{v['pca']['mean']:+.3f} {ci3(v['pca']['ci'])} | {v['random']['mean']:+.3f} {ci3(v['random']['ci'])} |"  # noqa: E501
+            )
+            eff = {m: abs(v[m]["mean"]) for m in ("modes", "pca", "random")}
+            orders.append(eff["pca"] > eff["modes"] > eff["random"])
+        verdict = (
+            "reproduced"
+            if all(orders)
+            else "partly reproduced"
+            if any(orders)
+            else "not reproduced"
         )
-    )
-    trend = "; ".join(
-        f"{pos}: "
-        + ", ".join(
-            f"{v['depth_to_readout']} → {abs(v['pca']['mean']) - abs(v['modes']['mean']):+.2f}"
-            for k, v in sorted(R["ioi"].items(), key=lambda kv: kv[1]["depth_to_readout"])
-            if k.endswith("/" + pos)
+        claims.append(
+            Claim(
+                "ioi_ablation_ordering",
+                "IOI ablation effect |PCA| > |modes| > |random|",
+                f"{sum(orders)} of {len(orders)} settings",
+                None,
+                count_verdict(sum(orders), len(orders)),
+                {"settings": list(R["ioi"]), "k": 4, "ablation": "mean, resid_pre"},
+                ci_reason="a count of settings; per-setting CIs are in the markdown",
+            )
         )
-        for pos in ("all", "END")
-    )
-    L.append(
-        f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
-        f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
-        f"(layers to read-out → gap): {trend}.\n"
-    )
+        trend = "; ".join(
+            f"{pos}: "
+            + ", ".join(
+                f"{v['depth_to_readout']} → {abs(v['pca']['mean']) - abs(v['modes']['mean']):+.2f}"
+                for k, v in sorted(R["ioi"].items(), key=lambda kv: kv[1]["depth_to_readout"])
+                if k.endswith("/" + pos)
+            )
+            for pos in ("all", "END")
+        )
+        L.append(
+            f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
+            f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
+            f"(layers to read-out → gap): {trend}.\n"
+        )
     L.append("## 5. Heavy tails removed by lifting?\n")
     L.append(
         "| features | max excess kurtosis | p95 excess kurtosis | norm kurtosis (Gaussian) | "

@@ -79,6 +79,9 @@ SMOKE = CPU | {
     "seed_models_profile": None,  # no trained replicas: the universality section says so
 }
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+# Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
+# tiny model at the smoke sizes, so the gpu profile runs end to end on the CPU in the tests.
+TINY_TEST_SIZES = {k: v for k, v in SMOKE.items() if k != "profile"}
 
 
 def log(msg: str, t0: float) -> None:
@@ -575,13 +578,16 @@ def run(
     out: str | Path | None = None,
     doc_dir: str | Path | None = None,
     device: str = "cpu",
+    test_sizes: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], StageCache]:
-    """Run (or resume) every section of ``profile``; write the markdown and claims JSON."""
+    """Run (or resume) every section of ``profile``; write the markdown and claims JSON.
+    ``test_sizes`` (tests only, e.g. :data:`TINY_TEST_SIZES`) overrides the profile's sizes
+    so a profile's code path runs on a tiny model."""
     from structlens.replication import default_paths
     from structlens.replication.equivalence.run import model_dirs
     from structlens.replication.koopman.render import write
 
-    s = PROFILES[profile]
+    s = PROFILES[profile] | (test_sizes or {})
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = KoopmanReplication(s, out, device)
     # Same order as the documented run (each section is its own stage).
