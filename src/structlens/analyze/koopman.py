@@ -66,7 +66,6 @@ def run(
     # The pooled fit keeps the control components holding 90% of Var(u) (issue 15).
     fconf = EDMDcConfig(alpha=1e-6, control_energy=0.9)
     n_blocks = min(p.koopman_blocks, len(prompts) // 3)
-    halves = [2**i for i in range(1, int(np.log2(n_blocks // 2)) + 1)]
     per_layer, caveats = [], []
     for layer in layers:
         step(f"layer {layer}")
@@ -75,9 +74,8 @@ def run(
         k = min(p.koopman_pca, X.shape[1] - 1)
         dic = make_dictionary("pca", k, seed=cfg.seed).fit(X[train])
         blocks = EDMDc(dic, econf).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=cfg.seed)
-        conv = shc(
-            blocks, econf, half_sizes=halves, n_repeats=p.koopman_repeats, seed=cfg.seed,
-        )  # fmt: skip
+        # half sizes: the library's default, powers of two every jackknife replicate can draw
+        conv = shc(blocks, econf, n_repeats=p.koopman_repeats, seed=cfg.seed)
         res = solve(merge_statistics(blocks), fconf, dic)
         fit = summarise_fit(res)
         # Henrici noise floor from prompt halves/quarters, where a quarter over-determines
