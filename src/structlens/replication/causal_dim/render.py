@@ -553,7 +553,8 @@ def render_markdown(run: Run, source: str) -> str:
             f"position)/∂ resid_pre, exact (forward mode over all {d} directions; the "
             "unembedding enters through an exact d × d factor of its Gram), one vector per "
             f"window: the last token of a {s['jacobian_prompt_tokens']}-token window of "
-            "held-out Austen text, windows from different 128-token chunks first. SE = "
+            "Austen text (held-out chunks first, then the others), windows from different "
+            "128-token chunks first. SE = "
             "jackknife over vectors; CI = bias-corrected jackknife interval. Both cover vector "
             "sampling only: the Jacobians are exact.",
             "",

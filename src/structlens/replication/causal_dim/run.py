@@ -169,15 +169,18 @@ def prompts_split(model: Any, s: dict) -> tuple[list, list, list]:
 
 
 def jacobian_prompts(model: Any, s: dict) -> list[list[int]]:
-    """Held-out windows of ``jacobian_prompt_tokens`` tokens, chunk-major within a window
-    index, so the first vectors all come from different chunks."""
+    """Windows of ``jacobian_prompt_tokens`` tokens, chunk-major within a window index (the
+    first vectors all come from different chunks): the held-out chunks first, then the
+    others, so the vector cap of the convergence rule is not bounded by the held-out pool
+    (κ involves no SAE, so the SAE training chunks may serve)."""
     from structlens.data.corpus import chunk_documents, load_texts
 
     chunks = chunk_documents(load_texts(None), model.tokenizer, max_tokens=s["prompt_tokens"])
-    held = [list(c.token_ids) for c in chunks if len(c.token_ids) == s["prompt_tokens"]][::20]
+    full = [list(c.token_ids) for c in chunks if len(c.token_ids) == s["prompt_tokens"]]
+    held, other = full[::20], [c for i, c in enumerate(full) if i % 20]
     n = s["jacobian_prompt_tokens"]
     starts = range(0, s["prompt_tokens"] - n + 1, n + 2)
-    return [c[a : a + n] for a in starts for c in held]
+    return [c[a : a + n] for pool in (held, other) for a in starts for c in pool]
 
 
 def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
