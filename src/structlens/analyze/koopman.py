@@ -38,7 +38,8 @@ def run(
     executor: ExecutorView,
 ) -> dict[str, Any]:
     """Per layer (PCA-k dictionary fitted on half the prompts, position 0 excluded):
-    split-half convergence, spectrum with a block bootstrap, non-normality; at the middle
+    split-half convergence, spectrum with a block bootstrap, non-normality with its noise
+    floor (pooled fit: control basis keeping 90% of Var(u)), max/norm kurtosis; at the middle
     analysis layer, held-out invariance residuals of every dictionary."""
     from structlens.koopman import EDMDc, EDMDcConfig, merge_statistics, solve
     from structlens.koopman import split_half_convergence as shc
