@@ -18,19 +18,26 @@ def test_render_from_kappa_and_four_cell(tmp_path):
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: κ = κ_PR = 8
     res = kappa_from_grams(g)
     entry = to_jsonable(res) | {"layer": 3, "curve": kappa_curve(g, [1, 8], n_draws=3)}
-    four = {
+    cell = {
         "width": 64,
         "n_causal": {"learned_enc/learned_dec": 4, "random_enc/learned_dec": 12},
         "n_repr": {"learned_enc/learned_dec": 60, "random_enc/learned_dec": 64},
         "inflation": {"learned_enc/learned_dec": 1.0, "random_enc/learned_dec": 3.0},
+        "l0": {"learned_enc/learned_dec": 4.0, "random_enc/learned_dec": 9.5},
         "epsilon": 0.1,
         "n_tokens": 100,
     }
+    # TopK without inflation, ReLU with: the verdict is read off the thresholded SAE
+    topk = cell | {"inflation": {"learned_enc/learned_dec": 1.0, "random_enc/learned_dec": 1.0}}
+    four = {"width": 64, "layer": 1, "architectures": {"topk": topk, "relu": cell}}
     run = Run(settings=SETTINGS, out=tmp_path, kappa={"d": 10, "layers": [entry]}, fourcell=four)
     doc = render_markdown(run, "test")
     assert "L3: κ = 8 " in doc and "κ/d = 0.800" in doc
     assert "L3: κ_PR = 8.0" in doc and "reproduced (PR ≤ erank" in doc
-    assert "| 3.00× (random enc/learned dec" in doc and "reproduced (direction)" in doc
+    assert "topk: 1.00×, relu: 3.00× (random enc/learned dec" in doc
+    assert "reproduced (direction)" in doc
+    assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell
+    assert "## What changed and why" in doc
     assert "| 3 | 1.0 ± 0.0 | 8.0 ± 0.0 |" in doc  # the κ-vs-n row
     assert "| Wedge | 15.6× vs 4.35× | not run | — |" in doc
     assert "## Width sweep" not in doc and "## IOI" not in doc
@@ -39,10 +46,12 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     by_id = {c.id: c for c in claims(run, "test").claims}
     assert by_id["random_encoder_inflation"].ours == 3.0
     assert by_id["random_encoder_inflation"].verdict == "reproduced"
+    assert by_id["random_encoder_inflation"].settings["architecture"] == "relu"
     assert by_id["kappa_pr_lower_bound"].verdict == "reproduced"
     assert abs(by_id["exact_kappa"].ours - 8.0) < 1e-9
     assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 0.8) < 1e-12
-    # κ(8)/κ(4) is not on this curve: the last doubling compares n = 8 with n = 1
+    # κ(8) = 8 over the mean erank of the two disjoint halves (4 each): ratio 2
     doc_json = claims(run, "test").to_json()
     assert list(doc_json["kappa"]["ratio_last_doubling"]) == ["3"]
-    assert abs(doc_json["kappa"]["ratio_last_doubling"]["3"] - 8.0) < 1e-9
+    assert abs(doc_json["kappa"]["ratio_last_doubling"]["3"] - 2.0) < 1e-9
+    assert by_id["exact_kappa"].verdict == "unidentified"  # 2 ≥ 1.05: not converged

@@ -39,6 +39,33 @@ def test_smoke_profile_writes_markdown_and_valid_claims(method, tmp_path):
     for path in REQUIRED_BLOCKS[method]:
         assert path.split(".")[0].removesuffix("[]") in raw
     assert cache.events and not any(cache.hits())  # a fresh cache computes every stage
+    if method == "koopman":
+        _check_koopman(raw, md)
+
+
+def _check_claims(raw):
+    """Every claim has the acceptance fields; a null interval carries its reason."""
+    for c in raw["claims"]:
+        assert {"id", "paper", "ours", "ci", "verdict", "settings"} <= set(c)
+        assert c["verdict"] in VERDICTS
+        assert (c["ci"] is None) == bool(c.get("ci_reason"))
+        assert c["ci"] is None or (len(c["ci"]) == 2 and c["ci"][0] <= c["ci"][1])
+
+
+def _check_koopman(raw, md):
+    """The protocol of issue 15 is what ran, and the documents say so."""
+    _check_claims(raw)
+    st = raw["settings"]
+    assert st["exclude_position0"] is True and st["dictionary_fit_split"] == "train"
+    assert st["control_energy"] == 0.9
+    by_id = {c["id"]: c for c in raw["claims"]}
+    ranks = by_id["non_normal_dissociated"]["settings"]["control_rank"]
+    assert ranks and all(1 <= r for r in ranks.values())  # the rank the 90% rule picked
+    n = st["invariance_n"]
+    dics = by_id["invariance_gap"]["settings"]["dictionaries"]
+    assert {f"sae_variance{n}", f"sae_frequency{n}", f"spectral{n}", f"relu{n}"} <= set(dics)
+    assert "## What changed and why" in md
+    assert "noise floor rel." in md and "Gram-entry max excess kurtosis" in md
 
 
 def test_causal_dimension_second_run_is_all_hits_with_identical_documents(tmp_path):
@@ -49,7 +76,7 @@ def test_causal_dimension_second_run_is_all_hits_with_identical_documents(tmp_pa
     js = (tmp_path / "docs" / f"{method}.json").read_text()
     doc = ClaimsDocument.load(tmp_path / "docs" / f"{method}.json")
     assert {c.id for c in doc.claims} >= {"exact_kappa", "kappa_pr_lower_bound"}
-    assert set(json.loads(js)["kappa"]["ratio_last_doubling"]) == {"1", "2"}
+    _check_causal(json.loads(js), md)
     _, second = _run(method, tmp_path)
     assert [e.key for e in second.events] == [e.key for e in first.events]
     assert all(second.hits())
@@ -74,3 +101,50 @@ def test_ndm_device_training_path_runs_on_the_cpu(tmp_path, monkeypatch):
     md = (tmp_path / "docs" / "ndm.md").read_text()
     assert "Trained with `structlens.replication.ndm.device_train`" in md
     assert ClaimsDocument.load(tmp_path / "docs" / "ndm.json").blocks["settings"]["device_run"]
+
+
+def _check_causal(raw, md):
+    """The acceptance fields of issue 15, consistent with what the run measured."""
+    _check_claims(raw)
+    sw = raw["sweep"]
+    assert sw["d_model"] == 64 and sw["base_width"] >= 4 * sw["d_model"]
+    assert isinstance(sw["fvu_monotone"], bool)
+    fvu = sw["heldout_fvu"]
+    assert sw["fvu_monotone"] == all(b < a for a, b in zip(fvu, fvu[1:]))
+    assert sw["kappa_hat_status"] in ("identified", "unidentified", "not interpretable", "no fit")
+    if not sw["fvu_monotone"]:  # the gate: not fitted, and the claim says unidentified
+        assert sw["sweep_status"] == "not interpretable"
+        assert sw["kappa_hat_status"] == "not interpretable"
+    by_id = {c["id"]: c for c in raw["claims"]}
+    assert (by_id["kappa_hat"]["verdict"] == "unidentified") == (
+        sw["kappa_hat_status"] != "identified"
+    )
+    assert str(sw["base_width"]) in sw["base_width_sensitivity"]  # the headline table
+    ratios = raw["kappa"]["ratio_last_doubling"]
+    assert set(ratios) == {"1", "2"}
+    for layer, conv in raw["kappa"]["converged"].items():
+        assert conv == (ratios[layer] < 1.05)  # else it stopped at the vector cap
+    cells = by_id["random_encoder_inflation"]["settings"]
+    assert set(cells["l0"]) == {"topk", "jumprelu", "relu"}
+    assert all(len(v) == 4 for v in cells["l0"].values())  # L0 of every cell
+    assert by_id["synthetic_atp_recall"]["settings"]["readout"] == "rotated"
+    assert "## What changed and why" in md and "Headline check" in md
+
+
+@pytest.mark.parametrize("method", ["koopman", "causal-dimension"])
+def test_gpu_profile_runs_end_to_end_on_a_tiny_model_on_the_cpu(method, tmp_path):
+    """The gpu profile's path with its sizes overridden (test-only) to the tiny model."""
+    module = importlib.import_module(METHODS[method])
+    module.run(
+        "gpu",
+        out=tmp_path / "cache",
+        doc_dir=tmp_path / "docs",
+        device="cpu",
+        test_sizes=module.TINY_TEST_SIZES,
+    )
+    md = (tmp_path / "docs" / f"{method}.md").read_text()
+    assert f"structlens.replication {method} --profile gpu" in md
+    raw = json.loads((tmp_path / "docs" / f"{method}.json").read_text())
+    assert raw["settings"]["profile"] == "gpu"
+    ClaimsDocument.load(tmp_path / "docs" / f"{method}.json")
+    (_check_koopman if method == "koopman" else _check_causal)(raw, md)

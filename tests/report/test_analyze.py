@@ -126,3 +126,23 @@ def test_kappa_layers_are_spread_and_keep_the_sweep_layer():
     assert kappa_layers([1, 10, 19, 29], 2) == [1, 19]  # 19 is the middle (sweep) layer
     assert kappa_layers([1, 10, 19, 29], 1) == [19]
     assert kappa_layers([0, 1, 2], 5) == [0, 1, 2]
+
+
+def test_analysis_uses_the_issue15_protocol(analysis):
+    """Koopman: 90% control energy (rank reported), Henrici noise floor, max/norm kurtosis;
+    causal: the held-out FVU gate and the base-width check are reported."""
+    for row in analysis["koopman"]["details"]["layers"]:
+        assert row["control_rank"] >= 1 and row["control_energy_kept"] >= 0.9 - 1e-9
+        floor = row["henrici_noise_floor_relative"]
+        assert floor is None or 0 <= floor
+        assert row["max_excess_kurtosis"] >= -2 and row["norm_kurtosis"] >= 1
+    sweep = analysis["causal_dim"]["details"]["sweep"]
+    assert sweep["fvu_monotone"] == all(
+        b < a for a, b in zip(sweep["heldout_fvu"], sweep["heldout_fvu"][1:])
+    )
+    assert sweep["sweep_status"] == (
+        "interpretable" if sweep["fvu_monotone"] else "not interpretable"
+    )
+    kinds = {c["kind"] for c in analysis["causal_dim"]["caveats"]}
+    d = analysis["causal_dim"]["details"]["d_model"]
+    assert ("base_width" in kinds) == (sweep["base_width"] < 4 * d)

@@ -36,7 +36,7 @@ def run(
     from structlens.causal_dim.kappa import kappa_from_grams
     from structlens.causal_dim.model import residual_grads, vector_grams
     from structlens.ndm.data import training_prompts
-    from structlens.sae import SAETrainConfig
+    from structlens.sae import SAETrainConfig, evaluate_sae
 
     p = cfg.settings
     d = model.d_model
@@ -110,12 +110,17 @@ def run(
         )  # fmt: skip
         step("AtP over widths")
         exact = next(r["kappa"] for r in rows if r["layer"] == mid)
+        # The FVU gate (issue 15): a sweep whose held-out FVU does not fall with width is
+        # reported as not interpretable instead of fitted.
+        eval_acts = collect_residuals(model, mid, eval_p)
+        fvu = {m: evaluate_sae(r.sae, eval_acts).fvu for m, r in saes.items()}
         res, _ = sweep_analysis(
             {m: r.sae for m, r in saes.items()},
             list(residual_grads(model, mid, eval_p)),
             WidthSweepConfig(n_bootstrap=p.sweep_bootstrap, seed=cfg.seed),
             n_blocks=16,
             exact_erank=exact,
+            heldout_fvu=fvu,
         )
         identified = res.kappa_hat_status == "identified"
         sweep = {
@@ -133,12 +138,25 @@ def run(
             "kappa_hat_status": res.kappa_hat_status,
             "kappa_hat_reason": res.kappa_hat_reason,
             "identified": identified,
+            "base_width": res.base_width,
+            "heldout_fvu": res.heldout_fvu,
+            "fvu_monotone": res.fvu_monotone,
+            "sweep_status": res.sweep_status,
             "fit": {
                 k: v
                 for k, v in res.fits.get(res.fit_model, {}).items()
                 if isinstance(v, (int, float))
             },
         }
+        if res.base_width < 4 * d:
+            caveats.append(
+                caveat(
+                    "base_width",
+                    f"width sweep (layer {mid}): base width {res.base_width} < 4·d = {4 * d}; ε "
+                    "is the base width's own 98th percentile, so N_causal(base) = 2% of it by "
+                    "construction and the curve is pinned to a narrow base (the paper's ≈ 7·d).",
+                )
+            )
         if not identified:
             caveats.append(
                 caveat(

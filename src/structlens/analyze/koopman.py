@@ -38,12 +38,14 @@ def run(
     executor: ExecutorView,
 ) -> dict[str, Any]:
     """Per layer (PCA-k dictionary fitted on half the prompts, position 0 excluded):
-    split-half convergence, spectrum with a block bootstrap, non-normality; at the middle
+    split-half convergence, spectrum with a block bootstrap, non-normality with its noise
+    floor (pooled fit: control basis keeping 90% of Var(u)), max/norm kurtosis; at the middle
     analysis layer, held-out invariance residuals of every dictionary."""
     from structlens.koopman import EDMDc, EDMDcConfig, merge_statistics, solve
     from structlens.koopman import split_half_convergence as shc
     from structlens.koopman.convergence import half_sizes_for
     from structlens.koopman.data import capture_depth, depth_prompts, load_layer
+    from structlens.koopman.diagnostics import henrici_noise_floor, tail_statistics
     from structlens.koopman.invariance import invariance_residual
     from structlens.koopman.pipeline import complex_list, make_dictionary, summarise_fit
 
@@ -63,6 +65,8 @@ def run(
     # The control (attention output) is compressed to as many components as the dictionary
     # has features, so every half of the smallest split still over-determines the fit.
     econf = EDMDcConfig(alpha=1e-6, control_rank=min(p.koopman_pca, model.d_model))
+    # The pooled fit keeps the control components holding 90% of Var(u) (issue 15).
+    fconf = EDMDcConfig(alpha=1e-6, control_energy=0.9)
     n_blocks = min(p.koopman_blocks, len(prompts) // 3)
     per_layer, caveats = [], []
     for layer in layers:
@@ -78,8 +82,18 @@ def run(
         conv = shc(
             blocks, econf, half_sizes=halves, n_repeats=p.koopman_repeats, seed=cfg.seed,
         )  # fmt: skip
-        fit = summarise_fit(solve(merge_statistics(blocks), econf, dic))
-        radii, cloud = _spectrum_bootstrap(blocks, econf, dic, p.koopman_bootstrap, cfg.seed)
+        res = solve(merge_statistics(blocks), fconf, dic)
+        fit = summarise_fit(res)
+        # Henrici noise floor from prompt halves/quarters, where a quarter over-determines
+        # the fit (the smallest quarters bound every quarter from below).
+        quarter = sum(sorted(b.n for b in blocks)[: len(blocks) // 4])
+        floor = (
+            henrici_noise_floor(blocks, fconf, seed=cfg.seed)
+            if len(blocks) >= 4 and quarter > res.A.shape[0] + res.control_rank
+            else None
+        )
+        tails = tail_statistics(X, seed=cfg.seed)
+        radii, cloud = _spectrum_bootstrap(blocks, fconf, dic, p.koopman_bootstrap, cfg.seed)
         row = {
             "layer": int(layer),
             "dictionary": f"pca-{k}",
@@ -94,6 +108,14 @@ def run(
             "eigenvalues": fit["eigenvalues"],
             "bootstrap_eigenvalues": complex_list(cloud),
             "henrici_relative": fit["non_normality"]["henrici_relative"],
+            "henrici_noise_floor_relative": floor.noise_floor_relative if floor else None,
+            "henrici_extrapolated_relative": (
+                floor.henrici_extrapolated_relative if floor else None
+            ),
+            "control_rank": fit["control_rank"],
+            "control_energy_kept": fit["control_energy_kept"],
+            "max_excess_kurtosis": tails["max_excess_kurtosis"],
+            "norm_kurtosis": tails["norm_kurtosis"],
             "kappa_V": fit["non_normality"]["kappa_V"],
             "dissociation_mean_cos2": fit.get("dissociation", {}).get("mean_cos2"),
         }

@@ -178,13 +178,16 @@ def sweep_analysis(
     *,
     n_blocks: int = 64,
     exact_erank: float | None = None,
+    heldout_fvu: dict[int, float] | None = None,
 ) -> tuple[Any, dict[int, FeatureStats]]:
-    """FeatureStats for every width from the SAME cached ``(acts, grads)``, then the analysis."""
+    """FeatureStats for every width from the SAME cached ``(acts, grads)``, then the analysis
+    (``heldout_fvu``: width → held-out FVU, for the sweep's FVU gate)."""
     stats = {m: FeatureStats(m, n_blocks) for m in saes}
     for acts, grads in acts_grads:
         for m, sae in saes.items():
             stats[m].update(sae, acts, grads)
-    return analyze_width_sweep(stats, config, exact_erank=exact_erank), stats
+    res = analyze_width_sweep(stats, config, exact_erank=exact_erank, heldout_fvu=heldout_fvu)
+    return res, stats
 
 
 def ce_recovered_by_width(
@@ -226,6 +229,7 @@ def four_cell(
         "n_causal": res.n_causal,
         "n_repr": res.n_repr,
         "inflation": res.inflation,
+        "l0": res.l0,
         "epsilon": res.epsilon,
         "n_tokens": res.n_tokens,
     }

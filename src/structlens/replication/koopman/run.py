@@ -7,6 +7,13 @@ Captures resid_pre / attn_out over the bundled corpus plus IOI prompts for a lay
 rate, per-layer fits (non-normality, dissociation, tails), invariance gap, the IOI ablation
 ordering per layer, SAE seeds with and without the invariance penalty, universality across
 models, and reduction bounds on the pooled operator.  Everything is seeded.
+
+Protocol (issue 15): position 0 (the attention sink) is dropped from every fit and ablation;
+every dictionary is fitted on training prompts only and scored on held-out prompts; the
+control basis keeps 90% of Var(u) (split-half: rank 16); Henrici departures come with a
+split-half noise floor; tails are reported as max/norm kurtosis and Gram-entry tails before
+and after lifting; the invariance gap compares dictionaries of equal size N, SAE features
+chosen from a wide SAE by variance and by frequency.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import numpy as np
 from structlens.replication.stage import Record, Stage, StageCache, data_digest
 
 METHOD = "koopman"
+CONTROL_ENERGY = 0.9  # share of Var(u) the control basis keeps
+EXCLUDE_POSITION0 = True  # drop the attention-sink rows from fits and ablations
 
 CPU: dict[str, Any] = {
     "profile": "cpu",
@@ -35,6 +44,11 @@ CPU: dict[str, Any] = {
     "sae_seeds": 3,
     "sae_epochs": 20,
     "sae_penalty": 10.0,  # λ of the invariance run
+    # Invariance at equal dictionary size N: SAE features chosen from a wide SAE (by variance
+    # and by frequency), spectral modes, random lifts, all with N features.
+    "invariance_n": 64,
+    "invariance_sae_width": 1024,
+    "henrici_blocks": 16,  # prompt blocks of the Henrici noise floor (halves and quarters)
     "split_half_blocks": 32,
     "split_half_repeats": 10,
     "universality_resamples": 200,
@@ -42,8 +56,8 @@ CPU: dict[str, Any] = {
     "seed_models_profile": "cpu",
     "seed": 0,
 }
-# Same settings on an accelerator: every stage is sized for the CPU already.
-GPU = CPU | {"profile": "gpu"}
+# On an accelerator: the same sections with a wider SAE for the equal-N invariance comparison.
+GPU = CPU | {"profile": "gpu", "invariance_sae_width": 4096}
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-llama",
@@ -56,20 +70,29 @@ SMOKE = CPU | {
     "ioi_layers": [],
     "sae_seeds": 2,
     "sae_epochs": 1,
+    "invariance_n": 16,
+    "invariance_sae_width": 64,
+    "henrici_blocks": 8,
     "split_half_blocks": 8,
     "split_half_repeats": 3,
     "universality_resamples": 20,
     "seed_models_profile": None,  # no trained replicas: the universality section says so
 }
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+# Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
+# tiny model at the smoke sizes, so the gpu profile runs end to end on the CPU in the tests.
+TINY_TEST_SIZES = {k: v for k, v in SMOKE.items() if k != "profile"}
 
 
 def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
 
-def _stats_dict(x: Any) -> dict[str, Any]:
-    return dict(x.__dict__)
+def load_rows(store: Any, layer: int) -> tuple[np.ndarray, ...]:
+    """``(X, U, Y, prompt_ids)`` of one layer with the protocol's row rule (position 0 out)."""
+    from structlens.koopman.data import load_layer
+
+    return load_layer(store, layer, exclude_position0=EXCLUDE_POSITION0)
 
 
 class KoopmanReplication:
@@ -97,8 +120,12 @@ class KoopmanReplication:
         self.data = data_digest([repr(p) for p in self.prompts])
         self.store = capture_depth(self.model, self.prompts, self.layers, root=out / "activations")
         log(f"captured {self.store.n_tokens} tokens x {len(self.store.sites)} sites", self.t0)
+        # Split-half and universality fit halves of single prompt blocks, which must hold more
+        # samples than features + controls: a fixed small control rank there.  Every other
+        # fit keeps the fewest control components holding 90% of Var(u) (the rank it picked
+        # is reported with each fit).
         self.cfg_small = EDMDcConfig(alpha=1e-6, control_rank=16)
-        self.cfg = EDMDcConfig(alpha=1e-6, control_rank=32)
+        self.cfg = EDMDcConfig(alpha=1e-6, control_energy=CONTROL_ENERGY)
         self.R: dict[str, Any] = {"settings": self.settings()}
 
     def settings(self) -> dict[str, Any]:
@@ -120,14 +147,20 @@ class KoopmanReplication:
             "sae_seeds": s["sae_seeds"],
             "sae_epochs": s["sae_epochs"],
             "sae_penalty": s["sae_penalty"],
-            # The documented protocol: dictionaries are fitted on every row and position 0 is
-            # kept (issue 15 changes both; the claims JSON records which one ran).
-            "exclude_position0": False,
-            "dictionary_fit_split": "all",
+            # Position 0 (the attention sink) is left out of every fit and ablation, and every
+            # dictionary is fitted on the training prompts only (scores on held-out prompts).
+            "exclude_position0": EXCLUDE_POSITION0,
+            "dictionary_fit_split": "train",
+            "control_energy": CONTROL_ENERGY,
+            "control_rank_split_half": 16,
+            "invariance_n": s["invariance_n"],
+            "invariance_sae_width": s["invariance_sae_width"],
+            "henrici_blocks": s["henrici_blocks"],
         }
 
     def stage(self, name: str, config: dict[str, Any]) -> Stage:
-        return Stage(name, config, model=self.fp, data=self.data)
+        protocol = {"exclude_position0": EXCLUDE_POSITION0, "dictionary_fit_split": "train"}
+        return Stage(name, config | protocol, model=self.fp, data=self.data)
 
     def run_stage(self, name: str, config: dict[str, Any], compute: Any) -> Any:
         data = self.cache.run(self.stage(name, config), Record, lambda _: Record.of(compute()))
@@ -137,7 +170,6 @@ class KoopmanReplication:
     # 1. split-half rate
     def split_half(self) -> None:
         from structlens.koopman import EDMDc, PCADictionary, split_half_convergence
-        from structlens.koopman.data import load_layer
         from structlens.report.koopman import plot_split_half
 
         s = self.s
@@ -145,7 +177,7 @@ class KoopmanReplication:
         def compute() -> dict[str, Any]:
             out, curves = {}, {}
             for layer in self.probes:
-                X, U, Y, pid = load_layer(self.store, layer)
+                X, U, Y, pid = load_rows(self.store, layer)
                 for name, dic in (("pca32", PCADictionary(32)), ("pca8", PCADictionary(8))):
                     dic.fit(X)
                     blocks = EDMDc(dic, self.cfg_small).statistics(
@@ -180,102 +212,143 @@ class KoopmanReplication:
         config = {"probes": self.probes, **{k: s[k] for k in keys}}
         self.R["split_half"] = self.run_stage("split-half", config, compute)
 
-    # 2. non-normality and dissociation; 5. tails
+    # 2. non-normality (with its noise floor) and dissociation; 5. tails before/after lifting
     def fits(self) -> None:
         from structlens.koopman import (
             EDMDc,
             IdentityDictionary,
             PCADictionary,
             RandomFourierDictionary,
+            merge_statistics,
             solve,
         )
-        from structlens.koopman.data import load_layer
+        from structlens.koopman.diagnostics import (
+            henrici_noise_floor,
+            lifting_tails,
+            tail_statistics,
+        )
+        from structlens.koopman.invariance import prompt_split
         from structlens.koopman.pipeline import summarise_fit
         from structlens.report.koopman import plot_eigenvalues
         from structlens.stats.matching import bottleneck_distance
-        from structlens.stats.robust import tail_diagnostic
 
-        seed = self.s["seed"]
+        s, seed = self.s, self.s["seed"]
 
         def compute() -> dict[str, Any]:
             fits: dict[str, Any] = {}
             tails: dict[str, Any] = {}
             spectra = {}
             for layer in self.probes:
-                X, U, Y, pid = load_layer(self.store, layer)
-                tails[f"L{layer}/raw_state"] = _stats_dict(tail_diagnostic(X))
-                rff = RandomFourierDictionary(256, seed=seed, include_state=False).fit(X)
-                tails[f"L{layer}/rff256_lifted"] = _stats_dict(tail_diagnostic(rff.transform(X)))
+                X, U, Y, pid = load_rows(self.store, layer)
+                train = ~prompt_split(pid, seed)
+                tails[f"L{layer}/state"] = tail_statistics(X, seed=seed)
                 for name, dic in (
                     ("identity", IdentityDictionary()),
                     ("pca64", PCADictionary(64)),
                     ("pca32", PCADictionary(32)),
                     ("rff256s", RandomFourierDictionary(256, seed=seed, include_state=True)),
                 ):
-                    dic.fit(X)
+                    dic.fit(X[train], U[train], Y[train])
                     est = EDMDc(dic, self.cfg)
-                    stats = est.statistics(X, U, Y)[0]
-                    res = solve(stats, self.cfg, dic)
-                    fits[f"L{layer}/{name}"] = summarise_fit(res, 8)
-                    tails[f"L{layer}/{name}_lifted"] = _stats_dict(tail_diagnostic(stats.tails))
+                    blocks = est.statistics(X, U, Y, pid, n_blocks=s["henrici_blocks"], seed=seed)
+                    res = solve(merge_statistics(blocks), self.cfg, dic)
+                    # A quarter of the prompt blocks must over-determine the fit; the
+                    # smallest quarters bound every quarter from below.
+                    quarter = sum(sorted(b.n for b in blocks)[: len(blocks) // 4])
+                    need = res.A.shape[0] + res.control_rank
+                    floor = (
+                        henrici_noise_floor(blocks, self.cfg, seed=seed).to_json()
+                        if quarter > need
+                        else {"not_measured": f"a quarter holds {quarter} samples, need > {need}"}
+                    )
+                    fits[f"L{layer}/{name}"] = summarise_fit(res, 8) | {
+                        "henrici_noise_floor": floor
+                    }
+                    if name != "identity":
+                        tails[f"L{layer}/{name}_lifted"] = lifting_tails(X, dic, seed=seed)[
+                            "lifted"
+                        ]
                     if name == "pca32":
                         mom = est.fit_median_of_means(X, U, Y, pid, n_blocks=10, seed=seed)
                         tails[f"L{layer}/pca32_mom_vs_mean_winf"] = bottleneck_distance(
                             mom.eigenvalues, res.eigenvalues
                         )
                         spectra[f"L{layer} pca32"] = res.eigenvalues
+                rff = RandomFourierDictionary(256, seed=seed, include_state=False).fit(X[train])
+                tails[f"L{layer}/rff256_lifted"] = lifting_tails(X, rff, seed=seed)["lifted"]
             plot_eigenvalues(spectra, self.out / "eigenvalues.png")
             return {"fits": fits, "tails": tails}
 
-        got = self.run_stage("fits", {"probes": self.probes, "seed": seed}, compute)
+        config = {
+            "probes": self.probes,
+            "seed": seed,
+            "control_energy": CONTROL_ENERGY,
+            "henrici_blocks": s["henrici_blocks"],
+        }
+        got = self.run_stage("fits", config, compute)
         self.R["fits"], self.R["tails"] = got["fits"], got["tails"]
 
-    # 3. invariance gap
+    # 3. invariance gap at equal dictionary size N
     def invariance(self) -> None:
         from structlens.koopman import (
             RandomFourierDictionary,
             RandomReLUDictionary,
             SpectralDictionary,
             invariance_residual_split,
+            select_sae_features,
             train_sae_dictionary,
         )
-        from structlens.koopman.data import load_layer
+        from structlens.koopman.invariance import prompt_split
 
-        s, seed, layer = self.s, self.s["seed"], self.probes[0]
+        s, seed, layer, n = self.s, self.s["seed"], self.probes[0], self.s["invariance_n"]
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_layer(self.store, layer)
+            X, U, Y, pid = load_rows(self.store, layer)
+            # The split invariance_residual_split scores on: the SAE and its feature choice
+            # see the training prompts only.
+            train = ~prompt_split(pid, seed)
+            width = s["invariance_sae_width"]
             sae, sae_info = train_sae_dictionary(
-                X, d_sae=256, k=16, epochs=s["sae_epochs"], seed=seed
+                X[train], d_sae=width, k=16, epochs=s["sae_epochs"], seed=seed
             )
-            info = {k: v for k, v in sae_info.items() if k != "decoder"}
+            info = {k: v for k, v in sae_info.items() if k != "decoder"} | {"d_sae": width}
             log(f"SAE trained {info}", self.t0)
             inv = {}
             for name, dic in (
-                ("sae_topk256", sae),
-                ("spectral16", SpectralDictionary(n_modes=16, k=32, q=6)),
-                ("rff256", RandomFourierDictionary(256, seed=seed, include_state=False)),
-                ("relu256", RandomReLUDictionary(256, seed=seed)),
+                (f"sae_variance{n}", select_sae_features(sae, X[train], n, "variance")),
+                (f"sae_frequency{n}", select_sae_features(sae, X[train], n, "frequency")),
+                (f"spectral{n}", SpectralDictionary(n_modes=n, k=max(2 * n, 32), q=6)),
+                (f"rff{n}", RandomFourierDictionary(n, seed=seed, include_state=False)),
+                (f"relu{n}", RandomReLUDictionary(n, seed=seed)),
             ):
-                dic.fit(X, U, Y)
                 r = invariance_residual_split(dic, X, U, Y, pid, self.cfg, seed=seed)
                 inv[f"L{layer}/{name}"] = {
                     "pooled": r.pooled,
                     "mean": r.mean,
                     "median": r.median,
                     "n_dead": r.n_dead,
+                    "n_features": n,
+                    "dictionary_fit_split": r.dictionary_fit_split,
                 }
-            return {"invariance": inv, "sae": info}
+            return {"invariance": inv, "sae": info, "n": n}
 
-        config = {"layer": layer, "sae_epochs": s["sae_epochs"], "seed": seed}
+        config = {
+            "layer": layer,
+            "sae_epochs": s["sae_epochs"],
+            "seed": seed,
+            "n": n,
+            "sae_width": s["invariance_sae_width"],
+            "control_energy": CONTROL_ENERGY,
+        }
         got = self.run_stage("invariance", config, compute)
         self.R["invariance"], self.R["sae"] = got["invariance"], got["sae"]
+        self.R["invariance_n"] = got["n"]
 
-    # 4. IOI ablation ordering
+    # 4. IOI ablation ordering (position 0 never ablated; "all" = every other position)
     def ioi(self) -> None:
         from structlens.data.tasks import make_task
         from structlens.koopman import EDMDc, PCADictionary
-        from structlens.koopman.data import capture_depth, load_layer
+        from structlens.koopman.data import capture_depth
         from structlens.koopman.interventions import compare_ablations
         from structlens.report.koopman import plot_ablation
 
@@ -295,14 +368,14 @@ class KoopmanReplication:
         for layer in ioi_layers:
 
             def compute(layer: int = layer) -> dict[str, Any]:
-                X, U, Y, pid = load_layer(self.store if layer in self.layers else ioi_store, layer)
+                X, U, Y, pid = load_rows(self.store if layer in self.layers else ioi_store, layer)
                 dic = PCADictionary(32).fit(X)
                 res = EDMDc(dic, self.cfg).fit(X, U, Y)
                 got = {}
                 for positions in ("all", "END"):
                     c = compare_ablations(
                         model, task, layer, res, dic, 4, positions=positions, n_random=3,
-                        seed=s["seed"],
+                        exclude_position0=EXCLUDE_POSITION0, seed=s["seed"],
                     )  # fmt: skip
                     got[positions] = {
                         "dimension": c.dimension,
@@ -339,20 +412,21 @@ class KoopmanReplication:
             invariance_residual_split,
             train_sae_dictionary,
         )
-        from structlens.koopman.data import load_layer
+        from structlens.koopman.invariance import prompt_split
 
         s, layer = self.s, self.probes[0]
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_layer(self.store, layer)
+            X, U, Y, pid = load_rows(self.store, layer)
+            train = ~prompt_split(pid, s["seed"])  # the residual is scored on the other half
             runs: dict[str, Any] = {}
             for lam in (0.0, s["sae_penalty"]):
                 decoders = []
                 for sd in range(s["sae_seeds"]):
                     dic, info = train_sae_dictionary(
-                        X,
-                        U,
-                        Y,
+                        X[train],
+                        U[train],
+                        Y[train],
                         d_sae=256,
                         k=16,
                         invariance_weight=lam,
@@ -386,7 +460,7 @@ class KoopmanReplication:
             spectral_distance_test,
             universality_test,
         )
-        from structlens.koopman.data import capture_depth, depth_prompts, load_layer
+        from structlens.koopman.data import capture_depth, depth_prompts
         from structlens.models import load_model
 
         s, model, cfg, seed = self.s, self.model, self.cfg_small, self.s["seed"]
@@ -394,7 +468,7 @@ class KoopmanReplication:
 
         def blocks_of(m: Any, layer: int, pr: list, dic: Any = None, n_blocks: int = 16):
             st = capture_depth(m, pr, [layer], root=self.out / "activations")
-            X, U, Y, pid = load_layer(st, layer)
+            X, U, Y, pid = load_rows(st, layer)
             dic = dic or PCADictionary(8).fit(X)
             return EDMDc(dic, cfg).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=seed), X
 
@@ -477,7 +551,7 @@ class KoopmanReplication:
         layers = self.layers
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_layers(self.store, layers)
+            X, U, Y, pid = load_layers(self.store, layers, exclude_position0=EXCLUDE_POSITION0)
             dic = PCADictionary(32).fit(X)
             res = EDMDc(dic, self.cfg).fit(X, U, Y)
             out: dict[str, Any] = {"layers": f"{layers[0]}-{layers[-1]}", "horizon": len(layers)}
@@ -504,13 +578,16 @@ def run(
     out: str | Path | None = None,
     doc_dir: str | Path | None = None,
     device: str = "cpu",
+    test_sizes: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], StageCache]:
-    """Run (or resume) every section of ``profile``; write the markdown and claims JSON."""
+    """Run (or resume) every section of ``profile``; write the markdown and claims JSON.
+    ``test_sizes`` (tests only, e.g. :data:`TINY_TEST_SIZES`) overrides the profile's sizes
+    so a profile's code path runs on a tiny model."""
     from structlens.replication import default_paths
     from structlens.replication.equivalence.run import model_dirs
     from structlens.replication.koopman.render import write
 
-    s = PROFILES[profile]
+    s = PROFILES[profile] | (test_sizes or {})
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = KoopmanReplication(s, out, device)
     # Same order as the documented run (each section is its own stage).

@@ -1,0 +1,36 @@
+"""The causal-dimension profiles follow the issue-15 protocol by construction: checked on
+the settings alone (the cpu/gpu profiles take hours, so they are not run here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from structlens.causal_dim.sweep import WidthSweepConfig
+from structlens.replication.causal_dim.run import PROFILES, SMOKE, TINY_TEST_SIZES, sae_jobs
+from structlens.sae import SAETrainConfig
+
+D_MODEL = {"smollm2-135m": 576, "tiny-llama": 64}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_base_width_is_at_least_four_d_and_every_sae_job_is_valid(profile):
+    s = PROFILES[profile]
+    d = D_MODEL[s["model"]]
+    widths = s["widths"]
+    assert widths == sorted(widths) and widths[0] >= 4 * d
+    WidthSweepConfig(d_model=d)  # the check analyze_width_sweep applies to widths[0]
+    if profile != "smoke":
+        assert widths[-1] >= 64 * widths[0]  # up to ≥ 64× the base
+    assert s["ablation_width"] in widths and s["depth_width"] in widths
+    jobs = sae_jobs(s)
+    assert all(SAETrainConfig(**kw).lr is None for _, kw, _ in jobs)  # the width rule
+    rates = [SAETrainConfig(**kw).learning_rate for n, kw, _ in jobs if n.startswith("topk-")]
+    ratio = [a / b for a, b in zip(rates, rates[1:])]
+    assert all(abs(r - 2**0.5) < 1e-9 for r in ratio)  # each doubling divides lr by √2
+    assert {"jumprelu", "relu"} <= set(s["arch_controls"])
+
+
+def test_tiny_test_sizes_cover_every_sized_setting():
+    # only the profile name survives from the gpu profile in the tests
+    assert set(TINY_TEST_SIZES) == set(SMOKE) - {"profile"}
+    assert PROFILES["gpu"] | TINY_TEST_SIZES == SMOKE | {"profile": "gpu"}
