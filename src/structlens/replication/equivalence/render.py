@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from structlens.equivalence.compare import CompareConfig, ComparisonResult
-from structlens.equivalence.score import wilson_interval
+from structlens.equivalence.score import EquivalenceScore, representational_score, wilson_interval
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.equivalence.run import (
     ENC_CFG,
@@ -53,6 +53,17 @@ def _vs_paper(group: str, ci: list | tuple) -> str:
     if ci[0] > hi + 1e-9:
         return "higher"
     return "consistent"
+
+
+def representational(r: ComparisonResult) -> EquivalenceScore | None:
+    """The representational sufficient condition on the validated head pairs (the same pairs
+    as the behavioural score): share whose similarity (the comparison's metric) is at least
+    :func:`~structlens.equivalence.representational_score`'s threshold, Wilson CI; ``None``
+    without validated pairs."""
+    records = r.validation
+    if not records:
+        return None
+    return representational_score([v["pair"] for v in records], [v["similarity"] for v in records])
 
 
 def verdict(group: str, r: ComparisonResult) -> str:
@@ -131,6 +142,13 @@ def render_markdown(
             f"similarity mean {np.mean(sims):.2f} (min {np.min(sims):.2f}); mean matched-head "
             f"similarity {np.mean(r.matching['heads']['similarities']):.2f}"
             + (f"; median head KL {np.median(kl):.3g} nats" if kl else "")
+            + (
+                f"; representational score (similarity ≥ {rs.criterion['min_similarity']}) "
+                f"{rs.n_passed}/{rs.n_matched} = {rs.score:.2f} {ci(rs.score_ci)} next to the "
+                f"behavioural {r.score:.2f} {ci(r.score_ci)}"
+                if (rs := representational(r)) is not None
+                else ""
+            )
             + (
                 f"; CONGRUITY mean p A→B {r.congruity['point_test_ab']['mean_p']:.2f}, "
                 f"selectivity {r.congruity['selectivity_ab']:.2f}"
@@ -433,6 +451,14 @@ def _finite(x: Any) -> float | None:
     return v if np.isfinite(v) else None
 
 
+def _representational_block(rs: EquivalenceScore | None) -> dict[str, Any]:
+    return {
+        "representational_score": rs.score if rs else None,
+        "representational_score_ci": finite_ci(rs.score_ci) if rs else None,
+        "representational_min_similarity": rs.criterion["min_similarity"] if rs else None,
+    }
+
+
 def _group_verdict(row_verdicts: list[str]) -> str:
     """A group's claims verdict from its rows': all consistent → reproduced; all lower or
     higher → not reproduced; all uninformative (null ≈ score) → unidentified; else partly."""
@@ -489,6 +515,10 @@ def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
                 "null_score": _finite(r.null_score),
                 "null_score_ci": finite_ci(r.null_score_ci),
                 "layer_score": _finite(r.layer_score),
+                # null-calibrated (decide_with_null): "equivalent" only above the null's CI
+                "verdict": r.verdicts["matching"],
+                "verdict_reason": r.verdicts["matching_reason"],
+                **_representational_block(representational(r)),
                 "verdicts": r.verdicts,
                 "verdict_vs_paper": verdict(sc.group, r),
             }
