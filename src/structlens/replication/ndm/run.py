@@ -149,10 +149,10 @@ class NDMReplication:
         return str(self.cache.path(stage) / "model")
 
     # 1. training
-    def _model(self) -> Any:
+    def _model(self, device: str = "cpu") -> Any:
         from structlens.models import load_model
 
-        return load_model(self.model)
+        return load_model(self.model, device=device)
 
     def _train(self, layers: list[int], folder: Path) -> Record:
         from structlens.ndm.experiment import NDMExperimentConfig, run
@@ -218,7 +218,9 @@ class NDMReplication:
 
         def run(folder: Path) -> Record:
             cfg = NDMEvaluationConfig(tests=tuple(s["tests"]), **s["evaluate"])
-            report = run_evaluation(cfg, self._model(), self.cache.path(train_stage), out=folder)
+            # on --device: the gpu profile patches 512 prompts per test
+            model = self._model(self.device)
+            report = run_evaluation(cfg, model, self.cache.path(train_stage), out=folder)
             write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 
