@@ -319,7 +319,7 @@ def _baselines(
         h = store.load(site_name("resid_post", layer)).double().numpy()
         key = _cache_key(
             store=meta["store"], layer=layer, partition=partition, methods=others, seed=cfg.seed,
-            sae=dataclasses.asdict(sae_cfg),
+            sae=dataclasses.asdict(sae_cfg), with_info=True,  # older caches lack the SAE fit
         )  # fmt: skip
         cached = _load_npz(out / "cache" / f"baselines-L{layer}.npz", key)
         if cached is None:
