@@ -255,7 +255,7 @@ def run(
         }
     gini: dict[str, Any] = {}
     headline: dict[str, Any] = {}
-    summary = (
+    summary: dict[str, Any] = (
         screened_summary(
             runs,
             {t: trained[layer_of[t]]["partition"] for t in runs},
