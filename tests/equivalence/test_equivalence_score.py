@@ -66,3 +66,25 @@ def test_criterion_errors():
         equivalence_score([[0, 0], [1, 1]], kl=[0.0], top1=[1.0])
     with pytest.raises(ValueError, match="NaN"):
         equivalence_score([[0, 0]], kl=[np.nan], top1=[1.0])
+
+
+def test_representational_score_passes_aligned_pairs_only():
+    from scipy.stats import ortho_group
+
+    from structlens.equivalence import linear_cka, representational_score
+
+    rng = np.random.default_rng(0)
+    heads = [rng.standard_normal((400, 8)) for _ in range(6)]
+    q = ortho_group.rvs(8, random_state=1)
+    # pairs 0-2: a rotated, rescaled, shifted copy (aligned); 3-5: independent activations
+    partners = [2.5 * h @ q + 1.0 for h in heads[:3]] + [
+        rng.standard_normal((400, 8)) for _ in heads[3:]
+    ]
+    sims = [float(linear_cka(a, b, debiased=True)) for a, b in zip(heads, partners)]
+    assert min(sims[:3]) > 0.999 and max(sims[3:]) < 0.1
+    pairs = [[i, i] for i in range(6)]
+    s = representational_score(pairs, sims, min_similarity=0.9)
+    assert (s.n_passed, s.n_matched, s.score) == (3, 6, 0.5)
+    assert [v["passed"] for v in s.validation] == [True] * 3 + [False] * 3
+    assert s.score_ci == pytest.approx(list(wilson_interval(3, 6)))
+    assert s.criterion["min_similarity"] == 0.9 and s.criterion["max_kl"] is None

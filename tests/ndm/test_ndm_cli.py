@@ -75,33 +75,41 @@ def test_evaluate_writes_documented_keys(tiny_dir, trained):
     out = trained / "eval"
     args = [
         "evaluate", tiny_dir, "--train", str(trained / "train"), "-n", "4", "--n-boot", "20",
-        "--sae-width", "64", "--sae-k", "4", "--sae-epochs", "1", "--conflict-n", "4",
+        "--sae-width", "64", "--sae-k", "4", "--sae-epochs", "3", "--conflict-n", "4",
         "--toy-steps", "30", "--toy-ae-steps", "50", "--batch-size", "4", "--out", str(out), "-q",
+        "--min-share", "0",  # a random model has no behaviour: a zero screen still splits it
     ]  # fmt: skip
     res = runner.invoke(ndm_cli.app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads((out / "ndm_evaluate.json").read_text())
     methods = ["ndm", "identity", "random", "pca", "sae"]
-    tests = [
-        "previous_token",
-        "duplicate_token",
-        "s_inhibition_position",
-        "s_inhibition_name",
-        "greater_than",
-    ]
+    # a Llama has rotary embeddings: the position-swap tests are replaced by relative ones
+    tests = ["previous_token_relative", "induction", "s_inhibition_name", "greater_than"]
     assert set(doc["partition"]) == {"0", "1", "2"}
-    assert set(doc["gini"]) == set(tests)
-    for t in tests:
-        assert set(doc["gini"][t]) == set(methods)
-        g = doc["gini"][t]["ndm"]["dimension"]
+    assert [row["test"] for row in doc["screen"]] == tests and set(doc["gini"]) == set(tests)
+    screened = []
+    for row in doc["screen"]:
+        e = doc["effects"][row["test"]]
+        clean = e["clean_metric_mean"]
+        share = e["full_effect_mean"] / clean if clean > 0 else float("nan")
+        np.testing.assert_allclose(float(row["whole_space_share"]), share)  # NaN as "nan"
+        assert row["screened"] == (share >= 0.0) == e["screened"]
+        if not row["screened"]:
+            assert doc["gini"][row["test"]] == "no signal" and e["methods"] == {}
+            continue
+        screened.append(row["test"])
+        assert set(doc["gini"][row["test"]]) == set(methods)
+        g = doc["gini"][row["test"]]["ndm"]["dimension"]
         assert 0.0 <= g["value"] < 1.0 and g["ci"][0] <= g["ci"][1]
-    for m in methods:
-        mean = np.mean([doc["gini"][t][m]["unnormalized"]["value"] for t in tests])
+    for m in methods if screened else []:
+        mean = np.mean([doc["gini"][t][m]["unnormalized"]["value"] for t in screened])
         assert doc["gini_mean"][m]["unnormalized"]["value"] == pytest.approx(mean)
+    assert 0 < len(screened) < len(tests)  # both paths run (clean metric > 0 and <= 0)
+    assert doc["baselines"]["0"]["sae"]["epochs"] <= 3
     assert 0.0 <= doc["toy"]["overlap"] <= 1.0 + 1e-9
     rates = doc["conflict"]["corruptions"]["true_answer"]
     assert len(rates["subspaces"]) == len(doc["partition"][str(doc["conflict"]["layer"])])
-    assert (out / "effects-previous_token.png").exists()
+    assert all((out / f"effects-{t}.png").exists() for t in screened)
 
 
 def test_browse_returns_highlighted_contexts(tiny_dir, trained):
@@ -132,6 +140,8 @@ def test_bad_input_exits_with_a_message(tiny_dir, trained, tmp_path):
         (["evaluate", tiny_dir, "--train", train, "--tests", "nope"], "unknown tests"),
         (["evaluate", tiny_dir, "--train", train, "--methods", "pca"], "--methods"),
         (["evaluate", tiny_dir, "--train", train, "-n", "1"], "at least 2"),
+        (["evaluate", tiny_dir, "--train", train, "--tests", "previous_token"], "do not suit"),
+        (["evaluate", tiny_dir, "--train", train, "--min-share", "2"], "min_share"),
         (["train", tiny_dir, "--layers", "7", "--out", str(tmp_path)], "--layers"),
         (["train", tiny_dir, "--unit-size", "0", "--out", str(tmp_path)], "unit_size"),
         (["browse", tiny_dir, "--train", train], "--prompt"),

@@ -32,6 +32,9 @@ SMALL = dict(
         (NDMExperimentConfig, dict(unit_size=0), "unit_size must be >= 1"),
         (NDMExperimentConfig, dict(mi_samples=1), "mi_samples"),
         (NDMExperimentConfig, dict(corpus_prompts=-1), "corpus_prompts"),
+        (NDMExperimentConfig, dict(restarts=0), "restarts"),
+        (NDMEvaluationConfig, dict(min_share=1.5), "min_share"),
+        (NDMEvaluationConfig, dict(sae_epochs=0), "sae_epochs"),
         (NDMEvaluationConfig, dict(methods=("pca",)), "must include ndm"),
         (NDMEvaluationConfig, dict(methods=("ndm", "ica")), "must include ndm and only name"),
         (NDMEvaluationConfig, dict(tests=("nope",)), "unknown tests"),
@@ -72,3 +75,15 @@ def test_run_equals_cli(tmp_path):
     assert np.allclose(R_lib.T @ R_lib, np.eye(R_lib.shape[0]), atol=1e-6)
     again = NDMReport.load(report.save(tmp_path / "report"))
     assert again.payload().keys() == report.payload().keys()
+
+
+def test_restarts_are_run_and_the_kept_one_recorded(tmp_path):
+    model = load_model("tiny-llama")
+    cfg = NDMExperimentConfig(**SMALL, restarts=2)
+    assert cfg.ndm.restarts == 2
+    report = run(cfg, model, out=tmp_path / "out", activations=tmp_path / "acts")
+    table = report.results["1"]["restarts"]
+    assert [r["restart"] for r in table] == [0, 1] and sum(r["chosen"] for r in table) == 1
+    kept = next(r for r in table if r["chosen"])
+    assert kept["partition"] == report.results["1"]["partition"]
+    assert report.meta["config"]["restarts"] == 2

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from structlens.analyze.common import caveat, contains, number, t_interval, usable_tasks
+from structlens.analyze.common import caveat, number, t_interval
 from structlens.analyze.config import AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, StageProgress
 
@@ -99,31 +99,48 @@ def preimage_browser(
     }
 
 
+def _buildable(model: Any, test: Any, seed: int) -> bool:
+    """Whether this tokenizer can build the test's task (its words must be single tokens)."""
+    from structlens.ndm.evaluate import make_test_task
+
+    try:
+        make_test_task(test, model.tokenizer, n=2, seed=seed)
+    except ValueError:
+        return False
+    return True
+
+
 def run(
     model: Any, cfg: AnalyzeConfig, step: StageProgress, executor: ExecutorView
 ) -> dict[str, Any]:
-    """NDM at the layers of the paper's patching tests that this tokenizer supports; the
-    patching-test Gini of NDM against baseline rotations (bootstrap CIs over prompts); the
-    preimage browser at the first trained layer."""
-    from structlens.data.tasks import make_task
+    """NDM at the layers of the patching tests (the paper's, with RoPE-transferable ones on
+    rotary models) that this tokenizer supports; each test screened by its whole-space effect
+    (:func:`structlens.ndm.evaluate.screen_table`) and, where it passes, the patching-test Gini
+    of NDM against baseline rotations (bootstrap CIs over prompts); the preimage browser at the
+    first trained layer."""
     from structlens.ndm import NDM, NDMConfig, subspace_variances
     from structlens.ndm.data import capture_residuals, training_prompts
     from structlens.ndm.evaluate import (
-        PAPER_TESTS,
+        DEFAULT_MIN_SHARE,
         corrupted_prompts,
+        make_test_task,
         map_layer,
         patch_positions,
         patch_subspaces,
-        summarize_gini,
+        patch_tests_for,
+        screen_table,
+        screened_summary,
+        whole_space_run,
     )
     from structlens.ndm.pipeline import baseline_rotations
     from structlens.sites import site_name
 
     p = cfg.settings
     caveats: list[dict[str, str]] = []
-    usable = set(usable_tasks(model, sorted({t.task for t in PAPER_TESTS}), cfg.seed))
-    tests = [t for t in PAPER_TESTS if t.task in usable]
-    skipped = [t.name for t in PAPER_TESTS if t.task not in usable]
+    candidates = patch_tests_for(model)
+    buildable = {t.task for t in candidates if _buildable(model, t, cfg.seed)}
+    tests = [t for t in candidates if t.task in buildable]
+    skipped = [t.name for t in candidates if t.task not in buildable]
     if skipped:
         caveats.append(
             caveat("not_run", f"patching tests {skipped} need tasks this tokenizer cannot build.")
@@ -197,55 +214,70 @@ def run(
     runs, tests_out = {}, []
     for test in tests:
         step(f"patch {test.name}")
-        task = make_task(test.task, model.tokenizer, n=p.patch_prompts, seed=cfg.seed)
+        task = make_test_task(test, model.tokenizer, n=p.patch_prompts, seed=cfg.seed)
         layer = layer_of[test.name]
+        corrupted = corrupted_prompts(task, test.corruption)
+        positions = patch_positions(task, test.positions)
+        whole = whole_space_run(model, task, corrupted, layer, positions)
+        screen = screen_table({test.name: whole}, {test.name: layer}, DEFAULT_MIN_SHARE)[0]
+        full = whole.full_effect
+        full_ci = t_interval(full)
+        entry = {"test": test.name, "layer": int(layer), "full_effect": float(full.mean()),
+                 "full_effect_ci": full_ci, **screen}  # fmt: skip
+        tests_out.append(entry)
+        if not screen["screened"]:
+            # Below the screen the subspace effects are mostly noise (noise alone gives a
+            # Gini near 0.41): the test is reported as "no signal", its subspaces unpatched.
+            runs[test.name] = {"whole": whole}
+            share = screen["whole_space_share"]
+            removed = (
+                f"removes {share:.1%} of the clean metric"
+                if np.isfinite(share)
+                else "cannot remove a behaviour the model lacks (mean clean metric <= 0)"
+            )
+            caveats.append(
+                caveat(
+                    "null_effect",
+                    f"{test.name}: patching the whole space at layer {layer} {removed} (effect "
+                    f"{full.mean():+.3f}, CI [{full_ci[0]:+.3f}, {full_ci[1]:+.3f}]), below the "
+                    f"{DEFAULT_MIN_SHARE:.0%} screen: no signal, no Gini.",
+                )
+            )
+            continue
         bounds = np.concatenate([[0], np.cumsum(trained[layer]["partition"])])
         bases = {
             m: [r[:, bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
             for m, r in rotations[layer].items()
         }
-        run = patch_subspaces(
-            model, task, corrupted_prompts(task, test.corruption), layer,
-            patch_positions(task, test.positions), bases,
-        )  # fmt: skip
-        runs[test.name] = run
-        full = run["ndm"].full_effect
-        full_ci = t_interval(full)
-        tests_out.append(
-            {
-                "test": test.name,
-                "layer": int(layer),
-                "full_effect": float(full.mean()),
-                "full_effect_ci": full_ci,
-                "normalized": {m: r.normalized_effects().tolist() for m, r in run.items()},
-            }
-        )
-        if contains(full_ci, 0.0):
-            caveats.append(
-                caveat(
-                    "null_effect",
-                    f"{test.name}: patching the whole space has no detectable effect "
-                    f"({full.mean():+.3f}, CI [{full_ci[0]:+.3f}, {full_ci[1]:+.3f}]); the "
-                    "Gini of its subspace effects measures noise, not concentration.",
-                )
-            )
+        runs[test.name] = patch_subspaces(model, task, corrupted, layer, positions, bases)
+        entry["normalized"] = {
+            m: r.normalized_effects().tolist() for m, r in runs[test.name].items()
+        }
     gini: dict[str, Any] = {}
     headline: dict[str, Any] = {}
-    if runs:
-        summary = summarize_gini(
+    summary: dict[str, Any] = (
+        screened_summary(
             runs,
             {t: trained[layer_of[t]]["partition"] for t in runs},
             {t: variances[layer_of[t]] for t in runs},
+            layer_of,
+            min_share=DEFAULT_MIN_SHARE,
             n_boot=p.gini_bootstrap,
             seed=cfg.seed,
         )
+        if runs
+        else {"gini_mean": "no signal"}
+    )
+    if summary["gini_mean"] != "no signal":
         gini = {
             "mean": {m: v["dimension"] for m, v in summary["gini_mean"].items()},
             "per_test": {
-                t: {m: v["dimension"] for m, v in by.items()} for t, by in summary["gini"].items()
+                t: by if by == "no signal" else {m: v["dimension"] for m, v in by.items()}
+                for t, by in summary["gini"].items()
             },
             "ndm_minus": {m: v["dimension"] for m, v in summary.get("gini_mean_diff", {}).items()},
-            "variant": "dimension-normalised Gini of the mean subspace patching effects",
+            "variant": "dimension-normalised Gini of the mean subspace patching effects, over "
+            "the tests that pass the screen",
         }
         for m, v in gini["mean"].items():
             headline[f"gini_{m}"] = number(v["value"], v["ci"], "", f"Gini ({m})")

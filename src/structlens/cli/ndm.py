@@ -64,6 +64,7 @@ def train(
     merge_interval: Annotated[int, typer.Option(help="Steps between merge rounds.")] = 200,
     merge_threshold: Annotated[float, typer.Option(help="Normalised MI threshold.")] = 0.04,
     mi_samples: Annotated[int, typer.Option(help="Rows for the KSG estimate.")] = 2048,
+    restarts: Annotated[int, typer.Option(help="Training runs per layer; the best kept.")] = 1,
     activations: Activations = Path("results/ndm/activations"),
     checkpoints: Annotated[
         Path | None,
@@ -83,7 +84,7 @@ def train(
         steps=steps, bank_size=bank_size, batch_size=batch_size,
         refresh_interval=refresh_interval, lr=lr, merge_start=merge_start,
         merge_interval=merge_interval, merge_threshold=merge_threshold, mi_samples=mi_samples,
-        seed=common.seed, device=common.device,
+        restarts=restarts, seed=common.seed, device=common.device,
     )  # fmt: skip
     model = common.load_model(model_name)
     report = run(
@@ -103,6 +104,9 @@ def evaluate(
     train: TrainDir = Path("results/ndm"),
     n: Annotated[int, typer.Option("-n", help="Prompts per test.")] = 24,
     tests: Annotated[str, typer.Option(help="Comma-separated test names, or 'all'.")] = "all",
+    min_share: Annotated[
+        float, typer.Option(help="Screen: least whole-space effect / clean metric for a Gini.")
+    ] = 0.3,
     methods: Annotated[
         str, typer.Option(help="Comma-separated: ndm,identity,random,pca,sae.")
     ] = "ndm,identity,random,pca,sae",
@@ -110,7 +114,8 @@ def evaluate(
     n_boot: Annotated[int, typer.Option(help="Bootstrap resamples over prompts.")] = 1000,
     sae_width: Annotated[int, typer.Option(help="SAE width for the SAE baseline.")] = 2048,
     sae_k: Annotated[int, typer.Option(help="SAE TopK k.")] = 32,
-    sae_epochs: Annotated[int, typer.Option(help="SAE training epochs.")] = 4,
+    sae_epochs: Annotated[int, typer.Option(help="Most SAE epochs (stops at FVU plateau).")] = 50,
+    sae_tol: Annotated[float, typer.Option(help="SAE plateau: relative FVU gain/epoch.")] = 0.01,
     conflict: Annotated[bool, typer.Option(help="Knowledge-conflict routing.")] = True,
     conflict_n: Annotated[int, typer.Option(help="Knowledge-conflict prompts.")] = 24,
     conflict_layer: Annotated[
@@ -130,18 +135,23 @@ def evaluate(
 
     load_train_meta(train)
     cfg = NDMEvaluationConfig(
-        n=n, tests=() if tests == "all" else parse_names(tests), methods=parse_names(methods),
-        batch_size=batch_size, n_boot=n_boot, sae_width=sae_width, sae_k=sae_k,
-        sae_epochs=sae_epochs, conflict=conflict, conflict_n=conflict_n,
-        conflict_layer=conflict_layer, toy=toy, toy_steps=toy_steps, toy_ae_steps=toy_ae_steps,
-        seed=common.seed,
+        n=n, tests=() if tests == "all" else parse_names(tests), min_share=min_share,
+        methods=parse_names(methods), batch_size=batch_size, n_boot=n_boot, sae_width=sae_width,
+        sae_k=sae_k, sae_epochs=sae_epochs, sae_tol=sae_tol, conflict=conflict,
+        conflict_n=conflict_n, conflict_layer=conflict_layer, toy=toy, toy_steps=toy_steps,
+        toy_ae_steps=toy_ae_steps, seed=common.seed,
     )  # fmt: skip
     runner = common.runner()
     model = common.load_model(model_name)
     report = run_evaluation(cfg, model, train, out=common.out, executor=runner, log=common.say)
     path = common.write("ndm_evaluate", report.payload(), command="ndm evaluate")
-    common.say("mean Gini (dimension-normalised) [95% CI]:")
-    for m, v in report.meta["gini_mean"].items():
+    for row in report.meta["screen"]:
+        flag = "" if row["screened"] else "  no signal"
+        common.say(f"  {row['test']:24s} whole-space share {row['whole_space_share']:+.3f}{flag}")
+    gm = report.meta["gini_mean"]
+    common.say("mean Gini of screened tests (dimension-normalised) [95% CI]:" if gm != "no signal"
+               else "no test passes the screen: no Gini")  # fmt: skip
+    for m, v in (gm if isinstance(gm, dict) else {}).items():
         g = v["dimension"]
         common.say(f"  {m:9s} {g['value']:.3f} [{g['ci'][0]:.3f}, {g['ci'][1]:.3f}]")
     if (toy_out := report.meta["toy"]) is not None:

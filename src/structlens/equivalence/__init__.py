@@ -10,7 +10,7 @@ elsewhere. See docs/equivalence.md for conventions and a worked example.
 * Component matching: :func:`layer_similarity_matrix`, :func:`head_similarity_matrix`,
   :func:`match_hungarian`, :func:`match_monotone`, :func:`match_heads`.
 * Equivalence score: :class:`ValidationCriterion`, :func:`equivalence_score`,
-  :func:`fit_linear_map`.
+  :func:`representational_score`, :func:`fit_linear_map`.
 * CONGRUITY (reference-code statistics): :func:`accumulated_representation`,
   :func:`kl_from_logits`, :func:`rank_heads`, :func:`selectivity_test`, :func:`point_test`,
   :func:`bootstrap_point_test`.
@@ -76,6 +76,7 @@ from .score import (
     decide_with_null,
     equivalence_score,
     informative_heads,
+    representational_score,
     wilson_interval,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "encoding_score",
     "encoding_scores",
     "equivalence_score",
+    "representational_score",
     "fit_linear_map",
     "fit_layer_map",
     "decide_with_null",

@@ -19,6 +19,15 @@ The score is ``passed / matched`` in ``[0, 1]`` (1 = every matched component can
 for its partner), reported with a Wilson score interval (default) or a percentile bootstrap
 over components.
 
+**Representational sufficient condition** (:func:`representational_score`, reported next to
+the behavioural one): a matched pair passes when its representations are aligned, i.e. their
+similarity (debiased linear CKA by default in :mod:`~structlens.equivalence.compare`, which is
+invariant to rotations, permutations and isotropic scaling of either side) reaches
+``min_similarity`` (default 0.9; the paper derives such a condition from CKA/SVCCA but
+publishes no threshold, so this one is our documented choice).  It needs no patching, and
+says nothing about whether B *uses* what the aligned representation carries: that is the
+behavioural condition's job.
+
 **Decisions need a null** (:func:`decide_with_null`).  A component whose mean ablation
 already passes says nothing about its partner, so a score alone decides nothing: the verdict
 is ``"equivalent"`` only when the score's interval lies entirely above the null's (the same
@@ -43,6 +52,7 @@ __all__ = [
     "wilson_interval",
     "bootstrap_interval",
     "equivalence_score",
+    "representational_score",
     "decide_with_null",
     "informative_heads",
 ]
@@ -186,6 +196,28 @@ def equivalence_score(
         criterion=dataclasses.asdict(crit),
         validation=records,
     )
+
+
+def representational_score(
+    pairs: list,
+    similarity: object,
+    min_similarity: float = 0.9,
+    *,
+    ci: str = "wilson",
+    confidence: float = 0.95,
+) -> EquivalenceScore:
+    """Share of matched pairs whose representations are aligned (``similarity >=
+    min_similarity``), with its interval: the representational sufficient condition.
+
+    ``similarity`` holds one value per pair (e.g. the matched-head similarities of a
+    comparison, in its metric's convention: 1 = identical up to the metric's invariances).
+    This is :func:`equivalence_score` with only the similarity criterion set.
+
+    >>> representational_score([(0, 0), (1, 1), (2, 2), (3, 3)], [1.0, 0.95, 0.5, 0.2]).n_passed
+    2
+    """
+    crit = ValidationCriterion(max_kl=None, min_top1=None, min_similarity=min_similarity)
+    return equivalence_score(pairs, crit, similarity=similarity, ci=ci, confidence=confidence)
 
 
 def decide_with_null(

@@ -5,9 +5,11 @@ evaluate the decompositions by subspace patching (:func:`evaluate`).
 the chosen layers over corpus windows and task prompts (cached store), trains NDM per layer,
 writes ``ndm-L{layer}/`` (the full :class:`~structlens.ndm.NDMResult`) and
 ``R-L{layer}.safetensors`` to ``out``, and returns the ``ndm_train`` report.
-``evaluate(NDMEvaluationConfig(...), model, train_dir, out=...)`` runs the paper's patching
-tests for NDM and the baselines with NDM's partition, Gini coefficients with bootstrap CIs,
-knowledge-conflict routing and the toy recovery, and returns the ``ndm_evaluate`` report.
+``evaluate(NDMEvaluationConfig(...), model, train_dir, out=...)`` screens the patching tests
+(the paper's, with RoPE-transferable ones on rotary models) by their whole-space effect, runs
+the screened ones for NDM and the baselines with NDM's partition, reports Gini coefficients
+with bootstrap CIs for those (``"no signal"`` for the others), knowledge-conflict routing and
+the toy recovery, and returns the ``ndm_evaluate`` report.
 
 Example
 -------
@@ -77,7 +79,8 @@ class NDMExperimentConfig:
     relative depth) are trained; ``capture_layers`` (a superset) are captured, so parallel
     runs naming the same set share one cached store.  Data: ``corpus_prompts`` windows of 128
     tokens plus ``task_prompts`` clean prompts of each of the three tasks.  The other fields
-    are those of :class:`~structlens.ndm.NDMConfig` (``steps`` is ``max_steps``).
+    are those of :class:`~structlens.ndm.NDMConfig` (``steps`` is ``max_steps``; ``restarts``
+    independent runs per layer, the best kept).
     """
 
     layers: tuple[int, ...] = ()
@@ -94,6 +97,7 @@ class NDMExperimentConfig:
     merge_interval: int = 200
     merge_threshold: float = 0.04
     mi_samples: int = 2048
+    restarts: int = 1
     seed: int = 0
     device: str = "cpu"
 
@@ -110,8 +114,8 @@ class NDMExperimentConfig:
             max_steps=self.steps, bank_size=self.bank_size,
             refresh_interval=self.refresh_interval, merge_start=self.merge_start,
             merge_interval=self.merge_interval, merge_threshold=self.merge_threshold,
-            mi_samples=self.mi_samples, log_interval=min(50, self.steps), seed=self.seed,
-            device=self.device,
+            mi_samples=self.mi_samples, restarts=self.restarts,
+            log_interval=min(50, self.steps), seed=self.seed, device=self.device,
         )  # fmt: skip
 
     def chosen_layers(self, n_layers: int) -> list[int]:
@@ -176,6 +180,8 @@ def run(
         res.save(out / f"ndm-L{layer}")
         save_rotation(out / f"R-L{layer}.safetensors", res.rotation, res.partition)
         results[str(layer)] = res.training_record(h.shape[0], seconds)
+        if res.restarts:  # which run was kept, and why (see NDMConfig.restarts)
+            results[str(layer)]["restarts"] = res.restarts
         if log is not None:
             log(f"layer {layer}: {res.steps} steps in {seconds:.0f} s, partition {res.partition}")
     meta = {
@@ -200,20 +206,27 @@ def run(
 class NDMEvaluationConfig:
     """Settings of ``ndm evaluate``.
 
-    ``tests`` are names of :data:`~structlens.ndm.evaluate.PAPER_TESTS` (empty: all), run on
-    ``n`` prompts each; ``methods`` must include ``ndm``; the SAE baseline trains a TopK SAE
-    of ``sae_width``/``sae_k`` for ``sae_epochs``.  ``conflict`` adds knowledge-conflict
-    routing at ``conflict_layer`` (default: the first trained), ``toy`` the toy recovery.
+    ``tests`` are names of :data:`~structlens.ndm.evaluate.PAPER_TESTS` or
+    :data:`~structlens.ndm.evaluate.ROPE_TESTS` (empty: those that suit the model, see
+    :func:`~structlens.ndm.evaluate.patch_tests_for`), run on ``n`` prompts each; a test
+    whose whole-space effect is below ``min_share`` of the clean metric at its layer is
+    reported as ``"no signal"`` instead of a Gini.  ``methods`` must include ``ndm``; the SAE
+    baseline trains a TopK SAE of ``sae_width``/``sae_k`` until its epoch FVU improves by
+    less than ``sae_tol`` (relative), at most ``sae_epochs`` epochs.  ``conflict`` adds
+    knowledge-conflict routing at ``conflict_layer`` (default: the first trained), ``toy``
+    the toy recovery.
     """
 
     n: int = 24
     tests: tuple[str, ...] = ()
+    min_share: float = 0.3
     methods: tuple[Method, ...] = ("ndm", "identity", "random", "pca", "sae")
     batch_size: int = 12
     n_boot: int = 1000
     sae_width: int = 2048
     sae_k: int = 32
-    sae_epochs: int = 4
+    sae_epochs: int = 50
+    sae_tol: float = 0.01
     conflict: bool = True
     conflict_n: int = 24
     conflict_layer: int | None = None
@@ -223,7 +236,7 @@ class NDMEvaluationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from structlens.ndm.evaluate import PAPER_TESTS
+        from structlens.ndm.evaluate import PAPER_TESTS, ROPE_TESTS
 
         if "ndm" not in self.methods or any(m not in Method.__args__ for m in self.methods):
             raise ValueError(
@@ -231,12 +244,16 @@ class NDMEvaluationConfig:
                 f"got {list(self.methods)}"
             )
         check_choices(self)
-        known = [t.name for t in PAPER_TESTS]
+        known = [t.name for t in (*PAPER_TESTS, *ROPE_TESTS)]
         unknown = [t for t in self.tests if t not in known]
         if unknown:
             raise ValueError(f"unknown tests {unknown}; choose from {known} or 'all'")
         if self.n < 2:
             raise ValueError(f"n must be at least 2 (bootstrap over prompts), got {self.n}")
+        if not 0.0 <= self.min_share <= 1.0:
+            raise ValueError(f"min_share must be in [0, 1], got {self.min_share}")
+        if self.sae_epochs < 1 or self.sae_tol < 0:
+            raise ValueError("sae_epochs must be >= 1 and sae_tol >= 0.")
 
 
 def _cache_key(**parts: Any) -> str:
@@ -294,7 +311,7 @@ def _baselines(
 
     rotations, partitions, variances, info_out = {}, {}, {}, {}
     sae_cfg = SAEBaselineConfig(
-        width=cfg.sae_width, k=cfg.sae_k, epochs=cfg.sae_epochs, seed=cfg.seed
+        width=cfg.sae_width, k=cfg.sae_k, epochs=cfg.sae_epochs, tol=cfg.sae_tol, seed=cfg.seed
     )
     others = [m for m in cfg.methods if m != "ndm"]
     for layer in layers:
@@ -302,17 +319,18 @@ def _baselines(
         h = store.load(site_name("resid_post", layer)).double().numpy()
         key = _cache_key(
             store=meta["store"], layer=layer, partition=partition, methods=others, seed=cfg.seed,
-            sae=dataclasses.asdict(sae_cfg),
+            sae=dataclasses.asdict(sae_cfg), with_info=True,  # older caches lack the SAE fit
         )  # fmt: skip
         cached = _load_npz(out / "cache" / f"baselines-L{layer}.npz", key)
         if cached is None:
             base, info = baseline_rotations(
                 h, partition, others, seed=cfg.seed, sae=sae_cfg, executor=executor
             )
-            _save_npz(out / "cache" / f"baselines-L{layer}.npz", key, base)
+            info_json = np.asarray(json.dumps(info))
+            _save_npz(out / "cache" / f"baselines-L{layer}.npz", key, base | {"info": info_json})
         else:
             base = {m: cached[m] for m in others}
-            info = {"sae": dataclasses.asdict(sae_cfg)} if "sae" in others else {}
+            info = json.loads(str(cached["info"]))
         rotations[layer] = {"ndm": R, **base}
         partitions[layer] = partition
         variances[layer] = {
@@ -361,19 +379,29 @@ def evaluate(
     from structlens.data.tasks import make_task
     from structlens.ndm.collect import train_context
     from structlens.ndm.evaluate import (
-        PAPER_TESTS,
         corrupted_prompts,
+        make_test_task,
         map_layer,
         patch_positions,
         patch_subspaces,
+        patch_tests_for,
         routing_rates,
-        summarize_gini,
+        screen_table,
+        screened_summary,
+        whole_space_run,
     )
     from structlens.report.ndm import plot_effect_heatmap
 
     meta, store, _ = train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
-    chosen_tests = [t for t in PAPER_TESTS if not cfg.tests or t.name in cfg.tests]
+    suitable = patch_tests_for(model)
+    unsuitable = sorted(set(cfg.tests) - {t.name for t in suitable})
+    if unsuitable:
+        raise ValueError(
+            f"tests {unsuitable} do not suit {model.name} (rotary position embeddings have no "
+            f"absolute-position subspace); choose from {[t.name for t in suitable]}"
+        )
+    chosen_tests = [t for t in suitable if not cfg.tests or t.name in cfg.tests]
     layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in chosen_tests}
     missing = sorted(set(layer_of.values()) - set(trained))
     if missing:
@@ -400,61 +428,84 @@ def evaluate(
     effects_out: dict[str, Any] = {}
     for test in chosen_tests:
         if test.task not in tasks:
-            tasks[test.task] = make_task(test.task, model.tokenizer, n=cfg.n, seed=cfg.seed)
+            tasks[test.task] = make_test_task(test, model.tokenizer, n=cfg.n, seed=cfg.seed)
         task = tasks[test.task]
         layer = layer_of[test.name]
+        corrupted = corrupted_prompts(task, test.corruption)
+        positions = patch_positions(task, test.positions)
+        key = dict(test=dataclasses.asdict(test), layer=layer, n=cfg.n, seed=cfg.seed,
+                   model=model.name)  # fmt: skip
         t1 = time.perf_counter()
-        runs[test.name] = _cached_runs(
-            out / "cache" / f"run-{test.name}.npz",
-            _cache_key(
-                test=dataclasses.asdict(test),
-                layer=layer,
-                n=cfg.n,
-                seed=cfg.seed,
-                model=model.name,
-                rotations={m: _digest(rotations[layer][m]) for m in methods},
-                partition=partitions[layer],
-            ),  # fmt: skip
-            lambda task=task, test=test, layer=layer: patch_subspaces(
-                model,
-                task,
-                corrupted_prompts(task, test.corruption),
-                layer,
-                patch_positions(task, test.positions),
-                bases(layer, methods),
-                batch_size=cfg.batch_size,
-            ),  # fmt: skip
-        )
+        # The screen first (three forward passes per batch): a test without signal at its
+        # layer never has its subspaces patched.
+        whole = _cached_runs(
+            out / "cache" / f"whole-{test.name}.npz",
+            _cache_key(**key),
+            lambda task=task, corrupted=corrupted, positions=positions, layer=layer: {
+                "whole": whole_space_run(
+                    model, task, corrupted, layer, positions, batch_size=cfg.batch_size
+                )
+            },
+        )["whole"]
+        screened = screen_table({test.name: whole}, {test.name: layer}, cfg.min_share)[0]
+        if screened["screened"]:
+            runs[test.name] = _cached_runs(
+                out / "cache" / f"run-{test.name}.npz",
+                _cache_key(
+                    **key,
+                    rotations={m: _digest(rotations[layer][m]) for m in methods},
+                    partition=partitions[layer],
+                ),
+                lambda task=task, corrupted=corrupted, positions=positions, layer=layer: (
+                    patch_subspaces(
+                        model,
+                        task,
+                        corrupted,
+                        layer,
+                        positions,
+                        bases(layer, methods),
+                        batch_size=cfg.batch_size,
+                    )  # fmt: skip
+                ),
+            )
+        else:
+            runs[test.name] = {"whole": whole}
         timings[test.name] = time.perf_counter() - t1
-        ndm_run = runs[test.name]["ndm"]
         effects_out[test.name] = {
             "layer": layer,
             "positions": list(test.positions),
             "corruption": test.corruption,
-            "clean_metric_mean": float(ndm_run.clean_metric.mean()),
-            "corrupt_metric_mean": float(ndm_run.corrupt_metric.mean()),
-            "full_effect_mean": float(ndm_run.full_effect.mean()),
+            "clean_metric_mean": float(whole.clean_metric.mean()),
+            "corrupt_metric_mean": float(whole.corrupt_metric.mean()),
+            "full_effect_mean": float(whole.full_effect.mean()),
+            "whole_space_share": screened["whole_space_share"],
+            "screened": screened["screened"],
             "methods": {
                 m: {
                     "mean": r.mean_effects().tolist(),
                     "normalized": r.normalized_effects().tolist(),
                 }
                 for m, r in runs[test.name].items()
+                if m != "whole"
             },
         }
-        plot_effect_heatmap(
-            {m: v["normalized"] for m, v in effects_out[test.name]["methods"].items()},
-            partitions[layer],
-            f"{test.name} (layer {layer}, {test.corruption})",
-            out / f"effects-{test.name}.png",
-        )
+        if screened["screened"]:
+            plot_effect_heatmap(
+                {m: v["normalized"] for m, v in effects_out[test.name]["methods"].items()},
+                partitions[layer],
+                f"{test.name} (layer {layer}, {test.corruption})",
+                out / f"effects-{test.name}.png",
+            )
         if log is not None:
-            full = effects_out[test.name]["full_effect_mean"]
-            log(f"{test.name}: layer {layer}, whole-space effect {full:+.3f}")
-    summary = summarize_gini(
+            share = screened["whole_space_share"]
+            verdict = "screened" if screened["screened"] else "no signal"
+            log(f"{test.name}: layer {layer}, whole-space share {share:+.3f} ({verdict})")
+    summary = screened_summary(
         runs,
         {t: partitions[layer_of[t]] for t in runs},
         {t: variances[layer_of[t]] for t in runs},
+        layer_of,
+        min_share=cfg.min_share,
         n_boot=cfg.n_boot,
         seed=cfg.seed,
     )

@@ -32,12 +32,13 @@ class SAEBaselineConfig:
     """The SAE trained for the SAE-feature-clustering baseline (TopK, unit-norm decoder).
 
     Training runs whole epochs over the activations until the epoch's FVU improves by less
-    than ``tol`` (relative) on the previous epoch, or ``epochs`` epochs have run.
+    than ``tol`` (relative) on the previous epoch, or ``epochs`` epochs have run (a cap high
+    enough that the plateau, not the cap, normally ends training).
     """
 
     width: int = 2048
     k: int = 32
-    epochs: int = 4
+    epochs: int = 50
     batch_size: int = 1024
     seed: int = 0
     tol: float = 0.01

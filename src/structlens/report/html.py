@@ -310,6 +310,14 @@ def _ndm(sec: dict[str, Any]) -> str:
 
     out += _figure("fig-ndm-merges", "KSG merge history: the largest pairwise MI per merge round.",
                    merges)  # fmt: skip
+    out += _table(
+        ["test", "layer", "whole-space effect [95% CI]", "share of clean metric", "screen"],
+        [[(_e(t["test"]), t["test"]), t["layer"],
+          _ci_cell(t["full_effect"], t["full_effect_ci"]),
+          t["whole_space_share"],
+          "passes" if t["screened"] else "no signal"] for t in det["tests"]],
+        "ndm-tests-table",
+    )  # fmt: skip
     gini = det.get("gini") or {}
     if gini:
         methods = list(gini["mean"])
@@ -319,19 +327,14 @@ def _ndm(sec: dict[str, Any]) -> str:
             ["method", "mean Gini [95% CI]", *tests, "NDM − method [95% CI]"],
             [
                 [(_e(m), m), _ci_cell(gini["mean"][m]["value"], gini["mean"][m]["ci"]),
-                 *[_ci_cell(gini["per_test"][t][m]["value"], gini["per_test"][t][m]["ci"])
+                 *[("no signal", None) if gini["per_test"][t] == "no signal" else
+                   _ci_cell(gini["per_test"][t][m]["value"], gini["per_test"][t][m]["ci"])
                    for t in tests],
                  _ci_cell(gini["ndm_minus"][m]["value"], gini["ndm_minus"][m]["ci"])
                  if m in gini["ndm_minus"] else ("—", None)]
                 for m in methods
             ],
             "gini-table",
-        )  # fmt: skip
-        out += _table(
-            ["test", "layer", "whole-space effect [95% CI]"],
-            [[(_e(t["test"]), t["test"]), t["layer"],
-              _ci_cell(t["full_effect"], t["full_effect_ci"])] for t in det["tests"]],
-            "ndm-tests-table",
         )  # fmt: skip
 
         def bars(fig: Any) -> None:

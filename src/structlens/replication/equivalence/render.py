@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from structlens.equivalence.compare import CompareConfig, ComparisonResult
-from structlens.equivalence.score import wilson_interval
+from structlens.equivalence.score import EquivalenceScore, representational_score, wilson_interval
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.equivalence.run import (
     ENC_CFG,
@@ -26,6 +26,7 @@ from structlens.replication.equivalence.run import (
     SCENARIOS,
     SMALL,
     SMOL_CFG,
+    SMOL_PROBE,
     EquivalenceReplication,
     Scenario,
 )
@@ -53,6 +54,17 @@ def _vs_paper(group: str, ci: list | tuple) -> str:
     if ci[0] > hi + 1e-9:
         return "higher"
     return "consistent"
+
+
+def representational(r: ComparisonResult) -> EquivalenceScore | None:
+    """The representational sufficient condition on the validated head pairs (the same pairs
+    as the behavioural score): share whose similarity (the comparison's metric) is at least
+    :func:`~structlens.equivalence.representational_score`'s threshold, Wilson CI; ``None``
+    without validated pairs."""
+    records = r.validation
+    if not records:
+        return None
+    return representational_score([v["pair"] for v in records], [v["similarity"] for v in records])
 
 
 def verdict(group: str, r: ComparisonResult) -> str:
@@ -132,6 +144,13 @@ def render_markdown(
             f"similarity {np.mean(r.matching['heads']['similarities']):.2f}"
             + (f"; median head KL {np.median(kl):.3g} nats" if kl else "")
             + (
+                f"; representational score (similarity ≥ {rs.criterion['min_similarity']}) "
+                f"{rs.n_passed}/{rs.n_matched} = {rs.score:.2f} {ci(rs.score_ci)} next to the "
+                f"behavioural {r.score:.2f} {ci(r.score_ci)}"
+                if (rs := representational(r)) is not None
+                else ""
+            )
+            + (
                 f"; CONGRUITY mean p A→B {r.congruity['point_test_ab']['mean_p']:.2f}, "
                 f"selectivity {r.congruity['selectivity_ab']:.2f}"
                 if r.congruity
@@ -173,6 +192,7 @@ def render_markdown(
         smol_cfg=_cfg_text(SMOL_CFG),
         small_cmp=_cfg_text(rep.s["small_cfg"]),
         enc_cfg=_cfg_text(ENC_CFG),
+        smol_probe=SMOL_PROBE,
     )
 
 
@@ -345,10 +365,11 @@ Function-preserving fold check: {fold}
 {ft}
 * Compare settings (non-default fields): small LMs: {small_cmp}; SmolLM2 pairs: {smol_cfg};
   encoder–decoder: {enc_cfg}. Everything else is the `CompareConfig` default (debiased
-  linear CKA, monotone layer matching, global Hungarian head matching, ridge maps, KL ≤ 0.1
+  linear CKA, monotone layer matching, global Hungarian head matching, ridge maps for heads,
+  Procrustes maps for whole layers of equal width (more fit rows than dimensions), KL ≤ 0.1
   nats and top-1 ≥ 0.9, 20 point-test triples × 40 straps, seed 0). Probes: 48 corpus
-  sentences (40–160 characters) for the byte-level LMs (32 for `sanity-tiny`), 24 IOI
-  prompts for the SmolLM2 pairs, 64 corpus sentences for MiniLM vs SmolLM2; half of each
+  sentences (40–160 characters) for the byte-level LMs (32 for `sanity-tiny`), {smol_probe}
+  IOI prompts for the SmolLM2 pairs, 64 corpus sentences for MiniLM vs SmolLM2; half of each
   probe is held out. These settings are the same for every row of a model family; no row
   was shrunk to fit the time budget.
 
@@ -370,8 +391,8 @@ replaceable by the base model (inside the paper's 0.4–0.9; the failures are th
 layers 20 and 23, and layer 23's group fails even in the exact sanity copy, at KL 0.14 nats
 against 0.33 and 1.25 here); and the encoder–decoder pair, compared by sentence-level CKA
 only, reaches 0.07 (below the paper's ≈ 0.3). The sanity pairs bound the method's floor: the
-exact SmolLM2 copy loses one layer group (23) and all `resid_post` replacements to the ridge
-maps, not to the models.
+exact SmolLM2 copy loses one layer group (23), and lost all `resid_post` replacements to the
+old ridge layer map, not to the models.
 
 ## Where the two estimators disagree
 
@@ -414,10 +435,11 @@ rows of the table ran slower than they would alone (column s: wall seconds under
 
 Caveats that hold whatever the numbers: the sufficient condition is per component (one head
 replaced at a time), so in a model with many heads most single replacements change little and
-pass; the null score measures exactly this. The layer score of the SmolLM2 rows is bounded by
-the map, not the models: the ridge map of a 576-dimensional residual stream is fitted on the
-~170 token rows of 12 IOI prompts (n < d), so it cannot even reproduce identical layers (see
-the layer bullet above). The byte-level LMs are small and briefly trained (400 steps, about
+pass; the null score measures exactly this. Whole layers are replaced through an orthogonal
+Procrustes map fitted on more token rows than dimensions ({smol_probe} IOI prompts for the
+SmolLM2 rows, half of them fit rows); an earlier ridge map fitted on ~170 rows for d = 576
+could not even reproduce identical layers. The byte-level LMs are small and briefly trained
+(400 steps, about
 2 nats/byte; the 8-layer model is no better than the 4-layer one), so the seed and depth rows
 compare immature models; their training times (42–2866 s for the same size) reflect the
 machine's load at the time.
@@ -431,6 +453,14 @@ def _finite(x: Any) -> float | None:
     """A result's score as a float, ``None`` where it is NaN (not measured for that row)."""
     v = num(x)
     return v if np.isfinite(v) else None
+
+
+def _representational_block(rs: EquivalenceScore | None) -> dict[str, Any]:
+    return {
+        "representational_score": rs.score if rs else None,
+        "representational_score_ci": finite_ci(rs.score_ci) if rs else None,
+        "representational_min_similarity": rs.criterion["min_similarity"] if rs else None,
+    }
 
 
 def _group_verdict(row_verdicts: list[str]) -> str:
@@ -489,6 +519,10 @@ def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
                 "null_score": _finite(r.null_score),
                 "null_score_ci": finite_ci(r.null_score_ci),
                 "layer_score": _finite(r.layer_score),
+                # null-calibrated (decide_with_null): "equivalent" only above the null's CI
+                "verdict": r.verdicts["matching"],
+                "verdict_reason": r.verdicts["matching_reason"],
+                **_representational_block(representational(r)),
                 "verdicts": r.verdicts,
                 "verdict_vs_paper": verdict(sc.group, r),
             }

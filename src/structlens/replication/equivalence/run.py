@@ -51,6 +51,10 @@ FT_SETTINGS: dict[str, Any] = dict(
     steps=16, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), seed=0
 )
 
+# IOI prompts for the SmolLM2 rows: half fit, half held out; 48 fit prompts of ~16 tokens give
+# ~700 token rows, more than d = 576, as a whole-layer map needs (equivalence.layer_map).
+SMOL_PROBE = 96
+
 SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
 SMOL_CFG = CompareConfig(
     validate_head_groups=True,
@@ -99,7 +103,7 @@ def _sanity_smol(rep: EquivalenceReplication) -> tuple:
 
     a = load_model("smollm2-135m")
     b, _, _ = rotate_and_permute(a, seed=3)
-    return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
+    return a, b, task_probe(a, b, "ioi", n=SMOL_PROBE), SMOL_CFG
 
 
 def _small_pair(x: str, y: str) -> Callable[[EquivalenceReplication], tuple]:
@@ -116,7 +120,7 @@ def _ft_pair(name: str) -> Callable[[EquivalenceReplication], tuple]:
 
         b = rep.finetuned(name)
         a = load_model("smollm2-135m")
-        return a, b, task_probe(a, b, "ioi", n=24), SMOL_CFG
+        return a, b, task_probe(a, b, "ioi", n=SMOL_PROBE), SMOL_CFG
 
     return build
 

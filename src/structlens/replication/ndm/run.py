@@ -33,21 +33,22 @@ CPU: dict[str, Any] = {
     "profile": "cpu",
     "model": "smollm2-135m",
     "layers": [12, 17, 22, 24],
-    "tests": [
-        "previous_token",
-        "duplicate_token",
-        "s_inhibition_position",
-        "s_inhibition_name",
-        "greater_than",
-    ],
+    # SmolLM2 has rotary position embeddings: the IOI position-swap tests (previous_token,
+    # duplicate_token, s_inhibition_position) need an absolute-position subspace it lacks,
+    # so the relative tests on repeated sequences replace them (ndm.evaluate.patch_tests_for).
+    "tests": ["previous_token_relative", "induction", "s_inhibition_name", "greater_than"],
     "train": {
         "corpus_prompts": 150, "task_prompts": 40, "unit_size": 48, "steps": 60,
         "bank_size": 8192, "batch_size": 128, "refresh_interval": 20, "lr": 3e-3,
         "merge_start": 20, "merge_interval": 20, "merge_threshold": 0.04, "mi_samples": 2048,
+        "restarts": 1,
     },
+    # min_share: the screen (a test's Gini is reported only where patching the whole space
+    # removes >= 30% of the clean metric); the SAE baseline trains to an FVU plateau (epoch
+    # gain < sae_tol, relative), at most sae_epochs epochs.
     "evaluate": {
-        "n": 48, "batch_size": 16, "n_boot": 1000, "sae_width": 512, "sae_k": 32,
-        "sae_epochs": 1, "conflict_n": 32,
+        "n": 48, "min_share": 0.3, "batch_size": 16, "n_boot": 1000, "sae_width": 512,
+        "sae_k": 32, "sae_epochs": 50, "sae_tol": 0.01, "conflict_n": 32,
     },
     "toy2": {
         "unit_size": 2, "lr": 1e-3, "max_steps": 3000, "bank_size": 8192,
@@ -66,7 +67,15 @@ CPU: dict[str, Any] = {
         ["It is a truth universally acknowledged, that a single man in possession", -1],
     ],
 }  # fmt: skip
-GPU = CPU | {"profile": "gpu", "device_training": True}
+# The paper's merge schedule on the device, restarts against merges of whole swapped
+# dimensions, and >= 500 prompts per test (Gini CI width about +-0.03).
+GPU = CPU | {
+    "profile": "gpu",
+    "device_training": True,
+    "device_config": {"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000},
+    "train": CPU["train"] | {"restarts": 3},
+    "evaluate": CPU["evaluate"] | {"n": 512},
+}
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-smol",  # a random 3-layer Llama with SmolLM2's tokenizer (built as a stage)
@@ -75,10 +84,11 @@ SMOKE = CPU | {
         "corpus_prompts": 12, "task_prompts": 4, "unit_size": 8, "steps": 20,
         "bank_size": 512, "batch_size": 16, "refresh_interval": 5, "lr": 3e-3,
         "merge_start": 10, "merge_interval": 10, "merge_threshold": 0.04, "mi_samples": 300,
+        "restarts": 2,
     },
     "evaluate": {
-        "n": 4, "batch_size": 4, "n_boot": 20, "sae_width": 64, "sae_k": 4, "sae_epochs": 1,
-        "conflict_n": 4, "toy_steps": 30, "toy_ae_steps": 50,
+        "n": 4, "min_share": 0.3, "batch_size": 4, "n_boot": 20, "sae_width": 64, "sae_k": 4,
+        "sae_epochs": 3, "sae_tol": 0.01, "conflict_n": 4, "toy_steps": 30, "toy_ae_steps": 50,
     },
     "toy2": CPU["toy2"] | {"max_steps": 40, "merge_start": 20, "merge_interval": 10,
                            "bank_size": 512, "mi_samples": 300, "refresh_interval": 10},
@@ -139,10 +149,10 @@ class NDMReplication:
         return str(self.cache.path(stage) / "model")
 
     # 1. training
-    def _model(self) -> Any:
+    def _model(self, device: str = "cpu") -> Any:
         from structlens.models import load_model
 
-        return load_model(self.model)
+        return load_model(self.model, device=device)
 
     def _train(self, layers: list[int], folder: Path) -> Record:
         from structlens.ndm.experiment import NDMExperimentConfig, run
@@ -207,8 +217,10 @@ class NDMReplication:
         s = self.s
 
         def run(folder: Path) -> Record:
-            cfg = NDMEvaluationConfig(**s["evaluate"])
-            report = run_evaluation(cfg, self._model(), self.cache.path(train_stage), out=folder)
+            cfg = NDMEvaluationConfig(tests=tuple(s["tests"]), **s["evaluate"])
+            # on --device: the gpu profile patches 512 prompts per test
+            model = self._model(self.device)
+            report = run_evaluation(cfg, model, self.cache.path(train_stage), out=folder)
             write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 

@@ -1,0 +1,60 @@
+"""The NDM replication's smoke profile carries the screen, restarts and SAE settings through to
+the claims JSON and the markdown, from the run's own results."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from structlens.replication.claims import ClaimsDocument
+from structlens.replication.ndm import run as ndm_run
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the shared CI machine is oversubscribed
+    root = tmp_path_factory.mktemp("ndm-smoke")
+    try:
+        R, _ = ndm_run.run("smoke", out=root / "cache", doc_dir=root / "docs")
+    finally:
+        torch.set_num_threads(before)
+    return R, root / "docs"
+
+
+def test_tests_block_is_the_runs_screen(smoke):
+    R, docs = smoke
+    ev = R["evaluate"]
+    doc = ClaimsDocument.load(docs / "ndm.json")
+    tests = doc.blocks["tests"]
+    assert [t["test"] for t in tests] == ndm_run.SMOKE["tests"]  # the RoPE-transferable set
+    assert doc.blocks["screen"] == {"min_whole_space_share": 0.3, "applied_to_gini": True}
+    for t in tests:
+        e = ev["effects"][t["test"]]
+        clean = e["clean_metric_mean"]
+        share = e["full_effect_mean"] / clean if clean > 0 else math.nan
+        if math.isnan(share):
+            assert t["whole_space_share"] is None and not t["screened"]
+        else:
+            assert t["whole_space_share"] == pytest.approx(share)
+            assert t["screened"] == (share >= 0.3)
+        assert (t["gini_dimension"] == "no signal") == (not t["screened"])
+    claim = next(c for c in doc.claims if c.id == "mean_gini_ndm_vs_baselines")
+    if not any(t["screened"] for t in tests):
+        assert claim.verdict == "not testable here" and claim.ours is None
+
+
+def test_restarts_and_sae_settings_reach_the_run(smoke):
+    R, docs = smoke
+    for layer in map(str, ndm_run.SMOKE["layers"]):
+        table = R["train"]["results"][layer]["restarts"]
+        assert len(table) == ndm_run.SMOKE["train"]["restarts"] == 2
+    sae = R["evaluate"]["baselines"]["0"]["sae"]
+    assert sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.SMOKE["evaluate"]["sae_epochs"]
+    assert len(sae["fvu_history"]) == sae["epochs"]
+    md = (docs / "ndm.md").read_text()
+    assert "## What changed and why" in md and "| test | layer | positions |" in md
+    for t in ndm_run.SMOKE["tests"]:
+        assert f"| {t} |" in md

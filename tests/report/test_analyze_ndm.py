@@ -1,0 +1,35 @@
+"""The analyze report's NDM section screens each patching test by its whole-space effect."""
+
+import json
+
+import pytest
+
+from structlens.analyze.config import AnalyzeConfig
+from structlens.analyze.run import run_analysis
+from structlens.models import load_model
+from structlens.ndm.evaluate import DEFAULT_MIN_SHARE
+
+
+@pytest.fixture(scope="module")
+def ndm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("analysis-ndm")
+    cfg = AnalyzeConfig(profile="smoke", out=out, stages=("ndm",), progress=False)
+    run_analysis(cfg, load_model("tiny-llama"))
+    return json.loads((out / "analysis.json").read_text())["ndm"]
+
+
+def test_gini_only_for_tests_that_pass_the_screen(ndm):
+    tests, gini = ndm["details"]["tests"], ndm["details"]["gini"]
+    assert tests
+    flagged = [c["message"] for c in ndm["caveats"] if c["kind"] == "null_effect"]
+    for t in tests:
+        share = float(t["whole_space_share"])  # NaN (written "nan") when the clean metric <= 0
+        assert t["screened"] == (share >= DEFAULT_MIN_SHARE)
+        if t["screened"]:
+            assert "normalized" in t and set(gini["per_test"][t["test"]]) == set(gini["mean"])
+        else:
+            assert "normalized" not in t  # its subspaces were never patched
+            assert any(m.startswith(f"{t['test']}: ") and "no signal" in m for m in flagged)
+            assert not gini or gini["per_test"][t["test"]] == "no signal"
+    if not any(t["screened"] for t in tests):
+        assert gini == {} and not any(k.startswith("gini_") for k in ndm["headline"])
