@@ -74,6 +74,14 @@ def test_attention_identities_on_smollm2(smollm2):
     _check_attention(smollm2, qk_norm=False, texts=["When Mary and John went to the store,"])
 
 
+def _alibi(n_heads, n):
+    """TransformerLens's ALiBi bias ``slope_h * (key - query)``, slopes ``2^(-8 (h+1) / H)``."""
+    assert n_heads & (n_heads - 1) == 0, "closed form for a power-of-two head count"
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n_heads + 1) / n_heads)
+    rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+    return slopes[:, None, None] * rel
+
+
 def _check_attention(model, qk_norm, texts=TEXTS):
     ids, mask, c, _ = _run(model, texts)
     fam_ = model.family
@@ -92,6 +100,8 @@ def _check_attention(model, qk_norm, texts=TEXTS):
         attn = model.layer_module(layer, fam_.attn_module)
         raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, dim=2))
         raw = raw * getattr(attn, "scaling", model.d_head**-0.5)
+        if model.config.model_type == "bloom":
+            raw = raw + _alibi(model.n_heads, ids.shape[1])
         cap = getattr(model.config, "attn_logit_softcapping", None)
         if cap:
             raw = torch.tanh(raw / cap) * cap

@@ -149,7 +149,8 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
     interface = uses_attention_interface(layers[0].get_submodule(family.attn_module))
     no_eager = (
         f"{type(layers[0].get_submodule(family.attn_module)).__name__} does not use HF's "
-        f"attention-function interface, which structlens's eager attention path replaces"
+        f"attention-function interface and structlens has no eager forward for it "
+        f"(structlens.models.attention.OWN_ATTENTION)"
     )
     offer(("attn_scores", "pattern"), interface, no_eager)
     offer(
