@@ -31,7 +31,7 @@ d(metric)/d(activation) for each read site.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -40,6 +40,7 @@ import torch
 from structlens.models.adapters import norm_affine, norm_eps, norm_kind, norm_parts
 from structlens.models.attention import check_eager_path, eager_path
 from structlens.models.loading import Model
+from structlens.models.moe import dense_experts
 from structlens.sites import Site
 
 #: Kinds served by taps (a value exposed at one place, written then recorded).
@@ -114,6 +115,7 @@ class _Session:
         self.taps = {s: self._tap_fn(s) for s in tapped}
         self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
         self.attn_taps: list[torch.nn.Module] = []
+        self.swapped = ExitStack()  # forwards replaced for the session (MoE experts)
 
     # -- registration helpers -------------------------------------------------------------
     def _fwd(self, module: torch.nn.Module, fn: Callable[[Any], Any]) -> None:
@@ -448,6 +450,13 @@ class _Session:
     def _mlp_taps(self, layer: int, sites: dict[str, Site]) -> None:
         m, fam = self.model, self.fam
         pre, lin, post = (sites.get(k) for k in ("mlp_pre", "mlp_pre_linear", "mlp_post"))
+        if fam.moe_experts is not None:
+            # MoE: the experts run densely with the taps (structlens.models.moe)
+            taps = {s.kind: self._per_token(self.taps[s]) for s in (pre, lin, post) if s}
+            if taps:
+                experts = m.layer_module(layer, fam.moe_experts)
+                self.swapped.enter_context(dense_experts(experts, taps))
+            return
         if post is not None:
             self._in_map(m.layer_module(layer, fam.mlp_post_reader), self.taps[post])
         if pre is None and lin is None:
@@ -471,6 +480,7 @@ class _Session:
         for mod in self.attn_taps:
             del mod._structlens_taps
         self.attn_taps.clear()
+        self.swapped.close()
         for h in self.handles:
             h.remove()
         self.handles.clear()

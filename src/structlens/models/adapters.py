@@ -19,6 +19,7 @@ import torch
 
 from structlens.models.attention import uses_attention_interface
 from structlens.models.families import Family
+from structlens.models.moe import is_dense_experts
 from structlens.sites import CORE_LAYER_KINDS, LAYER_KINDS
 
 # ---------------------------------------------------------------------------------------------
@@ -158,11 +159,14 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
         interface and family.rotary,
         no_eager if not interface else "the model has no rotary embeddings",
     )
-    pre = _has(layers, family.mlp_pre) or _has(layers, family.mlp_gate_up)
-    post = _has(layers, family.mlp_post_reader)
-    moe = f"family {family.name!r} has no dense MLP neurons (mixture of experts, or no paths)"
+    experts = _has(layers, family.moe_experts) and all(
+        is_dense_experts(layer.get_submodule(family.moe_experts)) for layer in layers
+    )
+    pre = experts or _has(layers, family.mlp_pre) or _has(layers, family.mlp_gate_up)
+    post = experts or _has(layers, family.mlp_post_reader)
+    moe = f"family {family.name!r} has no MLP neuron paths (docs/sites.md)"
     offer(("mlp_pre", "mlp_post"), pre and post, moe)
-    linear = _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
+    linear = experts or _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
     return tuple(k for k in LAYER_KINDS if k in have), missing
 

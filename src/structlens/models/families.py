@@ -27,7 +27,10 @@ Site semantics per family (what the adapter reads and writes)
                     ``qkv_proj`` split by ``qkv_layout``), before any QK-norm and rotary.
 ``ln1``/``ln2``     the norms read by attention and MLP (``ln1``/``ln2`` paths).
 ``mlp.hook_*``      ``mlp_pre``'s output, ``mlp_pre_linear``'s output (gated MLPs; or the two
-                    halves of a fused ``mlp_gate_up``), and ``mlp_post_reader``'s input.
+                    halves of a fused ``mlp_gate_up``), and ``mlp_post_reader``'s input; for
+                    mixture-of-experts MLPs (``moe_experts``) every expert's neurons side by
+                    side, zero where a token is not routed to the expert
+                    (:mod:`structlens.models.moe`).
 
 Post-LN encoders (BERT) apply LayerNorm *after* each residual addition, so no sublayer output
 is additive.  There ``hook_resid_mid`` is the attention block's (normalised) output and
@@ -79,6 +82,7 @@ class Family:
     mlp_pre_linear: str | None = None
     mlp_gate_up: str | None = None  # one Linear whose output is [gate | up] (Phi-3)
     mlp_post_reader: str | None = None
+    moe_experts: str | None = None  # experts module of an MoE MLP (structlens.models.moe)
     copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
     residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
 
@@ -173,8 +177,12 @@ for _family in (
         **_GATED,
         residual_multiplier="residual_multiplier",
     ),
-    # Mixture-of-experts MLPs have no single set of neurons: no mlp.hook_* sites.
-    Family(name="moe", model_types=("mixtral", "qwen2_moe", "qwen3_moe"), **_LLAMA_LIKE),
+    # Mixture-of-experts MLPs: the neurons of all experts side by side (structlens.models.moe).
+    Family(
+        name="moe", model_types=("mixtral", "qwen3_moe"), **_LLAMA_LIKE, moe_experts="mlp.experts"
+    ),
+    # Qwen2-MoE adds a gated shared expert to the routed ones: no mlp.hook_* sites.
+    Family(name="qwen2_moe", model_types=("qwen2_moe",), **_LLAMA_LIKE),
     Family(
         name="phi3",
         model_types=("phi3",),

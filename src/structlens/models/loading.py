@@ -23,6 +23,7 @@ from structlens.models.adapters import (
 )
 from structlens.models.digest import model_digest
 from structlens.models.families import Family
+from structlens.models.moe import d_expert
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, SiteError, all_site_names, parse_site
 
@@ -101,7 +102,8 @@ class Model:
     layer_kinds, missing_kinds
         The per-layer site kinds this model has, and why it lacks the others.
     n_kv_heads, d_mlp
-        Key/value heads (``hook_k``/``hook_v``) and MLP width (None for mixture-of-experts).
+        Key/value heads (``hook_k``/``hook_v``) and MLP width (None without MLP neuron sites;
+        for mixture-of-experts MLPs ``n_experts * d_expert``).
     name : str
         The name or path it was loaded from.
     """
@@ -178,6 +180,9 @@ class Model:
         fam, layer = self.family, self.layers[0]
         if "mlp_pre" not in self.layer_kinds:
             return None
+        if fam.moe_experts is not None:
+            experts = layer.get_submodule(fam.moe_experts)
+            return int(experts.num_experts) * d_expert(experts)
         if fam.mlp_gate_up is not None:
             return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
         return out_features(layer.get_submodule(fam.mlp_pre))
