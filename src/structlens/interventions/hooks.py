@@ -213,24 +213,31 @@ class _Session:
         self._in_map(m.layer_module(0), tokens)
         self._pre(m.base, batch)
         if self.grad:
-            for path in filter(None, (fam.embed, fam.pos_embed)):
+            decoder_embed = fam.decoder.embed if fam.decoder else None
+            for path in dict.fromkeys(filter(None, (fam.embed, fam.pos_embed, decoder_embed))):
                 self._out_map(m.base_module(path), lambda t: t.detach().requires_grad_(True))
         for site, fn in self.writes.items():
             if site.kind not in _TAP_KINDS:
                 self._register_write(site, fn)
-        for layer in sorted({s.layer for s in self._stash_sites()}):
+        for layer in sorted({m.global_layer(s) for s in self._stash_sites()}):
+            lfam = m.family_at(layer)
             self._in_map(m.layer_module(layer), self._stash_fn(("pre", layer)))
-            if fam.post_ln:
-                self._out_map(m.layer_module(layer, fam.mid_writer), self._stash_fn(("mid", layer)))
+            if lfam.post_ln:
+                mid = m.layer_module(layer, lfam.mid_writer)
+                self._out_map(mid, self._stash_fn(("mid", layer)))
+            elif lfam.cross:  # resid_mid_cross writes adjust the cross-attention output
+                self._in_map(m.layer_module(layer, lfam.mid_reader), self._stash_fn(("mid", layer)))
+            if lfam.cross_writer:
+                midx = m.layer_module(layer, lfam.cross_writer)
+                self._out_map(midx, self._stash_fn(("midx", layer)))
         for site in self.reads:
             if site.kind not in _TAP_KINDS:
                 self._register_read(site)
         self._register_taps()
 
     def _stash_sites(self) -> list[Site]:
-        derived = [s for s in self.writes if s.kind in ("attn_out", "mlp_out", "resid_mid")]
-        derived += [s for s in self.reads if s.kind in ("attn_out", "mlp_out", "resid_mid")]
-        return derived
+        kinds = ("attn_out", "mlp_out", "resid_mid", "cross_attn_out", "resid_mid_cross")
+        return [s for s in (*self.writes, *self.reads) if s.kind in kinds]
 
     def _contribution(self, f: Callable[[torch.Tensor], torch.Tensor]):
         """``f`` on a sublayer's residual contribution, given the sublayer's output: the two
@@ -241,10 +248,19 @@ class _Session:
         return lambda t: f(t * scale) / scale
 
     def _attn_module(self, layer: int) -> torch.nn.Module:
-        return self.model.layer_module(layer, self.fam.attn_write)
+        return self.model.layer_module(layer, self.model.family_at(layer).attn_write)
+
+    def _layer_of(self, site: Site) -> tuple[Any, Any]:
+        """The family of ``site``'s layer and its global index (None for model-level sites)."""
+        m = self.model
+        if site.layer is None:
+            return self.fam, None
+        L = m.global_layer(site)
+        return m.family_at(L), L
 
     def _register_write(self, site: Site, fn: Writer) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        m = self.model
+        fam, L = self._layer_of(site)
         if site.kind == "resid_pre":
             self._in_map(m.layer_module(L), fn)
         elif site.kind == "resid_post":
@@ -270,9 +286,27 @@ class _Session:
                     self._attn_module(L),
                     self._contribution(lambda a: fn(self.stash[pre] + a) - self.stash[pre]),
                 )
-        elif site.kind == "mlp_out":
+        elif site.kind == "cross_attn_out":
             if fam.post_ln:
                 mid = ("mid", L)
+                self._out_map(
+                    m.layer_module(L, fam.cross_writer),
+                    lambda mc: self.stash[mid] + fn(mc - self.stash[mid]),
+                )
+            else:
+                self._out_map(m.layer_module(L, fam.cross_write), fn)
+        elif site.kind == "resid_mid_cross":
+            if fam.post_ln:
+                self._out_map(m.layer_module(L, fam.cross_writer), fn)
+            else:
+                mid = ("mid", L)
+                self._out_map(
+                    m.layer_module(L, fam.cross_write),
+                    lambda a: fn(self.stash[mid] + a) - self.stash[mid],
+                )
+        elif site.kind == "mlp_out":
+            if fam.post_ln:
+                mid = ("midx" if fam.cross_writer else "mid", L)
                 self._out_map(
                     m.layer_module(L), lambda post: self.stash[mid] + fn(post - self.stash[mid])
                 )
@@ -286,7 +320,8 @@ class _Session:
             raise AssertionError(site)
 
     def _register_read(self, site: Site) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        m = self.model
+        fam, L = self._layer_of(site)
         rec = self._record
 
         def passthrough(f: Callable[[torch.Tensor], None]):
@@ -334,9 +369,22 @@ class _Session:
                 derived(self._attn_module(L), ("pre", L), +1)
             else:
                 self._in_map(m.layer_module(L, fam.mid_reader), passthrough(lambda t: rec(site, t)))
+        elif site.kind == "cross_attn_out":
+            if fam.post_ln:
+                derived(m.layer_module(L, fam.cross_writer), ("mid", L), -1)
+            else:
+                mod = m.layer_module(L, fam.cross_write)
+                self._out_map(mod, passthrough(lambda t: rec(site, t)))
+        elif site.kind == "resid_mid_cross":
+            if fam.post_ln:
+                mod = m.layer_module(L, fam.cross_writer)
+                self._out_map(mod, passthrough(lambda t: rec(site, t)))
+            else:
+                mod = m.layer_module(L, fam.cross_mid_reader)
+                self._in_map(mod, passthrough(lambda t: rec(site, t)))
         elif site.kind == "mlp_out":
             if fam.post_ln:
-                derived(m.layer_module(L), ("mid", L), -1)
+                derived(m.layer_module(L), ("midx" if fam.cross_writer else "mid", L), -1)
             else:
                 # copy_mlp_out: the layer adds into this tensor in place after the hook
                 keep = (lambda t: t.clone()) if fam.copy_mlp_out else (lambda t: t)
@@ -355,18 +403,19 @@ class _Session:
         m = self.model
         by_layer: dict[int | None, dict[str, Site]] = {}
         for site in self.taps:
-            by_layer.setdefault(site.layer, {})[site.kind] = site
+            by_layer.setdefault(self._layer_of(site)[1], {})[site.kind] = site
         for layer, sites in by_layer.items():
             if layer is None:
                 self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
                 continue
-            self._norm_taps(partial(m.layer_module, layer, self.fam.ln1), sites, "ln1")
-            self._norm_taps(partial(m.layer_module, layer, self.fam.ln2), sites, "ln2")
+            fam = m.family_at(layer)
+            self._norm_taps(partial(m.layer_module, layer, fam.ln1), sites, "ln1")
+            self._norm_taps(partial(m.layer_module, layer, fam.ln2), sites, "ln2")
             self._qkv_taps(layer, sites)
             self._mlp_taps(layer, sites)
             attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
             if attn:
-                mod = self.model.layer_module(layer, self.fam.attn_module)
+                mod = self.model.layer_module(layer, fam.attn_module)
                 mod._structlens_taps = attn
                 self.attn_taps.append(mod)
 
@@ -416,7 +465,8 @@ class _Session:
         return f
 
     def _qkv_taps(self, layer: int, sites: dict[str, Site]) -> None:
-        m, fam = self.model, self.fam
+        m = self.model
+        fam = m.family_at(layer)
         wanted = {k: sites[k] for k in ("q", "k", "v") if k in sites}
         if not wanted:
             return
@@ -448,7 +498,8 @@ class _Session:
         self._out_map(m.layer_module(layer, fam.qkv_proj), split)
 
     def _mlp_taps(self, layer: int, sites: dict[str, Site]) -> None:
-        m, fam = self.model, self.fam
+        m = self.model
+        fam = m.family_at(layer)
         pre, lin, post = (sites.get(k) for k in ("mlp_pre", "mlp_pre_linear", "mlp_post"))
         if fam.moe_experts is not None:
             # MoE: the experts run densely with the taps (structlens.models.moe)

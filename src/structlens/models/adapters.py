@@ -168,6 +168,8 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
     offer(("mlp_pre", "mlp_post"), pre and post, moe)
     linear = experts or _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
+    if family.cross:  # only decoder layers of encoder–decoders have these (not "missing" else)
+        offer(("cross_attn_out", "resid_mid_cross"), True, "")
     return tuple(k for k in LAYER_KINDS if k in have), missing
 
 
@@ -278,19 +280,20 @@ def discover_family(hf: torch.nn.Module) -> Family:
 @torch.no_grad()
 def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, float]:
     """Relative errors of ``resid_pre + attn_out = resid_mid`` and ``resid_mid + mlp_out =
-    resid_post`` per layer, and of layer chaining, on one forward pass of ``model.hf``.
+    resid_post`` per layer (with ``resid_mid + cross_attn_out = resid_mid_cross`` in decoder
+    layers of encoder–decoders), and of layer chaining within a stack, on one forward pass of
+    ``model.hf``.
 
     Uses plain forward hooks on the family's modules (not the hook sessions), so it is an
     independent check of the adapter.
     """
-    fam = model.family
     seen: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
 
     def first(t: Any) -> torch.Tensor:
         return t[0] if isinstance(t, tuple) else t
 
-    def grab(key, use_input):
+    def grab(key, use_input, fam):
         def hook(mod, args, kwargs, out):
             t = (args[0] if args else kwargs["hidden_states"]) if use_input else first(out)
             # copy only where the family says the layer adds into the MLP's output in place, as
@@ -301,13 +304,18 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
         return hook
 
     for i, layer in enumerate(model.layers):
+        fam = model.family_at(i)
         spec = [("pre", layer, True), ("post", layer, False)]
         spec.append(("attn", layer.get_submodule(fam.attn_write), False))
         spec.append(("mlp", layer.get_submodule(fam.mlp_write), False))
         if fam.mid_reader and not model.parallel:
             spec.append(("mid", layer.get_submodule(fam.mid_reader), True))
+        if fam.cross_write:
+            spec.append(("cross", layer.get_submodule(fam.cross_write), False))
+            spec.append(("midx", layer.get_submodule(fam.cross_mid_reader), True))
         for key, mod, use_input in spec:
-            handles.append(mod.register_forward_hook(grab((key, i), use_input), with_kwargs=True))
+            hook = grab((key, i), use_input, fam)
+            handles.append(mod.register_forward_hook(hook, with_kwargs=True))
     try:
         model.forward(input_ids, torch.ones_like(input_ids))
     finally:
@@ -320,8 +328,12 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
         mid = seen.get(("mid", i), pre + attn)
         scale = float(post.abs().max().clamp_min(1e-12))
         errs[f"mid{i}"] = float((pre + attn - mid).abs().max()) / scale
+        if ("cross", i) in seen:  # encoder–decoder decoder layer
+            midx = seen[("midx", i)]
+            errs[f"cross{i}"] = float((mid + seen[("cross", i)] - midx).abs().max()) / scale
+            mid = midx
         errs[f"post{i}"] = float((mid + mlp - post).abs().max()) / scale
-        if i + 1 < model.n_layers:
+        if i + 1 < model.n_layers and model.family_at(i + 1) is model.family_at(i):
             errs[f"chain{i}"] = float((post - seen[("pre", i + 1)]).abs().max()) / scale
     return errs
 

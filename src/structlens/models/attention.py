@@ -8,8 +8,9 @@ module (``module._structlens_taps``, kind -> function returning the possibly rep
 
 ``rot_q``/``rot_k``  queries/keys as the function receives them, i.e. after QK-norm and rotary,
                      ``[batch, pos, head, d_head]`` (keys per KV head);
-``attn_scores``      ``q·k * scaling`` (soft-capped where the model soft-caps), plus any additive
-                     bias in the mask, with masked entries ``-inf``: ``[batch, head, q, k]``;
+``attn_scores``      ``q·k * scaling`` (soft-capped where the model soft-caps), plus T5's relative
+                     position bias and any additive bias in the mask, with masked entries
+                     ``-inf``: ``[batch, head, q, k]``;
 ``pattern``          the softmax of the scores (NaN rows of fully masked queries set to 0).
 
 Attention modules that compute attention inline instead of calling the interface (BLOOM,
@@ -83,6 +84,8 @@ def tl_attention(
     scores = torch.matmul(query, k.transpose(-1, -2)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if kwargs.get("position_bias") is not None:  # T5's relative position bias
+        scores = scores + kwargs["position_bias"]
     if attention_mask is not None:
         mask = attention_mask[:, :, :, : k.shape[-2]]
         if mask.dtype == torch.bool:

@@ -1,0 +1,165 @@
+"""T5 and BART encoder–decoders, saved with ``save_pretrained`` and loaded from the directory:
+the two stacks' site names, the residual identities per stack (with the decoder's
+cross-attention sublayer), attention identities, interventions and capture."""
+
+import tempfile
+
+import pytest
+import torch
+
+from _models import TEXTS
+from structlens.capture.capture import collect
+from structlens.interventions import hooked
+from structlens.models import load_model
+from structlens.models.tiny import VOCAB, byte_tokenizer
+from structlens.sites import SiteError
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    pad_token_id=VOCAB - 1,
+    eos_token_id=VOCAB - 1,
+    decoder_start_token_id=VOCAB - 1,
+)
+CONFIGS = {
+    "t5": (
+        "T5Config",
+        dict(_COMMON, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+             num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8),
+    ),
+    "bart": (
+        "BartConfig",
+        dict(_COMMON, bos_token_id=VOCAB - 1, d_model=64, encoder_layers=2, decoder_layers=2,
+             encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+             decoder_ffn_dim=128, max_position_embeddings=64, dropout=0.0,
+             attention_dropout=0.0, activation_dropout=0.0),
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def seq2seq(request):
+    import transformers
+
+    cls, kwargs = CONFIGS[request.param]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForSeq2SeqLM.from_config(getattr(transformers, cls)(**kwargs))
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(1.0 if p.dim() == 1 and "norm" in str(p) else 0.0, 0.08)
+    d = tempfile.mkdtemp(prefix="structlens-model-")
+    hf.save_pretrained(d)
+    byte_tokenizer().save_pretrained(d)
+    return request.param, load_model(d)
+
+
+def _run(model, texts=TEXTS):
+    ids, mask = model.tokenize(texts)
+    with hooked(model, model.site_names()) as c:
+        out = model.hf(
+            input_ids=ids,
+            attention_mask=mask,
+            decoder_input_ids=model.hf.prepare_decoder_input_ids_from_labels(labels=ids),
+            output_hidden_states=True,
+        )
+    return ids, mask, c, out
+
+
+def _close(a, b, tol=1e-5):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6)) < tol
+
+
+def test_the_two_stacks_are_named_separately(seq2seq):
+    name, model = seq2seq
+    names = set(model.site_names())
+    for stack in ("encoder", "decoder"):
+        for site in ("attn.hook_pattern", "attn.hook_q", "attn.hook_z", "mlp.hook_post"):
+            assert f"{stack}.0.{site}" in names, (stack, site)
+    assert "decoder.1.hook_cross_attn_out" in names and "decoder.1.hook_resid_mid_cross" in names
+    assert "encoder.0.hook_cross_attn_out" not in names
+    assert not any(n.startswith("blocks.") for n in names)
+    with pytest.raises(SiteError, match="named encoder"):
+        model.site("blocks.0.hook_resid_pre")
+    assert model.site("decoder.-1.hook_resid_post").name == "decoder.1.hook_resid_post"
+
+
+def test_residual_identities_per_stack(seq2seq):
+    name, model = seq2seq
+    ids, mask, c, out = _run(model)
+    for stack, hidden in (
+        ("encoder", out.encoder_hidden_states),
+        ("decoder", out.decoder_hidden_states),
+    ):
+        for layer in range(2):
+            g = lambda k, layer=layer, stack=stack: c[f"{stack}.{layer}.hook_{k}"]  # noqa: E731
+            assert _close(hidden[layer], g("resid_pre"), 1e-6), (stack, layer)
+            assert _close(g("resid_pre") + g("attn_out"), g("resid_mid")), (stack, layer)
+            mid = g("resid_mid")
+            if stack == "decoder":
+                assert _close(mid + g("cross_attn_out"), g("resid_mid_cross")), layer
+                mid = g("resid_mid_cross")
+            assert _close(mid + g("mlp_out"), g("resid_post")), (stack, layer)
+        assert _close(c[f"{stack}.0.hook_resid_post"], c[f"{stack}.1.hook_resid_pre"], 1e-6)
+
+
+def test_attention_and_projection_identities(seq2seq):
+    name, model = seq2seq
+    ids, mask, c, _ = _run(model)
+    n = ids.shape[1]
+    for stack in ("encoder", "decoder"):
+        for layer in range(2):
+            site = lambda k, layer=layer, stack=stack: c[f"{stack}.{layer}.attn.hook_{k}"]  # noqa: E731
+            pattern, scores = site("pattern"), site("attn_scores")
+            assert pattern.shape == (len(TEXTS), model.n_heads, n, n)
+            assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+            assert _close(torch.softmax(scores, -1), pattern, 1e-4)
+            if stack == "decoder":  # causal self-attention
+                assert torch.all(pattern.triu(1) == 0)
+            else:  # the encoder attends to every unpadded key, and to no padded one
+                assert torch.equal(pattern[:, 0, 0] > 0, mask.bool())
+            assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, site("v")), site("z"), 1e-4)
+            if name == "t5":  # pre-LN: attn_out = z W_O, mlp_out = post W_out
+                g = lambda k, layer=layer, stack=stack: c[f"{stack}.{layer}.{k}"]  # noqa: E731
+                blk = model.layer_module(
+                    model.global_layer(model.site(f"{stack}.{layer}.attn.hook_z"))
+                )
+                ff = blk.layer[-1].DenseReluDense
+                assert _close(
+                    blk.layer[0].SelfAttention.o(site("z").flatten(-2)), g("hook_attn_out")
+                )
+                assert _close(ff.wo(g("mlp.hook_post")), g("hook_mlp_out"))
+
+
+def test_reads_and_identity_writes_leave_the_output(seq2seq):
+    name, model = seq2seq
+    ids, mask = model.tokenize(TEXTS)
+    ref = model.forward(ids, mask)
+    names = model.site_names()
+    with hooked(model, names):
+        read = model.forward(ids, mask)
+    with hooked(model, writes={s: (lambda a: a * 1.0) for s in names if s != "unembed.hook_out"}):
+        written = model.forward(ids, mask)
+    assert _close(read, ref) and _close(written, ref, 1e-4)
+    # zeroing the decoder's last cross-attention changes the output; the identities still hold
+    site = "decoder.1.hook_cross_attn_out"
+    with hooked(model, ["decoder.1.hook_resid_mid", "decoder.1.hook_resid_mid_cross"],
+                {site: torch.zeros_like}) as c:  # fmt: skip
+        ablated = model.forward(ids, mask)
+    assert not _close(ablated, ref, 1e-3)
+    assert _close(c["decoder.1.hook_resid_mid_cross"], c["decoder.1.hook_resid_mid"])
+
+
+def test_capture_reads_both_stacks(seq2seq):
+    name, model = seq2seq
+    sites = ["encoder.1.hook_resid_post", "decoder.0.mlp.hook_post", "decoder.1.attn.hook_z"]
+    prompts = model.tokenizer(TEXTS[:2])["input_ids"]
+    got = collect(model, prompts, sites)
+    n_tokens = sum(len(t) for t in prompts)
+    assert got["encoder.1.hook_resid_post"].shape == (n_tokens, model.d_model)
+    assert got["decoder.0.mlp.hook_post"].shape == (n_tokens, model.d_mlp)
+    assert got["decoder.1.attn.hook_z"].shape == (n_tokens, model.n_heads, model.d_head)
+    # the rows are the same tokens' activations as in a plain hooked pass
+    ids, mask = model.tokenize(TEXTS[:2])
+    with hooked(model, ["encoder.1.hook_resid_post"]) as c:
+        model.forward(ids, mask)
+    ref = c["encoder.1.hook_resid_post"][mask.bool()]
+    assert torch.allclose(got["encoder.1.hook_resid_post"], ref, atol=1e-5)
