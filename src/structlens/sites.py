@@ -129,19 +129,30 @@ class Site:
         return self.name
 
 
-def site_name(kind: str, layer: int | None = None, *, n_layers: int | None = None) -> str:
+def site_name(
+    kind: str,
+    layer: int | None = None,
+    *,
+    n_layers: int | None = None,
+    stack: str | None = None,
+) -> str:
     """The one way to build a site name from its parts.
 
     ``site_name("resid_pre", 3)`` is ``"blocks.3.hook_resid_pre"``,
     ``site_name("pattern", 0)`` is ``"blocks.0.attn.hook_pattern"``; model-level kinds take no
     layer (``site_name("logits")``).  With ``n_layers`` the layer is checked and a negative one
-    counts from the end.
+    counts from the end.  ``stack`` (``"encoder"``/``"decoder"``) names a layer of an
+    encoder–decoder's stack (``n_layers`` is then that stack's).
 
     >>> site_name("resid_post", -1, n_layers=30)
     'blocks.29.hook_resid_post'
     >>> site_name("mlp_post", 2)
     'blocks.2.mlp.hook_post'
+    >>> site_name("cross_attn_out", 1, stack="decoder")
+    'decoder.1.hook_cross_attn_out'
     """
+    if stack is not None and stack not in STACKS:
+        raise SiteError(f"unknown stack {stack!r}; expected one of {STACKS}.")
     if kind in MODEL_KINDS:
         if layer is not None:
             raise SiteError(f"site kind {kind!r} has no layer, got layer={layer}.")
@@ -157,7 +168,7 @@ def site_name(kind: str, layer: int | None = None, *, n_layers: int | None = Non
                 f"(valid: 0..{n_layers - 1}, or negative from the end)."
             )
         layer %= n_layers
-    return Site(kind, layer).name
+    return Site(kind, layer, stack).name
 
 
 def _model_kinds(causal: bool, pos_embed: bool) -> list[str]:

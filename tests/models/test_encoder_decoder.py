@@ -43,9 +43,11 @@ def seq2seq(request):
     cls, kwargs = CONFIGS[request.param]
     torch.manual_seed(0)
     hf = transformers.AutoModelForSeq2SeqLM.from_config(getattr(transformers, cls)(**kwargs))
-    with torch.no_grad():
+    with torch.no_grad():  # random norm gains (1-D parameters), so "before the gain" matters
         for p in hf.parameters():
-            p.normal_(1.0 if p.dim() == 1 and "norm" in str(p) else 0.0, 0.08)
+            p.normal_(0.0, 0.08) if p.dim() > 1 else p.normal_(1.0, 0.3)
+    hf.config.architectures = [type(hf).__name__]
+    hf.config.n_positions = 64  # read by TransformerLens for T5
     d = tempfile.mkdtemp(prefix="structlens-model-")
     hf.save_pretrained(d)
     byte_tokenizer().save_pretrained(d)
@@ -163,3 +165,48 @@ def test_capture_reads_both_stacks(seq2seq):
         model.forward(ids, mask)
     ref = c["encoder.1.hook_resid_post"][mask.bool()]
     assert torch.allclose(got["encoder.1.hook_resid_post"], ref, atol=1e-5)
+
+
+def test_sites_command_lists_both_stacks(seq2seq, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from structlens.cli.main import app
+
+    name, model = seq2seq
+    r = CliRunner().invoke(app, ["sites", model.source, "--out", str(tmp_path), "-q"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "sites.json").read_text())["sites"]
+    listed = {row["site"]: row["shape"] for row in rows}
+    assert list(listed) == model.site_names()
+    assert listed["encoder.0.attn.hook_pattern"] == [model.n_heads, "query_pos", "key_pos"]
+    assert listed["decoder.0.attn.hook_q"] == [model.n_heads, model.d_head]
+    assert listed["decoder.0.mlp.hook_post"] == [model.d_mlp]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_t5_sites_equal_transformer_lens(seq2seq):
+    pytest.importorskip("transformer_lens", reason="transformer-lens is not installed")
+    name, model = seq2seq
+    if name != "t5":
+        pytest.skip("TransformerLens's HookedEncoderDecoder supports T5 only")
+    from transformer_lens import HookedEncoderDecoder
+    from transformer_lens import loading_from_pretrained as loading
+
+    cfg = loading.get_pretrained_model_config(model.source, device="cpu")
+    tl = HookedEncoderDecoder(cfg, tokenizer=model.tokenizer, move_to_device=False)
+    tl.load_state_dict(loading.get_pretrained_state_dict(model.source, cfg, model.hf), strict=False)
+    ids, mask = model.tokenize(["The quick brown fox jumps over the lazy dog."])
+    decoder_ids = model.hf.prepare_decoder_input_ids_from_labels(labels=ids)
+    _, theirs = tl.run_with_cache(ids, decoder_input=decoder_ids)
+    with hooked(model, model.site_names()) as ours:
+        model.forward(ids, mask)
+    sites = [s for s in model.site_names() if s != "logits"]  # compared as unembed.hook_out
+    for site in sites:
+        a, b = ours[site], theirs[site]
+        assert a.shape == b.shape, site
+        fin = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), fin), site
+        assert float((a - b).abs()[fin].max() / b[fin].abs().max()) < 1e-4, site
+    assert {"decoder.1.attn.hook_attn_scores", "decoder.1.hook_resid_mid_cross"} <= set(sites)
