@@ -210,3 +210,25 @@ def test_t5_sites_equal_transformer_lens(seq2seq):
         assert torch.equal(torch.isfinite(a), fin), site
         assert float((a - b).abs()[fin].max() / b[fin].abs().max()) < 1e-4, site
     assert {"decoder.1.attn.hook_attn_scores", "decoder.1.hook_resid_mid_cross"} <= set(sites)
+
+
+def test_site_gradients_are_the_first_order_effect_of_a_write(seq2seq):
+    from structlens.interventions import site_grads
+
+    name, model = seq2seq
+    ids, mask = model.tokenize(TEXTS[:2])
+    sites = ["encoder.1.hook_attn_out", "decoder.0.hook_cross_attn_out", "decoder.1.mlp.hook_post"]
+    with hooked(model, sites, grad=True) as c:
+        base = model.forward(ids, mask)[..., 5].sum()
+    grads = site_grads(base, c)
+    gen = torch.Generator().manual_seed(0)
+    eps = 1e-3
+    for site in sites:
+        direction = torch.randn(c[site].shape, generator=gen)
+        moved = []
+        for sign in (1, -1):  # a central difference: no second-order term
+            with hooked(model, writes={site: lambda a, d=direction * sign * eps: a + d}):
+                moved.append(float(model.forward(ids, mask)[..., 5].sum()))
+        effect = (moved[0] - moved[1]) / 2
+        predicted = float((grads[site] * direction).sum()) * eps
+        assert abs(effect - predicted) < 1e-2 * abs(predicted) + 1e-5, (site, effect, predicted)

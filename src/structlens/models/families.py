@@ -400,7 +400,7 @@ def _t5_stack(layers: str, mlp: int, **decoder: str) -> dict:
     ff = f"layer.{mlp}"
     return dict(
         layers=layers,
-        embed="shared",
+        embed=layers.split(".")[0] + ".embed_tokens",  # each stack's own embedding module
         final_norm=None,
         attn_write="layer.0.SelfAttention",
         mlp_write=f"{ff}.DenseReluDense",
@@ -421,7 +421,7 @@ def _t5_stack(layers: str, mlp: int, **decoder: str) -> dict:
 def _bart_stack(layers: str, **decoder: str) -> dict:
     return dict(
         layers=layers,
-        embed="shared",
+        embed=layers.split(".")[0] + ".embed_tokens",  # each stack's own embedding module
         final_norm=None,
         attn_write=None,
         mlp_write=None,
