@@ -27,8 +27,10 @@ Valid names (shapes after ``[batch, pos]`` unless the layout says otherwise)::
 
 Encoder–decoder models (T5, BART) name their two stacks as TransformerLens's
 ``HookedEncoderDecoder`` does, ``encoder.{l}.…`` and ``decoder.{l}.…`` instead of ``blocks.{l}.…``,
-with two more decoder sites for the cross-attention sublayer::
+with the decoder's cross-attention sublayer between attention and MLP::
 
+    decoder.{l}.cross_attn.hook_q/k/v/attn_scores/pattern/z   as attn.*, keys and values (and
+                                     key_pos) from the encoder's output
     decoder.{l}.hook_cross_attn_out  cross-attention's residual contribution   [d_model]
     decoder.{l}.hook_resid_mid_cross resid_mid + cross_attn_out (the MLP's input side)
 
@@ -63,6 +65,12 @@ _LAYER_SUFFIX = {
     "resid_mid": "hook_resid_mid",
     "ln2_scale": "ln2.hook_scale",
     "ln2_normalized": "ln2.hook_normalized",
+    "cross_q": "cross_attn.hook_q",
+    "cross_k": "cross_attn.hook_k",
+    "cross_v": "cross_attn.hook_v",
+    "cross_attn_scores": "cross_attn.hook_attn_scores",
+    "cross_pattern": "cross_attn.hook_pattern",
+    "cross_z": "cross_attn.hook_z",
     "cross_attn_out": "hook_cross_attn_out",
     "resid_mid_cross": "hook_resid_mid_cross",
     "mlp_pre": "mlp.hook_pre",
@@ -87,9 +95,16 @@ MODEL_KINDS = tuple(_MODEL_NAMES)
 #: The kinds every family provides (the residual decomposition and hook_z).
 CORE_LAYER_KINDS = ("resid_pre", "z", "attn_out", "resid_mid", "mlp_out", "resid_post")
 #: Sites laid out ``[batch, head, query_pos, key_pos]`` instead of ``[batch, pos, ...]``.
-HEAD_FIRST_KINDS = ("attn_scores", "pattern")
+HEAD_FIRST_KINDS = ("attn_scores", "pattern", "cross_attn_scores", "cross_pattern")
 #: Sites with a head axis (axis 2 for token-major sites, axis 1 for head-first ones).
-HEAD_KINDS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
+HEAD_KINDS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z") + (
+    "cross_q",
+    "cross_k",
+    "cross_v",
+    "cross_attn_scores",
+    "cross_pattern",
+    "cross_z",
+)
 
 _SUFFIX_KIND = {v: k for k, v in _LAYER_SUFFIX.items()}
 _BLOCK_RE = re.compile(r"^(blocks|encoder|decoder)\.(-?\d+)\.(.+)$")
@@ -261,9 +276,7 @@ def parse_site(
     model_names = {Site(k).name: k for k in model_kinds}
     if name in model_names:
         return Site(model_names[name])
-    valid = all_site_names(
-        n_layers, causal=causal, pos_embed=pos_embed, kinds=kinds, stacks=stacks
-    )
+    valid = all_site_names(n_layers, causal=causal, pos_embed=pos_embed, kinds=kinds, stacks=stacks)
     close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise SiteError(

@@ -77,7 +77,10 @@ def test_the_two_stacks_are_named_separately(seq2seq):
         for site in ("attn.hook_pattern", "attn.hook_q", "attn.hook_z", "mlp.hook_post"):
             assert f"{stack}.0.{site}" in names, (stack, site)
     assert "decoder.1.hook_cross_attn_out" in names and "decoder.1.hook_resid_mid_cross" in names
+    for site in ("q", "k", "v", "attn_scores", "pattern", "z"):
+        assert f"decoder.0.cross_attn.hook_{site}" in names
     assert "encoder.0.hook_cross_attn_out" not in names
+    assert "encoder.0.cross_attn.hook_pattern" not in names
     assert not any(n.startswith("blocks.") for n in names)
     with pytest.raises(SiteError, match="named encoder"):
         model.site("blocks.0.hook_resid_pre")
@@ -129,6 +132,27 @@ def test_attention_and_projection_identities(seq2seq):
                     blk.layer[0].SelfAttention.o(site("z").flatten(-2)), g("hook_attn_out")
                 )
                 assert _close(ff.wo(g("mlp.hook_post")), g("hook_mlp_out"))
+
+
+def test_cross_attention_identities(seq2seq):
+    name, model = seq2seq
+    ids, mask, c, _ = _run(model)
+    for layer in range(2):
+        site = lambda k, layer=layer: c[f"decoder.{layer}.cross_attn.hook_{k}"]  # noqa: E731
+        pattern, scores = site("pattern"), site("attn_scores")
+        assert pattern.shape == (len(TEXTS), model.n_heads, ids.shape[1], ids.shape[1])
+        assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+        assert _close(torch.softmax(scores, -1), pattern, 1e-4)
+        # every decoder position reads every unpadded encoder position, and no padded one
+        assert torch.equal(pattern > 0, mask.bool()[:, None, None, :].expand_as(pattern))
+        raw = torch.einsum("bqhd,bkhd->bhqk", site("q"), site("k"))
+        raw = raw * model.layer_module(2 + layer, model.family.decoder.cross_attn).scaling
+        fin = torch.isfinite(scores)
+        assert _close(raw[fin], scores[fin], 1e-4)  # no position bias in cross-attention
+        assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, site("v")), site("z"), 1e-4)
+        if name == "t5":  # cross_attn_out = z W_O
+            o = model.layer_module(2 + layer, "layer.1.EncDecAttention.o")
+            assert _close(o(site("z").flatten(-2)), c[f"decoder.{layer}.hook_cross_attn_out"])
 
 
 def test_reads_and_identity_writes_leave_the_output(seq2seq):

@@ -62,9 +62,15 @@ _TAP_KINDS = frozenset(
         "ln2_normalized",
         "ln_final_scale",
         "ln_final",
+        "cross_q",
+        "cross_k",
+        "cross_v",
+        "cross_attn_scores",
+        "cross_pattern",
     }
 )
 _EAGER_KINDS = frozenset({"rot_q", "rot_k", "attn_scores", "pattern"})
+_CROSS_EAGER_KINDS = frozenset({"cross_attn_scores", "cross_pattern"})
 
 Writer = Callable[[torch.Tensor], torch.Tensor]
 Reader = Callable[[torch.Tensor], Any]
@@ -113,7 +119,7 @@ class _Session:
             raise ValueError(f"writes name the same site twice (aliases?): {sorted(writes)}")
         tapped = [s for s in {**self.reads, **self.writes} if s.kind in _TAP_KINDS]
         self.taps = {s: self._tap_fn(s) for s in tapped}
-        self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
+        self.eager = any(s.kind in _EAGER_KINDS | _CROSS_EAGER_KINDS for s in tapped)
         self.attn_taps: list[torch.nn.Module] = []
         self.swapped = ExitStack()  # forwards replaced for the session (MoE experts)
 
@@ -265,8 +271,8 @@ class _Session:
             self._in_map(m.layer_module(L), fn)
         elif site.kind == "resid_post":
             self._out_map(m.layer_module(L), fn)
-        elif site.kind == "z":
-            zmod = m.layer_module(L, fam.z_reader)
+        elif site.kind in ("z", "cross_z"):
+            zmod = m.layer_module(L, fam.z_reader if site.kind == "z" else fam.cross_z_reader)
             self._in_map(zmod, lambda t: fn(self._z(t)).reshape(t.shape))
         elif site.kind == "attn_out":
             if fam.post_ln:
@@ -349,10 +355,9 @@ class _Session:
             self._in_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
         elif site.kind == "resid_post":
             self._out_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
-        elif site.kind == "z":
-            self._in_map(
-                m.layer_module(L, fam.z_reader), passthrough(lambda t: rec(site, self._z(t)))
-            )
+        elif site.kind in ("z", "cross_z"):
+            zmod = m.layer_module(L, fam.z_reader if site.kind == "z" else fam.cross_z_reader)
+            self._in_map(zmod, passthrough(lambda t: rec(site, self._z(t))))
         elif site.kind == "attn_out":
             if fam.post_ln:
                 derived(m.layer_module(L, fam.mid_writer), ("pre", L), -1)
@@ -414,10 +419,16 @@ class _Session:
             self._qkv_taps(layer, sites)
             self._mlp_taps(layer, sites)
             attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
-            if attn:
-                mod = self.model.layer_module(layer, fam.attn_module)
-                mod._structlens_taps = attn
-                self.attn_taps.append(mod)
+            cross = {
+                k.removeprefix("cross_"): self.taps[s]
+                for k, s in sites.items()
+                if k in _CROSS_EAGER_KINDS
+            }
+            for taps, path in ((attn, fam.attn_module), (cross, fam.cross_attn)):
+                if taps:
+                    mod = self.model.layer_module(layer, path)
+                    mod._structlens_taps = taps
+                    self.attn_taps.append(mod)
 
     def _norm_taps(
         self, module: Callable[[], torch.nn.Module], sites: dict[str, Site], prefix: str
@@ -467,10 +478,17 @@ class _Session:
     def _qkv_taps(self, layer: int, sites: dict[str, Site]) -> None:
         m = self.model
         fam = m.family_at(layer)
+        d, h, kv = m.d_head, m.n_heads, m.n_kv_heads
+        cross = {k: sites[f"cross_{k}"] for k in ("q", "k", "v") if f"cross_{k}" in sites}
+        for k, site in cross.items():  # cross-attention: separate projections
+            path = {"q": fam.cross_q_proj, "k": fam.cross_k_proj, "v": fam.cross_v_proj}[k]
+            self._out_map(
+                m.layer_module(layer, path),
+                self._tap_output(site, self._rebuild([site]), lambda t: t.unflatten(-1, (-1, d))),
+            )
         wanted = {k: sites[k] for k in ("q", "k", "v") if k in sites}
         if not wanted:
             return
-        d, h, kv = m.d_head, m.n_heads, m.n_kv_heads
         rebuild = self._rebuild(wanted.values())
         if fam.qkv_proj is None:
             for k, site in wanted.items():

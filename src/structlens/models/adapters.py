@@ -170,6 +170,14 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
     if family.cross:  # only decoder layers of encoder–decoders have these (not "missing" else)
         offer(("cross_attn_out", "resid_mid_cross"), True, "")
+        paths = (family.cross_q_proj, family.cross_k_proj, family.cross_v_proj)
+        no_paths = f"family {family.name!r} names no cross-attention paths"
+        offer(("cross_q", "cross_k", "cross_v"), all(_has(layers, p) for p in paths), no_paths)
+        offer(("cross_z",), _has(layers, family.cross_z_reader), no_paths)
+        cross = _has(layers, family.cross_attn) and uses_attention_interface(
+            layers[0].get_submodule(family.cross_attn or "")
+        )
+        offer(("cross_attn_scores", "cross_pattern"), cross, no_eager)
     return tuple(k for k in LAYER_KINDS if k in have), missing
 
 

@@ -93,6 +93,11 @@ class Family:
     cross_write: str | None = None  # whose output is cross_attn_out (pre-LN)
     cross_mid_reader: str | None = None  # whose input is resid_mid_cross (pre-LN)
     cross_writer: str | None = None  # whose output is resid_mid_cross (post-LN)
+    cross_attn: str | None = None  # the module running cross-attention
+    cross_q_proj: str | None = None
+    cross_k_proj: str | None = None
+    cross_v_proj: str | None = None
+    cross_z_reader: str | None = None  # whose input is cross_attn.hook_z
     decoder: Family | None = None  # encoder–decoder models: the family is the encoder's
     copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
     residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
@@ -455,6 +460,11 @@ register_family(
                 2,
                 cross_write="layer.1.EncDecAttention",
                 cross_mid_reader="layer.2",
+                cross_attn="layer.1.EncDecAttention",
+                cross_q_proj="layer.1.EncDecAttention.q",
+                cross_k_proj="layer.1.EncDecAttention.k",
+                cross_v_proj="layer.1.EncDecAttention.v",
+                cross_z_reader="layer.1.EncDecAttention.o",
             ),
         ),
     )
@@ -467,7 +477,15 @@ register_family(
         decoder=Family(
             name="bart.decoder",
             model_types=("bart",),
-            **_bart_stack("decoder.layers", cross_writer="encoder_attn_layer_norm"),
+            **_bart_stack(
+                "decoder.layers",
+                cross_writer="encoder_attn_layer_norm",
+                cross_attn="encoder_attn",
+                cross_q_proj="encoder_attn.q_proj",
+                cross_k_proj="encoder_attn.k_proj",
+                cross_v_proj="encoder_attn.v_proj",
+                cross_z_reader="encoder_attn.out_proj",
+            ),
         ),
     )
 )

@@ -275,9 +275,9 @@ class Model:
                 f"{s.name} is laid out [batch, head, query_pos, key_pos] and has no per-token "
                 f"shape; read it with structlens.interventions.hooked."
             )
-        if s.kind in ("z", "q", "rot_q"):
+        if s.kind in ("z", "q", "rot_q", "cross_z", "cross_q"):
             return (self.n_heads, self.d_head)
-        if s.kind in ("k", "v", "rot_k"):
+        if s.kind in ("k", "v", "rot_k", "cross_k", "cross_v"):
             return (self.n_kv_heads, self.d_head)
         if s.kind in ("mlp_pre", "mlp_pre_linear", "mlp_post"):
             return (int(self.d_mlp or 0),)
