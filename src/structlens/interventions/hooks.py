@@ -15,8 +15,11 @@ which are ``[batch, head, query_pos, key_pos]`` as in TransformerLens.  A writer
 tensor and returns a replacement of the same shape.  Reading or writing ``hook_rot_q``,
 ``hook_rot_k``, ``hook_attn_scores`` or ``hook_pattern`` runs attention on structlens's eager
 path for the session (:mod:`structlens.models.attention`; checked once per model to reproduce
-the model's own output).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are computed from
-the norm's input; a write rebuilds the norm's output as ``normalized * gain + bias``.
+the model's own output; likewise ``cross_attn.hook_attn_scores``/``hook_pattern`` of
+encoder–decoders).  Mixture-of-experts neuron sites run the layer's experts densely for the
+session (:mod:`structlens.models.moe`).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are
+computed from the norm's input; a write rebuilds the norm's output as
+``normalized * gain + bias``.
 
 Sites that are sums or differences of real tensors (``resid_mid`` on parallel GPT-NeoX;
 ``attn_out``/``mlp_out`` on post-LN BERT) are written by adjusting the module output they are
