@@ -140,7 +140,7 @@ def test_head_first_sites_have_no_per_token_shape(llama64):
         llama64.site_shape("blocks.0.attn.hook_pattern")
     assert llama64.site_dims("blocks.0.attn.hook_pattern") == ("batch", 4, "query_pos", "key_pos")
     assert llama64.site_dims("blocks.0.attn.hook_k") == ("batch", "pos", 2, 16)
-    with pytest.raises(SiteError, match="not available for this model: .*mixture of experts"):
-        family_model("tiny-qwen3-moe").site("blocks.0.mlp.hook_post")
-    with pytest.raises(SiteError, match="attention-function interface"):
-        family_model("tiny-falcon").site("blocks.0.attn.hook_pattern")
+    with pytest.raises(SiteError, match="not available for this model: .*no norm before attention"):
+        family_model("tiny-olmo2").site("blocks.0.ln1.hook_scale")
+    with pytest.raises(SiteError, match="not available for this model: .*no rotary"):
+        family_model("tiny-gpt2").site("blocks.0.attn.hook_rot_q")

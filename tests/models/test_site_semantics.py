@@ -74,6 +74,14 @@ def test_attention_identities_on_smollm2(smollm2):
     _check_attention(smollm2, qk_norm=False, texts=["When Mary and John went to the store,"])
 
 
+def _alibi(n_heads, n):
+    """TransformerLens's ALiBi bias ``slope_h * (key - query)``, slopes ``2^(-8 (h+1) / H)``."""
+    assert n_heads & (n_heads - 1) == 0, "closed form for a power-of-two head count"
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n_heads + 1) / n_heads)
+    rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+    return slopes[:, None, None] * rel
+
+
 def _check_attention(model, qk_norm, texts=TEXTS):
     ids, mask, c, _ = _run(model, texts)
     fam_ = model.family
@@ -92,6 +100,8 @@ def _check_attention(model, qk_norm, texts=TEXTS):
         attn = model.layer_module(layer, fam_.attn_module)
         raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, dim=2))
         raw = raw * getattr(attn, "scaling", model.d_head**-0.5)
+        if model.config.model_type == "bloom":
+            raw = raw + _alibi(model.n_heads, ids.shape[1])
         cap = getattr(model.config, "attn_logit_softcapping", None)
         if cap:
             raw = torch.tanh(raw / cap) * cap
@@ -120,7 +130,7 @@ def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
         if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
             attn_out = mod(fam_.attn_write)(attn_out)
         assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
-        if "mlp_post" in model.layer_kinds:
+        if "mlp_post" in model.layer_kinds and not fam_.moe_experts:  # MoE: test_moe.py
             mlp_out = mod(fam_.mlp_post_reader)(c[f"blocks.{layer}.mlp.hook_post"])
             mlp_out = mlp_out * model.residual_scale
             if fam_.mlp_write and not fam_.mlp_post_reader.startswith(fam_.mlp_write):

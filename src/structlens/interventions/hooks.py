@@ -15,8 +15,11 @@ which are ``[batch, head, query_pos, key_pos]`` as in TransformerLens.  A writer
 tensor and returns a replacement of the same shape.  Reading or writing ``hook_rot_q``,
 ``hook_rot_k``, ``hook_attn_scores`` or ``hook_pattern`` runs attention on structlens's eager
 path for the session (:mod:`structlens.models.attention`; checked once per model to reproduce
-the model's own output).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are computed from
-the norm's input; a write rebuilds the norm's output as ``normalized * gain + bias``.
+the model's own output; likewise ``cross_attn.hook_attn_scores``/``hook_pattern`` of
+encoder–decoders).  Mixture-of-experts neuron sites run the layer's experts densely for the
+session (:mod:`structlens.models.moe`).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are
+computed from the norm's input; a write rebuilds the norm's output as
+``normalized * gain + bias``.
 
 Sites that are sums or differences of real tensors (``resid_mid`` on parallel GPT-NeoX;
 ``attn_out``/``mlp_out`` on post-LN BERT) are written by adjusting the module output they are
@@ -31,7 +34,7 @@ d(metric)/d(activation) for each read site.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -40,6 +43,7 @@ import torch
 from structlens.models.adapters import norm_affine, norm_eps, norm_kind, norm_parts
 from structlens.models.attention import check_eager_path, eager_path
 from structlens.models.loading import Model
+from structlens.models.moe import dense_experts
 from structlens.sites import Site
 
 #: Kinds served by taps (a value exposed at one place, written then recorded).
@@ -61,9 +65,15 @@ _TAP_KINDS = frozenset(
         "ln2_normalized",
         "ln_final_scale",
         "ln_final",
+        "cross_q",
+        "cross_k",
+        "cross_v",
+        "cross_attn_scores",
+        "cross_pattern",
     }
 )
 _EAGER_KINDS = frozenset({"rot_q", "rot_k", "attn_scores", "pattern"})
+_CROSS_EAGER_KINDS = frozenset({"cross_attn_scores", "cross_pattern"})
 
 Writer = Callable[[torch.Tensor], torch.Tensor]
 Reader = Callable[[torch.Tensor], Any]
@@ -112,8 +122,9 @@ class _Session:
             raise ValueError(f"writes name the same site twice (aliases?): {sorted(writes)}")
         tapped = [s for s in {**self.reads, **self.writes} if s.kind in _TAP_KINDS]
         self.taps = {s: self._tap_fn(s) for s in tapped}
-        self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
+        self.eager = any(s.kind in _EAGER_KINDS | _CROSS_EAGER_KINDS for s in tapped)
         self.attn_taps: list[torch.nn.Module] = []
+        self.swapped = ExitStack()  # forwards replaced for the session (MoE experts)
 
     # -- registration helpers -------------------------------------------------------------
     def _fwd(self, module: torch.nn.Module, fn: Callable[[Any], Any]) -> None:
@@ -211,24 +222,31 @@ class _Session:
         self._in_map(m.layer_module(0), tokens)
         self._pre(m.base, batch)
         if self.grad:
-            for path in filter(None, (fam.embed, fam.pos_embed)):
+            decoder_embed = fam.decoder.embed if fam.decoder else None
+            for path in dict.fromkeys(filter(None, (fam.embed, fam.pos_embed, decoder_embed))):
                 self._out_map(m.base_module(path), lambda t: t.detach().requires_grad_(True))
         for site, fn in self.writes.items():
             if site.kind not in _TAP_KINDS:
                 self._register_write(site, fn)
-        for layer in sorted({s.layer for s in self._stash_sites()}):
+        for layer in sorted({m.global_layer(s) for s in self._stash_sites()}):
+            lfam = m.family_at(layer)
             self._in_map(m.layer_module(layer), self._stash_fn(("pre", layer)))
-            if fam.post_ln:
-                self._out_map(m.layer_module(layer, fam.mid_writer), self._stash_fn(("mid", layer)))
+            if lfam.post_ln:
+                mid = m.layer_module(layer, lfam.mid_writer)
+                self._out_map(mid, self._stash_fn(("mid", layer)))
+            elif lfam.cross:  # resid_mid_cross writes adjust the cross-attention output
+                self._in_map(m.layer_module(layer, lfam.mid_reader), self._stash_fn(("mid", layer)))
+            if lfam.cross_writer:
+                midx = m.layer_module(layer, lfam.cross_writer)
+                self._out_map(midx, self._stash_fn(("midx", layer)))
         for site in self.reads:
             if site.kind not in _TAP_KINDS:
                 self._register_read(site)
         self._register_taps()
 
     def _stash_sites(self) -> list[Site]:
-        derived = [s for s in self.writes if s.kind in ("attn_out", "mlp_out", "resid_mid")]
-        derived += [s for s in self.reads if s.kind in ("attn_out", "mlp_out", "resid_mid")]
-        return derived
+        kinds = ("attn_out", "mlp_out", "resid_mid", "cross_attn_out", "resid_mid_cross")
+        return [s for s in (*self.writes, *self.reads) if s.kind in kinds]
 
     def _contribution(self, f: Callable[[torch.Tensor], torch.Tensor]):
         """``f`` on a sublayer's residual contribution, given the sublayer's output: the two
@@ -239,16 +257,25 @@ class _Session:
         return lambda t: f(t * scale) / scale
 
     def _attn_module(self, layer: int) -> torch.nn.Module:
-        return self.model.layer_module(layer, self.fam.attn_write)
+        return self.model.layer_module(layer, self.model.family_at(layer).attn_write)
+
+    def _layer_of(self, site: Site) -> tuple[Any, Any]:
+        """The family of ``site``'s layer and its global index (None for model-level sites)."""
+        m = self.model
+        if site.layer is None:
+            return self.fam, None
+        L = m.global_layer(site)
+        return m.family_at(L), L
 
     def _register_write(self, site: Site, fn: Writer) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        m = self.model
+        fam, L = self._layer_of(site)
         if site.kind == "resid_pre":
             self._in_map(m.layer_module(L), fn)
         elif site.kind == "resid_post":
             self._out_map(m.layer_module(L), fn)
-        elif site.kind == "z":
-            zmod = m.layer_module(L, fam.z_reader)
+        elif site.kind in ("z", "cross_z"):
+            zmod = m.layer_module(L, fam.z_reader if site.kind == "z" else fam.cross_z_reader)
             self._in_map(zmod, lambda t: fn(self._z(t)).reshape(t.shape))
         elif site.kind == "attn_out":
             if fam.post_ln:
@@ -268,9 +295,27 @@ class _Session:
                     self._attn_module(L),
                     self._contribution(lambda a: fn(self.stash[pre] + a) - self.stash[pre]),
                 )
-        elif site.kind == "mlp_out":
+        elif site.kind == "cross_attn_out":
             if fam.post_ln:
                 mid = ("mid", L)
+                self._out_map(
+                    m.layer_module(L, fam.cross_writer),
+                    lambda mc: self.stash[mid] + fn(mc - self.stash[mid]),
+                )
+            else:
+                self._out_map(m.layer_module(L, fam.cross_write), fn)
+        elif site.kind == "resid_mid_cross":
+            if fam.post_ln:
+                self._out_map(m.layer_module(L, fam.cross_writer), fn)
+            else:
+                mid = ("mid", L)
+                self._out_map(
+                    m.layer_module(L, fam.cross_write),
+                    lambda a: fn(self.stash[mid] + a) - self.stash[mid],
+                )
+        elif site.kind == "mlp_out":
+            if fam.post_ln:
+                mid = ("midx" if fam.cross_writer else "mid", L)
                 self._out_map(
                     m.layer_module(L), lambda post: self.stash[mid] + fn(post - self.stash[mid])
                 )
@@ -284,7 +329,8 @@ class _Session:
             raise AssertionError(site)
 
     def _register_read(self, site: Site) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        m = self.model
+        fam, L = self._layer_of(site)
         rec = self._record
 
         def passthrough(f: Callable[[torch.Tensor], None]):
@@ -312,10 +358,9 @@ class _Session:
             self._in_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
         elif site.kind == "resid_post":
             self._out_map(m.layer_module(L), passthrough(lambda t: rec(site, t)))
-        elif site.kind == "z":
-            self._in_map(
-                m.layer_module(L, fam.z_reader), passthrough(lambda t: rec(site, self._z(t)))
-            )
+        elif site.kind in ("z", "cross_z"):
+            zmod = m.layer_module(L, fam.z_reader if site.kind == "z" else fam.cross_z_reader)
+            self._in_map(zmod, passthrough(lambda t: rec(site, self._z(t))))
         elif site.kind == "attn_out":
             if fam.post_ln:
                 derived(m.layer_module(L, fam.mid_writer), ("pre", L), -1)
@@ -332,9 +377,22 @@ class _Session:
                 derived(self._attn_module(L), ("pre", L), +1)
             else:
                 self._in_map(m.layer_module(L, fam.mid_reader), passthrough(lambda t: rec(site, t)))
+        elif site.kind == "cross_attn_out":
+            if fam.post_ln:
+                derived(m.layer_module(L, fam.cross_writer), ("mid", L), -1)
+            else:
+                mod = m.layer_module(L, fam.cross_write)
+                self._out_map(mod, passthrough(lambda t: rec(site, t)))
+        elif site.kind == "resid_mid_cross":
+            if fam.post_ln:
+                mod = m.layer_module(L, fam.cross_writer)
+                self._out_map(mod, passthrough(lambda t: rec(site, t)))
+            else:
+                mod = m.layer_module(L, fam.cross_mid_reader)
+                self._in_map(mod, passthrough(lambda t: rec(site, t)))
         elif site.kind == "mlp_out":
             if fam.post_ln:
-                derived(m.layer_module(L), ("mid", L), -1)
+                derived(m.layer_module(L), ("midx" if fam.cross_writer else "mid", L), -1)
             else:
                 # copy_mlp_out: the layer adds into this tensor in place after the hook
                 keep = (lambda t: t.clone()) if fam.copy_mlp_out else (lambda t: t)
@@ -353,20 +411,27 @@ class _Session:
         m = self.model
         by_layer: dict[int | None, dict[str, Site]] = {}
         for site in self.taps:
-            by_layer.setdefault(site.layer, {})[site.kind] = site
+            by_layer.setdefault(self._layer_of(site)[1], {})[site.kind] = site
         for layer, sites in by_layer.items():
             if layer is None:
                 self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
                 continue
-            self._norm_taps(partial(m.layer_module, layer, self.fam.ln1), sites, "ln1")
-            self._norm_taps(partial(m.layer_module, layer, self.fam.ln2), sites, "ln2")
+            fam = m.family_at(layer)
+            self._norm_taps(partial(m.layer_module, layer, fam.ln1), sites, "ln1")
+            self._norm_taps(partial(m.layer_module, layer, fam.ln2), sites, "ln2")
             self._qkv_taps(layer, sites)
             self._mlp_taps(layer, sites)
             attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
-            if attn:
-                mod = self.model.layer_module(layer, self.fam.attn_module)
-                mod._structlens_taps = attn
-                self.attn_taps.append(mod)
+            cross = {
+                k.removeprefix("cross_"): self.taps[s]
+                for k, s in sites.items()
+                if k in _CROSS_EAGER_KINDS
+            }
+            for taps, path in ((attn, fam.attn_module), (cross, fam.cross_attn)):
+                if taps:
+                    mod = self.model.layer_module(layer, path)
+                    mod._structlens_taps = taps
+                    self.attn_taps.append(mod)
 
     def _norm_taps(
         self, module: Callable[[], torch.nn.Module], sites: dict[str, Site], prefix: str
@@ -414,11 +479,19 @@ class _Session:
         return f
 
     def _qkv_taps(self, layer: int, sites: dict[str, Site]) -> None:
-        m, fam = self.model, self.fam
+        m = self.model
+        fam = m.family_at(layer)
+        d, h, kv = m.d_head, m.n_heads, m.n_kv_heads
+        cross = {k: sites[f"cross_{k}"] for k in ("q", "k", "v") if f"cross_{k}" in sites}
+        for k, site in cross.items():  # cross-attention: separate projections
+            path = {"q": fam.cross_q_proj, "k": fam.cross_k_proj, "v": fam.cross_v_proj}[k]
+            self._out_map(
+                m.layer_module(layer, path),
+                self._tap_output(site, self._rebuild([site]), lambda t: t.unflatten(-1, (-1, d))),
+            )
         wanted = {k: sites[k] for k in ("q", "k", "v") if k in sites}
         if not wanted:
             return
-        d, h, kv = m.d_head, m.n_heads, m.n_kv_heads
         rebuild = self._rebuild(wanted.values())
         if fam.qkv_proj is None:
             for k, site in wanted.items():
@@ -446,8 +519,16 @@ class _Session:
         self._out_map(m.layer_module(layer, fam.qkv_proj), split)
 
     def _mlp_taps(self, layer: int, sites: dict[str, Site]) -> None:
-        m, fam = self.model, self.fam
+        m = self.model
+        fam = m.family_at(layer)
         pre, lin, post = (sites.get(k) for k in ("mlp_pre", "mlp_pre_linear", "mlp_post"))
+        if fam.moe_experts is not None:
+            # MoE: the experts run densely with the taps (structlens.models.moe)
+            taps = {s.kind: self._per_token(self.taps[s]) for s in (pre, lin, post) if s}
+            if taps:
+                experts = m.layer_module(layer, fam.moe_experts)
+                self.swapped.enter_context(dense_experts(experts, taps))
+            return
         if post is not None:
             self._in_map(m.layer_module(layer, fam.mlp_post_reader), self.taps[post])
         if pre is None and lin is None:
@@ -471,6 +552,7 @@ class _Session:
         for mod in self.attn_taps:
             del mod._structlens_taps
         self.attn_taps.clear()
+        self.swapped.close()
         for h in self.handles:
             h.remove()
         self.handles.clear()

@@ -19,6 +19,7 @@ import torch
 
 from structlens.models.attention import uses_attention_interface
 from structlens.models.families import Family
+from structlens.models.moe import is_dense_experts
 from structlens.sites import CORE_LAYER_KINDS, LAYER_KINDS
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +150,8 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
     interface = uses_attention_interface(layers[0].get_submodule(family.attn_module))
     no_eager = (
         f"{type(layers[0].get_submodule(family.attn_module)).__name__} does not use HF's "
-        f"attention-function interface, which structlens's eager attention path replaces"
+        f"attention-function interface and structlens has no eager forward for it "
+        f"(structlens.models.attention.OWN_ATTENTION)"
     )
     offer(("attn_scores", "pattern"), interface, no_eager)
     offer(
@@ -157,12 +159,25 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
         interface and family.rotary,
         no_eager if not interface else "the model has no rotary embeddings",
     )
-    pre = _has(layers, family.mlp_pre) or _has(layers, family.mlp_gate_up)
-    post = _has(layers, family.mlp_post_reader)
-    moe = f"family {family.name!r} has no dense MLP neurons (mixture of experts, or no paths)"
+    experts = _has(layers, family.moe_experts) and all(
+        is_dense_experts(layer.get_submodule(family.moe_experts)) for layer in layers
+    )
+    pre = experts or _has(layers, family.mlp_pre) or _has(layers, family.mlp_gate_up)
+    post = experts or _has(layers, family.mlp_post_reader)
+    moe = f"family {family.name!r} has no MLP neuron paths (docs/sites.md)"
     offer(("mlp_pre", "mlp_post"), pre and post, moe)
-    linear = _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
+    linear = experts or _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
+    if family.cross:  # only decoder layers of encoder–decoders have these (not "missing" else)
+        offer(("cross_attn_out", "resid_mid_cross"), True, "")
+        paths = (family.cross_q_proj, family.cross_k_proj, family.cross_v_proj)
+        no_paths = f"family {family.name!r} names no cross-attention paths"
+        offer(("cross_q", "cross_k", "cross_v"), all(_has(layers, p) for p in paths), no_paths)
+        offer(("cross_z",), _has(layers, family.cross_z_reader), no_paths)
+        cross = _has(layers, family.cross_attn) and uses_attention_interface(
+            layers[0].get_submodule(family.cross_attn or "")
+        )
+        offer(("cross_attn_scores", "cross_pattern"), cross, no_eager)
     return tuple(k for k in LAYER_KINDS if k in have), missing
 
 
@@ -273,19 +288,20 @@ def discover_family(hf: torch.nn.Module) -> Family:
 @torch.no_grad()
 def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, float]:
     """Relative errors of ``resid_pre + attn_out = resid_mid`` and ``resid_mid + mlp_out =
-    resid_post`` per layer, and of layer chaining, on one forward pass of ``model.hf``.
+    resid_post`` per layer (with ``resid_mid + cross_attn_out = resid_mid_cross`` in decoder
+    layers of encoder–decoders), and of layer chaining within a stack, on one forward pass of
+    ``model.hf``.
 
     Uses plain forward hooks on the family's modules (not the hook sessions), so it is an
     independent check of the adapter.
     """
-    fam = model.family
     seen: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
 
     def first(t: Any) -> torch.Tensor:
         return t[0] if isinstance(t, tuple) else t
 
-    def grab(key, use_input):
+    def grab(key, use_input, fam):
         def hook(mod, args, kwargs, out):
             t = (args[0] if args else kwargs["hidden_states"]) if use_input else first(out)
             # copy only where the family says the layer adds into the MLP's output in place, as
@@ -296,13 +312,18 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
         return hook
 
     for i, layer in enumerate(model.layers):
+        fam = model.family_at(i)
         spec = [("pre", layer, True), ("post", layer, False)]
         spec.append(("attn", layer.get_submodule(fam.attn_write), False))
         spec.append(("mlp", layer.get_submodule(fam.mlp_write), False))
         if fam.mid_reader and not model.parallel:
             spec.append(("mid", layer.get_submodule(fam.mid_reader), True))
+        if fam.cross_write:
+            spec.append(("cross", layer.get_submodule(fam.cross_write), False))
+            spec.append(("midx", layer.get_submodule(fam.cross_mid_reader), True))
         for key, mod, use_input in spec:
-            handles.append(mod.register_forward_hook(grab((key, i), use_input), with_kwargs=True))
+            hook = grab((key, i), use_input, fam)
+            handles.append(mod.register_forward_hook(hook, with_kwargs=True))
     try:
         model.forward(input_ids, torch.ones_like(input_ids))
     finally:
@@ -315,8 +336,12 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
         mid = seen.get(("mid", i), pre + attn)
         scale = float(post.abs().max().clamp_min(1e-12))
         errs[f"mid{i}"] = float((pre + attn - mid).abs().max()) / scale
+        if ("cross", i) in seen:  # encoder–decoder decoder layer
+            midx = seen[("midx", i)]
+            errs[f"cross{i}"] = float((mid + seen[("cross", i)] - midx).abs().max()) / scale
+            mid = midx
         errs[f"post{i}"] = float((mid + mlp - post).abs().max()) / scale
-        if i + 1 < model.n_layers:
+        if i + 1 < model.n_layers and model.family_at(i + 1) is model.family_at(i):
             errs[f"chain{i}"] = float((post - seen[("pre", i + 1)]).abs().max()) / scale
     return errs
 

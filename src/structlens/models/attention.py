@@ -8,20 +8,27 @@ module (``module._structlens_taps``, kind -> function returning the possibly rep
 
 ``rot_q``/``rot_k``  queries/keys as the function receives them, i.e. after QK-norm and rotary,
                      ``[batch, pos, head, d_head]`` (keys per KV head);
-``attn_scores``      ``q·k * scaling`` (soft-capped where the model soft-caps), plus any additive
-                     bias in the mask, with masked entries ``-inf``: ``[batch, head, q, k]``;
+``attn_scores``      ``q·k * scaling`` (soft-capped where the model soft-caps), plus T5's relative
+                     position bias and any additive bias in the mask, with masked entries
+                     ``-inf``: ``[batch, head, q, k]``;
 ``pattern``          the softmax of the scores (NaN rows of fully masked queries set to 0).
+
+Attention modules that compute attention inline instead of calling the interface (BLOOM,
+Falcon) get a family-specific forward, :data:`OWN_ATTENTION`, that recomputes their attention
+from the module's own projections through the same tapped function: BLOOM's scores include its
+ALiBi bias (as TransformerLens's do), Falcon's are taken after rotary.
 
 :func:`eager_path` switches a model onto this path for the duration of a ``with`` block;
 :func:`check_eager_path` verifies once per model that it reproduces the model's own output.
-Only models whose attention modules call the attention-function interface can use it
-(:func:`uses_attention_interface`); BLOOM and Falcon, for instance, do not.
+Models whose attention modules neither call the interface nor have an entry in
+:data:`OWN_ATTENTION` cannot use it (:func:`uses_attention_interface`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,6 +84,8 @@ def tl_attention(
     scores = torch.matmul(query, k.transpose(-1, -2)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if kwargs.get("position_bias") is not None:  # T5's relative position bias
+        scores = scores + kwargs["position_bias"]
     if attention_mask is not None:
         mask = attention_mask[:, :, :, : k.shape[-2]]
         if mask.dtype == torch.bool:
@@ -95,8 +104,98 @@ def tl_attention(
     return out, pattern
 
 
+def _additive(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """An HF attention mask as an additive float mask (dtype-min where blocked)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    return zero.masked_fill(~mask, torch.finfo(like.dtype).min)
+
+
+def bloom_attention(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    residual: torch.Tensor,
+    alibi: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer_past: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``BloomAttention.forward`` through :func:`tl_attention`: the scores are TransformerLens's,
+    ``q·k / sqrt(d_head) + slope_h * (key_pos - query_pos)``, masked ``-inf``."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor, dropout_add
+
+    batch, n_query, _ = hidden_states.shape
+    query, key, value = self._reshape(self.query_key_value(hidden_states))
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    # HF's ALiBi is slope * (key's position among the unpadded tokens); TL's is
+    # slope * (key_index - query_index).  The two differ by a constant per query row, so give
+    # the same pattern and output; the scores are TL's.
+    n_key = key.shape[-2]
+    slopes = build_alibi_tensor(torch.ones(1, 2, device=query.device), self.num_heads, query.dtype)
+    rel = torch.arange(n_key, device=query.device)
+    rel = rel[None, :] - rel[n_key - n_query :, None]
+    bias = (slopes[:, 0, 1, None, None] * rel)[None]
+    mask = _additive(attention_mask, query)
+    bias = bias if mask is None else bias + mask
+    out, pattern = tl_attention(
+        self,
+        query,
+        key,
+        value,
+        bias,
+        scaling=self.inv_norm_factor,
+        dropout=self.attention_dropout.p,
+    )
+    output = self.dense(out.reshape(batch, n_query, self.num_heads * self.head_dim))
+    return dropout_add(output, residual, self.hidden_dropout, self.training), pattern
+
+
+def falcon_attention(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    alibi: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+    layer_past: Any = None,
+    use_cache: bool = False,
+    output_attentions: bool = False,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FalconAttention.forward`` (rotary Falcon) through :func:`tl_attention`."""
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    if alibi is not None or position_embeddings is None:
+        raise NotImplementedError(
+            "Falcon with ALiBi (config.alibi=True) is not supported on the structlens eager path; "
+            "its attention-internal sites are unavailable"
+        )
+    n_kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query, key, value = self._split_heads(self.query_key_value(hidden_states))
+    batch, n_query = query.shape[:2]
+    query = query.transpose(1, 2).reshape(batch, self.num_heads, n_query, self.head_dim)
+    key = key.transpose(1, 2).reshape(batch, n_kv, n_query, self.head_dim)
+    value = value.transpose(1, 2).reshape(batch, n_kv, n_query, self.head_dim)
+    query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    mask = _additive(attention_mask, query)
+    # rotary Falcon applies no attention dropout
+    out, pattern = tl_attention(self, query, key, value, mask, scaling=self.inv_norm_factor)
+    return self.dense(out.reshape(batch, n_query, self.num_heads * self.head_dim)), pattern
+
+
+#: Attention classes with inline attention -> their forward on the eager path.
+OWN_ATTENTION = {"BloomAttention": bloom_attention, "FalconAttention": falcon_attention}
+
+
 def uses_attention_interface(attn_module: torch.nn.Module) -> bool:
-    """Whether this attention module calls HF's attention-function interface."""
+    """Whether this attention module can run on the eager path: it calls HF's
+    attention-function interface, or has a forward in :data:`OWN_ATTENTION`."""
+    if type(attn_module).__name__ in OWN_ATTENTION:
+        return True
     try:
         src = inspect.getsource(type(attn_module).forward)
     except (OSError, TypeError):
@@ -119,13 +218,19 @@ def eager_path(hf: torch.nn.Module) -> Iterator[None]:
     _register()
     configs = _configs(hf)
     before = [c._attn_implementation for c in configs]
+    own = [m for m in hf.modules() if type(m).__name__ in OWN_ATTENTION]
     for c in configs:
         c._attn_implementation = IMPLEMENTATION
+    for m in own:
+        # an instance attribute shadows the class's forward; hooks still run around it
+        m.forward = types.MethodType(OWN_ATTENTION[type(m).__name__], m)
     try:
         yield
     finally:
         for c, b in zip(configs, before):
             c._attn_implementation = b
+        for m in own:
+            del m.forward
 
 
 @torch.no_grad()

@@ -27,7 +27,16 @@ Site semantics per family (what the adapter reads and writes)
                     ``qkv_proj`` split by ``qkv_layout``), before any QK-norm and rotary.
 ``ln1``/``ln2``     the norms read by attention and MLP (``ln1``/``ln2`` paths).
 ``mlp.hook_*``      ``mlp_pre``'s output, ``mlp_pre_linear``'s output (gated MLPs; or the two
-                    halves of a fused ``mlp_gate_up``), and ``mlp_post_reader``'s input.
+                    halves of a fused ``mlp_gate_up``), and ``mlp_post_reader``'s input; for
+                    mixture-of-experts MLPs (``moe_experts``) every expert's neurons side by
+                    side, zero where a token is not routed to the expert
+                    (:mod:`structlens.models.moe`).
+
+Encoder–decoder models (T5, BART) register the encoder's family, whose ``decoder`` field is the
+decoder's; module paths of both are relative to ``model.base_model``.  Decoder layers have a
+cross-attention sublayer: ``hook_cross_attn_out`` is ``cross_write``'s output (pre-LN) and
+``hook_resid_mid_cross = resid_mid + cross_attn_out`` is ``cross_mid_reader``'s input (pre-LN)
+or ``cross_writer``'s output (post-LN BART, where ``cross_attn_out`` is a difference).
 
 Post-LN encoders (BERT) apply LayerNorm *after* each residual addition, so no sublayer output
 is additive.  There ``hook_resid_mid`` is the attention block's (normalised) output and
@@ -79,8 +88,24 @@ class Family:
     mlp_pre_linear: str | None = None
     mlp_gate_up: str | None = None  # one Linear whose output is [gate | up] (Phi-3)
     mlp_post_reader: str | None = None
+    moe_experts: str | None = None  # experts module of an MoE MLP (structlens.models.moe)
+    # encoder–decoder decoder layers: the cross-attention sublayer between attention and MLP
+    cross_write: str | None = None  # whose output is cross_attn_out (pre-LN)
+    cross_mid_reader: str | None = None  # whose input is resid_mid_cross (pre-LN)
+    cross_writer: str | None = None  # whose output is resid_mid_cross (post-LN)
+    cross_attn: str | None = None  # the module running cross-attention
+    cross_q_proj: str | None = None
+    cross_k_proj: str | None = None
+    cross_v_proj: str | None = None
+    cross_z_reader: str | None = None  # whose input is cross_attn.hook_z
+    decoder: Family | None = None  # encoder–decoder models: the family is the encoder's
     copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
     residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
+
+    @property
+    def cross(self) -> bool:
+        """Whether layers have a cross-attention sublayer (encoder–decoder decoders)."""
+        return bool(self.cross_write or self.cross_writer)
 
     @property
     def post_ln(self) -> bool:
@@ -173,8 +198,12 @@ for _family in (
         **_GATED,
         residual_multiplier="residual_multiplier",
     ),
-    # Mixture-of-experts MLPs have no single set of neurons: no mlp.hook_* sites.
-    Family(name="moe", model_types=("mixtral", "qwen2_moe", "qwen3_moe"), **_LLAMA_LIKE),
+    # Mixture-of-experts MLPs: the neurons of all experts side by side (structlens.models.moe).
+    Family(
+        name="moe", model_types=("mixtral", "qwen3_moe"), **_LLAMA_LIKE, moe_experts="mlp.experts"
+    ),
+    # Qwen2-MoE adds a gated shared expert to the routed ones: no mlp.hook_* sites.
+    Family(name="qwen2_moe", model_types=("qwen2_moe",), **_LLAMA_LIKE),
     Family(
         name="phi3",
         model_types=("phi3",),
@@ -370,3 +399,93 @@ for _family in (
     ),
 ):
     register_family(_family)
+
+
+def _t5_stack(layers: str, mlp: int, **decoder: str) -> dict:
+    ff = f"layer.{mlp}"
+    return dict(
+        layers=layers,
+        embed=layers.split(".")[0] + ".embed_tokens",  # each stack's own embedding module
+        final_norm=None,
+        attn_write="layer.0.SelfAttention",
+        mlp_write=f"{ff}.DenseReluDense",
+        mid_reader="layer.1",
+        z_reader="layer.0.SelfAttention.o",
+        causal=False,
+        ln1="layer.0.layer_norm",
+        ln2="layer.1.layer_norm",
+        q_proj="layer.0.SelfAttention.q",
+        k_proj="layer.0.SelfAttention.k",
+        v_proj="layer.0.SelfAttention.v",
+        mlp_pre=f"{ff}.DenseReluDense.wi",
+        mlp_post_reader=f"{ff}.DenseReluDense.wo",
+        **decoder,
+    )
+
+
+def _bart_stack(layers: str, **decoder: str) -> dict:
+    return dict(
+        layers=layers,
+        embed=layers.split(".")[0] + ".embed_tokens",  # each stack's own embedding module
+        final_norm=None,
+        attn_write=None,
+        mlp_write=None,
+        mid_reader=None,
+        mid_writer="self_attn_layer_norm",
+        z_reader="self_attn.out_proj",
+        causal=False,
+        attn="self_attn",
+        q_proj="self_attn.q_proj",
+        k_proj="self_attn.k_proj",
+        v_proj="self_attn.v_proj",
+        mlp_pre="fc1",
+        mlp_post_reader="fc2",
+        **decoder,
+    )
+
+
+# Encoder–decoders.  T5 (pre-LN RMSNorm, relative position bias in the scores; non-gated
+# DenseReluDense): the decoder's ln2 is the norm before cross-attention, as in TransformerLens's
+# HookedEncoderDecoder.  BART is post-LN: attn_out, cross_attn_out and mlp_out are differences.
+register_family(
+    Family(
+        name="t5",
+        model_types=("t5",),
+        **_t5_stack("encoder.block", 1),
+        decoder=Family(
+            name="t5.decoder",
+            model_types=("t5",),
+            **_t5_stack(
+                "decoder.block",
+                2,
+                cross_write="layer.1.EncDecAttention",
+                cross_mid_reader="layer.2",
+                cross_attn="layer.1.EncDecAttention",
+                cross_q_proj="layer.1.EncDecAttention.q",
+                cross_k_proj="layer.1.EncDecAttention.k",
+                cross_v_proj="layer.1.EncDecAttention.v",
+                cross_z_reader="layer.1.EncDecAttention.o",
+            ),
+        ),
+    )
+)
+register_family(
+    Family(
+        name="bart",
+        model_types=("bart",),
+        **_bart_stack("encoder.layers"),
+        decoder=Family(
+            name="bart.decoder",
+            model_types=("bart",),
+            **_bart_stack(
+                "decoder.layers",
+                cross_writer="encoder_attn_layer_norm",
+                cross_attn="encoder_attn",
+                cross_q_proj="encoder_attn.q_proj",
+                cross_k_proj="encoder_attn.k_proj",
+                cross_v_proj="encoder_attn.v_proj",
+                cross_z_reader="encoder_attn.out_proj",
+            ),
+        ),
+    )
+)

@@ -23,6 +23,7 @@ from structlens.models.adapters import (
 )
 from structlens.models.digest import model_digest
 from structlens.models.families import Family
+from structlens.models.moe import d_expert
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, SiteError, all_site_names, parse_site
 
@@ -101,7 +102,8 @@ class Model:
     layer_kinds, missing_kinds
         The per-layer site kinds this model has, and why it lacks the others.
     n_kv_heads, d_mlp
-        Key/value heads (``hook_k``/``hook_v``) and MLP width (None for mixture-of-experts).
+        Key/value heads (``hook_k``/``hook_v``) and MLP width (None without MLP neuron sites;
+        for mixture-of-experts MLPs ``n_experts * d_expert``).
     name : str
         The name or path it was loaded from.
     """
@@ -119,11 +121,21 @@ class Model:
         self.config = hf.config
         self.family: Family = family_of(hf)
         self.base = hf.base_model
-        self.layers = self._module(self.base, self.family.layers)
+        self.layers = list(self._module(self.base, self.family.layers))
+        # encoder–decoders: the decoder's layers follow the encoder's (global layer indices)
+        self.stacks: dict[str, tuple[int, int]] | None = None  # stack -> (offset, n_layers)
+        if self.family.decoder is not None:
+            decoder = list(self._module(self.base, self.family.decoder.layers))
+            self.stacks = {
+                "encoder": (0, len(self.layers)),
+                "decoder": (len(self.layers), len(decoder)),
+            }
+            self.layers += decoder
         self.n_layers = len(self.layers)
         self.d_model = int(hf.config.hidden_size)
         self.n_heads = int(hf.config.num_attention_heads)
-        self.d_head = int(getattr(hf.config, "head_dim", None) or self.d_model // self.n_heads)
+        d_head = getattr(hf.config, "head_dim", None) or getattr(hf.config, "d_kv", None)
+        self.d_head = int(d_head or self.d_model // self.n_heads)
         self.causal = self.family.causal
         self.parallel = self.family.parallel or bool(
             self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
@@ -132,6 +144,15 @@ class Model:
         multiplier = self.family.residual_multiplier
         self.residual_scale = float(getattr(hf.config, multiplier)) if multiplier else 1.0
         self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
+        self.stack_kinds: dict[str, tuple[str, ...]] = {}
+        if self.stacks is not None:
+            self.missing_kinds = {}
+            for stack, (offset, n) in self.stacks.items():
+                fam = self.family_at(offset)
+                kinds, missing = available_kinds(fam, self.layers[offset : offset + n])
+                self.stack_kinds[stack] = kinds
+                self.missing_kinds.update(missing)
+            self.layer_kinds = self.stack_kinds["encoder"]
         self.n_kv_heads = self._n_kv_heads()
         self.d_mlp = self._d_mlp()
         verify_family(self)  # one short forward pass: the residual identities must hold
@@ -154,6 +175,32 @@ class Model:
     @staticmethod
     def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
         return root.get_submodule(path)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.stacks is not None
+
+    def family_at(self, layer: int) -> Family:
+        """The family of global layer ``layer`` (the decoder's for an encoder–decoder's
+        decoder layers)."""
+        if self.stacks is not None and layer >= self.stacks["decoder"][0]:
+            assert self.family.decoder is not None
+            return self.family.decoder
+        return self.family
+
+    def global_layer(self, site: Site) -> int:
+        """Index into :attr:`layers` of ``site``'s layer (encoder–decoders number the decoder's
+        layers after the encoder's)."""
+        assert site.layer is not None
+        if site.stack is None:
+            return site.layer
+        assert self.stacks is not None
+        return self.stacks[site.stack][0] + site.layer
+
+    def _stack_sites(self) -> dict[str, tuple[int, tuple[str, ...]]] | None:
+        if self.stacks is None:
+            return None
+        return {s: (n, self.stack_kinds[s]) for s, (_, n) in self.stacks.items()}
 
     def layer_module(self, layer: int, path: str | None = None) -> torch.nn.Module:
         """Decoder layer ``layer``, or its submodule at ``path``."""
@@ -178,6 +225,9 @@ class Model:
         fam, layer = self.family, self.layers[0]
         if "mlp_pre" not in self.layer_kinds:
             return None
+        if fam.moe_experts is not None:
+            experts = layer.get_submodule(fam.moe_experts)
+            return int(experts.num_experts) * d_expert(experts)
         if fam.mlp_gate_up is not None:
             return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
         return out_features(layer.get_submodule(fam.mlp_pre))
@@ -191,6 +241,7 @@ class Model:
             pos_embed=self.family.pos_embed is not None,
             kinds=self.layer_kinds,
             missing=self.missing_kinds,
+            stacks=self._stack_sites(),
         )
 
     def site_names(self) -> list[str]:
@@ -201,6 +252,7 @@ class Model:
             causal=self.causal,
             pos_embed=self.family.pos_embed is not None,
             kinds=self.layer_kinds,
+            stacks=self._stack_sites(),
         )
 
     def site_dims(self, site: str | Site) -> tuple[int | str, ...]:
@@ -223,9 +275,9 @@ class Model:
                 f"{s.name} is laid out [batch, head, query_pos, key_pos] and has no per-token "
                 f"shape; read it with structlens.interventions.hooked."
             )
-        if s.kind in ("z", "q", "rot_q"):
+        if s.kind in ("z", "q", "rot_q", "cross_z", "cross_q"):
             return (self.n_heads, self.d_head)
-        if s.kind in ("k", "v", "rot_k"):
+        if s.kind in ("k", "v", "rot_k", "cross_k", "cross_v"):
             return (self.n_kv_heads, self.d_head)
         if s.kind in ("mlp_pre", "mlp_pre_linear", "mlp_post"):
             return (int(self.d_mlp or 0),)
@@ -246,8 +298,31 @@ class Model:
         enc = self.tokenizer(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """Logits ``[batch, seq, vocab]`` for causal LMs, last hidden state for encoders."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+    ):
+        """Logits ``[batch, seq, vocab]`` for causal LMs and encoder–decoders, last hidden state
+        for encoders.
+
+        An encoder–decoder reads ``input_ids`` into the encoder and ``decoder_input_ids`` into the
+        decoder (causally); without them the decoder is teacher-forced on ``input_ids`` shifted
+        right by one (the model's own start token first), so both stacks see the same positions.
+        """
+        if self.is_encoder_decoder:
+            if decoder_input_ids is None:
+                decoder_input_ids = self.hf.prepare_decoder_input_ids_from_labels(labels=input_ids)
+            out = self.hf(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                use_cache=False,
+            )
+            return out.logits
+        if decoder_input_ids is not None:
+            raise ValueError(f"{self.name} is not an encoder–decoder: pass no decoder_input_ids")
         out = self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return out.logits if self.causal else out.last_hidden_state
 
@@ -304,7 +379,13 @@ def _load_hf(
     gguf_file: str | None,
     trust_remote_code: bool,
 ) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoTokenizer,
+    )
 
     kw: dict[str, Any] = dict(trust_remote_code=trust_remote_code)
     # Read at call time (huggingface_hub reads it once at import), so a session that turns
@@ -316,6 +397,8 @@ def _load_hf(
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kw)
         auto = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
+        if getattr(config, "is_encoder_decoder", False):
+            auto = AutoModelForSeq2SeqLM
         hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
     except OSError as err:
