@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -114,6 +114,8 @@ class _Session:
         self.taps = {s: self._tap_fn(s) for s in tapped}
         self.eager = any(s.kind in _EAGER_KINDS for s in tapped)
         self.attn_taps: list[torch.nn.Module] = []
+        self.tokens: tuple[int, int] | None = None  # (batch, positions) of this forward
+        self.batch: int | None = None
 
     # -- registration helpers -------------------------------------------------------------
     def _fwd(self, module: torch.nn.Module, fn: Callable[[Any], Any]) -> None:
@@ -206,8 +208,8 @@ class _Session:
             x = kwargs.get("inputs_embeds") if x is None else x
             self.batch = None if x is None else int(x.shape[0])
 
-        self.tokens: tuple[int, int] | None = None
-        self.batch: int | None = None
+        self.tokens = None
+        self.batch = None
         self._in_map(m.layer_module(0), tokens)
         self._pre(m.base, batch)
         if self.grad:
@@ -216,7 +218,7 @@ class _Session:
         for site, fn in self.writes.items():
             if site.kind not in _TAP_KINDS:
                 self._register_write(site, fn)
-        for layer in sorted({s.layer for s in self._stash_sites()}):
+        for layer in sorted({s.layer for s in self._stash_sites() if s.layer is not None}):
             self._in_map(m.layer_module(layer), self._stash_fn(("pre", layer)))
             if fam.post_ln:
                 self._out_map(m.layer_module(layer, fam.mid_writer), self._stash_fn(("mid", layer)))
@@ -242,7 +244,8 @@ class _Session:
         return self.model.layer_module(layer, self.fam.attn_write)
 
     def _register_write(self, site: Site, fn: Writer) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        # L is None only for the model-level kinds, whose branches do not use it
+        m, fam, L = self.model, self.fam, cast(int, site.layer)
         if site.kind == "resid_pre":
             self._in_map(m.layer_module(L), fn)
         elif site.kind == "resid_post":
@@ -284,7 +287,8 @@ class _Session:
             raise AssertionError(site)
 
     def _register_read(self, site: Site) -> None:
-        m, fam, L = self.model, self.fam, site.layer
+        # L is None only for the model-level kinds, whose branches do not use it
+        m, fam, L = self.model, self.fam, cast(int, site.layer)
         rec = self._record
 
         def passthrough(f: Callable[[torch.Tensor], None]):
@@ -356,6 +360,7 @@ class _Session:
             by_layer.setdefault(site.layer, {})[site.kind] = site
         for layer, sites in by_layer.items():
             if layer is None:
+                assert self.fam.final_norm is not None  # ln_final exists only with a final norm
                 self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
                 continue
             self._norm_taps(partial(m.layer_module, layer, self.fam.ln1), sites, "ln1")
@@ -364,7 +369,7 @@ class _Session:
             self._mlp_taps(layer, sites)
             attn = {k: self.taps[s] for k, s in sites.items() if k in _EAGER_KINDS}
             if attn:
-                mod = self.model.layer_module(layer, self.fam.attn_module)
+                mod: Any = self.model.layer_module(layer, self.fam.attn_module)
                 mod._structlens_taps = attn
                 self.attn_taps.append(mod)
 

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,7 +107,8 @@ class Model:
     """
 
     def __init__(self, hf: torch.nn.Module, tokenizer: Any, name: str, source: str) -> None:
-        self.hf = hf.eval()
+        # a Hugging Face PreTrainedModel: its config and submodules are known only at run time
+        self.hf: Any = hf.eval()
         for p in self.hf.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -116,13 +117,13 @@ class Model:
         tokenizer.padding_side = "right"
         self.name = name
         self.source = source
-        self.config = hf.config
+        self.config = self.hf.config
         self.family: Family = family_of(hf)
-        self.base = hf.base_model
-        self.layers = self._module(self.base, self.family.layers)
+        self.base = self.hf.base_model
+        self.layers = cast(torch.nn.ModuleList, self._module(self.base, self.family.layers))
         self.n_layers = len(self.layers)
-        self.d_model = int(hf.config.hidden_size)
-        self.n_heads = int(hf.config.num_attention_heads)
+        self.d_model = int(self.config.hidden_size)
+        self.n_heads = int(self.config.num_attention_heads)
         self.d_head = int(getattr(hf.config, "head_dim", None) or self.d_model // self.n_heads)
         self.causal = self.family.causal
         self.parallel = self.family.parallel or bool(
