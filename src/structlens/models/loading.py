@@ -106,9 +106,9 @@ class Model:
         The name or path it was loaded from.
     """
 
-    def __init__(self, hf: torch.nn.Module, tokenizer: Any, name: str, source: str) -> None:
-        # a Hugging Face PreTrainedModel: its config and submodules are known only at run time
-        self.hf: Any = hf.eval()
+    # hf: a Hugging Face PreTrainedModel, whose config and submodules are known only at run time
+    def __init__(self, hf: Any, tokenizer: Any, name: str, source: str) -> None:
+        self.hf = hf.eval()
         for p in self.hf.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -169,6 +169,7 @@ class Model:
         if "k" not in self.layer_kinds:
             return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
         if fam.qkv_proj is None:
+            assert fam.k_proj is not None  # "k" is one of this model's kinds
             return out_features(layer.get_submodule(fam.k_proj)) // self.d_head
         if fam.qkv_layout == "per_head":
             return self.n_heads
@@ -181,6 +182,7 @@ class Model:
             return None
         if fam.mlp_gate_up is not None:
             return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
+        assert fam.mlp_pre is not None  # "mlp_pre" is one of this model's kinds
         return out_features(layer.get_submodule(fam.mlp_pre))
 
     def site(self, name: str | Site) -> Site:
@@ -286,7 +288,8 @@ def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
         tok.save_pretrained(tmp)
         shutil.rmtree(cached, ignore_errors=True)
         tmp.rename(cached)
-    hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)
+    # transformers types PreTrainedModel.to as an unbound wrapper that expects the model first
+    hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)  # type: ignore[arg-type]
     tok = AutoTokenizer.from_pretrained(cached)
     return hf, tok, str(cached)
 
@@ -317,7 +320,8 @@ def _load_hf(
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kw)
         auto = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
-        hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
+        # (transformers types PreTrainedModel.to as an unbound wrapper, as above)
+        hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)  # type: ignore[arg-type]
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
     except OSError as err:
         if Path(name_or_path).exists():
