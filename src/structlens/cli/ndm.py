@@ -10,12 +10,12 @@ browse subspace preimages; the experiments are :mod:`structlens.ndm.experiment`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from structlens.cli.common import Common, ModelArg, common_options, fail, parse_ints, parse_names
-from structlens.ndm.experiment import load_rotation, save_rotation
+from structlens.ndm.experiment import Method, load_rotation, save_rotation
 
 __all__ = ["app", "load_rotation", "save_rotation"]  # the rotation I/O scripts import from here
 
@@ -130,7 +130,8 @@ def evaluate(
 
     load_train_meta(train)
     cfg = NDMEvaluationConfig(
-        n=n, tests=() if tests == "all" else parse_names(tests), methods=parse_names(methods),
+        n=n, tests=() if tests == "all" else parse_names(tests),
+        methods=cast("tuple[Method, ...]", parse_names(methods)),  # the config checks them
         batch_size=batch_size, n_boot=n_boot, sae_width=sae_width, sae_k=sae_k,
         sae_epochs=sae_epochs, conflict=conflict, conflict_n=conflict_n,
         conflict_layer=conflict_layer, toy=toy, toy_steps=toy_steps, toy_ae_steps=toy_ae_steps,

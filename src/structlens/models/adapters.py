@@ -236,7 +236,9 @@ def discover_family(hf: Any) -> Family:
     out = next((o for o in _OUT if o in attn_children), None)
     if out is None:
         raise ValueError(f"{model_type}: no output projection among {list(attn_children)}")
-    qkv: dict[str, Any] = {k: f"{attn}.{k}" for k in ("q_proj", "k_proj", "v_proj") if k in attn_children}
+    qkv: dict[str, Any] = {
+        k: f"{attn}.{k}" for k in ("q_proj", "k_proj", "v_proj") if k in attn_children
+    }
     mlp_children = dict(layer.get_submodule(mlp).named_children())
     mlp_paths: dict[str, Any] = {}
     for pre, lin, post in _MLP_PATHS:

@@ -197,9 +197,10 @@ def load_sae(
                 tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
         except ValueError as err:  # object arrays would need unpickling: refused
             raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
-        dt: torch.dtype | None = dtype or torch.float32
+        npz_dtype = dtype or torch.float32
         cfg: dict[str, Any] = {"apply_b_dec_to_input": False}
-        sae = _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
+        tensors = {k: v.to(npz_dtype) for k, v in tensors.items()}
+        sae = _from_tensors("jumprelu", tensors, cfg, npz_dtype)
         return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
         raise ValueError(
