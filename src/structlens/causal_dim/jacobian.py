@@ -15,8 +15,8 @@ Conventions
   all-ones logit direction (``J`` of log-probs = ``(I − 1 pᵀ) J_logits``).  ``"raw"`` uses ``Y``.
 * ``Σ`` is the mean over residual vectors (rows), accumulated in float64.
 
-Methods
--------
+Estimation methods
+------------------
 ``exact``: ``d`` Jacobian-vector products per vector (forward mode, batched by replicating the
 row once per tangent), then ``JᵀJ`` as one GEMM; cost ``d`` forward passes per vector.
 ``sketch``: ``M`` vector-Jacobian products per vector with Rademacher cotangents ``u``;
