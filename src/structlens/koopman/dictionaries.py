@@ -135,7 +135,7 @@ def load_dictionary(directory: str | Path) -> Dictionary:
     return obj
 
 
-class _Normaliser:
+class _Normalizer:
     """Centre by the mean and divide by the RMS norm, so ``E‖x̃‖² = 1``.
 
     Residual-stream norms grow with depth and a few massive-activation coordinates dominate raw
@@ -147,7 +147,7 @@ class _Normaliser:
         self.mean, self.scale = mean, scale
 
     @classmethod
-    def fit(cls, x: np.ndarray) -> _Normaliser:
+    def fit(cls, x: np.ndarray) -> _Normalizer:
         mean = x.mean(axis=0)
         scale = float(np.sqrt(np.mean(np.sum((x - mean) ** 2, axis=1))))
         if scale == 0.0:
@@ -254,7 +254,7 @@ class _RandomFeatureBase(Dictionary):
     def _base_restore(self, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.width, self.seed = config["n_features"], config["seed"]
         self.include_state = config["include_state"]
-        self.norm = _Normaliser(arrays["norm_mean"], float(config["norm_scale"]))
+        self.norm = _Normalizer(arrays["norm_mean"], float(config["norm_scale"]))
 
 
 class RandomFourierDictionary(_RandomFeatureBase):
@@ -279,7 +279,7 @@ class RandomFourierDictionary(_RandomFeatureBase):
         self.gamma_given = gamma
 
     def _fit(self, x: np.ndarray, U: np.ndarray | None, Y: np.ndarray | None) -> None:
-        self.norm = _Normaliser.fit(x)
+        self.norm = _Normalizer.fit(x)
         xt = self.norm(x)
         self.gamma = self.gamma_given or median_heuristic_gamma(xt, self.seed)
         rng = np.random.default_rng(self.seed)
@@ -323,7 +323,7 @@ class RandomReLUDictionary(_RandomFeatureBase):
         super().__init__(n_features, seed, include_state)
 
     def _fit(self, x: np.ndarray, U: np.ndarray | None, Y: np.ndarray | None) -> None:
-        self.norm = _Normaliser.fit(x)
+        self.norm = _Normalizer.fit(x)
         rng = np.random.default_rng(self.seed)
         self.R = rng.standard_normal((x.shape[1], self.width))
         self.b = rng.standard_normal(self.width)
