@@ -37,5 +37,19 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# What CI runs before the tests (.ci/run): lint, formatting, the import contract (pyproject's
+# [tool.importlinter]), types (mypy, [tool.mypy]) and the documentation site, strictly.
+.PHONY: check docs
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
+	$(BIN)/mypy src
+	$(BIN)/mkdocs build --strict --quiet
+
+# The documentation site (docs/*.md and the API reference) in build/site.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean-env:
 	rm -rf $(VENV)

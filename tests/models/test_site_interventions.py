@@ -26,7 +26,7 @@ def llama64():
     return m
 
 
-def test_pattern_patch_replaces_whole_rows_and_keeps_them_normalised(llama64):
+def test_pattern_patch_replaces_whole_rows_and_keeps_them_normalized(llama64):
     m = llama64
     ids, mask = m.tokenize(TEXTS)
     corrupt = ids.flip(0)

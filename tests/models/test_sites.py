@@ -64,7 +64,7 @@ def test_z_projects_to_attn_out(llama):
     assert torch.allclose(o_proj(z.flatten(-2)), c["blocks.1.hook_attn_out"], atol=1e-5)
 
 
-def test_parse_site_normalises_and_rejects():
+def test_parse_site_normalizes_and_rejects():
     assert parse_site("blocks.-1.hook_resid_post", 4) == Site("resid_post", 3)
     assert parse_site("blocks.2.attn.hook_z", 4).name == "blocks.2.attn.hook_z"
     with pytest.raises(SiteError, match="Did you mean: blocks.1.hook_resid_pre"):

@@ -26,7 +26,7 @@ def test_matches_definition(rng):
     assert gini([1, 2, 3, 4]) == pytest.approx(0.25)
 
 
-def test_normalised_variants():
+def test_normalized_variants():
     dims = [64, 32, 32]
     # Effects proportional to dimension are not concentrated once normalised by dimension.
     assert gini_dimension_normalized([2.0, 1.0, 1.0], dims) == pytest.approx(0.0, abs=1e-15)

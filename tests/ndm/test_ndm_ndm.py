@@ -41,7 +41,7 @@ def _small_config(**kw):
     return NDMConfig(**base)
 
 
-def test_rotation_parametrisation_is_orthogonal():
+def test_rotation_parametrization_is_orthogonal():
     gen = torch.Generator().manual_seed(0)
     rot = _Rotation(torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64, generator=gen))[0])
     with torch.no_grad():

@@ -16,7 +16,7 @@ def number(value: Any, ci: Sequence[float] | None = None, unit: str = "", label:
     ci_ok = ci is not None and all(math.isfinite(float(c)) for c in ci)
     return {
         "value": (value if isinstance(value, int) else float(value)) if finite else None,
-        "ci": [float(ci[0]), float(ci[1])] if ci_ok else None,
+        "ci": [float(ci[0]), float(ci[1])] if ci is not None and ci_ok else None,
         "unit": unit,
         "label": label,
     }
@@ -26,7 +26,7 @@ def caveat(kind: str, message: str) -> dict[str, str]:
     return {"kind": kind, "message": message}
 
 
-def t_interval(x: Sequence[float], confidence: float = 0.95) -> list[float]:
+def t_interval(x: Sequence[float] | np.ndarray, confidence: float = 0.95) -> list[float]:
     """:func:`structlens.stats.intervals.t_interval`, NaN with fewer than two values (a
     section with one prompt has no interval, which the report shows as such)."""
     from structlens.stats.intervals import t_interval as interval

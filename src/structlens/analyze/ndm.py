@@ -176,7 +176,8 @@ def run(
             res = NDM(ncfg).fit(
                 h,
                 checkpoint_dir=cfg.out / "cache" / f"ndm-ckpt-L{layer}",
-                progress=lambda n, loss, partition, done=done: done(n),
+                # mypy cannot infer a lambda whose defaults bind loop variables
+                progress=lambda n, loss, partition, done=done: done(n),  # type: ignore[misc]
             )
         trained[layer] = {
             "layer": int(layer),

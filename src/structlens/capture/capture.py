@@ -285,7 +285,7 @@ def capture(
         }
     )
     path = Path(root) / key
-    metadata = {
+    metadata: dict[str, Any] = {
         "store_format": STORE_FORMAT,
         "code_version": structlens.__version__,
         "key": key,

@@ -304,7 +304,12 @@ def residual_grads_multi(
     for s in range(0, len(prompts), batch_size):
         ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
         _, acts, grads = run_with_grads(
-            model, ids, mask, list(sites.values()), lambda out, i=ids, m=mask: metric(out, i, m)
+            # mypy cannot infer a lambda whose defaults bind loop variables
+            model,
+            ids,
+            mask,
+            list(sites.values()),
+            lambda out, i=ids, m=mask: metric(out, i, m),  # type: ignore[misc]
         )
         sel = _select(mask, skip_first)
         yield {
@@ -470,7 +475,9 @@ def residual_batches_multi(
     for s in range(0, len(prompts), batch_size):
         ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
         sel = _select(mask, skip_first)
-        reads = {site: (lambda a, sel=sel: a[sel].float().cpu()) for site in sites.values()}
+        reads: dict[str, Callable[..., torch.Tensor]] = {
+            site: (lambda a, sel=sel: a[sel].float().cpu()) for site in sites.values()
+        }
         reads[last] = stop
         try:
             with hooked(model, reads=reads) as cache:

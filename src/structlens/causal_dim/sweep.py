@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -391,7 +392,7 @@ def analyze_width_sweep(
         fvu_ok, sweep_reason = fvu_gate([int(m) for m in widths], fvu_list)
     interpretable = fvu_ok is not False
     n_repr, n_causal, eps = _counts(ordered, cfg, None)
-    fits = _fit_all(widths, n_causal) if interpretable else {}
+    fits: dict[str, dict[str, Any]] = _fit_all(widths, n_causal) if interpretable else {}
     for name, fit in fits.items():
         fit["status"], fit["reason"] = kappa_identification(widths, n_causal, fit, name)
     rng = np.random.default_rng(cfg.seed)
@@ -445,8 +446,8 @@ def analyze_width_sweep(
     else:
         status, reason = chosen["status"], chosen["reason"]
     identified = status == "identified"
-    kappa = chosen["K"] if identified else float("nan")
-    kappa_ci = chosen["K_ci"] if identified else nan2
+    kappa = chosen["K"] if identified and chosen is not None else float("nan")
+    kappa_ci = chosen["K_ci"] if identified and chosen is not None else nan2
     empty = np.full((2, widths.size), np.nan)
     return WidthSweepResult(
         widths=widths.astype(np.int64),
@@ -490,7 +491,7 @@ def analyze_width_sweep(
         },
         kappa_hat_status=status,
         kappa_hat_reason=reason,
-        kappa_hat_profile_ci=chosen["K_profile_ci"] if identified else None,
+        kappa_hat_profile_ci=chosen["K_profile_ci"] if identified and chosen is not None else None,
         sweep_status="interpretable" if interpretable else "not interpretable",
         sweep_reason=sweep_reason,
         base_width=base,

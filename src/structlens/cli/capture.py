@@ -58,7 +58,7 @@ def load_prompts(
             task = make_task(data.removeprefix("task:"), model.tokenizer, n=max_prompts, seed=seed)
         except ValueError as err:
             fail(str(err))
-        prompts = list(zip(task.prompt_ids, task.clean))
+        prompts: list[Any] = list(zip(task.prompt_ids, task.clean))
         return prompts, dict(task.positions), data
     from structlens.data.corpus import chunk_documents, load_texts
 

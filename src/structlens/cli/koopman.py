@@ -8,7 +8,7 @@ Every command writes ``<command>.json`` (``results[<layers>][<dictionary>]``) an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from structlens.cli.common import (
     parse_names,
     shared_settings,
 )
+
+if TYPE_CHECKING:
+    from structlens.koopman.experiment import Analysis
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
 
@@ -77,7 +80,7 @@ FLAGS = {
 }
 
 
-def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
+def _run(common: Common, model: str, analysis: Analysis, **settings: Any) -> Any:
     """Build the config from the options and run the experiment; return the report."""
     from structlens.koopman.experiment import KoopmanExperimentConfig, run
 

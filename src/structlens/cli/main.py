@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except typer.TyperException as err:  # click's errors: bad option or argument
         if type(err).__name__ == "NoArgsIsHelpError":  # as typer itself tells it apart
-            err.show()
+            err.show()  # type: ignore[attr-defined]  # typer's (private) click errors have it
             sys.exit(err.exit_code)
         ctx = getattr(err, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""

@@ -23,7 +23,7 @@ holds the array side; the caller runs the models and the patching.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ __all__ = [
 
 
 def accumulated_representation(
-    resid: Sequence[object] | object, position: str = "last", mask: object | None = None
+    resid: Iterable[object], position: str = "last", mask: object | None = None
 ) -> np.ndarray:
     """Concatenate the residual stream of all layers into one row per prompt.
 

@@ -172,7 +172,7 @@ def layer_similarity_matrix(
 
 
 def _check_heads(z: Sequence[object], name: str) -> list[np.ndarray]:
-    out = []
+    out: list[np.ndarray] = []
     for i, a in enumerate(z):
         m = to_numpy(a, f"{name}[{i}]")
         if m.ndim != 3:

@@ -61,8 +61,10 @@ def validate(
 
     ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch.
     """
-    orig_rows, patched_rows = [], [[] for _ in writers]
-    orig_metric, patched_metric = [], [[] for _ in writers]
+    orig_rows: list[torch.Tensor] = []
+    patched_rows: list[list[torch.Tensor]] = [[] for _ in writers]
+    orig_metric: list[torch.Tensor] = []
+    patched_metric: list[list[torch.Tensor]] = [[] for _ in writers]
     for chunk in _batches(len(heldout), batch_size):
         idx = [heldout[i] for i in chunk]
         toks = [tokens[i] for i in idx]
@@ -157,7 +159,7 @@ def _congruity_group(
             means[s] = tot / cnt
         sources = [{s: means[s].expand_as(c[1][s]) for s in z_sites} for c in clean]
 
-    def rows(out: torch.Tensor, mask: torch.Tensor, idx: list[int]) -> np.ndarray:
+    def rows(out: torch.Tensor, mask: torch.Tensor, idx: list[int]) -> torch.Tensor:
         if task is not None:
             return task.gather_logits(out, idx).reshape(len(idx), -1, out.shape[-1])[:, -1]
         last = mask.sum(1) - 1

@@ -50,7 +50,7 @@ def _head_permutation(n_heads: int, n_kv: int, gen: torch.Generator) -> tuple[li
     head ``perm[j]``; new kv head ``k`` is old kv head ``kv_perm[k]``."""
     group = n_heads // n_kv
     kv_perm = torch.randperm(n_kv, generator=gen).tolist()
-    perm = []
+    perm: list[int] = []
     for k in range(n_kv):
         inner = torch.randperm(group, generator=gen).tolist()
         perm.extend(kv_perm[k] * group + i for i in inner)

@@ -22,7 +22,8 @@ class Executor(Protocol):
     ``fn`` per worker for the whole map instead of one per item.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def map(
         self,

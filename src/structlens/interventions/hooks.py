@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -217,8 +217,8 @@ class _Session:
             x = kwargs.get("inputs_embeds") if x is None else x
             self.batch = None if x is None else int(x.shape[0])
 
-        self.tokens: tuple[int, int] | None = None
-        self.batch: int | None = None
+        self.tokens = None
+        self.batch = None
         self._in_map(m.layer_module(0), tokens)
         self._pre(m.base, batch)
         if self.grad:
@@ -414,6 +414,7 @@ class _Session:
             by_layer.setdefault(self._layer_of(site)[1], {})[site.kind] = site
         for layer, sites in by_layer.items():
             if layer is None:
+                assert self.fam.final_norm is not None  # ln_final exists only with a final norm
                 self._norm_taps(partial(m.base_module, self.fam.final_norm), sites, "ln_final")
                 continue
             fam = m.family_at(layer)

@@ -133,6 +133,8 @@ def split_half_convergence(
     n_groups : groups of blocks for the delete-a-group jackknife interval of the slope
         (see :class:`SplitHalfResult`); default ``min(8, K // 2)`` (at least 2).
 
+    Notes
+    -----
     The control basis is computed once from all blocks and shared by every fit, so the halves
     differ only by sampling.
     """

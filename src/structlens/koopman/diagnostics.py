@@ -94,8 +94,8 @@ def henrici_noise_floor(
     A = _operator(pooled, config, V)
     full = non_normality(A)
     rng = np.random.default_rng(seed)
-    dep2 = {2: [], 4: []}
-    sizes = {2: [], 4: []}
+    dep2: dict[int, list[float]] = {2: [], 4: []}
+    sizes: dict[int, list[int]] = {2: [], 4: []}
     for _ in range(n_repeats):
         perm = rng.permutation(K)
         for parts in (2, 4):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 import numpy as np
 
@@ -65,6 +65,11 @@ class Dictionary:
         if self.dim is None:
             raise ValueError(f"{type(self).__name__} is not fitted; call .fit(X) first.")
         return self._n_features()
+
+    def _fitted_dim(self) -> int:
+        if self.dim is None:
+            raise ValueError(f"{type(self).__name__} is not fitted; call .fit(X) first.")
+        return self.dim
 
     @property
     def state_slice(self) -> slice | None:
@@ -130,7 +135,7 @@ def load_dictionary(directory: str | Path) -> Dictionary:
     return obj
 
 
-class _Normaliser:
+class _Normalizer:
     """Centre by the mean and divide by the RMS norm, so ``E‖x̃‖² = 1``.
 
     Residual-stream norms grow with depth and a few massive-activation coordinates dominate raw
@@ -142,7 +147,7 @@ class _Normaliser:
         self.mean, self.scale = mean, scale
 
     @classmethod
-    def fit(cls, x: np.ndarray) -> _Normaliser:
+    def fit(cls, x: np.ndarray) -> _Normalizer:
         mean = x.mean(axis=0)
         scale = float(np.sqrt(np.mean(np.sum((x - mean) ** 2, axis=1))))
         if scale == 0.0:
@@ -165,13 +170,13 @@ class IdentityDictionary(Dictionary):
         return x
 
     def _n_features(self) -> int:
-        return int(self.dim)
+        return self._fitted_dim()
 
     def _state(self) -> slice | None:
         return slice(0, self.dim)
 
     def affine_map(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.eye(int(self.dim)), np.zeros(int(self.dim))
+        return np.eye(self._fitted_dim()), np.zeros(self._fitted_dim())
 
 
 class PCADictionary(Dictionary):
@@ -249,7 +254,7 @@ class _RandomFeatureBase(Dictionary):
     def _base_restore(self, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.width, self.seed = config["n_features"], config["seed"]
         self.include_state = config["include_state"]
-        self.norm = _Normaliser(arrays["norm_mean"], float(config["norm_scale"]))
+        self.norm = _Normalizer(arrays["norm_mean"], float(config["norm_scale"]))
 
 
 class RandomFourierDictionary(_RandomFeatureBase):
@@ -274,7 +279,7 @@ class RandomFourierDictionary(_RandomFeatureBase):
         self.gamma_given = gamma
 
     def _fit(self, x: np.ndarray, U: np.ndarray | None, Y: np.ndarray | None) -> None:
-        self.norm = _Normaliser.fit(x)
+        self.norm = _Normalizer.fit(x)
         xt = self.norm(x)
         self.gamma = self.gamma_given or median_heuristic_gamma(xt, self.seed)
         rng = np.random.default_rng(self.seed)
@@ -286,7 +291,7 @@ class RandomFourierDictionary(_RandomFeatureBase):
         return self._with_state(x, np.concatenate([np.cos(proj) * s, np.sin(proj) * s], axis=1))
 
     def _n_features(self) -> int:
-        return 2 * self.width + (int(self.dim) if self.include_state else 0)
+        return 2 * self.width + (self._fitted_dim() if self.include_state else 0)
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -318,7 +323,7 @@ class RandomReLUDictionary(_RandomFeatureBase):
         super().__init__(n_features, seed, include_state)
 
     def _fit(self, x: np.ndarray, U: np.ndarray | None, Y: np.ndarray | None) -> None:
-        self.norm = _Normaliser.fit(x)
+        self.norm = _Normalizer.fit(x)
         rng = np.random.default_rng(self.seed)
         self.R = rng.standard_normal((x.shape[1], self.width))
         self.b = rng.standard_normal(self.width)
@@ -327,7 +332,7 @@ class RandomReLUDictionary(_RandomFeatureBase):
         return self._with_state(x, np.maximum(self.norm(x) @ self.R + self.b, 0.0))
 
     def _n_features(self) -> int:
-        return self.width + (int(self.dim) if self.include_state else 0)
+        return self.width + (self._fitted_dim() if self.include_state else 0)
 
     def _config(self) -> dict[str, Any]:
         return {**self._base_config(), "norm_scale": self.norm.scale}
@@ -340,6 +345,10 @@ class RandomReLUDictionary(_RandomFeatureBase):
         self.R, self.b = arrays["R"], arrays["b"]
 
 
+@overload
+def _to_float64(a: None) -> None: ...
+@overload
+def _to_float64(a: np.ndarray) -> np.ndarray: ...
 def _to_float64(a: object) -> np.ndarray | None:
     if a is None:
         return None
@@ -420,6 +429,7 @@ class SAEDictionary(Dictionary):
         elif self.activation == "jumprelu":
             f = np.where(z > self.threshold, z, 0.0)
         else:
+            assert self.k is not None  # checked by _validate
             idx = np.argpartition(z, -self.k, axis=1)[:, -self.k :]
             f = np.zeros_like(z)
             np.put_along_axis(f, idx, np.maximum(np.take_along_axis(z, idx, axis=1), 0.0), 1)
@@ -429,7 +439,7 @@ class SAEDictionary(Dictionary):
 
     def _n_features(self) -> int:
         n = self.W_enc.shape[1] if self.features is None else self.features.size
-        return n + (int(self.dim) if self.include_state else 0)
+        return n + (self._fitted_dim() if self.include_state else 0)
 
     def _state(self) -> slice | None:
         return slice(0, self.dim) if self.include_state else None
@@ -559,7 +569,7 @@ class SpectralDictionary(Dictionary):
         return np.concatenate([x, f], axis=1) if self.include_state else f
 
     def _n_features(self) -> int:
-        return self.weights.shape[1] + (int(self.dim) if self.include_state else 0)
+        return self.weights.shape[1] + (self._fitted_dim() if self.include_state else 0)
 
     def _state(self) -> slice | None:
         return slice(0, self.dim) if self.include_state else None

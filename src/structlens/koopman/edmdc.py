@@ -98,6 +98,7 @@ class EDMDcStatistics:
     def state_moments(self, center: bool) -> tuple[np.ndarray, np.ndarray]:
         """Covariance (or raw second moment) and mean of the state ``x``."""
         if self.state is None:
+            assert self.state_start is not None  # the state is a block of zy
             cov, _, mean, _ = _moments(self.zy, center)
             sl = slice(self.state_start, self.state_start + self.state_dim)
             return cov[sl, sl], mean[sl]
@@ -125,7 +126,7 @@ class EDMDcStatistics:
         ):
             raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
         self.zy.merge(other.zy)
-        if self.state is not None:
+        if self.state is not None and other.state is not None:  # equal shapes: both or neither
             self.state.merge(other.state)
         self.tails.merge(other.tails)
         return self

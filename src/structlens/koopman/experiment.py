@@ -19,6 +19,7 @@ ValueError: unknown dictionary 'bogus'; choose from identity, pca, rff, relu, sp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -137,7 +138,7 @@ class _SplitHalfPoint:
     Returns the split-half result, or the error message of bad input.
     """
 
-    streams: dict[str, tuple[np.ndarray, ...]]
+    streams: Mapping[str, tuple[np.ndarray, ...]]
     cfg: KoopmanExperimentConfig
 
     def __call__(self, point: tuple[str, str]) -> Any:

@@ -263,6 +263,7 @@ def train_sae_dictionary(
     scale = float(np.sqrt(np.mean(np.sum((X - X.mean(0)) ** 2, axis=1)) / X.shape[1]))
     xs = torch.as_tensor(X / scale, dtype=torch.float32)
     if invariance_weight > 0:
+        assert U is not None  # checked above
         Uc = np.asarray(U, dtype=np.float64) - np.mean(U, axis=0)
         basis = np.linalg.svd(Uc[:: max(1, len(Uc) // 20_000)], full_matrices=False)[2]
         us = torch.as_tensor(Uc @ basis[:control_rank].T / scale, dtype=torch.float32)

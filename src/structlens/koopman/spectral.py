@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -92,7 +93,7 @@ def spectral_projectors(eig: Eigendecomposition, modes: Sequence[RealMode]) -> l
     They satisfy ``P_i P_j = δ_ij P_i``, ``Σ P_i = I`` and ``Σ λ_i P_i = A`` for
     diagonalisable ``A`` (accuracy limited by ``κ(V)``).
     """
-    out = []
+    out: list[np.ndarray] = []
     for mode in modes:
         P = sum(np.outer(eig.right[:, i], eig.left[:, i].conj()) for i in mode.indices)
         out.append(np.real(P))
@@ -179,7 +180,7 @@ class ModeAblation:
     weight: np.ndarray | None
     bias: np.ndarray | None
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Any) -> Any:
         """Apply to states ``x`` (m, d); torch tensors are returned as torch tensors."""
         is_torch = hasattr(x, "detach")
         xa = x.detach().cpu().double().numpy() if is_torch else np.asarray(x, np.float64)

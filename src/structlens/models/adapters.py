@@ -112,7 +112,7 @@ def _has(layers: Any, path: str | None) -> bool:
     return True
 
 
-def out_features(module: torch.nn.Module) -> int:
+def out_features(module: Any) -> int:
     """Output width of a Linear (or GPT-2's transposed Conv1D)."""
     if hasattr(module, "out_features"):
         return int(module.out_features)
@@ -208,7 +208,7 @@ def _path_of(root: torch.nn.Module, target: torch.nn.Module) -> str | None:
     return None
 
 
-def discover_family(hf: torch.nn.Module) -> Family:
+def discover_family(hf: Any) -> Family:
     """A family for ``hf`` found from its module structure (pre-norm decoders).
 
     Finds the ``ModuleList`` of ``config.num_hidden_layers`` decoder layers, the input
@@ -251,9 +251,11 @@ def discover_family(hf: torch.nn.Module) -> Family:
     out = next((o for o in _OUT if o in attn_children), None)
     if out is None:
         raise ValueError(f"{model_type}: no output projection among {list(attn_children)}")
-    qkv = {k: f"{attn}.{k}" for k in ("q_proj", "k_proj", "v_proj") if k in attn_children}
+    qkv: dict[str, Any] = {
+        k: f"{attn}.{k}" for k in ("q_proj", "k_proj", "v_proj") if k in attn_children
+    }
     mlp_children = dict(layer.get_submodule(mlp).named_children())
-    mlp_paths: dict[str, str | None] = {}
+    mlp_paths: dict[str, Any] = {}
     for pre, lin, post in _MLP_PATHS:
         if pre in mlp_children and post in mlp_children and (lin is None or lin in mlp_children):
             mlp_paths = dict(
@@ -346,7 +348,7 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
     return errs
 
 
-def family_of(hf: torch.nn.Module) -> Family:
+def family_of(hf: Any) -> Family:
     """The registered family of ``hf``'s model type, else one discovered from its modules
     (printing a note; :func:`verify_family` checks it once the model is built)."""
     from structlens.models.families import family_for

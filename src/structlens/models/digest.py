@@ -71,7 +71,7 @@ def tokenizer_digest(tokenizer: Any) -> str:
 
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of ``module`` by name (tied weights once, first name)."""
-    named = dict(module.named_parameters())
+    named: dict[str, torch.Tensor] = dict(module.named_parameters())
     named.update(dict(module.named_buffers()))
     return named
 

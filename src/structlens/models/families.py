@@ -47,6 +47,7 @@ is additive.  There ``hook_resid_mid`` is the attention block's (normalised) out
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -161,13 +162,13 @@ def family_for(model_type: str) -> Family:
     )
 
 
-_GATED = dict(
+_GATED: dict[str, Any] = dict(
     mlp_pre="mlp.gate_proj", mlp_pre_linear="mlp.up_proj", mlp_post_reader="mlp.down_proj"
 )
-_SEPARATE_QKV = dict(
+_SEPARATE_QKV: dict[str, Any] = dict(
     q_proj="self_attn.q_proj", k_proj="self_attn.k_proj", v_proj="self_attn.v_proj"
 )
-_LLAMA_LIKE = dict(
+_LLAMA_LIKE: dict[str, Any] = dict(
     layers="layers",
     embed="embed_tokens",
     final_norm="norm",
@@ -181,7 +182,7 @@ _LLAMA_LIKE = dict(
     **_SEPARATE_QKV,
 )
 
-_PARALLEL_LLAMA = {**_LLAMA_LIKE, "mid_reader": None, "ln2": None, "parallel": True}
+_PARALLEL_LLAMA: dict[str, Any] = {**_LLAMA_LIKE, "mid_reader": None, "ln2": None, "parallel": True}
 
 for _family in (
     Family(

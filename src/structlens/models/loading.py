@@ -10,7 +10,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -108,7 +108,8 @@ class Model:
         The name or path it was loaded from.
     """
 
-    def __init__(self, hf: torch.nn.Module, tokenizer: Any, name: str, source: str) -> None:
+    # hf: a Hugging Face PreTrainedModel, whose config and submodules are known only at run time
+    def __init__(self, hf: Any, tokenizer: Any, name: str, source: str) -> None:
         self.hf = hf.eval()
         for p in self.hf.parameters():
             p.requires_grad_(False)
@@ -118,7 +119,7 @@ class Model:
         tokenizer.padding_side = "right"
         self.name = name
         self.source = source
-        self.config = hf.config
+        self.config = self.hf.config
         self.family: Family = family_of(hf)
         self.base = hf.base_model
         self.layers = list(self._module(self.base, self.family.layers))
@@ -215,6 +216,7 @@ class Model:
         if "k" not in self.layer_kinds:
             return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
         if fam.qkv_proj is None:
+            assert fam.k_proj is not None  # "k" is one of this model's kinds
             return out_features(layer.get_submodule(fam.k_proj)) // self.d_head
         if fam.qkv_layout == "per_head":
             return self.n_heads
@@ -230,6 +232,7 @@ class Model:
             return int(experts.num_experts) * d_expert(experts)
         if fam.mlp_gate_up is not None:
             return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
+        assert fam.mlp_pre is not None  # "mlp_pre" is one of this model's kinds
         return out_features(layer.get_submodule(fam.mlp_pre))
 
     def site(self, name: str | Site) -> Site:
@@ -360,7 +363,8 @@ def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
         tok.save_pretrained(tmp)
         shutil.rmtree(cached, ignore_errors=True)
         tmp.rename(cached)
-    hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)
+    # transformers types PreTrainedModel.to as an unbound wrapper that expects the model first
+    hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)  # type: ignore[arg-type]
     tok = AutoTokenizer.from_pretrained(cached)
     return hf, tok, str(cached)
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from structlens.ndm.preimage import SubspaceIndex
@@ -60,13 +61,13 @@ class PreimageBrowser:
 
     def add(
         self,
-        chunks: Iterable[tuple[torch.Tensor | np.ndarray, Sequence[int], Sequence[int]]],
+        chunks: Iterable[tuple[torch.Tensor | np.ndarray, npt.ArrayLike, npt.ArrayLike]],
     ) -> None:
         """Add ``(activations (n, d), prompt_index (n,), position (n,))`` chunks; prompt
         indices refer to ``prompts``."""
-        for h, pi, pos in chunks:
-            pi = np.asarray(pi, dtype=np.int64)
-            pos = np.asarray(pos, dtype=np.int64)
+        for h, prompt_index, position in chunks:
+            pi = np.asarray(prompt_index, dtype=np.int64)
+            pos = np.asarray(position, dtype=np.int64)
             if not (len(pi) == len(pos) == len(h)):
                 raise ValueError("activations, prompt_index and position must have one row each.")
             if len(pi) and (pi.min() < 0 or pi.max() >= len(self.prompts)):

@@ -29,10 +29,10 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -238,9 +238,9 @@ class NDMEvaluationConfig:
     def __post_init__(self) -> None:
         from structlens.ndm.evaluate import PAPER_TESTS, ROPE_TESTS
 
-        if "ndm" not in self.methods or any(m not in Method.__args__ for m in self.methods):
+        if "ndm" not in self.methods or any(m not in get_args(Method) for m in self.methods):
             raise ValueError(
-                f"methods must include ndm and only name {list(Method.__args__)}, "
+                f"methods must include ndm and only name {list(get_args(Method))}, "
                 f"got {list(self.methods)}"
             )
         check_choices(self)
@@ -274,7 +274,7 @@ def _load_npz(path: Path, key: str) -> dict[str, np.ndarray] | None:
         return {k: f[k] for k in f.files if k != "key"}
 
 
-def _save_npz(path: Path, key: str, arrays: dict[str, np.ndarray]) -> None:
+def _save_npz(path: Path, key: str, arrays: dict[str, Any]) -> None:
     buf = io.BytesIO()
     np.savez(buf, key=np.asarray(key), **arrays)
     atomic_write_bytes(path, buf.getvalue())
@@ -415,7 +415,7 @@ def evaluate(
     )
     timings: dict[str, float] = {"baselines": time.perf_counter() - t0}
 
-    def bases(layer: int, which: list[str]) -> dict[str, list[np.ndarray]]:
+    def bases(layer: int, which: Sequence[str]) -> dict[str, list[np.ndarray]]:
         bounds = np.concatenate([[0], np.cumsum(partitions[layer])])
         return {
             m: [rotations[layer][m][:, bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
@@ -527,7 +527,8 @@ def evaluate(
                     model=model.name,
                     rotation=_digest(rotations[layer]["ndm"]),
                 ),  # fmt: skip
-                lambda corruption=corruption: patch_subspaces(
+                # mypy cannot infer a lambda whose defaults bind loop variables
+                lambda corruption=corruption: patch_subspaces(  # type: ignore[misc]
                     model,
                     task,
                     corrupted_prompts(task, corruption),

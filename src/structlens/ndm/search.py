@@ -98,7 +98,7 @@ class RotatedKeys:
                 )
                 val, idx = scores.topk(min(r, kb.shape[0]), dim=1, largest=False)
                 idx = idx + c0
-                if best_val is None:
+                if best_val is None or best_idx is None:
                     best_val, best_idx = val, idx
                 else:
                     val = torch.cat([best_val, val], 1)

@@ -490,7 +490,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def _asset(name: str) -> str:
-    return resources.files("structlens.report").joinpath("assets", name).read_text("utf-8")
+    return resources.files("structlens.report").joinpath("assets").joinpath(name).read_text("utf-8")
 
 
 def render_html(doc: dict[str, Any]) -> str:

@@ -126,10 +126,13 @@ def _from_tensors(
     for name, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"SAE tensor {name!r} holds NaN or infinite values.")
-    for key, want in (("d_in", d_in), ("d_sae", d_sae)):
-        if key in cfg and int(cfg[key]) != want:
-            raise ValueError(f"cfg.json says {key} = {cfg[key]} but the weights have {want}.")
-    kw = {"apply_b_dec_to_input": bool(cfg.get("apply_b_dec_to_input", True)), "dtype": dtype}
+    for key, n in (("d_in", d_in), ("d_sae", d_sae)):
+        if key in cfg and int(cfg[key]) != n:
+            raise ValueError(f"cfg.json says {key} = {cfg[key]} but the weights have {n}.")
+    kw: dict[str, Any] = {
+        "apply_b_dec_to_input": bool(cfg.get("apply_b_dec_to_input", True)),
+        "dtype": dtype,
+    }
     sae: SparseAutoencoder
     if arch == "standard":
         sae = ReLUSAE(d_in, d_sae, **kw)
@@ -158,7 +161,7 @@ def _from_tensors(
         sae.b_enc.copy_(tensors["b_enc"])
         sae.W_dec.copy_(tensors["W_dec"])
         sae.b_dec.copy_(tensors["b_dec"])
-        if arch == "jumprelu":
+        if isinstance(sae, JumpReLUSAE):  # arch == "jumprelu"
             thr = tensors["threshold"].to(torch.float64)
             if (thr <= 0).any():
                 # log-parametrised thresholds cannot be ≤ 0; the smallest positive float keeps
@@ -194,9 +197,10 @@ def load_sae(
                 tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
         except ValueError as err:  # object arrays would need unpickling: refused
             raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
-        dt = dtype or torch.float32
-        cfg = {"apply_b_dec_to_input": False}
-        sae = _from_tensors("jumprelu", {k: v.to(dt) for k, v in tensors.items()}, cfg, dt)
+        npz_dtype = dtype or torch.float32
+        cfg: dict[str, Any] = {"apply_b_dec_to_input": False}
+        tensors = {k: v.to(npz_dtype) for k, v in tensors.items()}
+        sae = _from_tensors("jumprelu", tensors, cfg, npz_dtype)
         return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
         raise ValueError(

@@ -286,7 +286,7 @@ class TopKSAE(SparseAutoencoder):
         mse = err.pow(2).sum(-1).mean()
         aux = mse.new_zeros(())
         n_dead = int(dead_mask.sum()) if dead_mask is not None else 0
-        if n_dead > 0 and coefficient > 0:
+        if dead_mask is not None and n_dead > 0 and coefficient > 0:
             k_aux = min(self.aux_k, n_dead)
             scale = min(n_dead / self.aux_k, 1.0)
             cols, offsets, rows = masked_topk_pattern(pre, dead_mask, k_aux)
@@ -312,6 +312,7 @@ class BatchTopKSAE(TopKSAE):
     """
 
     architecture: ClassVar[str] = "jumprelu"
+    threshold: torch.Tensor  # a buffer
 
     def __init__(
         self, d_in: int, d_sae: int, k: int, *, threshold_beta: float = 0.99, **kw
@@ -357,13 +358,13 @@ class _JumpReLU(torch.autograd.Function):
     """``pre·[pre > θ]`` with the straight-through pseudo-gradient for ``θ``."""
 
     @staticmethod
-    def forward(ctx, pre, theta, bandwidth):  # type: ignore[override]
+    def forward(ctx, pre, theta, bandwidth):
         ctx.save_for_backward(pre, theta)
         ctx.bandwidth = bandwidth
         return pre * (pre > theta)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         pre, theta = ctx.saved_tensors
         bw = ctx.bandwidth
         grad_pre = grad * (pre > theta)
@@ -377,13 +378,13 @@ class _Step(torch.autograd.Function):
     """Heaviside ``[pre > θ]`` whose pseudo-gradient reaches only ``θ``."""
 
     @staticmethod
-    def forward(ctx, pre, theta, bandwidth):  # type: ignore[override]
+    def forward(ctx, pre, theta, bandwidth):
         ctx.save_for_backward(pre, theta)
         ctx.bandwidth = bandwidth
         return (pre > theta).to(pre.dtype)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         pre, theta = ctx.saved_tensors
         bw = ctx.bandwidth
         grad_theta = (-(1.0 / bw) * _rectangle((pre - theta) / bw) * grad).reshape(

@@ -66,12 +66,12 @@ class GatherPreacts(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, s, W_enc_t, b_enc, b_dec, pre, rows, cols, offsets):  # type: ignore[override]
+    def forward(ctx, s, W_enc_t, b_enc, b_dec, pre, rows, cols, offsets):
         ctx.save_for_backward(s, W_enc_t, rows, cols)
         return pre[rows, cols]
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         s, W_enc_t, rows, cols = ctx.saved_tensors
         grad_w = grad_b = grad_b_dec = None
         if ctx.needs_input_grad[1]:

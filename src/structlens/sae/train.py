@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -302,7 +303,7 @@ class SAETrainingResult(Result):
         out["sae"] = {"architecture": self.sae.architecture, "d_sae": self.sae.d_sae}
         return out
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | os.PathLike) -> Path:
         from safetensors.numpy import save as save_arrays
 
         from structlens.results import atomic_write_bytes
@@ -316,7 +317,7 @@ class SAETrainingResult(Result):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> SAETrainingResult:
+    def load(cls, directory: str | os.PathLike) -> SAETrainingResult:
         from safetensors.numpy import load_file
 
         from structlens.sae.io import load_sae

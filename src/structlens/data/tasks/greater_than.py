@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -230,7 +230,10 @@ def make_greater_than(
         answers={},
         metric_positions=("END",) if mode == "two_digit" else ("TENS", "END"),
         mode=mode,
-        year_token_ids=tuple(int(t) for t in (pair_ids if mode == "two_digit" else digit_ids)),
+        # the *_ok checks above ensured that every id exists
+        year_token_ids=tuple(
+            int(cast(int, t)) for t in (pair_ids if mode == "two_digit" else digit_ids)
+        ),
         start_year=start_years,
         metadata={
             "seed": seed,
