@@ -10,12 +10,12 @@ browse subspace preimages; the experiments are :mod:`structlens.ndm.experiment`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 
 from structlens.cli.common import Common, ModelArg, common_options, fail, parse_ints, parse_names
-from structlens.ndm.experiment import Method, load_rotation, save_rotation
+from structlens.ndm.experiment import load_rotation, save_rotation
 
 __all__ = ["app", "load_rotation", "save_rotation"]  # the rotation I/O scripts import from here
 

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
