@@ -14,6 +14,11 @@ class UserError(Exception):
     message says which input and how to fix it."""
 
 
+class InputError(UserError, ValueError):
+    """A bad value: an option, a config field, a site name, an array or a file's content.
+    A ``ValueError`` too, so ``except ValueError`` callers keep working."""
+
+
 class ForeignResultError(UserError, ValueError):
     """A saved result (SAE, fit, rotation, store) that was made from another model or site
     than the one it is being used with."""

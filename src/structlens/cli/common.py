@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,13 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or 
 Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
+AllowForeign = Annotated[
+    bool,
+    typer.Option(
+        "--allow-foreign",
+        help="Use saved results made from another model or site (warns, and records it).",
+    ),
+]
 ModelArg = Annotated[
     str,
     typer.Argument(
@@ -111,6 +119,19 @@ class Common:
         """Print ``message`` unless ``--quiet``."""
         if not self.quiet:
             console.print(message, **kw)
+
+    @contextlib.contextmanager
+    def foreign_uses(self) -> Iterator[list[str]]:
+        """Record the uses of foreign results (``--allow-foreign``) inside the block into the
+        yielded list (for the results JSON) and print each as a warning, even with --quiet."""
+        from rich.markup import escape
+
+        from structlens.provenance import recording_foreign_uses
+
+        with recording_foreign_uses() as uses:
+            yield uses
+        for use in uses:
+            console.print(f"[bold yellow]warning:[/] {escape(use)}", soft_wrap=True)
 
 
 def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Parameter]:

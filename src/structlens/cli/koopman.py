@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from structlens.cli.common import (
+    AllowForeign,
     Common,
     common_options,
     parse_ints,
@@ -65,6 +66,7 @@ def _streams(dictionary: str, size: int) -> dict[str, tuple[Any, Any]]:
         "dictionary": (Dicts, dictionary),
         "size": (Size, size),
         "sae": (SAEPath, None),
+        "allow_foreign": (AllowForeign, False),
     }
 
 
@@ -87,7 +89,8 @@ def _run(common: Common, model: str, analysis: str, **settings: Any) -> Any:
     cfg = KoopmanExperimentConfig(analysis=analysis, seed=common.seed, **settings)
     m = common.load_model(model)
     root = common.out / "activations"
-    return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
+    with common.foreign_uses():  # printed here, recorded by run() in the report
+        return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
 
 
 def _write(common: Common, report: Any) -> None:
@@ -204,6 +207,7 @@ def modes_cmd(
         "dictionary": (Annotated[str, typer.Option("--dictionary", help="One dictionary.")], "pca"),
         "size": (Size, 32),
         "sae": (SAEPath, None),
+        "allow_foreign": (AllowForeign, False),
     }
 )
 def reduce_cmd(
