@@ -311,11 +311,9 @@ def _baselines(
     out: Path,
     layers: list[int],
     executor: Any,
-    check: dict[str, Any],
 ) -> tuple[dict[int, Any], dict[int, list[int]], dict[int, Any], dict[str, Any]]:
     """Rotations (NDM's and the baselines' with its partition), partitions, per-subspace
-    variances and baseline diagnostics of every layer; baselines cached under ``out/cache``.
-    ``check`` (``model``, ``allow_foreign``) checks each rotation's provenance."""
+    variances and baseline diagnostics of every layer; baselines cached under ``out/cache``."""
     from structlens.ndm import subspace_variances
     from structlens.ndm.pipeline import SAEBaselineConfig, baseline_rotations
     from structlens.sites import site_name
@@ -326,8 +324,7 @@ def _baselines(
     )
     others = [m for m in cfg.methods if m != "ndm"]
     for layer in layers:
-        site = site_name("resid_post", layer)
-        R, partition = load_rotation(train / f"R-L{layer}.safetensors", site=site, **check)
+        R, partition = load_rotation(train / f"R-L{layer}.safetensors")
         h = store.load(site_name("resid_post", layer)).double().numpy()
         key = _cache_key(
             store=meta["store"], layer=layer, partition=partition, methods=others, seed=cfg.seed,
@@ -403,9 +400,15 @@ def evaluate(
         summarize_gini,
     )
     from structlens.report.ndm import plot_effect_heatmap
+    from structlens.sites import site_name
 
     meta, store, _ = train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
+    for layer in trained:  # before any work: every rotation must be this model's own
+        load_rotation(
+            Path(train) / f"R-L{layer}.safetensors", model=model,
+            site=site_name("resid_post", layer), allow_foreign=allow_foreign,
+        )  # fmt: skip
     chosen_tests = [t for t in PAPER_TESTS if not cfg.tests or t.name in cfg.tests]
     layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in chosen_tests}
     missing = sorted(set(layer_of.values()) - set(trained))
@@ -416,14 +419,7 @@ def evaluate(
     needed = sorted(set(layer_of.values()) | ({conflict_layer} if cfg.conflict else set()))
     t0 = time.perf_counter()
     rotations, partitions, variances, baseline_info = _baselines(
-        cfg,
-        meta,
-        store,
-        train,
-        out,
-        needed,
-        executor,
-        {"model": model, "allow_foreign": allow_foreign},
+        cfg, meta, store, train, out, needed, executor
     )
     timings: dict[str, float] = {"baselines": time.perf_counter() - t0}
 
