@@ -1,12 +1,17 @@
 """Errors a user can cause and fix, as opposed to bugs in structlens.
 
-The ``structlens`` command prints any :class:`UserError` (and the standard errors that bad
-input raises: ``ValueError``, ``OSError``, JSON decoding errors) as one line ``error: ...``
-and exits with status 2; anything else is reported as a bug, with its traceback.  Library
-callers can catch :class:`UserError` to tell the two apart.
+The ``structlens`` command prints an error for which :func:`is_user_error` holds as one line
+``error: ...`` and exits with status 2; anything else is reported as a bug, with its
+traceback.  Library callers can catch :class:`UserError` to tell the two apart.
 """
 
 from __future__ import annotations
+
+import json
+import linecache
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class UserError(Exception):
@@ -27,3 +32,37 @@ class ForeignResultError(UserError, ValueError):
 class DegenerateInputError(UserError, ValueError):
     """Input on which the requested statistic is undefined or meaningless (too few rows for
     the dimension, a single sample, constant data)."""
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` means bad input or environment rather than a bug in structlens.
+
+    True for a :class:`UserError`, an ``OSError`` (missing, unreadable or unwritable
+    paths, a full disk), a damaged file (JSON, UTF-8 or safetensors decoding errors), and a
+    plain ``ValueError`` that a ``raise`` statement in structlens's own code raised on
+    purpose (a validation written before :class:`InputError` existed) and that does not wrap
+    a bug (its ``__cause__``, if any, is a user error too).  Any other exception, such as a
+    ``ValueError`` from a format string or inside a library, or a ``TypeError``, is a bug.
+    """
+    from safetensors import SafetensorError
+
+    if isinstance(err, (UserError, OSError, SafetensorError, UnicodeDecodeError)):
+        return True
+    if isinstance(err, json.JSONDecodeError):
+        return True
+    if type(err) is not ValueError or not _raised_by_structlens(err):
+        return False
+    return err.__cause__ is None or is_user_error(err.__cause__)
+
+
+def _raised_by_structlens(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err``'s traceback is a ``raise`` in structlens."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = Path(tb.tb_frame.f_code.co_filename).resolve()
+    if not filename.is_relative_to(_PACKAGE):
+        return False
+    return linecache.getline(str(filename), tb.tb_lineno).lstrip().startswith("raise ")

@@ -37,6 +37,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from structlens.errors import InputError
+
 #: kind -> the name after ``blocks.{l}.``, in forward order.
 _LAYER_SUFFIX = {
     "resid_pre": "hook_resid_pre",
@@ -84,7 +86,7 @@ _SUFFIX_KIND = {v: k for k, v in _LAYER_SUFFIX.items()}
 _BLOCK_RE = re.compile(r"^blocks\.(-?\d+)\.(.+)$")
 
 
-class SiteError(ValueError):
+class SiteError(InputError):
     """An unknown or malformed site name, or a site the model does not have."""
 
 

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from structlens.capture.store import ActivationStore, StoreError
+from structlens.errors import InputError
 from structlens.ndm.browse import PreimageBrowser
 from structlens.ndm.data import capture_residuals, training_prompts
 from structlens.sites import site_name
@@ -28,7 +29,7 @@ def load_train_meta(train: Path) -> dict[str, Any]:
     """The ``ndm_train.json`` of an ``ndm train`` output directory."""
     meta = Path(train) / "ndm_train.json"
     if not meta.exists():
-        raise ValueError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
+        raise InputError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
     return json.loads(meta.read_text())
 
 
@@ -43,7 +44,7 @@ def _open_store(train: Path, meta: dict[str, Any]) -> ActivationStore:
     try:
         return ActivationStore(meta["store"])
     except (StoreError, FileNotFoundError) as err:
-        raise ValueError(f"activation store of {train} unavailable: {err}") from err
+        raise InputError(f"activation store of {train} unavailable: {err}") from err
 
 
 def _training_prompts(model: Any, meta: dict[str, Any]) -> list[tuple[str, list[int]]]:
@@ -121,10 +122,10 @@ def query_activation(
 
     ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise ValueError("the prompt tokenizes to nothing")
+        raise InputError("the prompt tokenizes to nothing")
     pos = position if position >= 0 else len(ids) + position
     if not 0 <= pos < len(ids):
-        raise ValueError(f"--position {position} is outside the prompt's {len(ids)} tokens")
+        raise InputError(f"--position {position} is outside the prompt's {len(ids)} tokens")
     site = site_name("resid_post", layer)
     t = torch.tensor([ids], device=model.device)
     with truncated(model, layer):
