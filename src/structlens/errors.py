@@ -7,11 +7,12 @@ traceback.  Library callers can catch :class:`UserError` to tell the two apart.
 
 from __future__ import annotations
 
+import dis
 import json
-import linecache
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
+_RAISE_VARARGS = dis.opmap["RAISE_VARARGS"]
 
 
 class UserError(Exception):
@@ -40,8 +41,9 @@ def is_user_error(err: BaseException) -> bool:
     True for a :class:`UserError`, an ``OSError`` (missing, unreadable or unwritable
     paths, a full disk), a damaged file (JSON, UTF-8 or safetensors decoding errors), and a
     plain ``ValueError`` that a ``raise`` statement in structlens's own code raised on
-    purpose (a validation written before :class:`InputError` existed) and that does not wrap
-    a bug (its ``__cause__``, if any, is a user error too).  Any other exception, such as a
+    purpose (a validation written before :class:`InputError` existed) and that does not pass
+    on a bug's ``ValueError`` (its ``__cause__``; other causes are library errors it
+    translates).  Any other exception, such as a
     ``ValueError`` from a format string or inside a library, or a ``TypeError``, is a bug.
     """
     from safetensors import SafetensorError
@@ -52,17 +54,20 @@ def is_user_error(err: BaseException) -> bool:
         return True
     if type(err) is not ValueError or not _raised_by_structlens(err):
         return False
-    return err.__cause__ is None or is_user_error(err.__cause__)
+    cause = err.__cause__
+    # ``raise ValueError(f"layer {l}: {err}") from err`` passes a bug's ValueError on as is
+    return not isinstance(cause, ValueError) or is_user_error(cause)
 
 
 def _raised_by_structlens(err: BaseException) -> bool:
-    """Whether the innermost frame of ``err``'s traceback is a ``raise`` in structlens."""
+    """Whether the innermost frame of ``err``'s traceback is a ``raise`` statement in
+    structlens (judged from the bytecode, so edited or absent sources cannot mislead it)."""
     tb = err.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    filename = Path(tb.tb_frame.f_code.co_filename).resolve()
-    if not filename.is_relative_to(_PACKAGE):
+    code = tb.tb_frame.f_code
+    if not Path(code.co_filename).resolve().is_relative_to(_PACKAGE):
         return False
-    return linecache.getline(str(filename), tb.tb_lineno).lstrip().startswith("raise ")
+    return code.co_code[tb.tb_lasti] == _RAISE_VARARGS

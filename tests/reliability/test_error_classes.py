@@ -46,13 +46,42 @@ def test_value_errors_from_inside_the_code_are_bugs():
     assert not is_user_error(_caught(lambda: None + 1))  # TypeError
 
 
-def test_a_validation_error_wrapping_a_bug_is_a_bug():
-    from structlens.errors import _raised_by_structlens
+def test_a_validation_error_passing_on_a_bug_is_a_bug(monkeypatch):
+    import structlens.koopman.experiment as experiment
+    from structlens.koopman.experiment import KoopmanExperimentConfig, _fitted
 
-    bug = _caught(lambda: f"{'text':.3f}")
-    wrapped = ValueError(f"layer 3: {bug}")
-    wrapped.__cause__ = bug
-    assert not is_user_error(wrapped) and not _raised_by_structlens(wrapped)
+    def broken(*a, **k):
+        raise ValueError("Unknown format code 'f' for object of type 'str'")
+
+    monkeypatch.setattr(experiment, "make_dictionary", lambda *a, **k: _Fits(broken))
+    cfg = KoopmanExperimentConfig(dictionaries=("pca",), size=2)
+    # _fitted re-raises every ValueError of the fit as "pca dictionary: ..." from it
+    err = _caught(lambda: _fitted(cfg, "pca", None, None, None))
+    assert type(err) is ValueError and str(err).startswith("pca dictionary")
+    assert not is_user_error(err)
+    # the same wrapper around a validation error stays a user error
+    monkeypatch.setattr(
+        experiment, "make_dictionary", lambda *a, **k: _Fits(lambda *a: check_rows())
+    )
+    assert is_user_error(_caught(lambda: _fitted(cfg, "pca", None, None, None)))
+
+
+def check_rows():
+    from structlens.stats.validation import check_array
+
+    check_array([1.0], name="X")
+
+
+class _Fits:
+    def __init__(self, fit):
+        self.fit = fit
+
+
+def test_a_translated_library_error_is_a_user_error():
+    from structlens.models.loading import check_device
+
+    err = _caught(lambda: check_device("quantum"))
+    assert is_user_error(err) and "quantum" in str(err)
 
 
 @pytest.fixture
