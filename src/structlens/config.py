@@ -13,6 +13,7 @@ import sys
 import typing
 from typing import Any, Literal, get_args, get_origin
 
+from structlens.errors import InputError
 from structlens.results import Result
 
 __all__ = ["check_choices", "choices", "ExperimentReport"]
@@ -44,7 +45,7 @@ def check_choices(obj: Any) -> None:
         values = value if get_origin(hints[f.name]) is tuple else (value,)
         bad = [v for v in values if v not in allowed]
         if bad:
-            raise ValueError(
+            raise InputError(
                 f"{f.name} must be one of {', '.join(map(repr, allowed))}; got {bad[0]!r}."
             )
 

@@ -14,8 +14,9 @@ Keys follow SAELens's ``cfg.json`` metadata (``model_name``, ``hook_name``) plus
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from structlens.errors import ForeignResultError
@@ -92,3 +93,19 @@ def check_provenance(
             f"using foreign {what}: {'; '.join(mismatches)}", ForeignResultWarning, stacklevel=2
         )
     return mismatches
+
+
+@contextlib.contextmanager
+def recording_foreign_uses() -> Iterator[list[str]]:
+    """Collect the :class:`ForeignResultWarning` messages issued inside the block (each once,
+    in order) into the yielded list, filled when the block ends; other warnings pass on."""
+    uses: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ForeignResultWarning)
+        yield uses
+    for w in caught:
+        if issubclass(w.category, ForeignResultWarning):
+            if str(w.message) not in uses:
+                uses.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

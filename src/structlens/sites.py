@@ -48,6 +48,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from structlens.errors import InputError
+
 #: kind -> the name after ``blocks.{l}.``, in forward order.
 _LAYER_SUFFIX = {
     "resid_pre": "hook_resid_pre",
@@ -112,7 +114,7 @@ _BLOCK_RE = re.compile(r"^(blocks|encoder|decoder)\.(-?\d+)\.(.+)$")
 STACKS = ("encoder", "decoder")
 
 
-class SiteError(ValueError):
+class SiteError(InputError):
     """An unknown or malformed site name, or a site the model does not have."""
 
 

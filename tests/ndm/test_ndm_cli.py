@@ -125,9 +125,10 @@ def test_browse_returns_highlighted_contexts(tiny_dir, trained):
     doc = json.loads((out / "ndm_browse.json").read_text())
     meta = json.loads((trained / "train" / "ndm_train.json").read_text())
     assert doc["n_activations"] > meta["data"]["n_tokens_captured"]
-    assert doc["query"]["token"] == " the"
-    assert len(doc["subspaces"]) == len(doc["partition"])
-    for sub in doc["subspaces"]:
+    (query,) = doc["queries"]
+    assert query["query"]["token"] == " the"
+    assert len(query["subspaces"]) == len(doc["partition"])
+    for sub in query["subspaces"]:
         sims = [h["similarity"] for h in sub["hits"]]
         assert len(sims) == 3 and sims == sorted(sims, reverse=True)
         assert all("[[" in h["context"] and "]]" in h["context"] for h in sub["hits"])

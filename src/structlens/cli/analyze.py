@@ -16,6 +16,7 @@ from structlens.cli.common import (
     Seed,
     console,
     fail,
+    fail_user_error,
     load_model_or_fail,
 )
 
@@ -62,7 +63,7 @@ def analyze(
     try:
         layers = parse_layers(sites, m.n_layers)
     except ValueError as err:
-        fail(escape(str(err)))
+        fail_user_error(err)
     cfg = AnalyzeConfig(
         profile=profile,
         layers=layers,

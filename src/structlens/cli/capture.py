@@ -20,6 +20,7 @@ from structlens.cli.common import (
     console,
     executor_or_fail,
     fail,
+    fail_user_error,
     load_model_or_fail,
     write_results,
 )
@@ -40,7 +41,7 @@ def expand_sites(model: Any, spec: str) -> list[str]:
             try:
                 chosen.append(model.site(part).name)
             except SiteError as err:
-                fail(str(err))
+                fail_user_error(err)
     if not chosen:
         fail("name at least one site, e.g. --sites 'blocks.*.hook_resid_pre'")
     return list(dict.fromkeys(chosen))
@@ -57,7 +58,7 @@ def load_prompts(
         try:
             task = make_task(data.removeprefix("task:"), model.tokenizer, n=max_prompts, seed=seed)
         except ValueError as err:
-            fail(str(err))
+            fail_user_error(err)
         prompts: list[Any] = list(zip(task.prompt_ids, task.clean))
         return prompts, dict(task.positions), data
     from structlens.data.corpus import chunk_documents, load_texts
@@ -65,7 +66,7 @@ def load_prompts(
     try:
         docs = load_texts(None if data == "corpus" else data)
     except (ValueError, FileNotFoundError, ImportError) as err:
-        fail(str(err))
+        fail_user_error(err)
     prompts = chunk_documents(
         docs, model.tokenizer, max_tokens=prompt_tokens, max_prompts=max_prompts
     )
@@ -136,7 +137,7 @@ def capture_cmd(
             progress=not quiet,
         )
     except ValueError as err:
-        fail(str(err))
+        fail_user_error(err)
     path = write_results(
         out,
         "capture",

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import Common, ModelArg, common_options, parse_ints
+from structlens.cli.common import AllowForeign, Common, ModelArg, common_options, parse_ints
 from structlens.cli.sae import FLAGS as SAE_FLAGS
 from structlens.cli.sae import (
     Arch,
@@ -49,11 +49,13 @@ FLAGS = SAE_FLAGS | {
 
 
 def _run(common: Common, model: Any, sae: Any = None, **settings: Any) -> Any:
+    """Run the experiment on ``model`` (a loaded model, or a name to load)."""
     from structlens.causal_dim.experiment import CausalDimExperimentConfig, run
 
     cfg = CausalDimExperimentConfig(seed=common.seed, **settings)
     runner = common.runner()
-    return run(cfg, common.load_model(model), sae=sae, executor=runner)
+    m = common.load_model(model) if isinstance(model, str) else model
+    return run(cfg, m, sae=sae, executor=runner)
 
 
 @app.command()
@@ -112,22 +114,26 @@ def sweep(
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
+    from structlens.provenance import provenance
     from structlens.report.causal import plot_width_sweep
     from structlens.sae import save_sae
     from structlens.sae.experiment import SAEExperimentConfig
+    from structlens.sites import site_name
 
     sae_cfg = SAEExperimentConfig(
         layer=layer, widths=parse_widths(widths), arch=arch, k=k, target_l0=target_l0,
         prompts=prompts, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens, epochs=epochs,
         batch_size=batch_size, lr_base=lr_base, seed=common.seed,
     )  # fmt: skip
+    m = common.load_model(model)
     report, saes = _run(
-        common, model, analysis="sweep", percentile=percentile, min_count=min_count,
+        common, m, analysis="sweep", percentile=percentile, min_count=min_count,
         n_bootstrap=n_bootstrap, n_blocks=n_blocks, jacobian_prompts=jacobian_prompts,
         jacobian_tokens=jacobian_tokens, sae_config=sae_cfg,
     )  # fmt: skip
+    site = site_name("resid_pre", layer, n_layers=m.n_layers)
     for w, s in saes.items():
-        save_sae(s, common.out / "saes" / str(w))
+        save_sae(s, common.out / "saes" / str(w), **provenance(m, site))
     common.write("causal_sweep", report.payload(), command="causal-dim sweep")
     sw = report.results["sweep"]
     plot_width_sweep(sw, common.out / "width_sweep.png")
@@ -152,6 +158,7 @@ def ablate(
     layer: Layer = 0,
     eval_prompts: EvalPrompts = 8,
     prompt_tokens: Tokens = 128,
+    allow_foreign: AllowForeign = False,
 ) -> None:
     """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation."""
     from structlens.sae.experiment import SAEExperimentConfig
@@ -159,8 +166,11 @@ def ablate(
     sae_cfg = SAEExperimentConfig(
         layer=layer, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens
     )
-    report, _ = _run(common, model, load_sae_dir(sae), analysis="ablate", sae_config=sae_cfg)
-    payload = report.payload() | {"sae": str(sae)}
+    m = common.load_model(model)
+    with common.foreign_uses() as foreign:
+        loaded = load_sae_dir(sae, m, layer, allow_foreign=allow_foreign)
+    report, _ = _run(common, m, loaded, analysis="ablate", sae_config=sae_cfg)
+    payload = report.payload() | {"sae": str(sae), "foreign": foreign}
     common.write("causal_ablate", payload, command="causal-dim ablate")
     table = report.results["four_cell"]
     for cell, v in table["inflation"].items():

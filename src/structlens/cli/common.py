@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
+from structlens.errors import is_user_error
 from structlens.results import write_results
 
 console = Console(stderr=True)
@@ -22,6 +24,13 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or 
 Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
+AllowForeign = Annotated[
+    bool,
+    typer.Option(
+        "--allow-foreign",
+        help="Use saved results made from another model or site (warns, and records it).",
+    ),
+]
 ModelArg = Annotated[
     str,
     typer.Argument(
@@ -65,6 +74,15 @@ def executor_or_fail(
         fail(str(err))
 
 
+def fail_user_error(err: BaseException) -> NoReturn:
+    """:func:`fail` with ``err``'s message if it is bad input
+    (:func:`structlens.errors.is_user_error`); otherwise re-raise it, as the bug it is."""
+    if not is_user_error(err):
+        raise err
+    fail(str(err))
+    raise AssertionError  # fail() exits
+
+
 def fail(message: str) -> None:
     """Print a clear error and exit with status 2 (bad input); ``message`` is plain text."""
     from rich.markup import escape
@@ -79,7 +97,7 @@ def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
     try:
         return load_model(name, device=device, dtype=dtype, seed=seed)
     except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
-        fail(str(err))
+        fail_user_error(err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +130,19 @@ class Common:
         if not self.quiet:
             console.print(message, **kw)
 
+    @contextlib.contextmanager
+    def foreign_uses(self) -> Iterator[list[str]]:
+        """Record the uses of foreign results (``--allow-foreign``) inside the block into the
+        yielded list (for the results JSON) and print each as a warning, even with --quiet."""
+        from rich.markup import escape
+
+        from structlens.provenance import recording_foreign_uses
+
+        with recording_foreign_uses() as uses:
+            yield uses
+        for use in uses:
+            console.print(f"[bold yellow]warning:[/] {escape(use)}", soft_wrap=True)
+
 
 def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
@@ -134,10 +165,11 @@ def common_options(
     """Add ``--out`` (default ``out``; required if None), ``--device``, ``--dtype``,
     ``--seed``, ``--quiet`` and, with ``executor``, ``--executor``/``--address`` to a command.
 
-    The command receives them as ``common: Common``.  A ``ValueError`` raised by the command
-    (bad input found by a config or an experiment) exits with status 2 and its message, in
-    which every config field named in ``flags`` reads as its option
-    (``flags={"n_blocks": "--n-blocks"}``).
+    The command receives them as ``common: Common``.  A ``ValueError`` that means bad input
+    (:func:`structlens.errors.is_user_error`: found by a config or an experiment) exits with
+    status 2 and its message, in which every config field named in ``flags`` reads as its
+    option (``flags={"n_blocks": "--n-blocks"}``); any other goes on to the top-level handler
+    as a bug.
     """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,6 +184,8 @@ def common_options(
             try:
                 return f(common=Common(**shared), **kwargs)
             except ValueError as err:
+                if not is_user_error(err):
+                    raise  # a bug: the top-level handler shows its traceback
                 message = str(err)
                 for name, flag in (flags or {}).items():
                     message = re.sub(rf"(?<![-\w]){name}\b", flag, message)

@@ -35,7 +35,7 @@ def demo(
     say("[bold]2/3[/] circuit tasks")
     tasks = {}
     for name in available_tasks():
-        r = evaluate(m, name, n=n, seed=seed, batch_size=16)
+        r = evaluate(m, name, n=n, seed=seed, batch_size=16, quiet=quiet)
         tasks[name] = {
             k: r[k]
             for k in (

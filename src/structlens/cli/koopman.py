@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from structlens.cli.common import (
+    AllowForeign,
     Common,
     common_options,
     parse_ints,
@@ -68,6 +69,7 @@ def _streams(dictionary: str, size: int) -> dict[str, tuple[Any, Any]]:
         "dictionary": (Dicts, dictionary),
         "size": (Size, size),
         "sae": (SAEPath, None),
+        "allow_foreign": (AllowForeign, False),
     }
 
 
@@ -90,7 +92,8 @@ def _run(common: Common, model: str, analysis: Analysis, **settings: Any) -> Any
     cfg = KoopmanExperimentConfig(analysis=analysis, seed=common.seed, **settings)
     m = common.load_model(model)
     root = common.out / "activations"
-    return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
+    with common.foreign_uses():  # printed here, recorded by run() in the report
+        return run(cfg, m, root=root, executor=common.runner(), progress=not common.quiet)
 
 
 def _write(common: Common, report: Any) -> None:
@@ -207,6 +210,7 @@ def modes_cmd(
         "dictionary": (Annotated[str, typer.Option("--dictionary", help="One dictionary.")], "pca"),
         "size": (Size, 32),
         "sae": (SAEPath, None),
+        "allow_foreign": (AllowForeign, False),
     }
 )
 def reduce_cmd(

@@ -1,10 +1,10 @@
 """The ``structlens`` command, and its one top-level error handler.
 
-Errors a user can cause and fix (:class:`~structlens.errors.UserError`, and the standard
-errors that bad input raises: ``ValueError``, ``OSError``, JSON and safetensors decoding
-errors) end in one line ``error: ...`` and exit status 2; ``--debug`` or
-``STRUCTLENS_DEBUG=1`` shows their traceback.  Anything else is a bug in structlens: its
-traceback is shown with a request to report it, exit status 1.
+Errors a user can cause and fix (:func:`structlens.errors.is_user_error`: a
+:class:`~structlens.errors.UserError`, ``OSError``, a damaged file, a validation
+``ValueError`` raised by structlens) end in one line ``error: ...`` and exit status 2;
+``--debug`` or ``STRUCTLENS_DEBUG=1`` shows their traceback.  Anything else is a bug in
+structlens: its traceback is shown with a request to report it, exit status 1.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from structlens.cli import (
     sae,
     tasks,
 )
-from structlens.errors import UserError
+from structlens.errors import is_user_error
 
 app = typer.Typer(
     name="structlens",
@@ -66,13 +66,6 @@ def _root(
         _state["debug"] = True
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean bad input or environment, not a bug in structlens."""
-    from safetensors import SafetensorError
-
-    return (UserError, ValueError, OSError, SafetensorError)
-
-
 def one_line_text(text: str) -> str:
     return " ".join(text.split())
 
@@ -103,12 +96,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         sys.stderr.write(f"error: {one_line_text(err.format_message())}{hint}\n")
         sys.exit(getattr(err, "exit_code", 2))
-    except user_errors() as err:
-        if _state["debug"]:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {one_line(err)}\n")
-        sys.exit(2)
-    except Exception:
+    except Exception as err:
+        if is_user_error(err):
+            if _state["debug"]:
+                traceback.print_exc()
+            sys.stderr.write(f"error: {one_line(err)}\n")
+            sys.exit(2)
         traceback.print_exc()
         sys.stderr.write(
             "error: this is a bug in structlens, not in your input; please report it to the "

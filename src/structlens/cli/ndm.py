@@ -4,7 +4,8 @@ browse subspace preimages; the experiments are :mod:`structlens.ndm.experiment`.
 * ``train`` writes ``ndm_train.json``, ``R-L{layer}.safetensors``, ``ndm-L{layer}/`` (the
   full result) and ``merge_history.png``.
 * ``evaluate`` writes ``ndm_evaluate.json`` and ``effects-<test>.png``.
-* ``browse`` writes ``ndm_browse.json``.
+* ``browse`` writes ``ndm_browse.json`` (one entry of ``queries`` per query) and, on its
+  first call for a run and layer, the saved index ``TRAIN/browse-index/L{layer}-<key>``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from typing import Annotated
 
 import typer
 
-from structlens.cli.common import Common, ModelArg, common_options, fail, parse_ints, parse_names
+from structlens.cli.common import (
+    AllowForeign,
+    Common,
+    ModelArg,
+    common_options,
+    fail,
+    parse_ints,
+    parse_names,
+)
 from structlens.ndm.experiment import load_rotation, save_rotation
 
 __all__ = ["app", "load_rotation", "save_rotation"]  # the rotation I/O scripts import from here
@@ -124,6 +133,7 @@ def evaluate(
     toy: Annotated[bool, typer.Option(help="Run the toy recovery experiment.")] = True,
     toy_steps: Annotated[int, typer.Option(help="NDM steps on the toy.")] = 3000,
     toy_ae_steps: Annotated[int, typer.Option(help="Toy autoencoder training steps.")] = 10000,
+    allow_foreign: AllowForeign = False,
 ) -> None:
     """Subspace patching Gini table (NDM vs baselines), knowledge conflict, toy recovery.
 
@@ -143,8 +153,13 @@ def evaluate(
     )  # fmt: skip
     runner = common.runner()
     model = common.load_model(model_name)
-    report = run_evaluation(cfg, model, train, out=common.out, executor=runner, log=common.say)
-    path = common.write("ndm_evaluate", report.payload(), command="ndm evaluate")
+    with common.foreign_uses() as foreign:
+        report = run_evaluation(
+            cfg, model, train, out=common.out, executor=runner, log=common.say,
+            allow_foreign=allow_foreign,
+        )  # fmt: skip
+    payload = report.payload() | {"foreign": foreign}
+    path = common.write("ndm_evaluate", payload, command="ndm evaluate")
     for row in report.meta["screen"]:
         flag = "" if row["screened"] else "  no signal"
         common.say(f"  {row['test']:24s} whole-space share {row['whole_space_share']:+.3f}{flag}")
@@ -165,7 +180,12 @@ def browse(
     common: Common,
     model_name: ModelArg = "smollm2-135m",
     train: TrainDir = Path("results/ndm"),
-    prompt: Annotated[str, typer.Option(help="Query text.")] = "",
+    prompt: Annotated[
+        list[str] | None, typer.Option(help="Query text (repeat the option for several).")
+    ] = None,
+    prompts_file: Annotated[
+        Path | None, typer.Option(help="A UTF-8 text file with one query per line.")
+    ] = None,
     position: Annotated[int, typer.Option(help="Token position (negative from the end).")] = -1,
     subspace: Annotated[
         int | None, typer.Option(help="Subspace index (default: every subspace).")
@@ -183,21 +203,38 @@ def browse(
         ),
     ] = None,
     activations: Activations = Path("results/ndm/activations"),
+    allow_foreign: AllowForeign = False,
 ) -> None:
-    """Nearest stored contexts of one (prompt, position) inside each subspace."""
-    from structlens.ndm.experiment import browse as run_browse
+    """Nearest stored contexts of (prompt, position) queries inside each subspace.
 
-    if not prompt:
-        fail("give a query with --prompt 'some text'")
+    The index is built on the first call and saved next to the run (TRAIN/browse-index/);
+    later calls load it, so many queries cost one forward pass each.
+    """
+    from structlens.ndm.experiment import browse_queries
+
+    queries = list(prompt or [])
+    if prompts_file is not None:
+        try:
+            text = prompts_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            fail(f"--prompts-file {prompts_file} is not UTF-8 text ({err.reason}).")
+        queries += [line for line in text.splitlines() if line.strip()]
+    if not queries:
+        fail("give a query with --prompt 'some text' (repeatable) or --prompts-file FILE")
     model = common.load_model(model_name)
-    doc = run_browse(
-        model, train, prompt, position=position, subspace=subspace, layer=layer, k=k,
-        min_similarity=min_similarity, extra_corpus_prompts=extra_corpus_prompts,
-        activations=activations,
-    )  # fmt: skip
-    for r in doc["subspaces"]:
-        common.say(f"[bold]subspace {r['subspace']}[/] ({r['dim']} dims)")
-        for hit in r["hits"][:k]:
-            common.say(f"  {hit['similarity']:.3f}  {hit['context']!r}", markup=False)
-    path = common.write("ndm_browse", doc, command="ndm browse")
-    common.say(f"{doc['n_activations']} activations indexed; wrote {path}")
+    with common.foreign_uses() as foreign:
+        doc = browse_queries(
+            model, train, queries, position=position, subspace=subspace, layer=layer, k=k,
+            min_similarity=min_similarity, extra_corpus_prompts=extra_corpus_prompts,
+            activations=activations, allow_foreign=allow_foreign,
+        )  # fmt: skip
+    for q in doc["queries"]:
+        common.say(f"query {q['query']['context']!r}", markup=False)
+        for r in q["subspaces"]:
+            common.say(f"  [bold]subspace {r['subspace']}[/] ({r['dim']} dims)")
+            for hit in r["hits"][:k]:
+                common.say(f"    {hit['similarity']:.3f}  {hit['context']!r}", markup=False)
+    path = common.write("ndm_browse", doc | {"foreign": foreign}, command="ndm browse")
+    how = "built and saved" if doc["index"]["built"] else "loaded"
+    common.say(f"{doc['n_activations']} activations indexed ({how} {doc['index']['path']})")
+    common.say(f"wrote {path}", markup=False)

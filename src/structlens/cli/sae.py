@@ -9,7 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import Common, ModelArg, common_options, fail, parse_names
+from structlens.cli.common import (
+    AllowForeign,
+    Common,
+    ModelArg,
+    common_options,
+    fail,
+    parse_names,
+)
 
 app = typer.Typer(
     help="Sparse autoencoders: train, width sweeps, evaluation.", no_args_is_help=True
@@ -49,13 +56,18 @@ def parse_widths(spec: str) -> tuple[int, ...]:
     raise AssertionError  # fail() exits
 
 
-def load_sae_dir(sae: Path) -> Any:
-    """The SAE saved at ``sae``; ``ValueError`` if the directory holds none."""
+def load_sae_dir(sae: Path, model: Any, layer: int, *, allow_foreign: bool) -> Any:
+    """The SAE saved at ``sae`` for ``model``'s ``blocks.{layer}.hook_resid_pre``; a user error
+    if the directory holds none or the SAE was made from another model or site (unless
+    ``allow_foreign``: then a :class:`~structlens.provenance.ForeignResultWarning`)."""
+    from structlens.errors import InputError
     from structlens.sae import load_sae
+    from structlens.sites import site_name
 
     if not (sae / "cfg.json").exists():
-        raise ValueError(f"{sae} is not an SAE directory (no cfg.json).")
-    return load_sae(sae)
+        raise InputError(f"{sae} is not an SAE directory (no cfg.json).")
+    site = site_name("resid_pre", layer, n_layers=model.n_layers)
+    return load_sae(sae, model=model, site=site, allow_foreign=allow_foreign)
 
 
 def _train(common: Common, model: str, name: str, **settings: Any) -> None:
@@ -135,14 +147,17 @@ def evaluate(
     layer: Layer = 0,
     eval_prompts: EvalPrompts = 8,
     prompt_tokens: Tokens = 128,
+    allow_foreign: AllowForeign = False,
 ) -> None:
     """FVU, L0, dead fraction and CE loss recovered of a saved SAE at --layer."""
     from structlens.sae.experiment import SAEEvaluationConfig
     from structlens.sae.experiment import evaluate as run_evaluation
 
     cfg = SAEEvaluationConfig(layer=layer, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens)
-    s = load_sae_dir(sae)
-    report = run_evaluation(cfg, common.load_model(model), s, path=sae)
-    common.write("sae_eval", report.payload(), command="sae eval")
+    m = common.load_model(model)
+    with common.foreign_uses() as foreign:
+        s = load_sae_dir(sae, m, layer, allow_foreign=allow_foreign)
+    report = run_evaluation(cfg, m, s, path=sae)
+    common.write("sae_eval", report.payload() | {"foreign": foreign}, command="sae eval")
     e = report.results["eval"]
     common.say(f"FVU {e['fvu']:.3f}, L0 {e['l0']:.1f}, dead {e['dead_fraction']:.3f}")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from structlens.cli.common import (
@@ -16,6 +17,7 @@ from structlens.cli.common import (
     Seed,
     console,
     fail,
+    fail_user_error,
     load_model_or_fail,
     write_results,
 )
@@ -42,10 +44,19 @@ def evaluate(
     seed: int,
     batch_size: int,
     corruption: str | None = None,
+    quiet: bool = False,
 ) -> dict[str, Any]:
-    """Build ``task_name`` for ``model`` and evaluate it (see ``evaluate_task``)."""
-    from structlens.data.tasks import evaluate_task, make_task
+    """Build ``task_name`` for ``model`` and evaluate it (see ``evaluate_task``), with a
+    progress bar unless ``quiet``.
 
+    ``n`` above what the task can generate (its finite pool of usable facts, or
+    :data:`~structlens.data.tasks.MAX_PROMPTS`) is capped there, and the cap is said and
+    recorded (``requested_n``)."""
+    from structlens.data.tasks import MAX_PROMPTS, evaluate_task, make_task
+
+    requested = n
+    if n is not None and n > MAX_PROMPTS:
+        n = MAX_PROMPTS
     try:
         task = make_task(task_name, model.tokenizer, n=n, seed=seed)
     except ValueError as err:
@@ -54,20 +65,32 @@ def evaluate(
         try:
             task = make_task(task_name, model.tokenizer, seed=seed)
         except ValueError:
-            fail(str(err))
+            fail_user_error(err)
         if n is None or len(task) >= n:
-            fail(str(err))
+            fail_user_error(err)
+    if requested is not None and len(task) < requested:
+        console.print(
+            f"note: {task_name}: -n {requested} is more than the task's pool; "
+            f"evaluating its {len(task)} prompts",
+            markup=False,
+            soft_wrap=True,
+        )
     if corruption is not None and corruption not in task.corrupted:
         fail(
             f"task {task_name!r} has no corruption {corruption!r}; it has {sorted(task.corrupted)}"
         )
-    result = evaluate_task(
-        task,
-        lambda ids, mask: model.forward(ids.to(model.device), mask.to(model.device)),
-        batch_size=batch_size,
-        corruption=corruption,
-        pad_id=int(model.tokenizer.pad_token_id),
-    )
+    label = f"{task_name} ({corruption or 'clean'})"
+    with Progress(*Progress.get_default_columns(), console=console, disable=quiet) as bar:
+        job = bar.add_task(label, total=len(task))
+        result = evaluate_task(
+            task,
+            lambda ids, mask: model.forward(ids.to(model.device), mask.to(model.device)),
+            batch_size=batch_size,
+            corruption=corruption,
+            pad_id=int(model.tokenizer.pad_token_id),
+            progress=lambda k: bar.advance(job, k),
+        )
+    result["requested_n"] = requested
     result["examples"] = task.texts[:3]
     return result
 
@@ -81,7 +104,10 @@ def eval_cmd(
         str, typer.Option("--task", help="Task name (structlens tasks list) or 'all'.")
     ] = "ioi",
     n: Annotated[
-        int | None, typer.Option("-n", help="Prompts per task (all a task has, if fewer).")
+        int | None,
+        typer.Option(
+            "-n", help="Prompts per task (all a task has if fewer; at most 10000, the cap)."
+        ),
     ] = None,
     corruptions: Annotated[
         bool,
@@ -105,13 +131,13 @@ def eval_cmd(
     names = available_tasks() if task == "all" else [task]
     table = Table("task", "variant", "n", "accuracy (95% CI)", "metric mean (95% CI)")
     for name in names:
-        results = [evaluate(m, name, n=n, seed=seed, batch_size=batch_size)]
+        results = [evaluate(m, name, n=n, seed=seed, batch_size=batch_size, quiet=quiet)]
         if corruptions:
             from structlens.data.tasks import make_task
 
             variants = sorted(make_task(name, m.tokenizer, n=1, seed=seed).corrupted)
             results += [
-                evaluate(m, name, n=n, seed=seed, batch_size=batch_size, corruption=c)
+                evaluate(m, name, n=n, seed=seed, batch_size=batch_size, corruption=c, quiet=quiet)
                 for c in variants
             ]
         path = write_results(

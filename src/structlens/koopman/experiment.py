@@ -35,6 +35,7 @@ from structlens.koopman.pipeline import (
     make_dictionary,
     summarise_fit,
 )
+from structlens.provenance import check_provenance, provenance
 
 __all__ = ["KoopmanExperimentConfig", "KoopmanReport", "run"]
 
@@ -54,6 +55,7 @@ class KoopmanExperimentConfig:
     median-of-means fit; ``n_blocks``/``n_repeats`` set the split-half convergence; ``k``,
     ``positions``, ``n_ioi``, ``n_random`` the IOI mode ablation; ``orders`` the balanced
     truncation orders of ``reduce`` (which pools ``layers`` and takes one dictionary).
+    ``allow_foreign`` lets the ``sae`` dictionary come from another model or site (warns).
     """
 
     analysis: Analysis = "fit"
@@ -77,6 +79,7 @@ class KoopmanExperimentConfig:
     n_random: int = 5
     orders: tuple[int, ...] = (4, 8, 16)
     seed: int = 0
+    allow_foreign: bool = False
 
     def __post_init__(self) -> None:
         unknown = [d for d in self.dictionaries if d not in DICTIONARIES]
@@ -311,6 +314,30 @@ def _reduce(cfg: KoopmanExperimentConfig, data: DepthData) -> tuple[dict[str, An
     return rows, label
 
 
+def _check_sae(cfg: KoopmanExperimentConfig, model: Any, pooled: bool) -> list[str]:
+    """Refuse an SAE dictionary made from another model, or from another site than the state
+    ``resid_pre(l)`` of each fitted layer (pooled fits: the model only); with
+    ``cfg.allow_foreign`` warn instead.  Returns the mismatches."""
+    from structlens.sae import sae_metadata
+    from structlens.sites import site_name
+
+    if cfg.sae is None or "sae" not in cfg.dictionaries or cfg.analysis == "modes":
+        return []
+    if not (Path(cfg.sae) / "cfg.json").is_file():
+        return []  # a Gemma Scope params.npz records no provenance; the loader checks the rest
+    meta = sae_metadata(cfg.sae)
+    sites = [None] if pooled else [site_name("resid_pre", layer) for layer in cfg.layers]
+    mismatches: list[str] = []
+    for site in sites:
+        for m in check_provenance(
+            meta, what=f"the SAE in {cfg.sae}", model=model, site=site,
+            allow_foreign=cfg.allow_foreign,
+        ):  # fmt: skip
+            if m not in mismatches:
+                mismatches.append(m)
+    return mismatches
+
+
 def run(
     cfg: KoopmanExperimentConfig,
     model: Any,
@@ -325,6 +352,7 @@ def run(
     the per-shard statistics of ``fit`` and the grid points of ``convergence``.
     """
     pooled = {"modes": False, "reduce": True}.get(cfg.analysis, cfg.pooled)
+    foreign = _check_sae(cfg, model, pooled)
     data = collect_depth(
         model, cfg.layers, pooled=pooled, n_corpus=cfg.n_corpus,
         prompt_tokens=cfg.prompt_tokens, n_task=cfg.n_task, seed=cfg.seed, root=root,
@@ -342,4 +370,7 @@ def run(
     else:
         results, label = _reduce(cfg, data)
         meta = {"layers": label, "horizon": len(data.layers), "dictionary": cfg.dictionaries[0]}
+    meta["provenance"] = provenance(model)
+    if cfg.sae is not None and "sae" in cfg.dictionaries:
+        meta["sae"] = {"path": str(cfg.sae), "foreign": foreign}
     return KoopmanReport(analysis=cfg.analysis, model=model.name, results=results, meta=meta)

@@ -52,28 +52,21 @@ def _sae_dictionary(size: int, *, sae_path: str | Path | None = None, **_: Any) 
 
 
 def load_sae_dictionary(path: str | Path) -> SAEDictionary:
-    """An SAE encoder dictionary from a directory in SAELens format (``cfg.json`` +
-    ``sae_weights.safetensors`` with ``W_enc``, ``b_enc``, ``b_dec``)."""
-    import json
+    """An SAE encoder dictionary from a SAELens-format directory or Gemma Scope ``params.npz``,
+    read by :func:`structlens.sae.load_sae` (exact shapes; provenance is checked by the caller
+    that knows the model, :func:`structlens.koopman.experiment.run`)."""
+    from structlens.sae import load_sae
 
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    weights, cfg = path / "sae_weights.safetensors", path / "cfg.json"
-    if not weights.exists():
-        raise ValueError(f"{path} has no sae_weights.safetensors; pass an SAELens-format SAE.")
-    w = load_file(str(weights))
-    conf = json.loads(cfg.read_text()) if cfg.exists() else {}
-    arch = conf.get("architecture", "standard")
-    activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}.get(arch, "relu")
-    k = conf.get("k") or (conf.get("activation_fn_kwargs") or {}).get("k")
+    sae = load_sae(path)
+    activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}[sae.architecture]
+    b_dec = sae.b_dec.detach().numpy()
     return SAEDictionary(
-        w["W_enc"],
-        w["b_enc"],
-        w["b_dec"],
+        sae.W_enc.detach().numpy(),
+        sae.b_enc.detach().numpy(),
+        b_dec if sae.apply_b_dec_to_input else np.zeros_like(b_dec),
         activation=activation,
-        k=k,
-        threshold=w.get("threshold"),
+        k=getattr(sae, "k", None),
+        threshold=sae.threshold.detach().numpy() if activation == "jumprelu" else None,
     )
 
 

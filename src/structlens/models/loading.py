@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from structlens.errors import UserError
+from structlens.errors import InputError, UserError
 from structlens.models.adapters import (
     available_kinds,
     family_of,
@@ -414,6 +414,8 @@ def _load_hf(
             f"directory or .gguf file, or use a built-in offline model: "
             f"{', '.join(ALIASES)} (`structlens models` lists them)."
         ) from err
+    except ValueError as err:  # transformers' verdict on the files: a bad config, remote code
+        raise InputError(f"could not load {name_or_path!r}: {err}") from err
     if gguf_file:
         _drop_gguf_marker(hf)
     return hf, tok

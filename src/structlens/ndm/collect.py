@@ -7,14 +7,17 @@ Capture itself is :func:`structlens.ndm.data.capture_residuals`; the numerical m
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from structlens.capture.store import ActivationStore, StoreError
+from structlens.errors import InputError
 from structlens.ndm.browse import PreimageBrowser
 from structlens.ndm.data import capture_residuals, training_prompts
 from structlens.sites import site_name
@@ -26,7 +29,7 @@ def load_train_meta(train: Path) -> dict[str, Any]:
     """The ``ndm_train.json`` of an ``ndm train`` output directory."""
     meta = Path(train) / "ndm_train.json"
     if not meta.exists():
-        raise ValueError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
+        raise InputError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
     return json.loads(meta.read_text())
 
 
@@ -34,18 +37,24 @@ def train_context(model: Any, train: Path) -> tuple[dict[str, Any], ActivationSt
     """``(meta, store, prompts)`` of an ``ndm train`` run: its record, its activation store and
     the training prompts rebuilt from the recorded data settings."""
     meta = load_train_meta(train)
+    return meta, _open_store(train, meta), _training_prompts(model, meta)
+
+
+def _open_store(train: Path, meta: dict[str, Any]) -> ActivationStore:
     try:
-        store = ActivationStore(meta["store"])
+        return ActivationStore(meta["store"])
     except (StoreError, FileNotFoundError) as err:
-        raise ValueError(f"activation store of {train} unavailable: {err}") from err
+        raise InputError(f"activation store of {train} unavailable: {err}") from err
+
+
+def _training_prompts(model: Any, meta: dict[str, Any]) -> list[tuple[str, list[int]]]:
     data = meta["data"]
-    prompts = training_prompts(
+    return training_prompts(
         model,
         corpus_prompts=data["corpus_prompts"],
         task_prompts=data["task_prompts"],
         seed=data["seed"],
     )
-    return meta, store, prompts
 
 
 def browse_index(
@@ -57,16 +66,40 @@ def browse_index(
     *,
     extra_corpus_prompts: int | None,
     activations: Path,
-) -> PreimageBrowser:
+) -> tuple[PreimageBrowser, Path, bool]:
     """A :class:`PreimageBrowser` over the training activations of ``layer`` plus
-    ``extra_corpus_prompts`` further corpus windows (captured once under ``activations``;
-    ``None``: all remaining windows)."""
-    meta, store, prompts = train_context(model, train)
-    site = site_name("resid_post", layer)
+    ``extra_corpus_prompts`` further corpus windows (``None``: all remaining windows).
+
+    The index is built once (capturing the extra windows under ``activations``) and saved as
+    ``train/browse-index/L{layer}-<key>.safetensors``, the key a digest of the run (its store,
+    rotation and partition, the model) and of the indexed prompts' tokens; later calls with
+    the same key load it without touching the model or the stores.  Returns the browser, the
+    index's path and whether it was built now.
+    """
+    meta = load_train_meta(train)
+    prompts = _training_prompts(model, meta)
     extra = training_prompts(
         model, corpus_prompts=extra_corpus_prompts, corpus_offset=meta["data"]["corpus_prompts"]
     )
-    stores = [(store, prompts)]
+    corpus = hashlib.sha256(json.dumps(prompts + extra).encode()).hexdigest()
+    run = {
+        "store": str(meta["store"]),
+        "model_digest": model.fingerprint(),
+        "layer": layer,
+        "rotation": hashlib.sha256(np.ascontiguousarray(rotation).tobytes()).hexdigest(),
+        "partition": list(partition),
+    }
+    key = hashlib.sha256(json.dumps({"run": run, "corpus": corpus}).encode()).hexdigest()
+    path = Path(train) / "browse-index" / f"L{layer}-{key[:16]}.safetensors"
+    if path.is_file():
+        try:
+            browser, saved = PreimageBrowser.load(path, rotation, partition, prompts + extra)
+            if saved.get("key") == key:
+                return browser, path, False
+        except (ValueError, KeyError, OSError, SafetensorError):
+            pass  # a damaged or partial index is rebuilt below
+    site = site_name("resid_post", layer)
+    stores = [(_open_store(train, meta), prompts)]
     if extra:
         stores.append((capture_residuals(model, extra, [layer], activations), extra))
     browser = PreimageBrowser(rotation, partition, prompts + extra)
@@ -75,7 +108,8 @@ def browse_index(
         index = st.load_index()
         browser.add([(st.load(site).float(), index["prompt_index"] + offset, index["position"])])
         offset += len(ps)
-    return browser
+    browser.save(path, {"key": key, "corpus_digest": corpus, **{k: str(v) for k, v in run.items()}})
+    return browser, path, True
 
 
 def query_activation(
@@ -88,10 +122,10 @@ def query_activation(
 
     ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise ValueError("the prompt tokenizes to nothing")
+        raise InputError("the prompt tokenizes to nothing")
     pos = position if position >= 0 else len(ids) + position
     if not 0 <= pos < len(ids):
-        raise ValueError(f"--position {position} is outside the prompt's {len(ids)} tokens")
+        raise InputError(f"--position {position} is outside the prompt's {len(ids)} tokens")
     site = site_name("resid_post", layer)
     t = torch.tensor([ids], device=model.device)
     with truncated(model, layer):

@@ -46,6 +46,8 @@ __all__ = [
     "NDMReport",
     "run",
     "evaluate",
+    "browse",
+    "browse_queries",
     "save_rotation",
     "load_rotation",
     "DEFAULT_GPT2_LAYERS",
@@ -55,20 +57,39 @@ DEFAULT_GPT2_LAYERS = (4, 6, 8, 9)
 Method = Literal["ndm", "identity", "random", "pca", "sae"]
 
 
-def save_rotation(path: Path, rotation: np.ndarray, partition: list[int]) -> None:
-    """Write ``R`` and the partition as ``R-L{layer}.safetensors`` (atomic)."""
+def save_rotation(
+    path: Path, rotation: np.ndarray, partition: list[int], provenance: dict[str, str] | None = None
+) -> None:
+    """Write ``R`` and the partition as ``R-L{layer}.safetensors`` (atomic), with the
+    :func:`~structlens.provenance.provenance` of the model and site it was trained on."""
     from safetensors.numpy import save
 
-    meta = {"partition": json.dumps(partition)}
+    meta = {"partition": json.dumps(partition), **(provenance or {})}
     atomic_write_bytes(path, save({"R": np.ascontiguousarray(rotation)}, metadata=meta))
 
 
-def load_rotation(path: str | Path) -> tuple[np.ndarray, list[int]]:
-    """``R`` and the partition from an ``R-L{layer}.safetensors`` written by ``ndm train``."""
+def load_rotation(
+    path: str | Path, *, model: Any = None, site: str | None = None, allow_foreign: bool = False
+) -> tuple[np.ndarray, list[int]]:
+    """``R`` and the partition from an ``R-L{layer}.safetensors`` written by ``ndm train``.
+
+    Given the ``model`` and ``site`` it will be used with, the recorded provenance must match
+    (:class:`~structlens.errors.ForeignResultError`, or a warning with ``allow_foreign``).
+    """
     from safetensors import safe_open
 
+    from structlens.errors import InputError
+    from structlens.provenance import check_provenance
+
+    if not Path(path).is_file():
+        raise InputError(f"{path} not found; run `structlens ndm train` for this layer first")
     with safe_open(str(path), framework="numpy") as f:
-        return f.get_tensor("R"), json.loads(f.metadata()["partition"])
+        meta = f.metadata() or {}
+        R = f.get_tensor("R")
+    check_provenance(
+        meta, what=f"the rotation in {path}", model=model, site=site, allow_foreign=allow_foreign
+    )
+    return R, json.loads(meta["partition"])
 
 
 @dataclass(frozen=True)
@@ -156,6 +177,7 @@ def run(
     checkpoint is reused, so layers can be trained by parallel runs and collected by one.
     """
     from structlens.ndm.data import capture_residuals, training_prompts
+    from structlens.provenance import provenance
     from structlens.sites import site_name
 
     chosen = cfg.chosen_layers(model.n_layers)
@@ -173,18 +195,22 @@ def run(
         t1 = time.perf_counter()
         try:
             ckpt = (checkpoints or out / "checkpoints") / f"L{layer}"
-            res = NDM(ndm_cfg).fit(h, checkpoint_dir=ckpt)
+            res = NDM(ndm_cfg).fit(h, checkpoint_dir=ckpt, model_digest=model.fingerprint())
         except ValueError as err:
             raise ValueError(f"layer {layer}: {err}") from err
         seconds = time.perf_counter() - t1
         res.save(out / f"ndm-L{layer}")
-        save_rotation(out / f"R-L{layer}.safetensors", res.rotation, res.partition)
+        site = site_name("resid_post", layer)
+        save_rotation(
+            out / f"R-L{layer}.safetensors", res.rotation, res.partition, provenance(model, site)
+        )
         results[str(layer)] = res.training_record(h.shape[0], seconds)
         if res.restarts:  # which run was kept, and why (see NDMConfig.restarts)
             results[str(layer)]["restarts"] = res.restarts
         if log is not None:
             log(f"layer {layer}: {res.steps} steps in {seconds:.0f} s, partition {res.partition}")
     meta = {
+        **provenance(model),
         "layers": chosen,
         "partition": {k: v["partition"] for k, v in results.items()},
         "store": str(store.path),
@@ -369,9 +395,13 @@ def evaluate(
     out: Path,
     executor: Any = None,
     log: Callable[[str], None] | None = None,
+    allow_foreign: bool = False,
 ) -> NDMReport:
     """Subspace-patching Gini table (NDM vs baselines), knowledge conflict and toy recovery
     for the decompositions of the ``ndm train`` run in ``train`` (see module doc).
+
+    The run must have been trained on ``model`` (its recorded digest), unless
+    ``allow_foreign`` (a :class:`~structlens.provenance.ForeignResultWarning` then).
 
     Baselines, patching runs and the toy are cached under ``out/cache`` by content keys;
     ``executor`` computes the baseline rotations (SAE training among them) in parallel.
@@ -391,9 +421,15 @@ def evaluate(
         whole_space_run,
     )
     from structlens.report.ndm import plot_effect_heatmap
+    from structlens.sites import site_name
 
     meta, store, _ = train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
+    for layer in trained:  # before any work: every rotation must be this model's own
+        load_rotation(
+            Path(train) / f"R-L{layer}.safetensors", model=model,
+            site=site_name("resid_post", layer), allow_foreign=allow_foreign,
+        )  # fmt: skip
     suitable = patch_tests_for(model)
     unsuitable = sorted(set(cfg.tests) - {t.name for t in suitable})
     if unsuitable:
@@ -574,41 +610,80 @@ def browse(
     prompt: str,
     *,
     position: int = -1,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Nearest stored contexts of ``prompt`` at ``position`` inside each subspace of the NDM
+    run saved in ``train``: :func:`browse_queries` for one query, with its ``query`` and
+    ``subspaces`` at the top level of the document."""
+    doc = browse_queries(model, train, [prompt], position=position, **settings)
+    (query,) = doc.pop("queries")
+    return doc | query
+
+
+def browse_queries(
+    model: Any,
+    train: Path,
+    prompts: Sequence[str],
+    *,
+    position: int = -1,
     subspace: int | None = None,
     layer: int | None = None,
     k: int = 10,
     min_similarity: float | None = None,
     extra_corpus_prompts: int | None = None,
     activations: Path = Path("results/ndm/activations"),
+    allow_foreign: bool = False,
 ) -> dict[str, Any]:
-    """Nearest stored contexts of ``prompt`` at ``position`` inside each subspace of the NDM
-    run saved in ``train`` (the document ``structlens ndm browse`` writes)."""
+    """Nearest stored contexts of each of ``prompts`` at token ``position`` inside each
+    subspace of the NDM run saved in ``train`` (the document ``structlens ndm browse``
+    writes: ``queries[i]`` holds ``query`` and ``subspaces`` of ``prompts[i]``).
+
+    The index is built once per run, layer and indexed corpus and saved next to the run
+    (:func:`structlens.ndm.collect.browse_index`); ``index`` says where and whether it was
+    built by this call.  The rotation must have been trained on ``model`` at the layer's
+    ``resid_post`` (:class:`~structlens.errors.ForeignResultError` otherwise, a warning with
+    ``allow_foreign``).
+    """
+    from structlens.errors import InputError
     from structlens.ndm.browse import highlight_context
     from structlens.ndm.collect import browse_index, load_train_meta, query_activation
+    from structlens.sites import site_name
 
-    if not prompt:
-        raise ValueError("give a query with --prompt 'some text'")
+    if not prompts or not all(p.strip() for p in prompts):
+        raise InputError("give each query as non-empty text with --prompt 'some text'")
     trained = list(load_train_meta(train)["partition"])
     layer = layer if layer is not None else int(trained[0])
     if str(layer) not in trained:
-        raise ValueError(f"layer {layer} was not trained (trained: {trained})")
-    R, partition = load_rotation(Path(train) / f"R-L{layer}.safetensors")
+        raise InputError(f"layer {layer} was not trained (trained: {trained})")
+    R, partition = load_rotation(
+        Path(train) / f"R-L{layer}.safetensors", model=model,
+        site=site_name("resid_post", layer), allow_foreign=allow_foreign,
+    )  # fmt: skip
     if subspace is not None and not 0 <= subspace < len(partition):
-        raise ValueError(f"--subspace must be in [0, {len(partition)}), got {subspace}")
-    browser = browse_index(
+        raise InputError(f"--subspace must be in [0, {len(partition)}), got {subspace}")
+    browser, path, built = browse_index(
         model, train, layer, R, partition,
         extra_corpus_prompts=extra_corpus_prompts, activations=activations,
     )  # fmt: skip
-    query, ids, pos = query_activation(model, layer, prompt, position)
-    results = []
-    for s in range(len(partition)) if subspace is None else [subspace]:
-        hits = browser.query(model.tokenizer, query, s, k=k, min_similarity=min_similarity)
-        results.append({"subspace": s, "dim": partition[s], "hits": hits})
-    query_doc = {
-        "prompt": prompt,
-        "position": pos,
-        "token": model.tokenizer.decode([ids[pos]]),
-        "context": highlight_context(model.tokenizer, ids, pos),
+    queries = []
+    for prompt in prompts:
+        query, ids, pos = query_activation(model, layer, prompt, position)
+        results = []
+        for s in range(len(partition)) if subspace is None else [subspace]:
+            hits = browser.query(model.tokenizer, query, s, k=k, min_similarity=min_similarity)
+            results.append({"subspace": s, "dim": partition[s], "hits": hits})
+        query_doc = {
+            "prompt": prompt,
+            "position": pos,
+            "token": model.tokenizer.decode([ids[pos]]),
+            "context": highlight_context(model.tokenizer, ids, pos),
+        }
+        queries.append({"query": query_doc, "subspaces": results})
+    return {
+        "model": model.name,
+        "layer": layer,
+        "partition": partition,
+        "n_activations": len(browser),
+        "index": {"path": str(path), "built": built},
+        "queries": queries,
     }
-    doc: dict[str, Any] = {"model": model.name, "layer": layer, "partition": partition}
-    return doc | {"n_activations": len(browser), "query": query_doc, "subspaces": results}

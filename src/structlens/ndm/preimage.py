@@ -46,6 +46,34 @@ class SubspaceIndex:
             else int(self._blocks[0].shape[0])
         )
 
+    @classmethod
+    def from_normalised(
+        cls,
+        rotation: np.ndarray,
+        partition: Sequence[int],
+        blocks: Sequence[np.ndarray | torch.Tensor],
+        chunk_size: int = 65_536,
+    ) -> SubspaceIndex:
+        """An index holding ``blocks[s]``, the ``(n, partition[s])`` L2-normalised projections
+        of subspace ``s`` (as :meth:`normalised` returns them, e.g. read back from disk)."""
+        index = cls(rotation, partition, chunk_size)
+        stored = [torch.as_tensor(np.asarray(b), dtype=torch.float32) for b in blocks]
+        if len(stored) != len(index.partition):
+            raise ValueError(f"{len(stored)} blocks for {len(index.partition)} subspaces.")
+        for s, (b, dim) in enumerate(zip(stored, index.partition, strict=True)):
+            if b.ndim != 2 or b.shape[1] != dim or b.shape[0] != stored[0].shape[0]:
+                raise ValueError(
+                    f"block {s} has shape {tuple(b.shape)}; expected ({stored[0].shape[0]}, {dim})."
+                )
+            if not bool(torch.isfinite(b).all()):
+                raise ValueError(f"block {s} contains NaN or infinite values.")
+        index._blocks = stored
+        return index
+
+    def normalised(self) -> list[torch.Tensor]:
+        """The stored L2-normalised projections, one ``(n, partition[s])`` block per subspace."""
+        return list(self._stored())
+
     def _project(self, h: np.ndarray | torch.Tensor, s: int) -> torch.Tensor:
         z = (
             torch.as_tensor(h, dtype=torch.float32)

@@ -124,16 +124,18 @@ def run(cfg: SAEExperimentConfig, model: Any, *, out: Path, executor: Any = None
     ``executor`` trains the widths in parallel (same SAEs as in-process).
     """
     from structlens.causal_dim.experiment import ce_recovered_by_width, sae_quality
+    from structlens.provenance import provenance
     from structlens.sae import save_sae
     from structlens.sites import site_name
 
+    site = site_name("resid_pre", cfg.layer, n_layers=model.n_layers)
     trained, acts, ev = train_saes(cfg, model, executor=executor)
     eval_acts = residuals(model, cfg.layer, ev)
     saes = {w: r.sae for w, r in trained.items()}
     ce = ce_recovered_by_width(model, cfg.layer, saes, ev) if model.causal else {}
     per_width = {}
     for w, r in trained.items():
-        save_sae(r.sae, out / "saes" / str(w))
+        save_sae(r.sae, out / "saes" / str(w), **provenance(model, site))
         per_width[str(w)] = {
             "train": {
                 "tokens": r.tokens,
@@ -148,7 +150,7 @@ def run(cfg: SAEExperimentConfig, model: Any, *, out: Path, executor: Any = None
             "path": str(out / "saes" / str(w)),
         }
     meta = {
-        "site": site_name("resid_pre", cfg.layer, n_layers=model.n_layers),
+        "site": site,
         "n_train_tokens": int(acts.shape[0]),
         "epochs": cfg.epochs,
         "widths": list(cfg.widths),

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import structlens
+from structlens.errors import InputError
 from structlens.provenance import check_provenance
 from structlens.results import atomic_write_bytes, atomic_write_json
 from structlens.sae.models import (
@@ -73,7 +74,7 @@ def save_sae(
         if isinstance(sae, (JumpReLUSAE, BatchTopKSAE)):
             thr = sae.threshold.detach()
             if torch.isnan(thr).any():
-                raise ValueError("the BatchTopK SAE has no threshold yet; train it before saving.")
+                raise InputError("the BatchTopK SAE has no threshold yet; train it before saving.")
             tensors["threshold"] = thr.expand(sae.d_sae).contiguous().clone()
     meta = dict(metadata or {})
     if hook_name is not None:
@@ -109,9 +110,9 @@ def _from_tensors(
 ) -> SparseAutoencoder:
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         if name not in tensors:
-            raise ValueError(f"SAE weights lack {name!r}; found {sorted(tensors)}.")
+            raise InputError(f"SAE weights lack {name!r}; found {sorted(tensors)}.")
     if tensors["W_enc"].ndim != 2:
-        raise ValueError(f"W_enc has shape {tuple(tensors['W_enc'].shape)}; it must be 2-D.")
+        raise InputError(f"W_enc has shape {tuple(tensors['W_enc'].shape)}; it must be 2-D.")
     d_in, d_sae = tensors["W_enc"].shape
     expected = {"W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
     if "threshold" in tensors:
@@ -119,16 +120,16 @@ def _from_tensors(
     for name, want in expected.items():
         # exact: a broadcastable [1] bias would load and silently compute something else
         if tuple(tensors[name].shape) != want:
-            raise ValueError(
+            raise InputError(
                 f"{name} has shape {tuple(tensors[name].shape)}, expected {want} for an SAE "
                 f"with W_enc of shape {(d_in, d_sae)}; the weights file is damaged or foreign."
             )
     for name, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
-            raise ValueError(f"SAE tensor {name!r} holds NaN or infinite values.")
+            raise InputError(f"SAE tensor {name!r} holds NaN or infinite values.")
     for key, n in (("d_in", d_in), ("d_sae", d_sae)):
         if key in cfg and int(cfg[key]) != n:
-            raise ValueError(f"cfg.json says {key} = {cfg[key]} but the weights have {n}.")
+            raise InputError(f"cfg.json says {key} = {cfg[key]} but the weights have {n}.")
     kw: dict[str, Any] = {
         "apply_b_dec_to_input": bool(cfg.get("apply_b_dec_to_input", True)),
         "dtype": dtype,
@@ -139,14 +140,14 @@ def _from_tensors(
     elif arch == "topk":
         k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
         if k is None:
-            raise ValueError("a TopK cfg.json needs 'k'.")
+            raise InputError("a TopK cfg.json needs 'k'.")
         sae = TopKSAE(d_in, d_sae, int(k), **kw)
     elif arch == "jumprelu":
         if "threshold" not in tensors:
-            raise ValueError("a JumpReLU SAE needs a 'threshold' tensor.")
+            raise InputError("a JumpReLU SAE needs a 'threshold' tensor.")
         sae = JumpReLUSAE(d_in, d_sae, **kw)
     else:
-        raise ValueError(
+        raise InputError(
             f"unsupported SAE architecture {arch!r}; supported: standard, topk, jumprelu."
         )
     if cfg.get("rescale_acts_by_decoder_norm"):
@@ -196,14 +197,14 @@ def load_sae(
             with np.load(npz, allow_pickle=False) as data:
                 tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
         except ValueError as err:  # object arrays would need unpickling: refused
-            raise ValueError(f"{npz} cannot be read without unpickling ({err}).") from err
+            raise InputError(f"{npz} cannot be read without unpickling ({err}).") from err
         npz_dtype = dtype or torch.float32
         cfg: dict[str, Any] = {"apply_b_dec_to_input": False}
         tensors = {k: v.to(npz_dtype) for k, v in tensors.items()}
         sae = _from_tensors("jumprelu", tensors, cfg, npz_dtype)
         return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
-        raise ValueError(
+        raise InputError(
             f"{path} is not an SAE directory: expected {WEIGHTS_FILENAME} and {CFG_FILENAME} "
             "(SAELens format) or params.npz (Gemma Scope)."
         )
@@ -213,13 +214,13 @@ def load_sae(
         fn = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
         arch = "topk" if fn == "topk" else "standard"
     if cfg.get("normalize_activations", "none") not in ("none", None):
-        raise ValueError(
+        raise InputError(
             f"normalize_activations = {cfg['normalize_activations']!r} is not supported; "
             "fold the normalisation into the weights first."
         )
     dt = dtype or _DTYPES.get(str(cfg.get("dtype", "float32")).removeprefix("torch."))
     if dt is None:
-        raise ValueError(f"unsupported dtype {cfg.get('dtype')!r} in cfg.json.")
+        raise InputError(f"unsupported dtype {cfg.get('dtype')!r} in cfg.json.")
     tensors = {k: v.to(dt) for k, v in load_file(str(path / WEIGHTS_FILENAME)).items()}
     if "log_threshold" in tensors and "threshold" not in tensors:
         tensors["threshold"] = tensors.pop("log_threshold").exp()
@@ -244,9 +245,9 @@ def _read_cfg(path: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); re-save the SAE.") from err
+        raise InputError(f"{file} is not valid JSON ({err}); re-save the SAE.") from err
     if not isinstance(cfg, dict):
-        raise ValueError(f"{file} must hold a JSON object, not {type(cfg).__name__}.")
+        raise InputError(f"{file} must hold a JSON object, not {type(cfg).__name__}.")
     return cfg
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from structlens.errors import InputError
+
 __all__ = ["check_array", "check_finite", "check_shape"]
 
 
@@ -30,21 +32,21 @@ def check_shape(
     ``n_cols`` columns (rows = samples, columns = features)."""
     shape = tuple(int(s) for s in shape)
     if ndim == 2 and len(shape) != 2:
-        raise ValueError(
+        raise InputError(
             f"{name} must be 2-D (rows = samples, columns = features), got shape {shape}; "
             f"flatten token/position axes into rows first."
         )
     if ndim is not None and len(shape) != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {shape}.")
+        raise InputError(f"{name} must be {ndim}-D, got shape {shape}.")
     if shape and shape[0] < min_rows:
-        raise ValueError(
+        raise InputError(
             f"{name} has {shape[0]} rows (samples) but at least {min_rows} are needed; "
             f"pass more data."
         )
     if ndim == 2 and len(shape) == 2 and shape[1] < 1:
-        raise ValueError(f"{name} has no features (shape {shape}).")
+        raise InputError(f"{name} has no features (shape {shape}).")
     if n_cols is not None and len(shape) >= 2 and shape[1] != n_cols:
-        raise ValueError(
+        raise InputError(
             f"{name} has {shape[1]} columns but {n_cols} are expected (shape {shape}); "
             f"pass features from the same site/dictionary as before."
         )
@@ -54,7 +56,7 @@ def check_finite(a: np.ndarray, name: str) -> None:
     """Raise if ``a`` holds NaN or infinite values, saying how many."""
     if not np.isfinite(a).all():
         bad = int(a.size - np.count_nonzero(np.isfinite(a)))
-        raise ValueError(
+        raise InputError(
             f"{name} contains {bad} NaN or infinite values; drop those rows or fix the "
             f"capture (fp16 overflow is a common cause)."
         )
@@ -93,11 +95,10 @@ def check_array(
     --------
     >>> check_array([[1, 2], [3, 4]], name="X").dtype
     dtype('float64')
-    >>> check_array([1.0, 2.0], name="X")
+    >>> check_array([1.0, 2.0], name="X")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: X must be 2-D (rows = samples, columns = features), got shape (2,); \
-flatten token/position axes into rows first.
+    structlens.errors.InputError: X must be 2-D (rows = samples, columns = features), got ...
     """
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor
         x = x.detach().cpu()
@@ -106,9 +107,9 @@ flatten token/position axes into rows first.
         x = x.numpy()
     a = np.asarray(x)
     if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
-        raise ValueError(f"{name} must be a numeric array, got dtype {a.dtype}.")
+        raise InputError(f"{name} must be a numeric array, got dtype {a.dtype}.")
     if np.issubdtype(a.dtype, np.complexfloating):
-        raise ValueError(f"{name} must be real, got dtype {a.dtype}.")
+        raise InputError(f"{name} must be real, got dtype {a.dtype}.")
     if dtype is not None:
         a = a.astype(dtype, copy=False)
     elif not np.issubdtype(a.dtype, np.floating):

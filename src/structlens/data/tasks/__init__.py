@@ -16,9 +16,10 @@ from structlens.data.tasks.facts import (
 )
 from structlens.data.tasks.greater_than import GreaterThanTask, make_greater_than
 from structlens.data.tasks.ioi import IOITask, make_ioi
-from structlens.data.tasks.registry import available_tasks, make_task
+from structlens.data.tasks.registry import MAX_PROMPTS, available_tasks, make_task
 
 __all__ = [
+    "MAX_PROMPTS",
     "FactualRecallTask",
     "GreaterThanTask",
     "IOITask",

@@ -22,6 +22,7 @@ def evaluate_task(
     corruption: str | None = None,
     confidence: float = 0.95,
     pad_id: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run every prompt of ``task`` through ``logits_fn`` and summarise the task metric.
 
@@ -41,6 +42,9 @@ def evaluate_task(
         Level of the confidence intervals, in (0, 1).
     pad_id : int
         Token id used for padding (masked out, so any valid id works).
+    progress : callable or None
+        Called with the number of prompts finished after each batch (e.g. to advance a
+        progress bar).
 
     Returns
     -------
@@ -81,6 +85,8 @@ def evaluate_task(
                 top1[key].append(top == torch.tensor([task.answers[key][i] for i in index]))
             if hasattr(task, "outcome"):
                 outcomes += task.outcome(sel, index)
+            if progress is not None:
+                progress(len(index))
     m = torch.cat(metrics).double()
     c = torch.cat(correct)
     n = len(task)
