@@ -128,3 +128,31 @@ def test_second_order_column_moments_of_tensors_give_the_total_scatter(rng):
         acc.excess_kurtosis()
     with pytest.raises(ValueError, match="cannot merge"):
         acc.merge(ColumnMoments(4))
+
+
+def test_overwrite_x_centres_a_scratch_buffer_with_identical_results(rng):
+    # the in-place centring path must give bit-identical moments to the copying path
+    x, y = _data(rng, n=700, dx=600)  # wide: the blocked symmetric product
+    ref = CrossMoments(600, 6, second_y="diag", chunk_rows=256).update(x, y)
+    scratch = x.copy()
+    got = CrossMoments(600, 6, second_y="diag", chunk_rows=256).update(scratch, y, overwrite_x=True)
+    for a, b in ((got.s_xx, ref.s_xx), (got.s_xy, ref.s_xy), (got.s_yy, ref.s_yy)):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(scratch, x)  # it really was used as scratch
+    ro = x.copy()
+    ro.flags.writeable = False  # read-only (memory-mapped) inputs are copied, never written
+    CrossMoments(600, 6, second_y="diag").update(ro, y, overwrite_x=True)
+    np.testing.assert_array_equal(ro, x)
+
+
+def test_column_moments_equal_two_pass_numpy_and_catch_nan(rng):
+    x = rng.standard_t(4, size=(500, 7)) * 2 + 3
+    xc = x - x.mean(0)
+    acc = ColumnMoments(7).update(x)
+    for got, want in ((acc.m2, xc**2), (acc.m3, xc**3), (acc.m4, xc**4)):
+        assert _relmax(got, want.sum(0)) < 1e-12
+    assert _relmax(ColumnMoments(7, order=2).update(x).m2, (xc**2).sum(0)) < 1e-12
+    bad = x.copy()
+    bad[3, 2] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ColumnMoments(7).update(bad)

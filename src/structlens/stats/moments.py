@@ -232,9 +232,12 @@ class CrossMoments:
         return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y)
 
     # -- accumulation -------------------------------------------------------------------
-    def update(self, x: object, y: object = None) -> CrossMoments:
+    def update(self, x: object, y: object = None, *, overwrite_x: bool = False) -> CrossMoments:
         """Add the rows of ``x`` ``[m, d_x]`` (and the paired rows of ``y`` ``[m, d_y]``).
 
+        With ``overwrite_x=True`` a writable ``x`` already in the working precision is centred
+        in place instead of copied (its contents are undefined afterwards), as SciPy's
+        ``overwrite_a``: callers that build ``x`` as a scratch buffer save one copy per block.
         Returns ``self``.
         """
         if (y is None) != (self._d_y is None):
@@ -243,6 +246,8 @@ class CrossMoments:
                 f"(d_y={self._d_y}, y {'missing' if y is None else 'given'})."
             )
         tx = self._as_tensor(x, "x", self.d_x)
+        writable = _is_tensor(x) or (isinstance(x, np.ndarray) and x.flags.writeable)
+        scratch = overwrite_x and writable
         ty = None if y is None else self._as_tensor(y, "y", self._d_y)
         if ty is not None and (tx.shape[0] != ty.shape[0] or tx.device != ty.device):
             raise ValueError(
@@ -251,7 +256,8 @@ class CrossMoments:
             )
         for start in range(0, tx.shape[0], self.chunk_rows):
             stop = start + self.chunk_rows
-            self._merge_state(*self._chunk(tx[start:stop], None if ty is None else ty[start:stop]))
+            yc = None if ty is None else ty[start:stop]
+            self._merge_state(*self._chunk(tx[start:stop], yc, scratch))
         return self
 
     @staticmethod
@@ -270,14 +276,17 @@ class CrossMoments:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def _chunk(self, x: Any, y: Any) -> tuple[Any, ...]:
-        """Own-mean moments of one chunk: ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
+    def _chunk(self, x: Any, y: Any, scratch: bool = False) -> tuple[Any, ...]:
+        """Own-mean moments of one chunk: ``(n, mean_x, mean_y, xx, yy, xy)`` in float64.
+
+        ``scratch``: ``x`` may be centred in place (the caller owns it).
+        """
         import torch
 
         dtype = torch.float64 if self.precision == "float64" else torch.float32
         n = x.shape[0]
-        # the one centring buffer per side; the caller's data is never modified
-        c = x.to(dtype, copy=True)
+        # the one centring buffer per side; the caller's data is modified only as scratch
+        c = x if scratch and x.dtype == dtype else x.to(dtype, copy=True)
         mx = c.mean(0)
         c -= mx
         s_xx = _sym_gram(c)
@@ -512,23 +521,30 @@ class ColumnMoments:
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
-        if _is_tensor(block):
-            check_shape(block.shape, name="block", n_cols=self.dim)  # type: ignore[attr-defined]
-            x = block.detach().double()  # type: ignore[attr-defined]
-            if not bool(x.isfinite().all()):
-                check_finite(x.cpu().numpy(), "block")
-        else:
-            x = check_array(block, name="block", n_cols=self.dim)
+        x = CrossMoments._as_tensor(block, "block", self.dim).double()
         if x.shape[0] == 0:
             return self
         other = ColumnMoments(self.dim, self.order)
         other.n = int(x.shape[0])
         mean = x.mean(0)
+        # one (two for order 4) working buffers, updated in place: no temporaries per power
         xc = x - mean
-        xc2 = xc * xc
-        other.mean, other.m2 = _to_host(mean), _to_host(xc2.sum(0))
-        if self.order == 4:
-            other.m3, other.m4 = _to_host((xc2 * xc).sum(0)), _to_host((xc2 * xc2).sum(0))
+        if self.order == 2:
+            m2 = xc.square_().sum(0)
+            last = m2
+        else:
+            sq = xc.square()
+            m2 = sq.sum(0)
+            other.m3 = _to_host(xc.mul_(sq).sum(0))
+            last = sq.square_().sum(0)
+            other.m4 = _to_host(last)
+        # fused finiteness check: a NaN/inf anywhere in a column makes its top moment non-finite
+        if not bool(last.isfinite().all()):
+            check_finite(x.cpu().numpy(), "block")
+            raise ValueError(
+                "block overflows float64 moments (a column sum is infinite); rescale it."
+            )
+        other.mean, other.m2 = _to_host(mean), _to_host(m2)
         return self.merge(other)
 
     def merge(self, other: ColumnMoments) -> ColumnMoments:
