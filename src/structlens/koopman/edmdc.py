@@ -110,11 +110,8 @@ class EDMDcStatistics:
 
     def update_lifted(self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray):
         """Add a block of already lifted rows."""
-        # Z = [Ψ(x), u] is built once and then centred in place: the one copy of the block
-        z = np.empty((psi_x.shape[0], psi_x.shape[1] + u.shape[1]))
-        z[:, : psi_x.shape[1]] = psi_x
-        z[:, psi_x.shape[1] :] = u
-        self.zy.update(z, psi_y, overwrite_x=True)
+        # Z = [Ψ(x), u] goes as column blocks straight into the centring buffer (no concatenate)
+        self.zy.update((psi_x, u), psi_y)
         if self.state is not None:
             self.state.update(x, psi_x)
         self.tails.update(psi_x)

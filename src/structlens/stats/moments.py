@@ -40,10 +40,16 @@ def _is_tensor(x: object) -> bool:
 def _sym_gram(c: Any) -> Any:
     """``cᵀc`` for a torch matrix ``c`` ``[n, d]``, exactly symmetric.
 
-    Wide inputs are reduced one row of column tiles at a time against the columns from the
-    tile onwards (a blocked symmetric rank-k update: about half the flops of ``c.T @ c``) and
-    the lower triangle is mirrored from the upper one.
+    On the CPU this is one BLAS ``syrk`` (NumPy dispatches ``a.T @ a`` to it and mirrors the
+    triangle).  Elsewhere, wide inputs are reduced one row of column tiles at a time against
+    the columns from the tile onwards (a blocked symmetric rank-k update: about half the flops
+    of ``c.T @ c``) and the lower triangle is mirrored from the upper one.
     """
+    import torch
+
+    if c.device.type == "cpu":
+        a = c.numpy()
+        return torch.from_numpy(a.T @ a)
     d = c.shape[1]
     if d <= 2 * _TILE:
         g = c.T @ c
@@ -57,6 +63,61 @@ def _sym_gram(c: Any) -> Any:
         diag = row[:, : e - s]
         out[s:e, s:e] = 0.5 * (diag + diag.T)
     return out
+
+
+class _Scratch:
+    """Working buffers reused from block to block (never pickled or copied).
+
+    A fresh multi-megabyte CPU allocation per block costs page faults comparable to the
+    block's own arithmetic, so each accumulator keeps its centring buffers.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, Any] = {}
+
+    def get(self, key: str, rows: int, cols: int, dtype: Any, device: Any) -> Any:
+        import torch
+
+        b = self._bufs.get(key)
+        if (
+            b is None
+            or b.shape[0] < rows
+            or (b.shape[1], b.dtype, b.device)
+            != (
+                cols,
+                dtype,
+                device,
+            )
+        ):
+            b = self._bufs[key] = torch.empty((rows, cols), dtype=dtype, device=device)
+        return b[:rows]
+
+    def centred(self, key: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
+        """Copy column ``blocks`` side by side into buffer ``key``, centre it; (buffer, mean)."""
+        n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
+        buf = self.get(key, n, cols, dtype, blocks[0].device)
+        start = 0
+        for b in blocks:
+            buf[:, start : start + b.shape[1]].copy_(b)
+            start += b.shape[1]
+        mean = buf.mean(0)
+        buf -= mean
+        return buf, mean
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_bufs": {}}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Scratch:
+        return _Scratch()
+
+
+def _column_dots(a: Any, b: Any) -> Any:
+    """``Σ_i a_ij b_ij`` per column without a temporary (NumPy's einsum loop on the CPU)."""
+    import torch
+
+    if a.device.type == "cpu":
+        return torch.from_numpy(np.einsum("ij,ij->j", a.numpy(), b.numpy()))
+    return (a * b).sum(0)
 
 
 class _Pair:
@@ -177,8 +238,9 @@ class CrossMoments:
     -----
     One block path for every input: NumPy arrays are wrapped as (CPU) torch tensors without a
     copy, torch tensors are reduced on their own device; only the ``d × d`` results cross to
-    the host.  Per chunk the only copy is one float64 (or float32) centring buffer per side;
-    ``S_xx``/``S_yy`` use a blocked symmetric rank-k update.  Finiteness is checked on the
+    the host.  Per chunk the only copy is into one float64 (or float32) centring buffer per
+    side, allocated once and reused; ``S_xx``/``S_yy`` use a symmetric rank-k update (BLAS
+    ``syrk`` on the CPU, a blocked one on other devices).  Finiteness is checked on the
     diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
     non-finite), so valid data costs no extra pass.
 
@@ -226,39 +288,50 @@ class CrossMoments:
         self._xx: _Pair | None = None
         self._yy: _Pair | np.ndarray | None = None  # full pair, or the diagonal of S_yy
         self._xy: _Pair | None = None
+        self._scratch = _Scratch()
 
     @property
     def _key(self) -> tuple[Any, ...]:
         return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y)
 
     # -- accumulation -------------------------------------------------------------------
-    def update(self, x: object, y: object = None, *, overwrite_x: bool = False) -> CrossMoments:
+    def update(self, x: object, y: object = None) -> CrossMoments:
         """Add the rows of ``x`` ``[m, d_x]`` (and the paired rows of ``y`` ``[m, d_y]``).
 
-        With ``overwrite_x=True`` a writable ``x`` already in the working precision is centred
-        in place instead of copied (its contents are undefined afterwards), as SciPy's
-        ``overwrite_a``: callers that build ``x`` as a scratch buffer save one copy per block.
-        Returns ``self``.
+        ``x`` may also be a tuple of arrays with the same rows whose columns make up ``d_x``
+        (e.g. ``(Ψ(x), u)``): they are written side by side straight into the centring buffer,
+        never concatenated.  Returns ``self``.
         """
         if (y is None) != (self._d_y is None):
             raise ValueError(
                 "pass y exactly when the accumulator was built with d_y "
                 f"(d_y={self._d_y}, y {'missing' if y is None else 'given'})."
             )
-        tx = self._as_tensor(x, "x", self.d_x)
-        writable = _is_tensor(x) or (isinstance(x, np.ndarray) and x.flags.writeable)
-        scratch = overwrite_x and writable
-        ty = None if y is None else self._as_tensor(y, "y", self._d_y)
-        if ty is not None and (tx.shape[0] != ty.shape[0] or tx.device != ty.device):
-            raise ValueError(
-                f"x has {tx.shape[0]} rows on {tx.device} and y {ty.shape[0]} rows on "
-                f"{ty.device}; rows must pair (same inputs, same device)."
+        tx = self._as_blocks(x, "x", self.d_x)
+        ty = None if y is None else self._as_blocks(y, "y", self._d_y)
+        for t in [*tx, *(ty or ())]:
+            if t.shape[0] != tx[0].shape[0] or t.device != tx[0].device:
+                raise ValueError(
+                    f"x has {tx[0].shape[0]} rows on {tx[0].device} and y or another block "
+                    f"{t.shape[0]} rows on {t.device}; rows must pair (same inputs, same device)."
+                )
+        for start in range(0, tx[0].shape[0], self.chunk_rows):
+            sl = slice(start, start + self.chunk_rows)
+            self._merge_state(
+                *self._chunk([t[sl] for t in tx], None if ty is None else [t[sl] for t in ty])
             )
-        for start in range(0, tx.shape[0], self.chunk_rows):
-            stop = start + self.chunk_rows
-            yc = None if ty is None else ty[start:stop]
-            self._merge_state(*self._chunk(tx[start:stop], yc, scratch))
         return self
+
+    @classmethod
+    def _as_blocks(cls, a: object, name: str, dim: int | None) -> list[Any]:
+        """``a`` (or the column blocks of a tuple ``a``) as tensors; widths must sum to dim."""
+        if not isinstance(a, tuple):
+            return [cls._as_tensor(a, name, dim)]
+        blocks = [cls._as_tensor(b, f"{name}[{i}]", None) for i, b in enumerate(a)]
+        width = sum(b.shape[1] for b in blocks)
+        if not blocks or (dim is not None and width != dim):
+            raise ValueError(f"the column blocks of {name} have {width} columns, expected {dim}.")
+        return blocks
 
     @staticmethod
     def _as_tensor(a: object, name: str, dim: int | None) -> Any:
@@ -276,29 +349,25 @@ class CrossMoments:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def _chunk(self, x: Any, y: Any, scratch: bool = False) -> tuple[Any, ...]:
-        """Own-mean moments of one chunk: ``(n, mean_x, mean_y, xx, yy, xy)`` in float64.
-
-        ``scratch``: ``x`` may be centred in place (the caller owns it).
-        """
+    def _chunk(self, xs: list[Any], ys: list[Any] | None) -> tuple[Any, ...]:
+        """Own-mean moments of one chunk (column blocks ``xs``, ``ys``):
+        ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
         import torch
 
         dtype = torch.float64 if self.precision == "float64" else torch.float32
-        n = x.shape[0]
-        # the one centring buffer per side; the caller's data is modified only as scratch
-        c = x if scratch and x.dtype == dtype else x.to(dtype, copy=True)
-        mx = c.mean(0)
-        c -= mx
+        n = xs[0].shape[0]
+        # the one centring buffer per side, reused across chunks; the caller's data is only read
+        c, mx = self._scratch.centred("x", xs, dtype)
+        x = xs[0] if len(xs) == 1 else c  # for the (slow) error path only
         s_xx = _sym_gram(c)
         self._check_finite(torch.diagonal(s_xx), x, "x")
-        if y is None:
+        if ys is None:
             return n, _host(mx), None, _Pair(_host(s_xx)), None, None
-        e = y.to(dtype, copy=True)
-        my = e.mean(0)
-        e -= my
+        e, my = self._scratch.centred("y", ys, dtype)
+        y = ys[0] if len(ys) == 1 else e
         s_xy = c.T @ e
         if not self.fourth_order:
-            s_yy_diag = torch.linalg.vector_norm(e, dim=0).square()
+            s_yy_diag = _column_dots(e, e)
             self._check_finite(s_yy_diag, y, "y")
             return n, _host(mx), _host(my), _Pair(_host(s_xx)), _host(s_yy_diag), _Pair(_host(s_xy))
         s_yy = _sym_gram(e)
@@ -518,25 +587,26 @@ class ColumnMoments:
         self.m2 = np.zeros(self.dim)
         self.m3 = np.zeros(self.dim)
         self.m4 = np.zeros(self.dim)
+        self._scratch = _Scratch()
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
+        import torch
+
         x = CrossMoments._as_tensor(block, "block", self.dim).double()
         if x.shape[0] == 0:
             return self
         other = ColumnMoments(self.dim, self.order)
         other.n = int(x.shape[0])
-        mean = x.mean(0)
-        # one (two for order 4) working buffers, updated in place: no temporaries per power
-        xc = x - mean
-        if self.order == 2:
-            m2 = xc.square_().sum(0)
-            last = m2
-        else:
-            sq = xc.square()
-            m2 = sq.sum(0)
-            other.m3 = _to_host(xc.mul_(sq).sum(0))
-            last = sq.square_().sum(0)
+        # reused working buffers and column dot products: no temporary per power
+        xc, mean = self._scratch.centred("x", [x], x.dtype)
+        m2 = _column_dots(xc, xc)
+        last = m2
+        if self.order == 4:
+            sq = self._scratch.get("sq", x.shape[0], self.dim, x.dtype, x.device)
+            torch.mul(xc, xc, out=sq)
+            other.m3 = _to_host(_column_dots(sq, xc))
+            last = _column_dots(sq, sq)
             other.m4 = _to_host(last)
         # fused finiteness check: a NaN/inf anywhere in a column makes its top moment non-finite
         if not bool(last.isfinite().all()):
