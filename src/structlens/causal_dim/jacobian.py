@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from structlens.results import Result
+from structlens.stats.moments import symmetric_gram
 from structlens.stats.ranks import CONVENTION, default_rank_rtol, effective_ranks
 
 BatchedFn = Callable[[torch.Tensor], torch.Tensor]
@@ -197,10 +198,10 @@ def _jvp_replicated(g: BatchedFn, hs: torch.Tensor, tang: torch.Tensor) -> torch
 
 
 def _gram(jt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``Σ_rows Jᵀ J`` for stacked ``Jᵀ`` [n, d, out] as one [d, n·out] GEMM."""
+    """``Σ_rows Jᵀ J`` for stacked ``Jᵀ`` [n, d, out] as one symmetric rank-k update."""
     n, d, o = jt.shape
     m = jt.permute(1, 0, 2).reshape(d, n * o).to(dtype)
-    return m @ m.T
+    return symmetric_gram(m.T)
 
 
 def vjp_sketch_grads(

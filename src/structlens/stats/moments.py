@@ -25,7 +25,7 @@ import numpy as np
 
 from structlens.stats.validation import check_array, check_finite, check_shape
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments", "symmetric_gram"]
 
 DEFAULT_CHUNK_ROWS = 16384
 PRECISIONS = ("float64", "float32")
@@ -37,7 +37,7 @@ def _is_tensor(x: object) -> bool:
     return hasattr(x, "detach") and hasattr(x, "device")
 
 
-def _sym_gram(c: Any) -> Any:
+def symmetric_gram(c: Any) -> Any:
     """``cᵀc`` for a torch matrix ``c`` ``[n, d]``, exactly symmetric.
 
     On the CPU this is one BLAS ``syrk`` (NumPy dispatches ``a.T @ a`` to it and mirrors the
@@ -359,7 +359,7 @@ class CrossMoments:
         # the one centring buffer per side, reused across chunks; the caller's data is only read
         c, mx = self._scratch.centred("x", xs, dtype)
         x = xs[0] if len(xs) == 1 else c  # for the (slow) error path only
-        s_xx = _sym_gram(c)
+        s_xx = symmetric_gram(c)
         self._check_finite(torch.diagonal(s_xx), x, "x")
         if ys is None:
             return n, _host(mx), None, _Pair(_host(s_xx)), None, None
@@ -370,7 +370,7 @@ class CrossMoments:
             s_yy_diag = _column_dots(e, e)
             self._check_finite(s_yy_diag, y, "y")
             return n, _host(mx), _host(my), _Pair(_host(s_xx)), _host(s_yy_diag), _Pair(_host(s_xy))
-        s_yy = _sym_gram(e)
+        s_yy = symmetric_gram(e)
         self._check_finite(torch.diagonal(s_yy), y, "y")
         # group row norms, reduced without materialising c * c
         p = torch.linalg.vector_norm(c.reshape(n, self.groups_x, -1), dim=-1).double().square()
