@@ -193,7 +193,7 @@ def accumulate(
             raise ValueError("stream items must be (X, U, Y) or (X, U, Y, prompt_ids).")
         # NaN/inf are caught by the moments' fused check (a scatter diagonal turns non-finite);
         # only then is the chunk scanned again, to name the input that holds them
-        x, u, y = _check_triplet(*item[:3], finite=False)
+        x, u, y = _check_triplet(item[0], item[1], item[2], finite=False)
         if blocks is None:
             n_feat = dictionary.n_features
             sl = dictionary.state_slice
