@@ -132,7 +132,7 @@ def test_second_order_column_moments_of_tensors_give_the_total_scatter(rng):
 
 def test_column_blocks_and_reused_buffers_equal_one_array(rng):
     # a tuple of column blocks is written into the reused centring buffer: same bits as the
-    # concatenated array, and pickling/copying drops the buffers without changing the moments
+    # concatenated array; pickled and copied accumulators keep working
     x, y = _data(rng, n=700, dx=600)  # wide: the blocked symmetric product
     ref = CrossMoments(600, 6, second_y="diag", chunk_rows=256).update(x, y)
     got = CrossMoments(600, 6, second_y="diag", chunk_rows=256)

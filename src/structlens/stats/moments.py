@@ -18,6 +18,7 @@ precision), and memory never depends on the number of samples.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from typing import Any, Literal
 
@@ -65,50 +66,36 @@ def symmetric_gram(c: Any) -> Any:
     return out
 
 
-class _Scratch:
-    """Working buffers reused from block to block (never pickled or copied).
+# Working buffers per thread, by (purpose, width, dtype, device); they grow to the largest
+# chunk seen.  A fresh multi-megabyte CPU allocation per block costs page faults comparable
+# to the block's own arithmetic, and sharing them across accumulators keeps the memory of
+# many live accumulators (prompt blocks, shards) at that of one chunk.
+_SCRATCH = threading.local()
 
-    A fresh multi-megabyte CPU allocation per block costs page faults comparable to the
-    block's own arithmetic, so each accumulator keeps its centring buffers.
-    """
 
-    def __init__(self) -> None:
-        self._bufs: dict[str, Any] = {}
+def _scratch(purpose: str, rows: int, cols: int, dtype: Any, device: Any) -> Any:
+    """A reusable ``[rows, cols]`` working buffer (contents undefined)."""
+    import torch
 
-    def get(self, key: str, rows: int, cols: int, dtype: Any, device: Any) -> Any:
-        import torch
+    pool = _SCRATCH.__dict__.setdefault("buffers", {})
+    key = (purpose, cols, dtype, str(device))
+    buf = pool.get(key)
+    if buf is None or buf.shape[0] < rows:
+        buf = pool[key] = torch.empty((rows, cols), dtype=dtype, device=device)
+    return buf[:rows]
 
-        b = self._bufs.get(key)
-        if (
-            b is None
-            or b.shape[0] < rows
-            or (b.shape[1], b.dtype, b.device)
-            != (
-                cols,
-                dtype,
-                device,
-            )
-        ):
-            b = self._bufs[key] = torch.empty((rows, cols), dtype=dtype, device=device)
-        return b[:rows]
 
-    def centred(self, key: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
-        """Copy column ``blocks`` side by side into buffer ``key``, centre it; (buffer, mean)."""
-        n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
-        buf = self.get(key, n, cols, dtype, blocks[0].device)
-        start = 0
-        for b in blocks:
-            buf[:, start : start + b.shape[1]].copy_(b)
-            start += b.shape[1]
-        mean = buf.mean(0)
-        buf -= mean
-        return buf, mean
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_bufs": {}}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Scratch:
-        return _Scratch()
+def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
+    """Column ``blocks`` copied side by side into a working buffer and centred: (buffer, mean)."""
+    n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
+    buf = _scratch(purpose, n, cols, dtype, blocks[0].device)
+    start = 0
+    for b in blocks:
+        buf[:, start : start + b.shape[1]].copy_(b)
+        start += b.shape[1]
+    mean = buf.mean(0)
+    buf -= mean
+    return buf, mean
 
 
 def _column_dots(a: Any, b: Any) -> Any:
@@ -288,7 +275,6 @@ class CrossMoments:
         self._xx: _Pair | None = None
         self._yy: _Pair | np.ndarray | None = None  # full pair, or the diagonal of S_yy
         self._xy: _Pair | None = None
-        self._scratch = _Scratch()
 
     @property
     def _key(self) -> tuple[Any, ...]:
@@ -357,13 +343,13 @@ class CrossMoments:
         dtype = torch.float64 if self.precision == "float64" else torch.float32
         n = xs[0].shape[0]
         # the one centring buffer per side, reused across chunks; the caller's data is only read
-        c, mx = self._scratch.centred("x", xs, dtype)
+        c, mx = _centred("x", xs, dtype)
         x = xs[0] if len(xs) == 1 else c  # for the (slow) error path only
         s_xx = symmetric_gram(c)
         self._check_finite(torch.diagonal(s_xx), x, "x")
         if ys is None:
             return n, _host(mx), None, _Pair(_host(s_xx)), None, None
-        e, my = self._scratch.centred("y", ys, dtype)
+        e, my = _centred("y", ys, dtype)
         y = ys[0] if len(ys) == 1 else e
         s_xy = c.T @ e
         if not self.fourth_order:
@@ -587,7 +573,6 @@ class ColumnMoments:
         self.m2 = np.zeros(self.dim)
         self.m3 = np.zeros(self.dim)
         self.m4 = np.zeros(self.dim)
-        self._scratch = _Scratch()
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
@@ -599,11 +584,11 @@ class ColumnMoments:
         other = ColumnMoments(self.dim, self.order)
         other.n = int(x.shape[0])
         # reused working buffers and column dot products: no temporary per power
-        xc, mean = self._scratch.centred("x", [x], x.dtype)
+        xc, mean = _centred("column", [x], x.dtype)
         m2 = _column_dots(xc, xc)
         last = m2
         if self.order == 4:
-            sq = self._scratch.get("sq", x.shape[0], self.dim, x.dtype, x.device)
+            sq = _scratch("square", x.shape[0], self.dim, x.dtype, x.device)
             torch.mul(xc, xc, out=sq)
             other.m3 = _to_host(_column_dots(sq, xc))
             last = _column_dots(sq, sq)
