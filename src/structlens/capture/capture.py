@@ -110,8 +110,9 @@ def iter_activations(
     plus the prompt's index in ``token_lists``), ``position`` and ``token_id``.  With
     ``into`` (site -> preallocated ``[n_selected_total, *site_shape]`` buffers) the hooks write
     every batch's rows straight into the buffers, in order, and the dicts hold only the
-    index columns.  When a batch keeps every position (no padding, no selection) its
-    activations are not gathered: the one copy is the device-to-host/dtype copy.
+    index columns; from a GPU the copies are asynchronous, so synchronise before reading
+    them.  When a batch keeps every position (no padding, no selection) its activations are
+    not gathered: the one copy is the device-to-host/dtype copy.
     """
     for s in sites:
         model.site_shape(s)  # a SiteError for unknown sites and for [batch, head, q, k] ones
@@ -144,7 +145,8 @@ def iter_activations(
             if not dense:
                 src = src.index_select(0, flat)
             if into is not None:
-                into[site][span].copy_(src)
+                # asynchronous from a GPU into pinned buffers; the caller synchronises
+                into[site][span].copy_(src, non_blocking=True)
                 return None
             # a dense CPU read must still copy: the model may reuse its activation buffers
             return src.to("cpu", out_dtype, copy=dense)
@@ -221,8 +223,10 @@ class _ShardJob:
         model = self.model.get()
         # the shard's buffers, filled in place by the hooks (no per-batch parts to concatenate)
         dtype = resolve_dtype(self.dtype)
+        pin = model.device.type == "cuda"  # page-locked, so device-to-host copies run async
         tensors = {
-            s: torch.empty((n_tokens, *model.site_shape(s)), dtype=dtype) for s in self.sites
+            s: torch.empty((n_tokens, *model.site_shape(s)), dtype=dtype, pin_memory=pin)
+            for s in self.sites
         }
         parts = list(
             iter_activations(
@@ -236,6 +240,8 @@ class _ShardJob:
                 into=tensors,
             )
         )
+        if pin:
+            torch.cuda.synchronize(model.device)  # the last async copies have landed
         tensors.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
 

@@ -397,7 +397,7 @@ class SAETrainer:
         self.check_every = int(check_every)
         self._losses: list[torch.Tensor] = []
         self._l0s: list[Any] = []  # 0-d tensors or floats, read in result()
-        self._tail: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []  # tokens, l0, sse, sst
+        self._tail: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []  # tokens, l0, mse, sst
         self._tail_x: list[torch.Tensor] = []
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._no_dead_before = 0  # token count before which no feature can be dead
