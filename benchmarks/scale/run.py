@@ -122,7 +122,9 @@ def _scaling(
         if probe is not None:
             entry["probe_best_s"] = probe[name]["best_s"]
             startup = 0.0 if warm else probe[name]["best_s"]
-            entry["steady_s"] = max(entry["best_s"] - startup, 1e-9)
+            # None: the job took no longer than its start-up (too small to see a steady state)
+            steady = entry["best_s"] - startup
+            entry["steady_s"] = steady if steady > 0 else None
     t1, t2 = res["ray-1worker"]["best_s"], res["ray-2workers"]["best_s"]
     steady = {}
     if probe is not None:
@@ -130,7 +132,7 @@ def _scaling(
         steady = {
             "ray_startup_1worker_s": probe["ray-1worker"]["best_s"],
             "ray_startup_2workers_s": probe["ray-2workers"]["best_s"],
-            "steady_scaling_efficiency_2_workers": s1 / (2 * s2),
+            "steady_scaling_efficiency_2_workers": s1 / (2 * s2) if s1 and s2 else None,
             "steady_target": ">= 0.8",
         }
     return {
