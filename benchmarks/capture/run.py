@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
 
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before}", flush=True)
     model = load_model("smollm2-135m", device=args.device)
     prompts = chunk_documents(
         load_texts(),
@@ -146,6 +149,8 @@ def main() -> None:
         "batch": args.batch,
         "prompt_tokens": args.tokens,
         "repeats": args.repeats,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "results": results,
     }
     out = HERE / ("results.json" if args.device == "cpu" else f"results-{args.device}.json")

@@ -184,6 +184,12 @@ def main() -> None:
         try:
             if section == "gram":
                 results[section] = [gram(200_000), gram(2_000_000)]
+                fp64 = results.get("peaks", {}).get("fp64", {}).get("tflops")
+                for case in results[section] if fp64 else ():
+                    # the bound: syrk (M·N_z²) + gemm (2·M·N_z·N) at the fp64 rate of this run
+                    dz, n = case["features"] + case["controls"], case["features"]
+                    case["bound_s"] = case["M"] * dz * (dz + 2 * n) / (fp64 * 1e12)
+                    case["fraction_of_gemm_bound"] = case["bound_s"] / case["seconds"]
             else:
                 results[section] = globals()[section]()
         except Exception as err:  # one failed section must not lose the others

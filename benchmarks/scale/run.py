@@ -10,6 +10,15 @@ Workloads
 * overhead: a small job (the tiny-llama capture of 16 short prompts in 4 shards) on every
   executor, to show Ray's fixed costs (actor start, model load, serialisation).
 
+Start-up vs steady state: every round also times a *probe* of the same kind on each
+contender -- one prompt per worker (capture; the same model and sites, so each actor still
+starts, imports and loads the model) and one 1-epoch SAE of width 256 or 257 per worker on
+512 tokens (sweep, run first: Ray keeps task workers alive, so the sweep itself then runs
+warm and its time is the steady state).  For capture, whose actors start with every job,
+``steady_s = best_s − probe_best_s`` is the time the job spends past start-up.
+``steady_scaling_efficiency_2_workers = steady₁ / (2·steady₂)`` is the
+efficiency the issue's ≥ 0.8 target refers to (each Ray worker runs one torch thread).
+
 Every contender runs on ONE Ray cluster started here with 2 CPUs (``max_workers`` 1 or 2 picks
 the parallelism) and the local executor in this process with torch limited to 1 thread (the
 same per-worker budget as a Ray worker, whose OMP_NUM_THREADS is 1) and, as a reference, with
@@ -95,11 +104,39 @@ def _interleaved(
     return out
 
 
-def _scaling(res: dict[str, dict[str, Any]], work: float, unit: str) -> dict[str, Any]:
-    for entry in res.values():
+def _scaling(
+    res: dict[str, dict[str, Any]],
+    work: float,
+    unit: str,
+    probe: dict[str, dict[str, Any]] | None = None,
+    warm: bool = False,
+) -> dict[str, Any]:
+    """Throughputs and 1 → 2 worker ratios; with ``probe``, start-up vs steady state.
+
+    ``warm``: the probe ran first and left the worker processes running (Ray tasks), so the
+    job's own time is the steady state; otherwise (actors started per job) the steady state
+    is the job's time minus the probe's.
+    """
+    for name, entry in res.items():
         entry[f"throughput_{unit}"] = work / entry["best_s"]
+        if probe is not None:
+            entry["probe_best_s"] = probe[name]["best_s"]
+            startup = 0.0 if warm else probe[name]["best_s"]
+            # None: the job took no longer than its start-up (too small to see a steady state)
+            steady = entry["best_s"] - startup
+            entry["steady_s"] = steady if steady > 0 else None
     t1, t2 = res["ray-1worker"]["best_s"], res["ray-2workers"]["best_s"]
+    steady = {}
+    if probe is not None:
+        s1, s2 = res["ray-1worker"]["steady_s"], res["ray-2workers"]["steady_s"]
+        steady = {
+            "ray_startup_1worker_s": probe["ray-1worker"]["best_s"],
+            "ray_startup_2workers_s": probe["ray-2workers"]["best_s"],
+            "steady_scaling_efficiency_2_workers": s1 / (2 * s2) if s1 and s2 else None,
+            "steady_target": ">= 0.8",
+        }
     return {
+        **steady,
         "speedup_ray_2_vs_1": t1 / t2,
         "scaling_efficiency_2_workers": t1 / (2 * t2),
         "ray_1worker_over_local_1thread": t1 / res["local-1thread"]["best_s"],
@@ -152,7 +189,23 @@ def main() -> None:
     ref_files = _store_files(ref_store)
     n_shards = len(ref_store.metadata["shards"])
     capture_res = _interleaved(cap, lambda s: _store_files(s) == ref_files, args.repeats, scratch)
-    capture_summary = _scaling(capture_res, n_tokens, "tokens_per_s")
+    probe_prompts = prompts[:2]  # one prompt per worker, one shard each
+
+    def cap_probe(ex: Any, root: Path) -> Any:
+        per_prompt = len(probe_prompts[0].token_ids) * len(sites) * model.d_model * 4 / 2**20
+        return capture(
+            model,
+            probe_prompts,
+            sites,
+            root=root,
+            shard_mb=per_prompt * 0.999,
+            executor=ex,
+            progress=False,
+        )
+
+    print("capture start-up probe", flush=True)
+    capture_probe = _interleaved(cap_probe, lambda s: True, args.repeats, scratch)
+    capture_summary = _scaling(capture_res, n_tokens, "tokens_per_s", capture_probe)
 
     acts = ref_store.load(sites[len(sites) // 2]).float()
     widths = [int(w) for w in args.widths.split(",")]
@@ -168,9 +221,18 @@ def main() -> None:
     print(f"SAE sweep: widths {widths} on {acts.shape[0]} tokens", flush=True)
     torch.set_num_threads(1)
     ref_saes = sweep(get_executor("local"), scratch)
-    sweep_res = _interleaved(sweep, lambda s: _same_saes(s, ref_saes), args.repeats, scratch)
     trained = len(widths) * args.epochs * (acts.shape[0] // 512) * 512  # full batches only
-    sweep_summary = _scaling(sweep_res, trained, "width_tokens_per_s")
+
+    def sweep_probe(ex: Any, _: Path) -> Any:
+        return train_width_sweep(
+            acts[:512], [256, 257], base, batch_size=512, epochs=1, seed=0, executor=ex
+        )
+
+    # Ray keeps task workers alive between jobs: the probe, run first, pays their start-up
+    print("sweep start-up probe", flush=True)
+    sweep_probe_res = _interleaved(sweep_probe, lambda s: True, args.repeats, scratch)
+    sweep_res = _interleaved(sweep, lambda s: _same_saes(s, ref_saes), args.repeats, scratch)
+    sweep_summary = _scaling(sweep_res, trained, "width_tokens_per_s", sweep_probe_res, warm=True)
 
     tiny = load_model("tiny-llama")
     gen = torch.Generator().manual_seed(0)
@@ -207,7 +269,7 @@ def main() -> None:
             "ray": ray.__version__,
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
-            "shared": "yes: other engineers' jobs ran at the same time",
+            "torch_threads_per_ray_worker": 1,
         },
         "ray_cluster_start_s": ray_start,
         "capture": {

@@ -151,3 +151,42 @@ def test_jacobian_bad_input():
         est.fit(lambda h: h.sum(), torch.randn(3, 4))
     with pytest.raises(ValueError, match="method"):
         JacobianConfig(method="lanczos")
+
+
+def test_vmapped_forward_mode_equals_replicated_rows_and_backward_loop():
+    # new (vmap over tangent blocks, one primal pass) vs old (replicated rows) vs reverse mode
+    from structlens.causal_dim.jacobian import _jvp_replicated, _wrap, jacobians_forward
+
+    g = torch.Generator().manual_seed(0)
+    d, v = 12, 30
+    w1, w2 = torch.randn(40, d, generator=g) / d**0.5, torch.randn(v, 40, generator=g) / 40**0.5
+
+    def f(h):
+        z = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return torch.nn.functional.silu(z @ w1.T) @ w2.T
+
+    h = torch.randn(5, d, generator=g, dtype=torch.float64)
+    w1, w2 = w1.double(), w2.double()
+    for max_rows in (7, 24, 4096):  # partial bases, two vectors per call, everything at once
+        jt = jacobians_forward(f, h, max_rows=max_rows, output="log_probs")
+        old = _jvp_replicated(_wrap(f, "log_probs"), h, torch.eye(d, dtype=h.dtype))
+        torch.testing.assert_close(jt, old, rtol=1e-12, atol=1e-12)
+    for i in range(h.shape[0]):
+        hi = h[i : i + 1].clone().requires_grad_(True)
+        y = torch.log_softmax(f(hi), -1)[0]
+        rows = [torch.autograd.grad(y[k], hi, retain_graph=True)[0][0] for k in range(v)]
+        torch.testing.assert_close(jt[i], torch.stack(rows).T, rtol=1e-6, atol=1e-10)
+
+
+def test_forward_mode_falls_back_to_replication_when_f_cannot_be_vmapped():
+    from structlens.causal_dim.jacobian import jacobians_forward
+
+    w = torch.randn(7, 4, dtype=torch.float64)
+
+    def f(h):
+        if float(h.abs().max()) > 1e9:  # data-dependent control flow: vmap refuses it
+            raise AssertionError
+        return h @ w.T
+
+    jt = jacobians_forward(f, torch.randn(3, 4, dtype=torch.float64))
+    torch.testing.assert_close(jt, w.T.expand(3, 4, 7))

@@ -158,3 +158,16 @@ def test_block_assignment_and_median_of_means(rng):
     mom = median_of_means(x, b)
     means = np.stack([x[b == k].mean(0) for k in range(5)])
     np.testing.assert_allclose(mom, np.median(means, axis=0))
+
+
+@pytest.mark.parametrize("which", ["X", "U", "Y"])
+def test_edmdc_names_the_input_that_holds_nan(rng, which):
+    # the finiteness check is fused into the moments; the error still names X, U or Y
+    from structlens.koopman import EDMDc, IdentityDictionary
+
+    data = {"X": rng.standard_normal((50, 3)), "U": rng.standard_normal((50, 2))}
+    data["Y"] = rng.standard_normal((50, 3))
+    data[which][7, 1] = np.nan
+    est = EDMDc(IdentityDictionary().fit(data["X"][:2] if which != "X" else np.zeros((2, 3))))
+    with pytest.raises(ValueError, match=f"{which} contains 1 NaN"):
+        est.fit(data["X"], data["U"], data["Y"])

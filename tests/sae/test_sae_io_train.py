@@ -190,3 +190,58 @@ def test_training_result_save_load(tmp_path):
     np.testing.assert_array_equal(back.loss_history, r.loss_history)
     x = next(_sparse_data(1, seed=3))
     torch.testing.assert_close(back.sae(x), r.sae(x))
+
+
+def _synchronous_reference(cfg, batches):
+    """The trainer's math as a plain loop that reads every value on the host each step (the
+    trainer before it stopped synchronising): dead mask checked and losses read per step."""
+    from structlens.sae.train import _adam, build_sae
+
+    batches = list(batches)
+    sae = build_sae(cfg, batches[0].shape[1])
+    opt = _adam(list(sae.parameters()), cfg.learning_rate)
+    since = torch.zeros(cfg.d_sae, dtype=torch.int64)
+    with torch.no_grad():
+        sae.b_dec.copy_(batches[0].mean(0))
+    losses, l0s, n_aux = [], [], 0
+    for x in batches:
+        dead = since >= cfg.dead_tokens
+        n_aux += bool(dead.any())
+        out = sae.training_output(x, dead if bool(dead.any()) else None, cfg.aux_k_coefficient)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        sae.remove_parallel_decoder_grad()
+        opt.step()
+        sae.normalize_decoder()
+        since += x.shape[0]
+        since[out.fired > 0] = 0
+        losses.append(float(out.loss.detach()))
+        l0s.append(float(out.l0))
+    return sae, np.array(losses), np.array(l0s), n_aux
+
+
+@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+def test_unsynchronised_trainer_equals_the_synchronous_loop_bit_for_bit(arch):
+    # small dead_tokens: features die and revive, so the AuxK path and the exact bound on when
+    # the dead mask must be read are both exercised
+    cfg = SAETrainConfig(architecture=arch, d_sae=64, k=2, lr=3e-3, dead_tokens=300, seed=3)
+    batches = list(_sparse_data(40))
+    got = train_sae(cfg, batches)
+    sae, losses, l0s, n_aux = _synchronous_reference(cfg, batches)
+    assert 0 < n_aux < len(batches)
+    np.testing.assert_array_equal(got.loss_history, losses)
+    np.testing.assert_array_equal(got.l0_history, l0s)
+    for name, p in sae.state_dict().items():
+        torch.testing.assert_close(got.sae.state_dict()[name], p, rtol=0, atol=0)
+
+
+def test_trainer_finds_a_nan_batch_at_the_next_check():
+    cfg = SAETrainConfig(d_sae=8, k=2)
+    from structlens.sae.train import SAETrainer
+
+    trainer = SAETrainer(cfg, d_in=3, check_every=3)
+    batches = [torch.randn(4, 3), torch.full((4, 3), float("nan")), torch.randn(4, 3)]
+    trainer.step(batches[0])
+    trainer.step(batches[1])  # no host read yet
+    with pytest.raises(ValueError, match="NaN or inf"):
+        trainer.step(batches[2])

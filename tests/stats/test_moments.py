@@ -128,3 +128,31 @@ def test_second_order_column_moments_of_tensors_give_the_total_scatter(rng):
         acc.excess_kurtosis()
     with pytest.raises(ValueError, match="cannot merge"):
         acc.merge(ColumnMoments(4))
+
+
+def test_column_blocks_and_reused_buffers_equal_one_array(rng):
+    # a tuple of column blocks is written into the reused centring buffer: same bits as the
+    # concatenated array; pickled and copied accumulators keep working
+    x, y = _data(rng, n=700, dx=600)  # wide: the blocked symmetric product
+    ref = CrossMoments(600, 6, second_y="diag", chunk_rows=256).update(x, y)
+    got = CrossMoments(600, 6, second_y="diag", chunk_rows=256)
+    got.update((x[:, :590], x[:, 590:]), y)
+    for a, b in ((got.s_xx, ref.s_xx), (got.s_xy, ref.s_xy), (got.s_yy, ref.s_yy)):
+        np.testing.assert_array_equal(a, b)
+    again = pickle.loads(pickle.dumps(got)).update(x[:10], y[:10])
+    assert again.n == 710 and got.copy().update(x[:10], y[:10]).n == 710
+    with pytest.raises(ValueError, match="column blocks of x have 599 columns"):
+        CrossMoments(600).update((x[:, :590], x[:, 591:]))
+
+
+def test_column_moments_equal_two_pass_numpy_and_catch_nan(rng):
+    x = rng.standard_t(4, size=(500, 7)) * 2 + 3
+    xc = x - x.mean(0)
+    acc = ColumnMoments(7).update(x)
+    for got, want in ((acc.m2, xc**2), (acc.m3, xc**3), (acc.m4, xc**4)):
+        assert _relmax(got, want.sum(0)) < 1e-12
+    assert _relmax(ColumnMoments(7, order=2).update(x).m2, (xc**2).sum(0)) < 1e-12
+    bad = x.copy()
+    bad[3, 2] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ColumnMoments(7).update(bad)

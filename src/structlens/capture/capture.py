@@ -15,6 +15,7 @@ explicit list of position lists, one per prompt.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,11 +102,17 @@ def iter_activations(
     dtype: str | torch.dtype = "float32",
     batch_size: int = 8,
     offset: int = 0,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Yield, per batch of prompts, the selected tokens' activations on the CPU.
 
     Each dict maps site -> ``[n_selected, *site_shape]`` and has ``prompt_index`` (``offset``
-    plus the prompt's index in ``token_lists``), ``position`` and ``token_id``.
+    plus the prompt's index in ``token_lists``), ``position`` and ``token_id``.  With
+    ``into`` (site -> preallocated ``[n_selected_total, *site_shape]`` buffers) the hooks write
+    every batch's rows straight into the buffers, in order, and the dicts hold only the
+    index columns; from a GPU the copies are asynchronous, so synchronise before reading
+    them.  When a batch keeps every position (no padding, no selection) its activations are
+    not gathered: the one copy is the device-to-host/dtype copy.
     """
     for s in sites:
         model.site_shape(s)  # a SiteError for unknown sites and for [batch, head, q, k] ones
@@ -114,6 +121,7 @@ def iter_activations(
     out_dtype = resolve_dtype(dtype)
     selections = selections or [list(range(len(t))) for t in token_lists]
     pad_id = int(model.tokenizer.pad_token_id)
+    filled = 0
     for start in range(0, len(token_lists), batch_size):
         chunk = token_lists[start : start + batch_size]
         sel = selections[start : start + batch_size]
@@ -122,13 +130,31 @@ def iter_activations(
         rows = torch.tensor([i for i, r in enumerate(sel) for _ in r], dtype=torch.long)
         cols = torch.tensor([p for r in sel for p in r], dtype=torch.long)
         flat = (rows * width + cols).to(model.device)
+        dense = len(rows) == ids.numel()  # every position of every row, in order
+        span = slice(filled, filled + len(rows))
+        filled += len(rows)
 
-        def reader(t: torch.Tensor, flat: torch.Tensor = flat) -> torch.Tensor:
-            return t.reshape(-1, *t.shape[2:]).index_select(0, flat).to("cpu", out_dtype)
+        def reader(
+            t: torch.Tensor,
+            site: str,
+            flat: torch.Tensor = flat,
+            span: slice = span,
+            dense: bool = dense,
+        ) -> torch.Tensor | None:
+            src = t.reshape(-1, *t.shape[2:])
+            if not dense:
+                src = src.index_select(0, flat)
+            if into is not None:
+                # asynchronous from a GPU into pinned buffers; the caller synchronises
+                into[site][span].copy_(src, non_blocking=True)
+                return None
+            # a dense CPU read must still copy: the model may reuse its activation buffers
+            return src.to("cpu", out_dtype, copy=dense)
 
-        with torch.inference_mode(), hooked(model, {s: reader for s in sites}) as cache:
+        readers = {s: functools.partial(reader, site=s) for s in sites}
+        with torch.inference_mode(), hooked(model, readers) as cache:
             model.forward(ids, mask)
-        batch = dict(cache)
+        batch = {k: v for k, v in cache.items() if v is not None}
         batch["prompt_index"] = rows + start + offset
         batch["position"] = cols
         batch["token_id"] = ids.cpu()[rows, cols]
@@ -193,8 +219,15 @@ class _ShardJob:
     plan: list[tuple[int, int, int]]
 
     def __call__(self, index: int) -> dict[str, Any]:
-        start, stop, _ = self.plan[index]
+        start, stop, n_tokens = self.plan[index]
         model = self.model.get()
+        # the shard's buffers, filled in place by the hooks (no per-batch parts to concatenate)
+        dtype = resolve_dtype(self.dtype)
+        pin = model.device.type == "cuda"  # page-locked, so device-to-host copies run async
+        tensors = {
+            s: torch.empty((n_tokens, *model.site_shape(s)), dtype=dtype, pin_memory=pin)
+            for s in self.sites
+        }
         parts = list(
             iter_activations(
                 model,
@@ -204,9 +237,12 @@ class _ShardJob:
                 dtype=self.dtype,
                 batch_size=self.batch_size,
                 offset=start,
+                into=tensors,
             )
         )
-        tensors = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        if pin:
+            torch.cuda.synchronize(model.device)  # the last async copies have landed
+        tensors.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
 
 

@@ -17,8 +17,9 @@ Conventions
 
 Estimation methods
 ------------------
-``exact``: ``d`` Jacobian-vector products per vector (forward mode, batched by replicating the
-row once per tangent), then ``JᵀJ`` as one GEMM; cost ``d`` forward passes per vector.
+``exact``: ``d`` Jacobian-vector products per vector (forward mode, vmapped over blocks of
+tangents with one shared primal pass), then ``JᵀJ`` as one GEMM; cost about ``d`` tangent
+passes per vector.
 ``sketch``: ``M`` vector-Jacobian products per vector with Rademacher cotangents ``u``;
 ``E_u[Jᵀu uᵀJ] = JᵀJ``, and the projection error has relative MSE ≈ ``(PR + 1)/M`` per vector
 (PR = participation ratio); the reported error comes from the spread between independent groups.
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from structlens.results import Result
+from structlens.stats.moments import symmetric_gram
 from structlens.stats.ranks import CONVENTION, default_rank_rtol, effective_ranks
 
 BatchedFn = Callable[[torch.Tensor], torch.Tensor]
@@ -144,34 +146,62 @@ def jacobians_forward(
 ) -> torch.Tensor:
     """Transposed Jacobians ``Jᵀ`` of ``f`` at each row of ``h``: shape ``[n, d, out]``.
 
-    Forward mode: each row is replicated once per basis tangent (in chunks of at most
-    ``max_rows`` rows per call of ``f``), and one ``torch.func.jvp`` gives all columns.
+    Forward mode over blocks of basis directions: ``torch.func.vmap`` of one
+    ``torch.func.jvp`` over the tangents, so the primal pass runs once per block of residual
+    vectors and only the tangents are batched (at most ``max_rows`` vector-direction pairs
+    per call).  Where ``f`` cannot be vmapped (hooks that call ``.item()``, data-dependent
+    control flow), each row is instead replicated once per tangent and one plain ``jvp``
+    gives all columns.
     """
     g = _wrap(f, output)
     n, d = h.shape
     eye = torch.eye(d, dtype=h.dtype, device=h.device)
-    cols: list[torch.Tensor] = []
     per = max(1, max_rows // d)  # vectors per call when a whole basis fits
     chunk = min(d, max_rows)
+    step = per if chunk == d else 1
+    use_vmap = True
     out = []
-    for s in range(0, n, per if chunk == d else 1):
-        hs = h[s : s + (per if chunk == d else 1)]
+    for s in range(0, n, step):
+        hs = h[s : s + step]
         cols = []
         for c in range(0, d, chunk):
             tang = eye[c : c + chunk]
-            inp = hs.repeat_interleave(tang.shape[0], dim=0)
-            tan = tang.repeat(hs.shape[0], 1)
-            jv = torch.func.jvp(g, (inp,), (tan,))[1]
-            cols.append(jv.reshape(hs.shape[0], tang.shape[0], -1))
+            jv = None
+            if use_vmap:
+                try:
+                    jv = _jvp_vmapped(g, hs, tang)
+                except RuntimeError:  # f is not vmappable: replicate rows from now on
+                    use_vmap = False
+            if jv is None:
+                jv = _jvp_replicated(g, hs, tang)
+            cols.append(jv)
         out.append(torch.cat(cols, dim=1))
     return torch.cat(out, 0)
 
 
+def _jvp_vmapped(g: BatchedFn, hs: torch.Tensor, tang: torch.Tensor) -> torch.Tensor:
+    """``[b, k, out]`` columns ``J(h_i) t_j`` by vmapping one jvp over the tangents ``t_j``."""
+    tangents = tang[:, None, :].expand(tang.shape[0], *hs.shape)  # the same t_j for every row
+
+    def column(t: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(g, (hs,), (t,))[1]
+
+    return torch.func.vmap(column)(tangents).transpose(0, 1)
+
+
+def _jvp_replicated(g: BatchedFn, hs: torch.Tensor, tang: torch.Tensor) -> torch.Tensor:
+    """The same columns with each row replicated once per tangent (one plain jvp)."""
+    inp = hs.repeat_interleave(tang.shape[0], dim=0)
+    tan = tang.repeat(hs.shape[0], 1)
+    _, jv = torch.func.jvp(g, (inp,), (tan,))
+    return jv.reshape(hs.shape[0], tang.shape[0], -1)
+
+
 def _gram(jt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``Σ_rows Jᵀ J`` for stacked ``Jᵀ`` [n, d, out] as one [d, n·out] GEMM."""
+    """``Σ_rows Jᵀ J`` for stacked ``Jᵀ`` [n, d, out] as one symmetric rank-k update."""
     n, d, o = jt.shape
     m = jt.permute(1, 0, 2).reshape(d, n * o).to(dtype)
-    return m @ m.T
+    return symmetric_gram(m.T)
 
 
 def vjp_sketch_grads(

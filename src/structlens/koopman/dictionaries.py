@@ -53,11 +53,14 @@ class Dictionary:
         self._fit(x, U, Y)
         return self
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        """Lift ``X`` (m, d) to Ψ(X) (m, n_features), float64."""
+    def transform(self, X: np.ndarray, *, finite: bool = True) -> np.ndarray:
+        """Lift ``X`` (m, d) to Ψ(X) (m, n_features), float64.
+
+        ``finite=False`` skips the NaN/inf scan (for callers whose reductions check it).
+        """
         if self.dim is None:
             raise ValueError(f"{type(self).__name__} is not fitted; call .fit(X) first.")
-        x = check_array(X, name="X", n_cols=self.dim)
+        x = check_array(X, name="X", n_cols=self.dim, finite=finite)
         return self._lift(x)
 
     @property

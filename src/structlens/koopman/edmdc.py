@@ -111,7 +111,8 @@ class EDMDcStatistics:
 
     def update_lifted(self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray):
         """Add a block of already lifted rows."""
-        self.zy.update(np.concatenate([psi_x, u], axis=1), psi_y)
+        # Z = [Ψ(x), u] goes as column blocks straight into the centring buffer (no concatenate)
+        self.zy.update((psi_x, u), psi_y)
         if self.state is not None:
             self.state.update(x, psi_x)
         self.tails.update(psi_x)
@@ -148,10 +149,12 @@ def merge_statistics(parts: Iterable[EDMDcStatistics]) -> EDMDcStatistics:
     return out
 
 
-def _check_triplet(x: Any, u: Any, y: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    x = check_array(x, name="X")
-    u = check_array(u, name="U")
-    y = check_array(y, name="Y")
+def _check_triplet(
+    x: Any, u: Any, y: Any, finite: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = check_array(x, name="X", finite=finite)
+    u = check_array(u, name="U", finite=finite)
+    y = check_array(y, name="Y", finite=finite)
     if not (x.shape[0] == u.shape[0] == y.shape[0]):
         raise ValueError(
             f"X, U, Y must have the same number of rows (one per token position); got "
@@ -189,7 +192,9 @@ def accumulate(
     for item in stream:
         if len(item) not in (3, 4):
             raise ValueError("stream items must be (X, U, Y) or (X, U, Y, prompt_ids).")
-        x, u, y = _check_triplet(*item[:3])
+        # NaN/inf are caught by the moments' fused check (a scatter diagonal turns non-finite);
+        # only then is the chunk scanned again, to name the input that holds them
+        x, u, y = _check_triplet(item[0], item[1], item[2], finite=False)
         if blocks is None:
             n_feat = dictionary.n_features
             sl = dictionary.state_slice
@@ -197,10 +202,30 @@ def accumulate(
             blocks = [
                 EDMDcStatistics(n_feat, u.shape[1], x.shape[1], start) for _ in range(n_blocks)
             ]
-        psi_x, psi_y = dictionary.transform(x), dictionary.transform(y)
-        if n_blocks == 1:
-            blocks[0].update_lifted(x, psi_x, u, psi_y)
-            continue
+        try:
+            _accumulate_chunk(dictionary, blocks, item, x, u, y, n_blocks, seed)
+        except ValueError:
+            _check_triplet(x, u, y)  # names X, U or Y when they hold NaN/inf
+            raise
+    if blocks is None:
+        raise ValueError("the stream was empty.")
+    return blocks
+
+
+def _accumulate_chunk(
+    dictionary: Dictionary,
+    blocks: list[EDMDcStatistics],
+    item: tuple[Any, ...],
+    x: np.ndarray,
+    u: np.ndarray,
+    y: np.ndarray,
+    n_blocks: int,
+    seed: int,
+) -> None:
+    psi_x, psi_y = dictionary.transform(x, finite=False), dictionary.transform(y, finite=False)
+    if n_blocks == 1:
+        blocks[0].update_lifted(x, psi_x, u, psi_y)
+    else:
         if len(item) != 4:
             raise ValueError("n_blocks > 1 needs prompt ids: stream (X, U, Y, prompt_ids).")
         ids = np.asarray(item[3])
@@ -210,9 +235,6 @@ def accumulate(
         for b in np.unique(which):
             rows = which == b
             blocks[b].update_lifted(x[rows], psi_x[rows], u[rows], psi_y[rows])
-    if blocks is None:
-        raise ValueError("the stream was empty.")
-    return blocks
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def train_baseline_sae(h: np.ndarray | torch.Tensor, config: SAEBaselineConfig) 
         perm = torch.randperm(x.shape[0], generator=gen)
         for s in range(0, x.shape[0] - config.batch_size + 1, config.batch_size):
             batch = x[perm[s : s + config.batch_size]]
-            sse += trainer.step(batch)["mse"] * batch.shape[0]
+            sse += float(trainer.step(batch)["mse"]) * batch.shape[0]
             sst += float((batch - batch.mean(0)).pow(2).sum())
         fvus.append(sse / sst)
         if len(fvus) > 1 and fvus[-2] - fvus[-1] < config.tol * fvus[-2]:

@@ -45,7 +45,8 @@ class TrainingOutput:
     """What one training forward pass produces.
 
     ``loss`` is the differentiable total; ``mse`` is ``mean_b Σ_d (x̂ − x)²`` (SAELens's
-    reconstruction loss); ``l0`` is the mean number of active features per row; ``fired``
+    reconstruction loss); ``l0`` is the mean number of active features per row (a float64
+    0-d tensor where computing it needs no host synchronisation, else a float); ``fired``
     counts how often each feature was active in the batch (for dead-feature tracking).
     """
 
@@ -53,7 +54,7 @@ class TrainingOutput:
     mse: torch.Tensor
     sparsity_loss: torch.Tensor
     aux_loss: torch.Tensor
-    l0: float
+    l0: float | torch.Tensor
     fired: torch.Tensor
 
 
@@ -299,7 +300,7 @@ class TopKSAE(SparseAutoencoder):
             mse=mse,
             sparsity_loss=mse.new_zeros(()),
             aux_loss=aux,
-            l0=float((vals.detach() > 0).sum()) / x.shape[0],
+            l0=(vals.detach() > 0).sum().double() / x.shape[0],  # stays on the device
             fired=fired,
         )
 

@@ -233,7 +233,7 @@ def build_sae(config: SAETrainConfig, d_in: int) -> SparseAutoencoder:
     return SAE_ARCHITECTURES.get(config.architecture).build(config, d_in)
 
 
-def _validate_batch(x: Any, d_in: int | None) -> torch.Tensor:
+def _validate_batch(x: Any, d_in: int | None, finite: bool = True) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"activation batches must be torch tensors, got {type(x).__name__}.")
     if x.ndim != 2:
@@ -249,9 +249,17 @@ def _validate_batch(x: Any, d_in: int | None) -> torch.Tensor:
             f"an activation batch has {x.shape[0]} row(s); the fraction of variance "
             "unexplained needs at least 2 per batch: use batch_size >= 2."
         )
-    if not torch.isfinite(x).all():
+    if finite and not torch.isfinite(x).all():
         raise ValueError("activation batch contains NaN or inf.")
     return x
+
+
+def _stacked(values: list[Any], device: torch.device) -> np.ndarray:
+    """Logged per-step scalars (0-d tensors or floats) as float64, with one device transfer."""
+    if not values:
+        return np.zeros(0)
+    t = [torch.as_tensor(v, dtype=torch.float64, device=device) for v in values]
+    return torch.stack(t).cpu().numpy()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +357,13 @@ class SAETrainer:
     host-side activation stream can feed a GPU trainer.  ``tail_tokens`` is how many of the most
     recent training tokens the final L0/FVU (and the L0 calibration) are measured on.
 
+    A step does not wait for the device: logged values stay 0-d tensors until
+    :meth:`result`; the finiteness of the loss (NaN/inf in a batch or a diverged run) is
+    checked every ``check_every`` steps and at the end; the dead-feature mask is read only
+    once some feature can have reached ``dead_tokens`` (the counters' maximum, read once,
+    bounds when that can happen).  The ReLU architecture (its sparse/dense choice) and the
+    L0 controller of penalised architectures still read one scalar per step.
+
     Examples
     --------
     >>> trainer = SAETrainer(SAETrainConfig(architecture="topk", d_sae=512, k=8), d_in=64)
@@ -363,47 +378,75 @@ class SAETrainer:
         d_in: int,
         tail_tokens: int = 100_000,
         device: str | torch.device = "cpu",
+        check_every: int = 100,
     ) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every must be positive, got {check_every}.")
         self.config = config
         self.d_in = int(d_in)
         self.device = torch.device(device)
         self.sae = build_sae(config, self.d_in).to(self.device)
-        self._penalised = SAE_ARCHITECTURES.get(config.architecture).sparsity == "penalty"
+        self._penalized = SAE_ARCHITECTURES.get(config.architecture).sparsity == "penalty"
         self.coefficient = (
-            config.initial_coefficient if self._penalised else config.aux_k_coefficient
+            config.initial_coefficient if self._penalized else config.aux_k_coefficient
         )
         self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64, device=self.device)
         self.tokens = 0
         self.steps = 0
         self.tail_tokens = int(tail_tokens)
-        self._losses: list[float] = []
-        self._l0s: list[float] = []
-        self._tail: list[tuple[int, float, float, float]] = []  # (tokens, l0, sse, sst)
+        self.check_every = int(check_every)
+        self._losses: list[torch.Tensor] = []
+        self._l0s: list[Any] = []  # 0-d tensors or floats, read in result()
+        self._tail: list[tuple[int, Any, torch.Tensor, torch.Tensor]] = []  # tokens, l0, mse, sst
         self._tail_x: list[torch.Tensor] = []
-        self._initialised = False
+        self._finite = torch.ones((), dtype=torch.bool, device=self.device)
+        self._no_dead_before = 0  # token count before which no feature can be dead
+        self._initialized = False
 
     @torch.no_grad()
-    def _initialise(self, x: torch.Tensor) -> None:
+    def _initialize(self, x: torch.Tensor) -> None:
         # b_dec starts at the data mean so the encoder sees centred inputs from step one.
         self.sae.b_dec.copy_(x.mean(0).to(self.sae.b_dec.dtype))
-        self._initialised = True
+        self._initialized = True
+
+    def _dead_mask(self) -> torch.Tensor | None:
+        """Dead features, or ``None`` while none can be dead (exact; reads the device rarely).
+
+        Every counter grows by the batch size per step, so with maximum ``m`` now no feature
+        is dead before another ``dead_tokens − m`` tokens have been trained on.
+        """
+        if self.tokens < self._no_dead_before:
+            return None
+        m = int(self.tokens_since_fired.max())
+        if m >= self.config.dead_tokens:
+            return self.tokens_since_fired >= self.config.dead_tokens
+        self._no_dead_before = self.tokens + self.config.dead_tokens - m
+        return None
+
+    def _check_finite(self) -> None:
+        if not bool(self._finite):
+            raise ValueError(
+                "the training loss became NaN or inf: an activation batch contains NaN or inf, "
+                "or training diverged (lower the learning rate)."
+            )
 
     def step(
         self,
         x: torch.Tensor,
         extra_loss: Callable[[SparseAutoencoder], torch.Tensor] | None = None,
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         """One optimiser step on batch ``x`` [batch, d_in]; returns loss, mse, l0.
 
-        ``extra_loss(sae)``, if given, is a scalar added to the SAE's own loss before the
-        backward pass (e.g. an invariance penalty on the codes of paired inputs).
+        The values are 0-d tensors where they are (reading them with ``float`` waits for the
+        device).  ``extra_loss(sae)``, if given, is a scalar added to the SAE's own loss
+        before the backward pass (e.g. an invariance penalty on the codes of paired inputs).
         """
-        x = _validate_batch(x, self.d_in).to(device=self.device, dtype=self.sae.W_dec.dtype)
-        if not self._initialised:
-            self._initialise(x)
-        dead = self.tokens_since_fired >= self.config.dead_tokens
-        out = self.sae.training_output(x, dead if bool(dead.any()) else None, self.coefficient)
+        x = _validate_batch(x, self.d_in, finite=False)
+        x = x.to(device=self.device, dtype=self.sae.W_dec.dtype)
+        if not self._initialized:
+            self._initialize(x)
+        out = self.sae.training_output(x, self._dead_mask(), self.coefficient)
         total = out.loss if extra_loss is None else out.loss + extra_loss(self.sae)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -415,39 +458,46 @@ class SAETrainer:
             self.sae.normalize_decoder()
         b = x.shape[0]
         self.tokens_since_fired += b
-        self.tokens_since_fired[out.fired > 0] = 0
+        self.tokens_since_fired.masked_fill_(out.fired > 0, 0)
         self.tokens += b
         self.steps += 1
         target = self.config.target_l0
-        if target is not None and self._penalised:
+        if target is not None and self._penalized:
             # Log-ratio error, clipped, so one odd batch cannot blow the coefficient up.
-            err = max(-1.0, min(1.0, math.log(max(out.l0, 1e-3) / target)))
+            err = max(-1.0, min(1.0, math.log(max(float(out.l0), 1e-3) / target)))
             self.coefficient *= math.exp(self.config.controller_rate * err)
         with torch.no_grad():
-            sst = float((x - x.mean(0)).pow(2).sum())
-        sse = float(out.mse.detach()) * b
-        self._tail.append((b, out.l0, sse, sst))
+            sst = (x - x.mean(0)).pow(2).sum()
+        mse, loss = out.mse.detach(), total.detach()
+        self._tail.append((b, out.l0, mse, sst))
         self._tail_x.append(x.detach())
         while sum(t[0] for t in self._tail[1:]) >= self.tail_tokens:
             self._tail.pop(0)
             self._tail_x.pop(0)
-        loss = float(total.detach())
+        self._finite &= torch.isfinite(loss)
+        if self.steps % self.check_every == 0:
+            self._check_finite()
         self._losses.append(loss)
         self._l0s.append(out.l0)
-        return {"loss": loss, "mse": float(out.mse.detach()), "l0": out.l0}
+        return {"loss": loss, "mse": mse, "l0": out.l0}
 
     def result(self) -> SAETrainingResult:
         """Freeze the current state into an :class:`SAETrainingResult`."""
         if self.steps == 0:
             raise ValueError("no training step was taken; the batch iterator was empty.")
-        n = sum(t[0] for t in self._tail)
-        l0 = sum(t[0] * t[1] for t in self._tail) / n
-        sst = sum(t[3] for t in self._tail)
+        self._check_finite()
+        sizes = [t[0] for t in self._tail]
+        n = sum(sizes)
+        # the same float64 sums as one float per step would give, in one transfer
+        l0s, mses, ssts = (_stacked([t[i] for t in self._tail], self.device) for i in (1, 2, 3))
+        l0 = sum(b * v for b, v in zip(sizes, l0s.tolist())) / n
+        sst = sum(ssts.tolist())
         # constant activations have no variance to explain: FVU is undefined, not huge
-        fvu = sum(t[2] for t in self._tail) / sst if sst > 0 else float("nan")
+        sse = sum(v * b for b, v in zip(sizes, mses.tolist()))
+        fvu = sse / sst if sst > 0 else float("nan")
         target = self.config.target_l0
         l0_before = l0
-        if target is not None and self.config.calibrate_l0 and self._penalised:
+        if target is not None and self.config.calibrate_l0 and self._penalized:
             x = torch.cat(self._tail_x)
             l0 = calibrate_l0(self.sae, x, target)
             with torch.no_grad():
@@ -468,8 +518,8 @@ class SAETrainer:
             final_fvu=float(fvu),
             l0_matched=matched,
             dead_fraction=float(dead.float().mean()),
-            loss_history=np.asarray(self._losses),
-            l0_history=np.asarray(self._l0s),
+            loss_history=_stacked(self._losses, self.device),
+            l0_history=_stacked(self._l0s, self.device),
         )
 
 
@@ -548,7 +598,7 @@ def train_sweep(
         raise ValueError("configs is empty; pass at least one SAETrainConfig.")
     trainers: list[SAETrainer] | None = None
     for x in _batches(batches, max_tokens):
-        x = _validate_batch(x, None)
+        x = _validate_batch(x, None, finite=False)  # the trainers check the loss instead
         if trainers is None:
             trainers = [SAETrainer(c, x.shape[1], tail_tokens, device) for c in configs]
         for t in trainers:

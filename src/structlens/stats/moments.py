@@ -18,6 +18,7 @@ precision), and memory never depends on the number of samples.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from structlens.stats.validation import check_array, check_finite, check_shape
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments", "symmetric_gram"]
 
 DEFAULT_CHUNK_ROWS = 16384
 PRECISIONS = ("float64", "float32")
@@ -37,13 +38,19 @@ def _is_tensor(x: object) -> bool:
     return hasattr(x, "detach") and hasattr(x, "device")
 
 
-def _sym_gram(c: Any) -> Any:
+def symmetric_gram(c: Any) -> Any:
     """``cᵀc`` for a torch matrix ``c`` ``[n, d]``, exactly symmetric.
 
-    Wide inputs are reduced one row of column tiles at a time against the columns from the
-    tile onwards (a blocked symmetric rank-k update: about half the flops of ``c.T @ c``) and
-    the lower triangle is mirrored from the upper one.
+    On the CPU this is one BLAS ``syrk`` (NumPy dispatches ``a.T @ a`` to it and mirrors the
+    triangle).  Elsewhere, wide inputs are reduced one row of column tiles at a time against
+    the columns from the tile onwards (a blocked symmetric rank-k update: about half the flops
+    of ``c.T @ c``) and the lower triangle is mirrored from the upper one.
     """
+    import torch
+
+    if c.device.type == "cpu":
+        a = c.numpy()
+        return torch.from_numpy(a.T @ a)
     d = c.shape[1]
     if d <= 2 * _TILE:
         g = c.T @ c
@@ -57,6 +64,47 @@ def _sym_gram(c: Any) -> Any:
         diag = row[:, : e - s]
         out[s:e, s:e] = 0.5 * (diag + diag.T)
     return out
+
+
+# Working buffers per thread, by (purpose, width, dtype, device); they grow to the largest
+# chunk seen.  A fresh multi-megabyte CPU allocation per block costs page faults comparable
+# to the block's own arithmetic, and sharing them across accumulators keeps the memory of
+# many live accumulators (prompt blocks, shards) at that of one chunk.
+_SCRATCH = threading.local()
+
+
+def _scratch(purpose: str, rows: int, cols: int, dtype: Any, device: Any) -> Any:
+    """A reusable ``[rows, cols]`` working buffer (contents undefined)."""
+    import torch
+
+    pool = _SCRATCH.__dict__.setdefault("buffers", {})
+    key = (purpose, cols, dtype, str(device))
+    buf = pool.get(key)
+    if buf is None or buf.shape[0] < rows:
+        buf = pool[key] = torch.empty((rows, cols), dtype=dtype, device=device)
+    return buf[:rows]
+
+
+def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
+    """Column ``blocks`` copied side by side into a working buffer and centred: (buffer, mean)."""
+    n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
+    buf = _scratch(purpose, n, cols, dtype, blocks[0].device)
+    start = 0
+    for b in blocks:
+        buf[:, start : start + b.shape[1]].copy_(b)
+        start += b.shape[1]
+    mean = buf.mean(0)
+    buf -= mean
+    return buf, mean
+
+
+def _column_dots(a: Any, b: Any) -> Any:
+    """``Σ_i a_ij b_ij`` per column without a temporary (NumPy's einsum loop on the CPU)."""
+    import torch
+
+    if a.device.type == "cpu":
+        return torch.from_numpy(np.einsum("ij,ij->j", a.numpy(), b.numpy()))
+    return (a * b).sum(0)
 
 
 class _Pair:
@@ -177,8 +225,9 @@ class CrossMoments:
     -----
     One block path for every input: NumPy arrays are wrapped as (CPU) torch tensors without a
     copy, torch tensors are reduced on their own device; only the ``d × d`` results cross to
-    the host.  Per chunk the only copy is one float64 (or float32) centring buffer per side;
-    ``S_xx``/``S_yy`` use a blocked symmetric rank-k update.  Finiteness is checked on the
+    the host.  Per chunk the only copy is into one float64 (or float32) centring buffer per
+    side, allocated once and reused; ``S_xx``/``S_yy`` use a symmetric rank-k update (BLAS
+    ``syrk`` on the CPU, a blocked one on other devices).  Finiteness is checked on the
     diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
     non-finite), so valid data costs no extra pass.
 
@@ -235,24 +284,40 @@ class CrossMoments:
     def update(self, x: object, y: object = None) -> CrossMoments:
         """Add the rows of ``x`` ``[m, d_x]`` (and the paired rows of ``y`` ``[m, d_y]``).
 
-        Returns ``self``.
+        ``x`` may also be a tuple of arrays with the same rows whose columns make up ``d_x``
+        (e.g. ``(Ψ(x), u)``): they are written side by side straight into the centring buffer,
+        never concatenated.  Returns ``self``.
         """
         if (y is None) != (self._d_y is None):
             raise ValueError(
                 "pass y exactly when the accumulator was built with d_y "
                 f"(d_y={self._d_y}, y {'missing' if y is None else 'given'})."
             )
-        tx = self._as_tensor(x, "x", self.d_x)
-        ty = None if y is None else self._as_tensor(y, "y", self._d_y)
-        if ty is not None and (tx.shape[0] != ty.shape[0] or tx.device != ty.device):
-            raise ValueError(
-                f"x has {tx.shape[0]} rows on {tx.device} and y {ty.shape[0]} rows on "
-                f"{ty.device}; rows must pair (same inputs, same device)."
+        tx = self._as_blocks(x, "x", self.d_x)
+        ty = None if y is None else self._as_blocks(y, "y", self._d_y)
+        for t in [*tx, *(ty or ())]:
+            if t.shape[0] != tx[0].shape[0] or t.device != tx[0].device:
+                raise ValueError(
+                    f"x has {tx[0].shape[0]} rows on {tx[0].device} and y or another block "
+                    f"{t.shape[0]} rows on {t.device}; rows must pair (same inputs, same device)."
+                )
+        for start in range(0, tx[0].shape[0], self.chunk_rows):
+            sl = slice(start, start + self.chunk_rows)
+            self._merge_state(
+                *self._chunk([t[sl] for t in tx], None if ty is None else [t[sl] for t in ty])
             )
-        for start in range(0, tx.shape[0], self.chunk_rows):
-            stop = start + self.chunk_rows
-            self._merge_state(*self._chunk(tx[start:stop], None if ty is None else ty[start:stop]))
         return self
+
+    @classmethod
+    def _as_blocks(cls, a: object, name: str, dim: int | None) -> list[Any]:
+        """``a`` (or the column blocks of a tuple ``a``) as tensors; widths must sum to dim."""
+        if not isinstance(a, tuple):
+            return [cls._as_tensor(a, name, dim)]
+        blocks = [cls._as_tensor(b, f"{name}[{i}]", None) for i, b in enumerate(a)]
+        width = sum(b.shape[1] for b in blocks)
+        if not blocks or (dim is not None and width != dim):
+            raise ValueError(f"the column blocks of {name} have {width} columns, expected {dim}.")
+        return blocks
 
     @staticmethod
     def _as_tensor(a: object, name: str, dim: int | None) -> Any:
@@ -270,29 +335,28 @@ class CrossMoments:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def _chunk(self, x: Any, y: Any) -> tuple[Any, ...]:
-        """Own-mean moments of one chunk: ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
+    def _chunk(self, xs: list[Any], ys: list[Any] | None) -> tuple[Any, ...]:
+        """Own-mean moments of one chunk (column blocks ``xs``, ``ys``):
+        ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
         import torch
 
         dtype = torch.float64 if self.precision == "float64" else torch.float32
-        n = x.shape[0]
-        # the one centring buffer per side; the caller's data is never modified
-        c = x.to(dtype, copy=True)
-        mx = c.mean(0)
-        c -= mx
-        s_xx = _sym_gram(c)
+        n = xs[0].shape[0]
+        # the one centring buffer per side, reused across chunks; the caller's data is only read
+        c, mx = _centred("x", xs, dtype)
+        x = xs[0] if len(xs) == 1 else c  # for the (slow) error path only
+        s_xx = symmetric_gram(c)
         self._check_finite(torch.diagonal(s_xx), x, "x")
-        if y is None:
+        if ys is None:
             return n, _host(mx), None, _Pair(_host(s_xx)), None, None
-        e = y.to(dtype, copy=True)
-        my = e.mean(0)
-        e -= my
+        e, my = _centred("y", ys, dtype)
+        y = ys[0] if len(ys) == 1 else e
         s_xy = c.T @ e
         if not self.fourth_order:
-            s_yy_diag = torch.linalg.vector_norm(e, dim=0).square()
+            s_yy_diag = _column_dots(e, e)
             self._check_finite(s_yy_diag, y, "y")
             return n, _host(mx), _host(my), _Pair(_host(s_xx)), _host(s_yy_diag), _Pair(_host(s_xy))
-        s_yy = _sym_gram(e)
+        s_yy = symmetric_gram(e)
         self._check_finite(torch.diagonal(s_yy), y, "y")
         # group row norms, reduced without materialising c * c
         p = torch.linalg.vector_norm(c.reshape(n, self.groups_x, -1), dim=-1).double().square()
@@ -512,23 +576,30 @@ class ColumnMoments:
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
-        if _is_tensor(block):
-            check_shape(block.shape, name="block", n_cols=self.dim)  # type: ignore[attr-defined]
-            x = block.detach().double()  # type: ignore[attr-defined]
-            if not bool(x.isfinite().all()):
-                check_finite(x.cpu().numpy(), "block")
-        else:
-            x = check_array(block, name="block", n_cols=self.dim)
+        import torch
+
+        x = CrossMoments._as_tensor(block, "block", self.dim).double()
         if x.shape[0] == 0:
             return self
         other = ColumnMoments(self.dim, self.order)
         other.n = int(x.shape[0])
-        mean = x.mean(0)
-        xc = x - mean
-        xc2 = xc * xc
-        other.mean, other.m2 = _to_host(mean), _to_host(xc2.sum(0))
+        # reused working buffers and column dot products: no temporary per power
+        xc, mean = _centred("column", [x], x.dtype)
+        m2 = _column_dots(xc, xc)
+        last = m2
         if self.order == 4:
-            other.m3, other.m4 = _to_host((xc2 * xc).sum(0)), _to_host((xc2 * xc2).sum(0))
+            sq = _scratch("square", x.shape[0], self.dim, x.dtype, x.device)
+            torch.mul(xc, xc, out=sq)
+            other.m3 = _to_host(_column_dots(sq, xc))
+            last = _column_dots(sq, sq)
+            other.m4 = _to_host(last)
+        # fused finiteness check: a NaN/inf anywhere in a column makes its top moment non-finite
+        if not bool(last.isfinite().all()):
+            check_finite(x.cpu().numpy(), "block")
+            raise ValueError(
+                "block overflows float64 moments (a column sum is infinite); rescale it."
+            )
+        other.mean, other.m2 = _to_host(mean), _to_host(m2)
         return self.merge(other)
 
     def merge(self, other: ColumnMoments) -> ColumnMoments:
