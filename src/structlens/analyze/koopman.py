@@ -159,7 +159,7 @@ def run(
             )
             continue
         est = EDMDc(dic, econf)
-        res = invariance_residual(
+        inv = invariance_residual(
             est.statistics(X[train], U[train], Y[train])[0],
             est.statistics(X[~train], U[~train], Y[~train])[0],
             econf,
@@ -168,9 +168,9 @@ def run(
             {
                 "dictionary": name,
                 "n_features": int(dic.n_features),
-                "pooled": res.pooled,
-                "median": res.median,
-                "n_dead": res.n_dead,
+                "pooled": inv.pooled,
+                "median": inv.median,
+                "n_dead": inv.n_dead,
             }
         )
     # The headline is the middle analysis layer, fixed in advance (not the best-looking one).

@@ -193,7 +193,7 @@ def _jvp_replicated(g: BatchedFn, hs: torch.Tensor, tang: torch.Tensor) -> torch
     """The same columns with each row replicated once per tangent (one plain jvp)."""
     inp = hs.repeat_interleave(tang.shape[0], dim=0)
     tan = tang.repeat(hs.shape[0], 1)
-    _, jv = torch.func.jvp(g, (inp,), (tan,))
+    jv = torch.func.jvp(g, (inp,), (tan,))[1]  # (output, jvp_out) without has_aux
     return jv.reshape(hs.shape[0], tang.shape[0], -1)
 
 

@@ -4,7 +4,7 @@ experiments are :func:`structlens.causal_dim.experiment.run`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -133,7 +133,8 @@ def sweep(
     )  # fmt: skip
     site = site_name("resid_pre", layer, n_layers=m.n_layers)
     for w, s in saes.items():
-        save_sae(s, common.out / "saes" / str(w), **provenance(m, site))
+        # cast: the str fields go to save_sae's str keywords, never to ``metadata``
+        save_sae(s, common.out / "saes" / str(w), **cast(dict[str, Any], provenance(m, site)))
     common.write("causal_sweep", report.payload(), command="causal-dim sweep")
     sw = report.results["sweep"]
     plot_width_sweep(sw, common.out / "width_sweep.png")

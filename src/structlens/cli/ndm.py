@@ -11,7 +11,7 @@ browse subspace preimages; the experiments are :mod:`structlens.ndm.experiment`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -140,13 +140,15 @@ def evaluate(
     With --executor ray the baseline rotations (SAE training among them) run as Ray tasks.
     """
     from structlens.ndm.collect import load_train_meta
-    from structlens.ndm.experiment import NDMEvaluationConfig
+    from structlens.ndm.experiment import Method, NDMEvaluationConfig
     from structlens.ndm.experiment import evaluate as run_evaluation
 
     load_train_meta(train)
     cfg = NDMEvaluationConfig(
         n=n, tests=() if tests == "all" else parse_names(tests), min_share=min_share,
-        methods=parse_names(methods), batch_size=batch_size, n_boot=n_boot, sae_width=sae_width,
+        # cast: NDMEvaluationConfig checks the method names itself
+        methods=cast("tuple[Method, ...]", parse_names(methods)), batch_size=batch_size,
+        n_boot=n_boot, sae_width=sae_width,
         sae_k=sae_k, sae_epochs=sae_epochs, sae_tol=sae_tol, conflict=conflict,
         conflict_n=conflict_n, conflict_layer=conflict_layer, toy=toy, toy_steps=toy_steps,
         toy_ae_steps=toy_ae_steps, seed=common.seed,

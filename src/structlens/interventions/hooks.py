@@ -100,6 +100,9 @@ def _replace_input(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tupl
 class _Session:
     """Registers the hooks of one :func:`hooked` context and holds the per-forward state."""
 
+    tokens: tuple[int, int] | None  # [batch, pos] at the first layer's input
+    batch: int | None
+
     def __init__(
         self,
         model: Model,
@@ -430,7 +433,8 @@ class _Session:
             }
             for taps, path in ((attn, fam.attn_module), (cross, fam.cross_attn)):
                 if taps:
-                    mod = self.model.layer_module(layer, path)
+                    # Any: torch types a Module's attributes as Tensor | Module
+                    mod: Any = self.model.layer_module(layer, path)
                     mod._structlens_taps = taps
                     self.attn_taps.append(mod)
 

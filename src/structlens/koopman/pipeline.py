@@ -57,7 +57,8 @@ def load_sae_dictionary(path: str | Path) -> SAEDictionary:
     that knows the model, :func:`structlens.koopman.experiment.run`)."""
     from structlens.sae import load_sae
 
-    sae = load_sae(path)
+    # Any: ``threshold`` exists only on the JumpReLU/BatchTopK subclasses
+    sae: Any = load_sae(path)
     activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}[sae.architecture]
     b_dec = sae.b_dec.detach().numpy()
     return SAEDictionary(

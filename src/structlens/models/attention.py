@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -113,7 +113,8 @@ def _additive(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | N
 
 
 def bloom_attention(
-    self: torch.nn.Module,
+    # self: a Hugging Face BloomAttention, whose attributes are known only at run time
+    self: Any,
     hidden_states: torch.Tensor,
     residual: torch.Tensor,
     alibi: torch.Tensor,
@@ -153,7 +154,8 @@ def bloom_attention(
 
 
 def falcon_attention(
-    self: torch.nn.Module,
+    # self: a Hugging Face FalconAttention, whose attributes are known only at run time
+    self: Any,
     hidden_states: torch.Tensor,
     alibi: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
@@ -188,7 +190,10 @@ def falcon_attention(
 
 
 #: Attention classes with inline attention -> their forward on the eager path.
-OWN_ATTENTION = {"BloomAttention": bloom_attention, "FalconAttention": falcon_attention}
+OWN_ATTENTION: dict[str, Callable[..., Any]] = {
+    "BloomAttention": bloom_attention,
+    "FalconAttention": falcon_attention,
+}
 
 
 def uses_attention_interface(attn_module: torch.nn.Module) -> bool:

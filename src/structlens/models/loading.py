@@ -10,7 +10,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -122,11 +122,13 @@ class Model:
         self.config = self.hf.config
         self.family: Family = family_of(hf)
         self.base = hf.base_model
-        self.layers = list(self._module(self.base, self.family.layers))
+        self.layers = list(cast(torch.nn.ModuleList, self._module(self.base, self.family.layers)))
         # encoder–decoders: the decoder's layers follow the encoder's (global layer indices)
         self.stacks: dict[str, tuple[int, int]] | None = None  # stack -> (offset, n_layers)
         if self.family.decoder is not None:
-            decoder = list(self._module(self.base, self.family.decoder.layers))
+            decoder = list(
+                cast(torch.nn.ModuleList, self._module(self.base, self.family.decoder.layers))
+            )
             self.stacks = {
                 "encoder": (0, len(self.layers)),
                 "decoder": (len(self.layers), len(decoder)),
@@ -228,7 +230,8 @@ class Model:
         if "mlp_pre" not in self.layer_kinds:
             return None
         if fam.moe_experts is not None:
-            experts = layer.get_submodule(fam.moe_experts)
+            # Any: an HF experts module, whose num_experts torch types as Tensor | Module
+            experts: Any = layer.get_submodule(fam.moe_experts)
             return int(experts.num_experts) * d_expert(experts)
         if fam.mlp_gate_up is not None:
             return out_features(layer.get_submodule(fam.mlp_gate_up)) // 2
@@ -400,7 +403,8 @@ def _load_hf(
         kw["gguf_file"] = gguf_file
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kw)
-        auto = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
+        # Any: the Auto classes differ in type, and their from_pretrained is typed via a wrapper
+        auto: Any = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
         if getattr(config, "is_encoder_decoder", False):
             auto = AutoModelForSeq2SeqLM
         hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)

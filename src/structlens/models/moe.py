@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -41,13 +42,15 @@ def is_dense_experts(module: torch.nn.Module) -> bool:
     )
 
 
-def d_expert(module: torch.nn.Module) -> int:
+# module: a Hugging Face experts module, whose attributes are known only at run time
+def d_expert(module: Any) -> int:
     """One expert's MLP width."""
     return int(module.down_proj.shape[-1])
 
 
 def experts_forward(
-    self: torch.nn.Module,
+    # self: a Hugging Face experts module, whose attributes are known only at run time
+    self: Any,
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
@@ -79,7 +82,9 @@ def experts_forward(
 
 @contextlib.contextmanager
 def dense_experts(
-    module: torch.nn.Module, taps: dict[str, Callable[[torch.Tensor], torch.Tensor]]
+    # module: typed Any as torch types a Module's attributes as Tensor | Module
+    module: Any,
+    taps: dict[str, Callable[[torch.Tensor], torch.Tensor]],
 ) -> Iterator[None]:
     """Run ``module`` with :func:`experts_forward` and ``taps`` inside the block."""
     module._structlens_taps = taps

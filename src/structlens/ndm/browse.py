@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -101,7 +101,10 @@ class PreimageBrowser:
         blocks = [arrays.get(f"z{s}") for s in range(len(browser.index.partition))]
         if any(b is None for b in blocks):
             raise ValueError(f"{path} lacks a subspace block; it was built for another partition.")
-        browser.index = SubspaceIndex.from_normalised(rotation, partition, blocks)
+        # cast: no block is None after the check above
+        browser.index = SubspaceIndex.from_normalised(
+            rotation, partition, cast("list[np.ndarray]", blocks)
+        )
         pis, poss = arrays["prompt_index"], arrays["position"]
         if len(pis) != len(browser.index):
             raise ValueError(f"{path}: {len(pis)} rows of ids for {len(browser.index)} vectors.")

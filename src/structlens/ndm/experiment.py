@@ -477,7 +477,8 @@ def evaluate(
         whole = _cached_runs(
             out / "cache" / f"whole-{test.name}.npz",
             _cache_key(**key),
-            lambda task=task, corrupted=corrupted, positions=positions, layer=layer: {
+            # mypy cannot infer a lambda whose defaults bind loop variables
+            lambda task=task, corrupted=corrupted, positions=positions, layer=layer: {  # type: ignore[misc]
                 "whole": whole_space_run(
                     model, task, corrupted, layer, positions, batch_size=cfg.batch_size
                 )
@@ -492,7 +493,8 @@ def evaluate(
                     rotations={m: _digest(rotations[layer][m]) for m in methods},
                     partition=partitions[layer],
                 ),
-                lambda task=task, corrupted=corrupted, positions=positions, layer=layer: (
+                # mypy cannot infer a lambda whose defaults bind loop variables
+                lambda task=task, corrupted=corrupted, positions=positions, layer=layer: (  # type: ignore[misc]
                     patch_subspaces(
                         model,
                         task,

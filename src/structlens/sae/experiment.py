@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from structlens.config import ExperimentReport
 from structlens.sae.collect import check_sae_fits, corpus_windows, residuals
@@ -135,7 +135,8 @@ def run(cfg: SAEExperimentConfig, model: Any, *, out: Path, executor: Any = None
     ce = ce_recovered_by_width(model, cfg.layer, saes, ev) if model.causal else {}
     per_width = {}
     for w, r in trained.items():
-        save_sae(r.sae, out / "saes" / str(w), **provenance(model, site))
+        # cast: the str fields go to save_sae's str keywords, never to ``metadata``
+        save_sae(r.sae, out / "saes" / str(w), **cast(dict[str, Any], provenance(model, site)))
         per_width[str(w)] = {
             "train": {
                 "tokens": r.tokens,

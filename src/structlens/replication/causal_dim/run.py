@@ -706,7 +706,13 @@ class CausalReplication:
         steps = self.s["synthetic_steps"]
         # The paper's ground truth: causal read-out directions are rotated mixtures of the
         # atoms, not atoms an SAE could learn one by one.
-        model_kw = {"d": 32, "n_atoms": 256, "n_causal": 8, "vocab": 64, "active": 4}
+        model_kw: dict[str, Any] = {
+            "d": 32,
+            "n_atoms": 256,
+            "n_causal": 8,
+            "vocab": 64,
+            "active": 4,
+        }
         model_kw |= {"seed": 0, "readout": "rotated"}
 
         def compute(_: Path) -> Record:
