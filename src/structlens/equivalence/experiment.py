@@ -43,7 +43,7 @@ class EquivalenceExperimentConfig:
             )
         if self.n < MIN_PROMPTS:
             raise ValueError(
-                f"too few probe prompts ({self.n}); compare needs at least {MIN_PROMPTS} (half "
+                f"too few probe prompts (-n {self.n}); compare needs at least {MIN_PROMPTS} (half "
                 "fit the similarities and maps, half validate)."
             )
 

@@ -89,12 +89,12 @@ def truncated(model: Model, last_layer: int) -> Iterator[Model]:
     head_owner, head_name, head = _output_embedding(model)
     try:
         for i in saved:
-            model.layers[i] = _Passthrough(as_tuple)
+            model.set_layer(i, _Passthrough(as_tuple))
         setattr(head_owner, head_name, torch.nn.Identity())
         yield model
     finally:
         for i, mod in saved.items():
-            model.layers[i] = mod
+            model.set_layer(i, mod)
         setattr(head_owner, head_name, head)
 
 
@@ -108,12 +108,12 @@ def resumed(model: Model, layer: int, resid_post: torch.Tensor) -> Iterator[Mode
     saved = {i: model.layers[i] for i in range(layer + 1)}
     try:
         for i in range(layer):
-            model.layers[i] = _Passthrough(as_tuple)
-        model.layers[layer] = _Constant(resid_post, as_tuple)
+            model.set_layer(i, _Passthrough(as_tuple))
+        model.set_layer(layer, _Constant(resid_post, as_tuple))
         yield model
     finally:
         for i, mod in saved.items():
-            model.layers[i] = mod
+            model.set_layer(i, mod)
 
 
 def _output_embedding(model: Model) -> tuple[torch.nn.Module, str, torch.nn.Module]:

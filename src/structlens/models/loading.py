@@ -122,18 +122,21 @@ class Model:
         self.config = self.hf.config
         self.family: Family = family_of(hf)
         self.base = hf.base_model
-        self.layers = list(cast(torch.nn.ModuleList, self._module(self.base, self.family.layers)))
+        first = cast(torch.nn.ModuleList, self._module(self.base, self.family.layers))
+        # The model's own containers, each with the global index of its first layer:
+        # set_layer swaps a layer in both (self.layers is a flat view across stacks).
+        self._containers: list[tuple[torch.nn.ModuleList, int]] = [(first, 0)]
+        self.layers = list(first)
         # encoder–decoders: the decoder's layers follow the encoder's (global layer indices)
         self.stacks: dict[str, tuple[int, int]] | None = None  # stack -> (offset, n_layers)
         if self.family.decoder is not None:
-            decoder = list(
-                cast(torch.nn.ModuleList, self._module(self.base, self.family.decoder.layers))
-            )
+            decoder = cast(torch.nn.ModuleList, self._module(self.base, self.family.decoder.layers))
             self.stacks = {
                 "encoder": (0, len(self.layers)),
                 "decoder": (len(self.layers), len(decoder)),
             }
-            self.layers += decoder
+            self._containers.append((decoder, len(self.layers)))
+            self.layers += list(decoder)
         self.n_layers = len(self.layers)
         self.d_model = int(hf.config.hidden_size)
         self.n_heads = int(hf.config.num_attention_heads)
@@ -204,6 +207,13 @@ class Model:
         if self.stacks is None:
             return None
         return {s: (n, self.stack_kinds[s]) for s, (_, n) in self.stacks.items()}
+
+    def set_layer(self, index: int, module: torch.nn.Module) -> None:
+        """Put ``module`` in place of layer ``index`` (global index) in the model itself, so
+        that forward passes run it (used by :mod:`structlens.interventions.fastrun`)."""
+        container, offset = next((c, o) for c, o in reversed(self._containers) if index >= o)
+        container[index - offset] = module
+        self.layers[index] = module
 
     def layer_module(self, layer: int, path: str | None = None) -> torch.nn.Module:
         """Decoder layer ``layer``, or its submodule at ``path``."""
