@@ -86,7 +86,8 @@ PROFILES: dict[str, Profile] = {
         kappa_layers=2, kappa_vectors=24, kappa_tokens=16,
         sweep_widths=(1024, 2048, 4096, 8192), sweep_k=32, sweep_train_prompts=160,
         sweep_eval_prompts=24, sweep_bootstrap=100,
-        equiv_probe=32, equiv_heads=12, equiv_congruity=False,
+        # the layer map needs more fit tokens (half the probe) than d = 576 dimensions
+        equiv_probe=96, equiv_heads=12, equiv_congruity=False,
     ),
     "full": Profile(
         n_layers=8, task_prompts=100,
@@ -101,7 +102,7 @@ PROFILES: dict[str, Profile] = {
         kappa_layers=8, kappa_vectors=128, kappa_tokens=64,
         sweep_widths=(512, 1024, 2048, 4096, 8192, 16384, 32768), sweep_k=32,
         sweep_train_prompts=800, sweep_eval_prompts=96, sweep_bootstrap=200,
-        equiv_probe=64, equiv_heads=32, equiv_congruity=True,
+        equiv_probe=128, equiv_heads=32, equiv_congruity=True,
     ),
 }  # fmt: skip
 

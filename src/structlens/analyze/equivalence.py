@@ -10,6 +10,7 @@ import numpy as np
 from structlens.analyze.common import caveat, number
 from structlens.analyze.config import AnalyzeConfig
 from structlens.analyze.runtime import StageProgress
+from structlens.errors import InputError
 
 
 def _equivalence_row(result: Any, name: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
@@ -63,7 +64,11 @@ def run(model: Any, cfg: AnalyzeConfig, step: StageProgress) -> dict[str, Any]:
     except ValueError as err:
         caveats.append(caveat("not_run", f"sanity row: {err}"))
     else:
-        res = compare(model, twin, corpus_probe(model, twin, n=p.equiv_probe), ccfg)
+        try:
+            res = compare(model, twin, corpus_probe(model, twin, n=p.equiv_probe), ccfg)
+        except InputError as err:  # e.g. too few probe tokens for a layer map at this width
+            caveats.append(caveat("not_run", f"sanity row: {err}"))
+            return {"headline": {}, "caveats": caveats, "details": {"rows": rows}}
         row, cav = _equivalence_row(res, "rotated + head-permuted copy (known: equivalent)")
         rows.append(row)
         caveats += cav

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from structlens.errors import InputError
+
 from ._checks import check_pair
 from .encoding import LinearMap, fit_linear_map
 
@@ -32,7 +34,7 @@ def fit_layer_map(x: object, y: object, method: str = "auto") -> LinearMap:
     if method not in ("auto", "procrustes", "ridge"):
         raise ValueError(f"method must be 'auto', 'procrustes' or 'ridge', got {method!r}.")
     if n <= d_a:
-        raise ValueError(
+        raise InputError(
             f"a layer map from width {d_a} needs more than {d_a} fit rows, got {n}; use more "
             "probe prompts (or longer ones) so the fit set has more tokens than dimensions."
         )
