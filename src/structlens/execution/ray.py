@@ -147,6 +147,10 @@ class RayExecutor:
         """Join (or start) the cluster; returns the ``ray`` module."""
         ray = self._ray
         if ray.is_initialized():
+            # Already connected in this process: an explicit address must still be reachable,
+            # so work never runs silently on another cluster than the one asked for.
+            if self.address is not None:
+                self._probe(self.address)
             return ray
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if self.runtime_env is not None:
