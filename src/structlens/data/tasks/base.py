@@ -266,6 +266,16 @@ class TaskDataset(abc.ABC):
     def _answer(self, key: str, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch.tensor(self.answers[key], dtype=torch.long)[idx].to(device)
 
+    def _logit_difference(
+        self, end_logits: torch.Tensor, index: Sequence[int] | None, good: str, bad: str
+    ) -> torch.Tensor:
+        """``logit(answers[good]) − logit(answers[bad])`` per prompt at END."""
+        idx = self._check_logits(end_logits, index)
+        rows = torch.arange(end_logits.shape[0], device=end_logits.device)
+        pos = self._answer(good, idx, end_logits.device)
+        neg = self._answer(bad, idx, end_logits.device)
+        return end_logits[rows, pos] - end_logits[rows, neg]
+
 
 def pad_batch(
     sequences: Sequence[Sequence[int]], pad_id: int = 0

@@ -41,11 +41,7 @@ class InductionTask(TaskDataset):
     metric_description: ClassVar[str] = "logit(next) - logit(foil) at END"
 
     def metric(self, end_logits: torch.Tensor, index: Sequence[int] | None = None) -> torch.Tensor:
-        idx = self._check_logits(end_logits, index)
-        rows = torch.arange(end_logits.shape[0], device=end_logits.device)
-        nxt = self._answer("next", idx, end_logits.device)
-        foil = self._answer("foil", idx, end_logits.device)
-        return end_logits[rows, nxt] - end_logits[rows, foil]
+        return self._logit_difference(end_logits, index, "next", "foil")
 
 
 def make_induction(

@@ -97,11 +97,7 @@ class IOITask(TaskDataset):
     metric_description: ClassVar[str] = "logit(IO) - logit(S) at END"
 
     def metric(self, end_logits: torch.Tensor, index: Sequence[int] | None = None) -> torch.Tensor:
-        idx = self._check_logits(end_logits, index)
-        rows = torch.arange(end_logits.shape[0], device=end_logits.device)
-        io = self._answer("IO", idx, end_logits.device)
-        s = self._answer("S", idx, end_logits.device)
-        return end_logits[rows, io] - end_logits[rows, s]
+        return self._logit_difference(end_logits, index, "IO", "S")
 
 
 def make_ioi(
