@@ -57,7 +57,8 @@ def run(model: Any, cfg: AnalyzeConfig, step: StageProgress) -> dict[str, Any]:
         max_validate_layers=min(model.n_layers, 6),
         seed=cfg.seed,
     )
-    rows, caveats = [], []
+    rows: list[dict[str, Any]] = []
+    caveats: list[dict[str, str]] = []
     step("rotated copy")
     try:
         twin, _, _ = rotate_and_permute(model, seed=cfg.seed + 1)
