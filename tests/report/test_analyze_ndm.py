@@ -33,3 +33,14 @@ def test_gini_only_for_tests_that_pass_the_screen(ndm):
             assert not gini or gini["per_test"][t["test"]] == "no signal"
     if not any(t["screened"] for t in tests):
         assert gini == {} and not any(k.startswith("gini_") for k in ndm["headline"])
+
+
+def test_ndm_is_trained_only_where_a_test_passes_the_screen(ndm):
+    trained = {t["layer"] for t in ndm["details"]["trained"]}
+    passing = {t["layer"] for t in ndm["details"]["tests"] if t["screened"]}
+    if passing:
+        assert trained == passing
+    else:  # one layer for the preimage browser, said so
+        assert len(trained) == 1
+        assert any("browser only" in c["message"] for c in ndm["caveats"])
+    assert ndm["details"]["browser"]["layer"] == min(trained)

@@ -113,11 +113,12 @@ def _buildable(model: Any, test: Any, seed: int) -> bool:
 def run(
     model: Any, cfg: AnalyzeConfig, step: StageProgress, executor: ExecutorView
 ) -> dict[str, Any]:
-    """NDM at the layers of the patching tests (the paper's, with RoPE-transferable ones on
-    rotary models) that this tokenizer supports; each test screened by its whole-space effect
-    (:func:`structlens.ndm.evaluate.screen_table`) and, where it passes, the patching-test Gini
-    of NDM against baseline rotations (bootstrap CIs over prompts); the preimage browser at the
-    first trained layer."""
+    """The patching tests (the paper's, with RoPE-transferable ones on rotary models) that
+    this tokenizer supports, each screened first by its whole-space effect
+    (:func:`structlens.ndm.evaluate.screen_table`); NDM trained at the layers of the tests
+    that pass (at the first test layer, for the browser only, when none does) and, for those
+    tests, the patching-test Gini of NDM against baseline rotations (bootstrap CIs over
+    prompts); the preimage browser at the first trained layer."""
     from structlens.ndm import NDM, NDMConfig, subspace_variances
     from structlens.ndm.data import capture_residuals, training_prompts
     from structlens.ndm.evaluate import (
@@ -146,7 +147,53 @@ def run(
             caveat("not_run", f"patching tests {skipped} need tasks this tokenizer cannot build.")
         )
     layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in tests}
-    layers = sorted(set(layer_of.values())) or [model.n_layers // 2]
+    # Screen first: a test whose whole-space effect is below the screen carries no signal, so
+    # NDM is trained only at layers where some test passes (one layer for the browser if none).
+    screened: dict[str, tuple[Any, Any, Any]] = {}
+    runs: dict[str, Any] = {}
+    tests_out = []
+    for test in tests:
+        step(f"screen {test.name}")
+        task = make_test_task(test, model.tokenizer, n=p.patch_prompts, seed=cfg.seed)
+        layer = layer_of[test.name]
+        corrupted = corrupted_prompts(task, test.corruption)
+        positions = patch_positions(task, test.positions)
+        whole = whole_space_run(model, task, corrupted, layer, positions)
+        screen = screen_table({test.name: whole}, {test.name: layer}, DEFAULT_MIN_SHARE)[0]
+        full = whole.full_effect
+        full_ci = t_interval(full)
+        tests_out.append({"test": test.name, "layer": int(layer), "full_effect": float(full.mean()),
+                          "full_effect_ci": full_ci, **screen})  # fmt: skip
+        if screen["screened"]:
+            screened[test.name] = (task, corrupted, positions)
+            continue
+        # Below the screen the subspace effects are mostly noise (noise alone gives a Gini
+        # near 0.41): the test is reported as "no signal", its subspaces unpatched.
+        runs[test.name] = {"whole": whole}
+        share = screen["whole_space_share"]
+        removed = (
+            f"removes {share:.1%} of the clean metric"
+            if np.isfinite(share)
+            else "cannot remove a behaviour the model lacks (mean clean metric <= 0)"
+        )
+        caveats.append(
+            caveat(
+                "null_effect",
+                f"{test.name}: patching the whole space at layer {layer} {removed} (effect "
+                f"{full.mean():+.3f}, CI [{full_ci[0]:+.3f}, {full_ci[1]:+.3f}]), below the "
+                f"{DEFAULT_MIN_SHARE:.0%} screen: no signal, no Gini.",
+            )
+        )
+    candidate_layers = sorted(set(layer_of.values())) or [model.n_layers // 2]
+    layers = sorted({layer_of[t] for t in screened}) or candidate_layers[:1]
+    if not screened:
+        caveats.append(
+            caveat(
+                "null_effect",
+                f"no patching test passes the screen; NDM is trained at layer {layers[0]} for "
+                "the preimage browser only.",
+            )
+        )
     step("capture")
     prompts = training_prompts(
         model, corpus_prompts=p.ndm_corpus, task_prompts=0, max_tokens=p.ndm_tokens, seed=cfg.seed
@@ -212,55 +259,28 @@ def run(
         variances[layer] = {
             m: subspace_variances(h, r, res.partition) for m, r in rotations[layer].items()
         }
-    runs, tests_out = {}, []
-    for test in tests:
-        step(f"patch {test.name}")
-        task = make_test_task(test, model.tokenizer, n=p.patch_prompts, seed=cfg.seed)
-        layer = layer_of[test.name]
-        corrupted = corrupted_prompts(task, test.corruption)
-        positions = patch_positions(task, test.positions)
-        whole = whole_space_run(model, task, corrupted, layer, positions)
-        screen = screen_table({test.name: whole}, {test.name: layer}, DEFAULT_MIN_SHARE)[0]
-        full = whole.full_effect
-        full_ci = t_interval(full)
-        entry = {"test": test.name, "layer": int(layer), "full_effect": float(full.mean()),
-                 "full_effect_ci": full_ci, **screen}  # fmt: skip
-        tests_out.append(entry)
-        if not screen["screened"]:
-            # Below the screen the subspace effects are mostly noise (noise alone gives a
-            # Gini near 0.41): the test is reported as "no signal", its subspaces unpatched.
-            runs[test.name] = {"whole": whole}
-            share = screen["whole_space_share"]
-            removed = (
-                f"removes {share:.1%} of the clean metric"
-                if np.isfinite(share)
-                else "cannot remove a behaviour the model lacks (mean clean metric <= 0)"
-            )
-            caveats.append(
-                caveat(
-                    "null_effect",
-                    f"{test.name}: patching the whole space at layer {layer} {removed} (effect "
-                    f"{full.mean():+.3f}, CI [{full_ci[0]:+.3f}, {full_ci[1]:+.3f}]), below the "
-                    f"{DEFAULT_MIN_SHARE:.0%} screen: no signal, no Gini.",
-                )
-            )
+    for entry in tests_out:
+        name = entry["test"]
+        if name not in screened:
             continue
+        step(f"patch {name}")
+        task, corrupted, positions = screened[name]
+        layer = layer_of[name]
         bounds = np.concatenate([[0], np.cumsum(trained[layer]["partition"])])
         bases = {
             m: [r[:, bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
             for m, r in rotations[layer].items()
         }
-        runs[test.name] = patch_subspaces(model, task, corrupted, layer, positions, bases)
-        entry["normalized"] = {
-            m: r.normalized_effects().tolist() for m, r in runs[test.name].items()
-        }
+        runs[name] = patch_subspaces(model, task, corrupted, layer, positions, bases)
+        entry["normalized"] = {m: r.normalized_effects().tolist() for m, r in runs[name].items()}
+    runs = {t.name: runs[t.name] for t in tests}  # the tests' order (bootstrap seeds follow it)
     gini: dict[str, Any] = {}
     headline: dict[str, Any] = {}
     summary: dict[str, Any] = (
         screened_summary(
             runs,
-            {t: trained[layer_of[t]]["partition"] for t in runs},
-            {t: variances[layer_of[t]] for t in runs},
+            {t: trained[layer_of[t]]["partition"] for t in screened},
+            {t: variances[layer_of[t]] for t in screened},
             layer_of,
             min_share=DEFAULT_MIN_SHARE,
             n_boot=p.gini_bootstrap,
