@@ -84,7 +84,7 @@ def test_spectrum_and_kappa_curve_take_kappa_results(tmp_path, rng):
 
 
 def test_merge_history_takes_ndm_results(tmp_path, rng):
-    h = rng.standard_normal((600, 4)).astype(np.float32)
+    h = rng.standard_normal((1000, 4)).astype(np.float32)
     cfg = NDMConfig(
         unit_size=1, batch_size=32, lr=3e-2, max_steps=30, bank_size=300, refresh_interval=10,
         reproject_interval=3, merge_start=10, merge_interval=10, mi_samples=300,
