@@ -13,10 +13,14 @@ import dataclasses
 import json
 import os
 import tempfile
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+
+from structlens.errors import InputError
 
 SCHEMA_VERSION = 1
 
@@ -89,6 +93,25 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) or (hasattr(value, "detach") and hasattr(value, "cpu"))
 
 
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _restore_floats(obj: Any) -> Any:
+    """Undo :func:`to_jsonable`'s strings for non-finite floats, in nested lists and dicts."""
+    if isinstance(obj, str):
+        return _NON_FINITE.get(obj, obj)
+    if isinstance(obj, list):
+        return [_restore_floats(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _restore_floats(v) for k, v in obj.items()}
+    return obj
+
+
+def _kinds(tp: Any) -> set[Any]:
+    """A field's type and, for a union (``np.ndarray | None``), its members."""
+    return {tp, *typing.get_args(tp)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """Base class for frozen result dataclasses with ``save``/``load``.
@@ -152,6 +175,67 @@ class Result:
                 kwargs[f.name] = arrays[f.name + ".real"] + 1j * arrays[f.name + ".imag"]
             elif f.name in meta:
                 kwargs[f.name] = meta[f.name]
+        return cls(**kwargs)
+
+    @classmethod
+    def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+        """Rebuild a result from its JSON form: what :func:`to_jsonable` makes of it, as held
+        by a command's JSON document or a replication stage record.
+
+        Keys that are not fields of ``cls`` are ignored (documents keep context beside a
+        result's fields); fields missing from ``data`` take their defaults.  The strings
+        ``"nan"``, ``"inf"`` and ``"-inf"`` that :func:`to_jsonable` writes for non-finite
+        floats become floats again (in every field not annotated ``str``), and fields
+        annotated ``np.ndarray`` become numpy arrays.  Complex arrays, which
+        :func:`to_jsonable` writes as ``[real, imag]`` pairs, are not restored: read those
+        results with :meth:`load`.
+
+        Raises
+        ------
+        InputError
+            If ``data`` lacks a field that has no default, or holds only the shape of an
+            array field (as :meth:`to_json` writes it).
+
+        Examples
+        --------
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Fit(Result):
+        ...     slope: float
+        ...     curve: np.ndarray
+        >>> Fit.from_dict({"slope": "nan", "curve": [1.0, 2.0], "layer": 3})
+        Fit(slope=nan, curve=array([1., 2.]))
+        """
+        hints = typing.get_type_hints(cls)  # each field's annotation in its own module
+        fields = dataclasses.fields(cls)
+        required = [
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise InputError(
+                f"{cls.__name__} needs the fields {missing}, which the dict lacks; pass the "
+                f"JSON form of a whole {cls.__name__} (to_jsonable(result))."
+            )
+        kwargs: dict[str, Any] = {}
+        for f in fields:
+            if f.name not in data:
+                continue
+            kinds = _kinds(hints[f.name])
+            value = data[f.name]
+            if str in kinds:
+                kwargs[f.name] = value
+            elif np.ndarray in kinds and value is not None:
+                if isinstance(value, dict):
+                    raise InputError(
+                        f"{cls.__name__}.{f.name} holds no array, only {value} (to_json keeps "
+                        f"just the shape of arrays); pass to_jsonable(result), or read the "
+                        f"saved result with {cls.__name__}.load."
+                    )
+                kwargs[f.name] = np.asarray(_restore_floats(value))
+            else:
+                kwargs[f.name] = _restore_floats(value)
         return cls(**kwargs)
 
 

@@ -115,10 +115,10 @@ def test_doubling_rule_stops_when_kappa_stops_rising():
 def test_curve_on_rank_one_basis_equals_subset_size():
     g = _rank_one_basis(8, 10)
     curve = kappa_curve(g, [1, 2, 5, 8], n_draws=5)
-    assert curve["sizes"] == [1.0, 2.0, 5.0, 8.0]
-    assert curve["erank"] == pytest.approx([1.0, 2.0, 5.0, 8.0])
-    assert curve["pr"] == pytest.approx([1.0, 2.0, 5.0, 8.0])
-    assert curve["erank_sd"] == pytest.approx([0.0] * 4, abs=1e-9)
+    assert curve.sizes == [1.0, 2.0, 5.0, 8.0]
+    assert curve.erank == pytest.approx([1.0, 2.0, 5.0, 8.0])
+    assert curve.pr == pytest.approx([1.0, 2.0, 5.0, 8.0])
+    assert curve.erank_sd == pytest.approx([0.0] * 4, abs=1e-9)
 
 
 def test_bad_input_raises():

@@ -17,7 +17,7 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     for i in range(8):
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: κ = κ_PR = 8
     res = kappa_from_grams(g)
-    entry = to_jsonable(res) | {"layer": 3, "curve": kappa_curve(g, [1, 8], n_draws=3)}
+    entry = to_jsonable(res) | {"layer": 3, "curve": to_jsonable(kappa_curve(g, [1, 8], n_draws=3))}
     cell = {
         "width": 64,
         "n_causal": {"learned_enc/learned_dec": 4, "random_enc/learned_dec": 12},

@@ -430,14 +430,11 @@ def run(
     erank = kappa["layers"][0]["erank"]
     pairs = list(residual_grads(model, layer, ev))
     res, _ = sweep_analysis(saes, pairs, cfg.width_sweep, n_blocks=cfg.n_blocks, exact_erank=erank)
+    # Every array as a list (to_json keeps only shapes), so the document holds the whole
+    # result and WidthSweepResult.from_dict rebuilds it.
+    fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(res)}
     sweep_json = res.to_json() | {
-        "widths": res.widths.tolist(),
-        "n_repr": res.n_repr.tolist(),
-        "n_causal": res.n_causal.tolist(),
-        "n_repr_growth": res.n_repr_growth.tolist(),
-        "n_causal_growth": res.n_causal_growth.tolist(),
-        "n_repr_ci": res.n_repr_ci.tolist(),
-        "n_causal_ci": res.n_causal_ci.tolist(),
+        name: value.tolist() for name, value in fields.items() if isinstance(value, np.ndarray)
     }
     pr = kappa["layers"][0]["participation_ratio"]
     results = {

@@ -202,18 +202,31 @@ def kappa_until_converged(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class KappaCurve(Result):
+    """Outcome of :func:`kappa_curve`: for each subset size in ``sizes`` (floats, ascending as
+    given), the mean (``erank``, ``pr``) and standard deviation (``erank_sd``, ``pr_sd``) over
+    random subsets of κ (erank) and κ_PR of ``Σ̂``."""
+
+    sizes: list
+    erank: list
+    erank_sd: list
+    pr: list
+    pr_sd: list
+
+
 def kappa_curve(
     grams: np.ndarray | torch.Tensor | Sequence[np.ndarray],
     sizes: Sequence[int],
     *,
     n_draws: int = 20,
     seed: int = 0,
-) -> dict[str, list[float]]:
+) -> KappaCurve:
     """Few-vector bias: κ and κ_PR of ``Σ̂`` from random subsets of ``n'`` vectors.
 
     For each ``n'`` in ``sizes`` (``1 ≤ n' ≤ n``), ``n_draws`` subsets are drawn without
-    replacement (one subset when ``n' = n``).  Returns ``sizes`` and the mean and standard
-    deviation over draws of the erank and the participation ratio.
+    replacement (one subset when ``n' = n``).  Returns the mean and standard deviation over
+    draws of the erank and the participation ratio per size (:class:`KappaCurve`).
     """
     g = _stack(grams)
     n = g.shape[0]
@@ -235,11 +248,12 @@ def kappa_curve(
         out["erank_sd"].append(float(vals[:, 0].std()))
         out["pr"].append(float(vals[:, 1].mean()))
         out["pr_sd"].append(float(vals[:, 1].std()))
-    return {"sizes": [float(s) for s in sizes]} | out
+    return KappaCurve(sizes=[float(s) for s in sizes], **out)
 
 
 __all__ = [
     "KappaConvergence",
+    "KappaCurve",
     "KappaResult",
     "doubling_ratio",
     "kappa_curve",

@@ -70,7 +70,7 @@ def jacobian(
     positions: Positions = "same",
 ) -> None:
     """Exact Σ = E[JᵀJ] at blocks.{l}.hook_resid_pre: κ (erank), κ_PR, ranks, spectrum."""
-    from structlens.report.causal import plot_spectrum
+    from structlens.report.causal import plot_spectra
 
     report, _ = _run(
         common, model, analysis="jacobian", layers=parse_ints(layers, "--layers"),
@@ -79,7 +79,10 @@ def jacobian(
     )  # fmt: skip
     common.write("causal_jacobian", report.payload(), command="causal-dim jacobian")
     by_layer = report.results["by_layer"]
-    plot_spectrum(by_layer, common.out / "sigma_spectrum.png")
+    plot_spectra(
+        {e["layer"]: e["eigenvalues"] for e in by_layer["layers"]},
+        common.out / "sigma_spectrum.png",
+    )
     for e in by_layer["layers"]:
         common.say(
             f"layer {e['layer']}: κ = {e['erank']:.1f} (κ/d {e['kappa_over_d']:.3f})"
@@ -114,6 +117,7 @@ def sweep(
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
+    from structlens.causal_dim.sweep import WidthSweepResult
     from structlens.provenance import provenance
     from structlens.report.causal import plot_width_sweep
     from structlens.sae import save_sae
@@ -137,7 +141,7 @@ def sweep(
         save_sae(s, common.out / "saes" / str(w), **cast(dict[str, Any], provenance(m, site)))
     common.write("causal_sweep", report.payload(), command="causal-dim sweep")
     sw = report.results["sweep"]
-    plot_width_sweep(sw, common.out / "width_sweep.png")
+    plot_width_sweep(WidthSweepResult.from_dict(sw), common.out / "width_sweep.png")
     kappa_hat = (
         f"κ̂ {sw['kappa_hat']:.0f} {sw['kappa_hat_ci']}"
         if sw["kappa_hat_status"] == "identified"  # never print a fit pinned at a bound

@@ -67,11 +67,9 @@ def _run(
     out.mkdir(parents=True, exist_ok=True)
     result.save(out / f"{name}_result")
     path = common.write(name, result.summary(), command=f"equiv {name}")
-    passed = [r["passed"] for r in result.layer_validation] if result.layer_validation else None
     plot_layer_matching(
-        result.layer_similarity, result.matching["layers"]["pairs"], out / f"{name}_layers.png",
-        label_a=model_a, label_b=model_b,
-        title=f"{cmp.metric}, {result.matching['layers']['method']} matching", passed=passed,
+        result, out / f"{name}_layers.png", label_a=model_a, label_b=model_b,
+        title=f"{cmp.metric}, {result.matching['layers']['method']} matching",
     )  # fmt: skip
     common.say(
         f"{model_a} vs {model_b} on {result.probe} ({result.representation} rows): "

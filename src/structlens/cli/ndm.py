@@ -84,6 +84,7 @@ def train(
     ] = None,
 ) -> None:
     """Capture residual activations and train NDM at each layer."""
+    from structlens.ndm import NDMResult
     from structlens.ndm.experiment import NDMExperimentConfig, run
     from structlens.report.ndm import plot_merge_history
 
@@ -100,7 +101,7 @@ def train(
         cfg, model, out=common.out, activations=activations, checkpoints=checkpoints,
         progress=not common.quiet, log=common.say,
     )  # fmt: skip
-    history = {f"L{k}": v for k, v in report.results.items()}
+    history = {f"L{k}": NDMResult.load(common.out / f"ndm-L{k}") for k in report.results}
     plot_merge_history(history, common.out / "merge_history.png")
     common.say(f"wrote {common.write('ndm_train', report.payload(), command='ndm train')}")
 

@@ -40,6 +40,7 @@ from structlens.data.tasks.induction import make_induction
 from structlens.interventions import run_with_cache
 from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
+from structlens.results import Result
 from structlens.sites import site_name
 from structlens.stats.gini import gini, gini_dimension_normalized, gini_variance_normalized
 from structlens.stats.intervals import percentile_interval
@@ -173,7 +174,7 @@ def patch_positions(task: TaskDataset, names: Sequence[str]) -> list[list[int]] 
 
 
 @dataclasses.dataclass(frozen=True)
-class PatchRun:
+class PatchRun(Result):
     """Per-prompt outputs of patching each subspace (``bases[s]``) and the whole space.
 
     ``effects[i, s] = clean_metric[i] - patched_metric[i, s]``; ``full_effect`` is the same for

@@ -529,7 +529,7 @@ def evaluate(
         }
         if screened["screened"]:
             plot_effect_heatmap(
-                {m: v["normalized"] for m, v in effects_out[test.name]["methods"].items()},
+                {m: r for m, r in runs[test.name].items() if m != "whole"},
                 partitions[layer],
                 f"{test.name} (layer {layer}, {test.corruption})",
                 out / f"effects-{test.name}.png",

@@ -1,21 +1,30 @@
 """Figures for causal dimensionality.
 
-* :func:`plot_width_sweep`: N_repr and N_causal against SAE width on log axes, with bootstrap
-  bands and the saturating fits of N_causal.
-* :func:`plot_spectrum`: eigenvalues of Σ (descending, log scale) per layer.
-* :func:`plot_kappa_curve`: κ and κ_PR of Σ̂ against the number of residual vectors.
+* :func:`plot_width_sweep`: N_repr and N_causal of a
+  :class:`~structlens.causal_dim.sweep.WidthSweepResult` against SAE width on log axes, with
+  bootstrap bands and the saturating fits of N_causal.
+* :func:`plot_spectrum`: eigenvalues of Σ (descending, log scale) of one
+  :class:`~structlens.causal_dim.kappa.KappaResult` per layer; :func:`plot_spectra` draws the
+  same from bare spectra (the ``causal-dim jacobian`` command, whose single-prompt runs have
+  no jackknife and so no ``KappaResult``).
+* :func:`plot_kappa_curve`: κ and κ_PR of Σ̂ against the number of residual vectors, one
+  :class:`~structlens.causal_dim.kappa.KappaCurve` per layer.
 
 The replication's markdown lives in :mod:`structlens.replication.causal_dim.render`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from structlens.causal_dim.kappa import KappaCurve, KappaResult
+from structlens.causal_dim.sweep import WidthSweepResult
 from structlens.report import save_figure
+from structlens.stats.ranks import effective_ranks
 
 
 def _plt():
@@ -36,19 +45,23 @@ def _fit_curve(name: str, fit: dict[str, float], m: np.ndarray) -> np.ndarray:
     return k / (1 + (h / m) ** fit["n"])
 
 
-def plot_width_sweep(sweep: dict[str, Any], path: str | Path) -> Path:
-    """N_repr and N_causal vs width (log–log) with CIs and fitted N_causal curves."""
+def plot_width_sweep(sweep: WidthSweepResult, path: str | Path) -> Path:
+    """N_repr and N_causal vs width (log–log) with their bootstrap bands and the fitted
+    N_causal curves of ``sweep.fits``; a band is left out when its interval is not finite
+    (no bootstrap)."""
     plt = _plt()
-    w = np.asarray(sweep["widths"], dtype=float)
+    w = np.asarray(sweep.widths, dtype=float)
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for key, label, color in (("n_repr", "N_repr", "C0"), ("n_causal", "N_causal", "C3")):
-        y = np.asarray(sweep[key], dtype=float)
-        ax.plot(w, y, "o-", color=color, label=label)
-        ci = np.asarray(sweep.get(f"{key}_ci", []), dtype=float)
-        if ci.shape == (2, w.size) and np.all(np.isfinite(ci)):
-            ax.fill_between(w, ci[0], ci[1], color=color, alpha=0.2)
+    for y, ci, label, color in (
+        (sweep.n_repr, sweep.n_repr_ci, "N_repr", "C0"),
+        (sweep.n_causal, sweep.n_causal_ci, "N_causal", "C3"),
+    ):
+        ax.plot(w, np.asarray(y, dtype=float), "o-", color=color, label=label)
+        band = np.asarray(ci, dtype=float)
+        if band.shape == (2, w.size) and np.all(np.isfinite(band)):
+            ax.fill_between(w, band[0], band[1], color=color, alpha=0.2)
     grid = np.geomspace(w.min(), w.max() * 4, 100)
-    for (name, fit), style in zip(sweep.get("fits", {}).items(), ("--", ":", "-."), strict=False):
+    for (name, fit), style in zip(sweep.fits.items(), ("--", ":", "-."), strict=False):
         ax.plot(
             grid,
             _fit_curve(name, fit, grid),
@@ -66,17 +79,22 @@ def plot_width_sweep(sweep: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_spectrum(kappa: dict[str, Any], path: str | Path) -> Path:
-    """Eigenvalues of Σ = E[JᵀJ], descending, log scale, one curve per layer."""
+def plot_spectra(spectra: Mapping[int, ArrayLike], path: str | Path) -> Path:
+    """Eigenvalues of Σ = E[JᵀJ], descending, log scale, one curve per layer.
+
+    ``spectra[layer]`` is that layer's spectrum (any order); each curve is labelled with the
+    κ (erank) and κ_PR computed from it.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for entry in kappa["layers"]:
-        lam = np.clip(np.asarray(entry["eigenvalues"], dtype=float), 1e-300, None)
+    for layer, eigenvalues in spectra.items():
+        lam = np.sort(np.asarray(eigenvalues, dtype=float))[::-1]
+        ranks = effective_ranks(lam)
         ax.plot(
             np.arange(1, lam.size + 1),
-            lam,
-            label=f"layer {entry['layer']} "
-            f"(κ={entry['erank']:.0f}, PR={entry['participation_ratio']:.0f})",
+            np.clip(lam, 1e-300, None),
+            label=f"layer {layer} "
+            f"(κ={ranks.entropy_effective_rank:.0f}, PR={ranks.participation_ratio:.0f})",
         )
     ax.set_yscale("log")
     ax.set_xlabel("index")
@@ -85,25 +103,30 @@ def plot_spectrum(kappa: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_kappa_curve(kappa: dict[str, Any], path: str | Path) -> Path:
-    """Few-vector bias: κ (erank) and κ_PR of Σ̂ from n random vectors, per layer."""
+def plot_spectrum(kappa: Mapping[int, KappaResult], path: str | Path) -> Path:
+    """The spectrum of Σ̂ of each layer's :class:`KappaResult` (``kappa[layer]``), labelled
+    with its κ and κ_PR (see :func:`plot_spectra`)."""
+    return plot_spectra({layer: r.eigenvalues for layer, r in kappa.items()}, path)
+
+
+def plot_kappa_curve(curves: Mapping[int, KappaCurve], path: str | Path) -> Path:
+    """Few-vector bias: κ (erank) and κ_PR of Σ̂ from n random vectors with their standard
+    deviations over subsets, one :class:`KappaCurve` per layer (``curves[layer]``)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for i, entry in enumerate(kappa["layers"]):
-        c = entry["curve"]
-        n = np.asarray(c["sizes"], dtype=float)
-        for key, style in (("erank", "o-"), ("pr", "s:")):
-            y, sd = np.asarray(c[key]), np.asarray(c[f"{key}_sd"])
+    for i, (layer, c) in enumerate(curves.items()):
+        n = np.asarray(c.sizes, dtype=float)
+        for y, sd, name, style in ((c.erank, c.erank_sd, "κ", "o-"), (c.pr, c.pr_sd, "κ_PR", "s:")):
             ax.errorbar(
                 n,
-                y,
-                yerr=sd,
+                np.asarray(y),
+                yerr=np.asarray(sd),
                 fmt=style,
                 color=f"C{i}",
                 ms=3,
                 lw=1,
                 capsize=2,
-                label=f"L{entry['layer']} {'κ' if key == 'erank' else 'κ_PR'}",
+                label=f"L{layer} {name}",
             )
     ax.set_xscale("log")
     ax.set_yscale("log")

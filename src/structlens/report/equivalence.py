@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from structlens.equivalence.compare import ComparisonResult, MatchedComponents
 from structlens.report import save_figure
 
 
@@ -20,25 +20,33 @@ def _plt():
 
 
 def plot_layer_matching(
-    similarity: np.ndarray,
-    pairs: Sequence[Sequence[int]],
+    result: MatchedComponents | ComparisonResult,
     path: str | Path,
     *,
-    label_a: str = "model A",
-    label_b: str = "model B",
+    label_a: str | None = None,
+    label_b: str | None = None,
     title: str = "",
-    passed: Sequence[bool] | None = None,
 ) -> Path:
-    """Heat map of a ``[layers_a, layers_b]`` similarity matrix with matched pairs marked.
+    """Heat map of ``result.layer_similarity`` ``[layers_a, layers_b]`` with the matched layer
+    pairs of ``result.matching["layers"]`` marked.
 
-    Rows are layers of A, columns layers of B; each matched pair ``(a, b)`` gets a ring
-    (green when its validation passed, red when it failed, white when not validated) and the
-    pairs are joined in depth order.
+    Rows are layers of A, columns layers of B; each matched pair ``(a, b)`` gets a ring and
+    the pairs are joined in depth order.  The rings of a :class:`ComparisonResult` whose
+    layers were validated are green where the pair passed and red where it failed; otherwise
+    they are white.  The axes are labelled ``label_a``/``label_b``, by default the models of
+    a :class:`ComparisonResult` (``"model A"``/``"model B"`` for :class:`MatchedComponents`).
     """
     plt = _plt()
-    s = np.asarray(similarity, dtype=float)
-    if s.ndim != 2:
-        raise ValueError(f"similarity must be a 2-D [layers_a, layers_b] matrix, got {s.shape}.")
+    s = np.asarray(result.layer_similarity, dtype=float)
+    pairs = result.matching["layers"]["pairs"]
+    passed: list[bool] | None = None
+    names = ("model A", "model B")
+    if isinstance(result, ComparisonResult):
+        names = (result.model_a, result.model_b)
+        if result.layer_validation:
+            passed = [r["passed"] for r in result.layer_validation]
+    label_a = names[0] if label_a is None else label_a
+    label_b = names[1] if label_b is None else label_b
     la, lb = s.shape
     fig, ax = plt.subplots(figsize=(1.6 + 0.28 * lb, 1.2 + 0.28 * la))
     im = ax.imshow(s, cmap="viridis", vmin=min(0.0, float(np.nanmin(s))), vmax=1.0, aspect="auto")

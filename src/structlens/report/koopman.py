@@ -1,10 +1,16 @@
-"""Figures for the Koopman analysis (matplotlib, Agg backend; PNG files)."""
+"""Figures for the Koopman analysis (matplotlib, Agg backend; PNG files).
+
+The entry points take results: :func:`plot_fit_spectra` (``EDMDcResult`` s),
+:func:`plot_split_half_results` (``SplitHalfResult`` s) and :func:`plot_report` (a
+``KoopmanReport``, whose ``results`` are the JSON summaries of its fits).  They draw through
+the array-level :func:`plot_eigenvalues`, :func:`plot_split_half` and :func:`plot_ablation`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -12,9 +18,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from structlens.koopman.convergence import SplitHalfResult  # noqa: E402
+from structlens.koopman.edmdc import EDMDcResult  # noqa: E402
 from structlens.report import save_figure  # noqa: E402
 
-__all__ = ["plot_eigenvalues", "plot_split_half", "plot_ablation", "plot_report"]
+if TYPE_CHECKING:
+    from structlens.koopman.experiment import KoopmanReport
+
+__all__ = [
+    "plot_ablation",
+    "plot_eigenvalues",
+    "plot_fit_spectra",
+    "plot_report",
+    "plot_split_half",
+    "plot_split_half_results",
+]
 
 
 def plot_eigenvalues(
@@ -84,7 +102,26 @@ def plot_ablation(
     return save_figure(fig, path)
 
 
-def plot_report(report: Any, out: str | Path) -> Path | None:
+def plot_fit_spectra(
+    fits: Mapping[str, EDMDcResult], path: str | Path, title: str = "Koopman spectrum"
+) -> Path:
+    """The eigenvalues of each fitted operator (``fits[label]``) on the complex plane, with
+    the unit circle."""
+    return plot_eigenvalues({label: r.eigenvalues for label, r in fits.items()}, path, title)
+
+
+def plot_split_half_results(
+    results: Mapping[str, SplitHalfResult],
+    path: str | Path,
+    title: str = "Split-half spectral distance",
+) -> Path:
+    """Log-log mean W∞ between the half spectra against per-half M, one curve per
+    ``results[label]`` with its slope, and an M^{-1/2} reference line."""
+    curves = {label: (r.n_samples, r.w_inf_mean, r.slope) for label, r in results.items()}
+    return plot_split_half(curves, path, title)
+
+
+def plot_report(report: KoopmanReport, out: str | Path) -> Path | None:
     """The figure of a :class:`~structlens.koopman.experiment.KoopmanReport` in ``out``:
     the spectra (``fit``), the split-half curves (``convergence``) or the IOI ablation bars
     (``modes``); ``None`` for the analyses without one."""

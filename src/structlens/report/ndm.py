@@ -1,13 +1,16 @@
-"""Figures for NDM: patching effects per subspace and the merge history of training."""
+"""Figures for NDM: patching effects per subspace (from
+:class:`~structlens.ndm.evaluate.PatchRun`) and the merge history of training (from
+:class:`~structlens.ndm.ndm.NDMResult`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from structlens.ndm.evaluate import PatchRun
+from structlens.ndm.ndm import NDMResult
 from structlens.report import save_figure
 
 
@@ -21,39 +24,40 @@ def _plt():
 
 
 def plot_effect_heatmap(
-    effects: Mapping[str, Sequence[float]], dims: Sequence[int], title: str, path: str | Path
+    runs: Mapping[str, PatchRun], partition: Sequence[int], title: str, path: str | Path
 ) -> Path:
-    """Heat map of normalised effects (method rows x subspace columns; 1 = the whole-space
-    effect), columns labelled with subspace dimensions."""
+    """Heat map of the normalised effects of patching each subspace (method rows, subspace
+    columns; 1 = the whole-space effect), one :class:`PatchRun` per method (``runs[method]``),
+    columns labelled with the subspace dimensions of ``partition``."""
     plt = _plt()
-    methods = list(effects)
-    data = np.array([effects[m] for m in methods], dtype=float)
+    methods = list(runs)
+    data = np.array([runs[m].normalized_effects() for m in methods], dtype=float)
     bound = max(1.0, float(np.nanmax(np.abs(data)))) if data.size else 1.0
     fig, ax = plt.subplots(figsize=(1.0 + 0.45 * data.shape[1], 0.6 + 0.45 * len(methods)))
     im = ax.imshow(data, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
     ax.set_yticks(range(len(methods)), methods)
-    ax.set_xticks(range(len(dims)), [f"{s}\n{d}d" for s, d in enumerate(dims)], fontsize=7)
+    ax.set_xticks(
+        range(len(partition)), [f"{s}\n{d}d" for s, d in enumerate(partition)], fontsize=7
+    )
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="effect / whole-space effect")
     return save_figure(fig, path)
 
 
-def plot_merge_history(runs: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """Number of subspaces over training steps (merge rounds) and the loss curve per run.
-
-    ``runs[label]`` holds ``merge_history``, ``loss_history``, ``steps``, ``partition`` and
-    ``config`` (``log_interval``, initial ``unit_size``) as written by ``ndm train``.
-    """
+def plot_merge_history(runs: Mapping[str, NDMResult], path: str | Path) -> Path:
+    """Number of subspaces over training steps (merge rounds) and the loss curve, one
+    :class:`NDMResult` per run (``runs[label]``); the loss is logged every
+    ``config["log_interval"]`` steps."""
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
     for label, r in runs.items():
-        hist = r["merge_history"]
-        n0 = len(hist[0]["partition_before"]) if hist else len(r["partition"])
-        steps = [0] + [h["step"] for h in hist] + [r["steps"]]
-        counts = [n0] + [len(h["partition_after"]) for h in hist] + [len(r["partition"])]
+        hist = r.merge_history
+        n0 = len(hist[0]["partition_before"]) if hist else len(r.partition)
+        steps = [0] + [h["step"] for h in hist] + [r.steps]
+        counts = [n0] + [len(h["partition_after"]) for h in hist] + [len(r.partition)]
         a.step(steps, counts, where="post", label=label)
-        every = r["config"]["log_interval"]
-        loss = r["loss_history"]
+        every = r.config["log_interval"]
+        loss = r.loss_history
         b.plot(np.arange(1, len(loss) + 1) * every, loss, marker="o" if len(loss) < 20 else None)
     a.set_xlabel("step")
     a.set_ylabel("subspaces")

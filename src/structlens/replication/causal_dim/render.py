@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from structlens.causal_dim.kappa import KappaCurve, KappaResult
+from structlens.causal_dim.sweep import WidthSweepResult
 from structlens.replication.causal_dim.run import METHOD, Run
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.markdown import ci, finite_ci, fmt, num, write_text
@@ -425,12 +427,18 @@ def render_markdown(run: Run, source: str) -> str:
     if kappa and kappa["layers"]:
         kappa["layers"].sort(key=lambda e: e["layer"])
         sizes = sorted({int(n) for e in kappa["layers"] for n in e["curve"]["sizes"]})
-        plot_spectrum(kappa, out / "sigma_spectrum.png")
-        plot_kappa_curve(kappa, out / "kappa_vs_n.png")
+        by_layer = {e["layer"]: e for e in kappa["layers"]}
+        plot_spectrum(
+            {k: KappaResult.from_dict(e) for k, e in by_layer.items()}, out / "sigma_spectrum.png"
+        )
+        plot_kappa_curve(
+            {k: KappaCurve.from_dict(e["curve"]) for k, e in by_layer.items()},
+            out / "kappa_vs_n.png",
+        )
     else:
         kappa = None
     if sweep:
-        plot_width_sweep(sweep, out / "width_sweep.png")
+        plot_width_sweep(WidthSweepResult.from_dict(sweep), out / "width_sweep.png")
     d = kappa["d"] if kappa else 576
     s = run.settings
     lines = [

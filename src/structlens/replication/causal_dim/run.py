@@ -364,7 +364,7 @@ class CausalReplication:
                 curve = kappa_curve(g, sizes, n_draws=s["kappa_curve_draws"], seed=s["seed"])
                 layers.append(
                     to_jsonable(res)
-                    | {"layer": layer, "curve": curve}
+                    | {"layer": layer, "curve": to_jsonable(curve)}
                     | {
                         "convergence": {
                             "n_vectors": c.n_vectors,

@@ -170,7 +170,7 @@ class KoopmanReplication:
     # 1. split-half rate
     def split_half(self) -> None:
         from structlens.koopman import EDMDc, PCADictionary, split_half_convergence
-        from structlens.report.koopman import plot_split_half
+        from structlens.report.koopman import plot_split_half_results
 
         s = self.s
 
@@ -204,8 +204,8 @@ class KoopmanReplication:
                         "eig_condition_median": float(np.median(sh.eig_condition)),
                         "n_blocks": len(blocks),
                     }
-                    curves[f"L{layer} {name}"] = (sh.n_samples, sh.w_inf_mean, sh.slope)
-            plot_split_half(curves, self.out / "split_half.png")
+                    curves[f"L{layer} {name}"] = sh
+            plot_split_half_results(curves, self.out / "split_half.png")
             return out
 
         keys = ("split_half_blocks", "split_half_repeats", "seed")
@@ -229,7 +229,7 @@ class KoopmanReplication:
         )
         from structlens.koopman.invariance import prompt_split
         from structlens.koopman.pipeline import summarise_fit
-        from structlens.report.koopman import plot_eigenvalues
+        from structlens.report.koopman import plot_fit_spectra
         from structlens.stats.matching import bottleneck_distance
 
         s, seed = self.s, self.s["seed"]
@@ -273,10 +273,10 @@ class KoopmanReplication:
                         tails[f"L{layer}/pca32_mom_vs_mean_winf"] = bottleneck_distance(
                             mom.eigenvalues, res.eigenvalues
                         )
-                        spectra[f"L{layer} pca32"] = res.eigenvalues
+                        spectra[f"L{layer} pca32"] = res
                 rff = RandomFourierDictionary(256, seed=seed, include_state=False).fit(X[train])
                 tails[f"L{layer}/rff256_lifted"] = lifting_tails(X, rff, seed=seed)["lifted"]
-            plot_eigenvalues(spectra, self.out / "eigenvalues.png")
+            plot_fit_spectra(spectra, self.out / "eigenvalues.png")
             return {"fits": fits, "tails": tails}
 
         config = {
