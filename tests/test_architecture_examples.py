@@ -13,8 +13,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
 
 
-def test_the_page_has_its_three_examples():
-    assert len(BLOCKS) == 3
+def test_the_page_has_its_four_examples():
+    assert len(BLOCKS) == 4
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))

@@ -107,7 +107,7 @@ def test_log_probs_and_nonlinear_match_independent_jacobians():
     # has zero log-prob Jacobian.
     est = CausalDimension(JacobianConfig(output="log_probs"))
     along_ones = lambda h: h[:, :1].expand(-1, 7) * 1.0  # noqa: E731
-    assert est.accumulate(along_ones, h).sigma().abs().max() < 1e-12
+    assert est.partial_fit((along_ones, h)).statistics.sigma().abs().max() < 1e-12
     with pytest.raises(ValueError, match="zero"):
         est.fit(along_ones, h)
 
@@ -134,9 +134,13 @@ def test_accumulators_merge_to_one_pass():
         return torch.sin(h @ w.T)
 
     h = torch.randn(16, 5, dtype=torch.float64)
-    est = CausalDimension(JacobianConfig(n_groups=4))
-    whole = est.accumulate(f, h)
-    parts = est.accumulate(f, h[:7]).merge(est.accumulate(f, h[7:]))
+    cfg = JacobianConfig(n_groups=4)
+    whole = CausalDimension(cfg).partial_fit((f, h)).statistics
+    parts = (
+        CausalDimension(cfg)
+        .partial_fit((f, h[:7]))
+        .statistics.merge(CausalDimension(cfg).partial_fit((f, h[7:])).statistics)
+    )
     torch.testing.assert_close(parts.sigma(), whole.sigma(), rtol=1e-12, atol=1e-12)
     assert isinstance(parts, EJOPAccumulator) and parts.n == 16
 

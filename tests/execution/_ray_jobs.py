@@ -86,9 +86,9 @@ class ShardStat:
                 acc.update(s["x"], np.concatenate([s["y"], s["y"] ** 2], axis=1))
         elif k == "ejop":
             cd = CausalDimension(JacobianConfig(method="exact", n_groups=4))
-            acc = None
             for s in shards:
-                acc = cd.accumulate(_ejop_map, torch.from_numpy(s["x"]), acc)
+                cd.partial_fit((_ejop_map, torch.from_numpy(s["x"])))
+            acc = cd.statistics
         elif k == "feature_stats":
             acc = FeatureStats(self.extra.d_sae, n_blocks=8)
             for s in shards:

@@ -36,7 +36,7 @@ def test_merge_all_accepts_in_place_and_returning_merges():
         e = EJOPAccumulator(2, n_groups=1)
         e.add(torch.eye(2, dtype=torch.float64) * (i + 1), count=1)
         parts.append(e)
-    merged = merge_all(parts)  # EJOPAccumulator.merge returns a new object
+    merged = merge_all(parts)  # EJOPAccumulator.merge folds in place and returns self
     assert merged.n == 3
     torch.testing.assert_close(merged.sigma(), torch.eye(2, dtype=torch.float64) * 2)
     total = merge_all([1, 2, 3], merge=lambda a, b: a + b)

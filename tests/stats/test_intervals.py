@@ -5,11 +5,15 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+import torch
 
+from structlens.errors import InputError
 from structlens.stats.intervals import (
     bootstrap_distribution,
     bootstrap_interval,
+    group_jackknife,
     jackknife,
+    leave_one_group_out_means,
     paired_bootstrap_interval,
     percentile_interval,
     t_interval,
@@ -105,3 +109,62 @@ def test_jackknife_removes_the_bias_of_the_plugin_variance(rng):
     x = rng.normal(size=30)
     j = jackknife(x, np.var)
     assert float(j.bias_corrected) == pytest.approx(x.var(ddof=1), rel=1e-12)
+
+
+def test_group_jackknife_of_the_mean_is_the_classical_t_interval(rng):
+    # delete-one: the SE of the mean is exactly s / sqrt(n), its bias 0, and the
+    # bias-corrected t interval with n − 1 degrees of freedom is the textbook t interval
+    x = rng.normal(size=20) * 2 + 5
+    loo = (x.sum() - x) / (x.size - 1)
+    j = group_jackknife(x.mean(), loo)
+    assert j.n == 20
+    assert float(j.se) == pytest.approx(x.std(ddof=1) / math.sqrt(20), rel=1e-12)
+    assert float(j.bias_corrected) == pytest.approx(x.mean(), rel=1e-14)
+    lo, hi = j.interval(0.9, distribution="t")
+    assert (float(lo), float(hi)) == pytest.approx(t_interval(x, 0.9), rel=1e-12)
+    lo, hi = j.interval(0.9, distribution="t", centre="estimate")
+    assert (float(lo) + float(hi)) / 2 == pytest.approx(x.mean(), rel=1e-15)
+    # jackknife() is the delete-one case
+    assert float(jackknife(x).se) == pytest.approx(float(j.se), rel=1e-14)
+
+
+def test_delete_a_group_jackknife_of_the_mean_is_the_se_of_the_group_means(rng):
+    x = rng.normal(size=24)
+    groups = x.reshape(6, 4)
+    reps = leave_one_group_out_means(groups.sum(1), np.full(6, 4.0))
+    g = group_jackknife(x.mean(), np.array(reps))
+    assert g.n == 6
+    assert float(g.se) == pytest.approx(groups.mean(1).std(ddof=1) / math.sqrt(6), rel=1e-12)
+    # deviations about the estimate are never smaller than about the replicates' mean
+    uneven = leave_one_group_out_means(
+        np.array([x[:3].sum(), x[3:10].sum(), x[10:].sum()]), np.array([3.0, 7.0, 14.0])
+    )
+    about_mean = group_jackknife(x.mean(), uneven)
+    about_estimate = group_jackknife(x.mean(), uneven, about="estimate")
+    assert float(about_estimate.se) >= float(about_mean.se) > 0
+    np.testing.assert_array_equal(about_estimate.bias_corrected, about_mean.bias_corrected)
+
+
+def test_leave_one_group_out_means_skip_empty_groups_for_numpy_and_torch():
+    sums = np.array([[3.0, 1.0], [0.0, 0.0], [7.0, 5.0]])
+    counts = np.array([1.0, 0.0, 2.0])
+    expected = [[3.5, 2.5], [3.0, 1.0]]  # (10 − 3)/2, (6 − 1)/2; (10 − 7)/1, (6 − 5)/1
+    np.testing.assert_array_equal(leave_one_group_out_means(sums, counts), expected)
+    as_torch = leave_one_group_out_means(torch.from_numpy(sums), torch.from_numpy(counts))
+    assert all(isinstance(m, torch.Tensor) for m in as_torch)
+    np.testing.assert_array_equal(torch.stack(as_torch).numpy(), expected)
+    assert leave_one_group_out_means(sums[:2], counts[:2]) == []  # one filled group
+
+
+def test_group_jackknife_bad_input():
+    with pytest.raises(InputError, match="at least 2 groups"):
+        group_jackknife(1.0, [2.0])
+    with pytest.raises(InputError, match="per group"):
+        group_jackknife(1.0, np.ones((3, 2)))
+    with pytest.raises(InputError, match="about"):
+        group_jackknife(1.0, [1.0, 2.0], about="median")  # type: ignore[arg-type]
+    j = group_jackknife(1.0, [1.0, 2.0])
+    with pytest.raises(InputError, match="distribution"):
+        j.interval(distribution="laplace")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="confidence"):
+        j.interval(1.5, distribution="t")

@@ -26,6 +26,7 @@ from structlens.causal_dim.jacobian import (
     jacobians_forward,
     vjp_sketch_grads,
 )
+from structlens.causal_dim.kappa import KappaConfig, KappaEstimator, KappaResult
 from structlens.causal_dim.sweep import (
     FeatureStats,
     WidthSweepConfig,
@@ -43,6 +44,9 @@ __all__ = [
     "FeatureStats",
     "FourCellResult",
     "JacobianConfig",
+    "KappaConfig",
+    "KappaEstimator",
+    "KappaResult",
     "RecallResult",
     "SyntheticCausalModel",
     "WidthSweepConfig",

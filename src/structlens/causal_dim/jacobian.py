@@ -34,7 +34,9 @@ from typing import Literal
 import numpy as np
 import torch
 
+from structlens.errors import InputError
 from structlens.results import Result
+from structlens.stats.intervals import group_jackknife, leave_one_group_out_means
 from structlens.stats.moments import symmetric_gram
 from structlens.stats.ranks import CONVENTION, default_rank_rtol, effective_ranks
 
@@ -44,14 +46,17 @@ BatchedFn = Callable[[torch.Tensor], torch.Tensor]
 class EJOPAccumulator:
     """Mergeable float64 sums of ``JᵀJ`` in ``n_groups`` independent groups.
 
-    Batches are assigned to groups round-robin; the between-group spread gives a standard
-    error.  ``merge`` adds sums and counts, so partial results from several workers combine
-    into exactly what one pass would give.
+    The ``statistics`` of :class:`CausalDimension` and
+    :class:`~structlens.causal_dim.kappa.KappaEstimator`.  Batches are assigned to groups
+    round-robin; the between-group spread gives the jackknife errors.  ``merge`` adds sums and
+    counts in place, so partial results from several workers combine into exactly what one
+    pass would give.  Memory is ``n_groups · d²`` float64 whatever the number of vectors; the
+    object pickles (for Ray workers and saving).
     """
 
     def __init__(self, d: int, n_groups: int = 8) -> None:
         if d < 1 or n_groups < 1:
-            raise ValueError("d and n_groups must be positive.")
+            raise InputError("d and n_groups must be positive.")
         self.d = int(d)
         self.n_groups = int(n_groups)
         self.sums = torch.zeros(n_groups, d, d, dtype=torch.float64)
@@ -60,10 +65,32 @@ class EJOPAccumulator:
         self.split_diff: torch.Tensor | None = None
         self._next = 0
 
+    @classmethod
+    def from_grams(cls, grams: np.ndarray | torch.Tensor) -> EJOPAccumulator:
+        """Statistics with one group per vector from per-vector Grams ``[n, d, d]``.
+
+        With one vector per group the delete-a-group jackknife is the delete-one jackknife.
+        A writable C-contiguous float64 input is shared, not copied (a stack of thousands of
+        Grams is not duplicated): ``add`` to the result would write into ``grams``; ``merge``
+        would not.
+        """
+        if isinstance(grams, np.ndarray):
+            arr = np.ascontiguousarray(grams, dtype=np.float64)  # no copy if it already is
+            sums = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        else:
+            sums = grams.detach().cpu().to(torch.float64)
+        if sums.ndim != 3 or sums.shape[1] != sums.shape[2] or sums.shape[0] < 1:
+            raise InputError(f"grams must be [n, d, d] with n >= 1, got {tuple(sums.shape)}.")
+        out = cls(sums.shape[1], sums.shape[0])
+        out.sums = sums
+        out.counts = torch.ones(sums.shape[0], dtype=torch.float64)
+        out._next = sums.shape[0]
+        return out
+
     def add(self, gram: torch.Tensor, count: int) -> None:
         """Add ``gram`` = ``Σ_rows JᵀJ`` over ``count`` residual vectors to the next group."""
         if gram.shape != (self.d, self.d):
-            raise ValueError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
+            raise InputError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
         g = self._next % self.n_groups
         # Sums live on the CPU whatever device the Jacobians were computed on.
         self.sums[g] += gram.to(device=self.sums.device, dtype=torch.float64)
@@ -71,15 +98,21 @@ class EJOPAccumulator:
         self._next += 1
 
     def merge(self, other: EJOPAccumulator) -> EJOPAccumulator:
+        """Fold ``other`` into ``self`` in place and return ``self`` (``other`` is unchanged)."""
         if (other.d, other.n_groups) != (self.d, self.n_groups):
-            raise ValueError("can only merge accumulators with the same d and n_groups.")
-        out = EJOPAccumulator(self.d, self.n_groups)
-        out.sums = self.sums + other.sums
-        out.counts = self.counts + other.counts
+            raise InputError(
+                "can only merge accumulators with the same d and n_groups; build both with "
+                "the same config."
+            )
+        # New tensors rather than +=: sums may share memory with caller data (from_grams).
+        self.sums = self.sums + other.sums
+        self.counts = self.counts + other.counts
         if self.split_diff is not None and other.split_diff is not None:
-            out.split_diff = self.split_diff + other.split_diff
-        out._next = self._next + other._next
-        return out
+            self.split_diff = self.split_diff + other.split_diff
+        else:
+            self.split_diff = None  # a sketch error needs the split of every vector
+        self._next = self._next + other._next
+        return self
 
     @property
     def n(self) -> int:
@@ -88,17 +121,13 @@ class EJOPAccumulator:
     def sigma(self) -> torch.Tensor:
         """The estimate ``Σ̂`` (float64, symmetrised)."""
         if self.n == 0:
-            raise ValueError("no residual vectors were accumulated.")
+            raise InputError("no residual vectors were accumulated.")
         s = self.sums.sum(0) / self.counts.sum()
         return (s + s.T) / 2
 
     def group_sigmas(self) -> list[torch.Tensor]:
-        """Leave-one-group-out estimates (for jackknife errors); empty if < 2 groups filled."""
-        filled = [g for g in range(self.n_groups) if self.counts[g] > 0]
-        if len(filled) < 2:
-            return []
-        total, n = self.sums.sum(0), self.counts.sum()
-        return [(total - self.sums[g]) / (n - self.counts[g]) for g in filled]
+        """Leave-one-group-out estimates (the jackknife replicates); empty if < 2 groups filled."""
+        return leave_one_group_out_means(self.sums, self.counts)
 
 
 def _as_batches(residuals: torch.Tensor | Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -330,8 +359,18 @@ class CausalDimensionResult(Result):
     )
 
 
+Chunk = tuple[BatchedFn, "torch.Tensor | Iterable[torch.Tensor]"]
+
+
 class CausalDimension:
-    """Estimate ``Σ = E[JᵀJ]`` at one site and its effective ranks.
+    """Estimate ``Σ = E[JᵀJ]`` at one site and its effective ranks (the estimator protocol).
+
+    A chunk is ``(f, residuals)``: a batched callable and the residual vectors (one ``[n, d]``
+    tensor or an iterable of them) at which its Jacobians are taken; prompts with their own
+    context each bring their own ``f``.  :meth:`partial_fit` folds a chunk into
+    ``statistics`` (an :class:`EJOPAccumulator`, whose ``merge`` returns self),
+    :meth:`fit_from_statistics` turns statistics (possibly merged from several workers) into a
+    frozen :class:`CausalDimensionResult`, and :meth:`fit` does both for one ``f``.
 
     Examples
     --------
@@ -343,24 +382,28 @@ class CausalDimension:
 
     def __init__(self, config: JacobianConfig | None = None) -> None:
         self.config = config or JacobianConfig()
+        self.statistics: EJOPAccumulator | None = None
 
-    def accumulate(
-        self,
-        f: BatchedFn,
-        residuals: torch.Tensor | Iterable[torch.Tensor],
-        accumulator: EJOPAccumulator | None = None,
-    ) -> EJOPAccumulator:
-        """Stream residual batches into a (new or given) mergeable accumulator."""
+    def partial_fit(self, chunk: Chunk) -> CausalDimension:
+        """Fold the Grams ``JᵀJ`` of one chunk ``(f, residuals)`` into ``statistics``.
+
+        Each batch is split so that every group receives vectors even from a single batch.
+        The sketch draws its projections from a generator seeded with ``config.seed`` at every
+        call, so a chunk contributes the same statistics whichever chunks came before it (on
+        this worker or another).
+        """
+        if not (isinstance(chunk, tuple) and len(chunk) == 2 and callable(chunk[0])):
+            raise InputError("a chunk is a pair (f, residuals): a batched callable and [n, d].")
+        f, residuals = chunk
         cfg = self.config
         gen = torch.Generator().manual_seed(cfg.seed)
-        d = accumulator.d if accumulator is not None else None
-        acc = accumulator
+        acc = self.statistics
+        d = acc.d if acc is not None else None
         for h in _as_batches(residuals):
             h = _checked(h, d)
             d = h.shape[1]
             if acc is None:
                 acc = EJOPAccumulator(d, cfg.n_groups)
-            # Split each batch so every group receives data even from a single batch.
             step = max(1, -(-h.shape[0] // cfg.n_groups))
             if cfg.method == "exact":
                 step = min(step, max(1, cfg.max_rows // d))
@@ -389,35 +432,44 @@ class CausalDimension:
                         diff = (sa / half - sb / (cfg.n_projections - half)) / 2
                         acc.split_diff = diff if acc.split_diff is None else acc.split_diff + diff
         if acc is None:
-            raise ValueError("no residual vectors were given.")
-        return acc
+            raise InputError("no residual vectors were given; pass at least one [n, d] batch.")
+        self.statistics = acc
+        return self
 
     def fit(
         self, f: BatchedFn, residuals: torch.Tensor | Iterable[torch.Tensor]
     ) -> CausalDimensionResult:
-        """Estimate ``Σ`` from residual vectors and return it with its effective ranks."""
-        return self.result(self.accumulate(f, residuals))
+        """Estimate ``Σ`` from residual vectors (fresh statistics) with its effective ranks."""
+        self.statistics = None
+        stats = self.partial_fit((f, residuals)).statistics
+        assert stats is not None  # partial_fit raises on an empty chunk
+        return self.fit_from_statistics(stats)
 
-    def result(self, acc: EJOPAccumulator) -> CausalDimensionResult:
-        """Turn a (possibly merged) accumulator into a result."""
+    def fit_from_statistics(self, stats: EJOPAccumulator) -> CausalDimensionResult:
+        """Turn (possibly merged) statistics into a result.
+
+        ``relative_error`` is the jackknife standard error of ``Σ̂`` over groups (deviations
+        taken about ``Σ̂``), in Frobenius norm relative to ``‖Σ̂‖_F``; ``erank_se`` and
+        ``participation_ratio_se`` are the jackknife standard errors of the two ranks.
+        """
         cfg = self.config
-        sigma = acc.sigma()
+        sigma = stats.sigma()
         lam = torch.linalg.eigvalsh(sigma).flip(0).numpy()
         ranks = effective_ranks(lam, rtol=cfg.rank_rtol)
         rel = erank_se = pr_se = None
-        loo = acc.group_sigmas()
+        loo = stats.group_sigmas()
         if loo:
-            k = len(loo)
-            # Jackknife: leave-one-group-out estimates spread (k−1)/k times the group spread.
-            dev = sum(float(torch.sum((s - sigma) ** 2)) for s in loo)
-            rel = float(np.sqrt((k - 1) / k * dev) / max(float(torch.linalg.norm(sigma)), 1e-300))
+            jack = group_jackknife(
+                sigma.numpy(), np.stack([s.numpy() for s in loo]), about="estimate"
+            )
+            rel = float(np.linalg.norm(jack.se) / max(float(torch.linalg.norm(sigma)), 1e-300))
             er, pr = [], []
             for s in loo:
                 r = effective_ranks(torch.linalg.eigvalsh((s + s.T) / 2).numpy())
                 er.append(r.entropy_effective_rank)
                 pr.append(r.participation_ratio)
-            erank_se = float(np.sqrt((k - 1) / k * np.sum((np.array(er) - np.mean(er)) ** 2)))
-            pr_se = float(np.sqrt((k - 1) / k * np.sum((np.array(pr) - np.mean(pr)) ** 2)))
+            erank_se = float(group_jackknife(ranks.entropy_effective_rank, er).se)
+            pr_se = float(group_jackknife(ranks.participation_ratio, pr).se)
         return CausalDimensionResult(
             sigma=sigma.numpy(),
             eigenvalues=lam,
@@ -425,17 +477,17 @@ class CausalDimension:
             participation_ratio=ranks.participation_ratio,
             stable_rank=ranks.stable_rank,
             numerical_rank=ranks.numerical_rank,
-            rank_rtol=ranks.rank_rtol if cfg.rank_rtol is not None else default_rank_rtol(acc.d),
-            kappa_over_d=ranks.entropy_effective_rank / acc.d,
-            d=acc.d,
-            n_samples=acc.n,
+            rank_rtol=ranks.rank_rtol if cfg.rank_rtol is not None else default_rank_rtol(stats.d),
+            kappa_over_d=ranks.entropy_effective_rank / stats.d,
+            d=stats.d,
+            n_samples=stats.n,
             method=cfg.method,
             output=cfg.output,
             n_projections=cfg.n_projections if cfg.method == "sketch" else None,
             relative_error=rel,
             projection_error=(
-                float(torch.linalg.norm(acc.split_diff / acc.n) / torch.linalg.norm(sigma))
-                if acc.split_diff is not None
+                float(torch.linalg.norm(stats.split_diff / stats.n) / torch.linalg.norm(sigma))
+                if stats.split_diff is not None
                 else None
             ),
             erank_se=erank_se,

@@ -1,18 +1,24 @@
-"""κ from per-vector Jacobian Grams: point estimate, a valid jackknife interval, the
-few-vector bias curve and the doubling convergence rule.
+"""κ from Jacobian Grams: point estimate, a valid jackknife interval, the few-vector bias
+curve and the doubling convergence rule.
 
-Input is a stack ``G`` [n, d, d] of per-residual-vector Grams ``G_i = J(x_i)ᵀ J(x_i)`` (one
-row of :class:`structlens.causal_dim.EJOPAccumulator` per vector).  ``Σ̂ = mean_i G_i``; κ is the
-entropy effective rank (Roy–Vetterli, ``exp`` of the Shannon entropy in nats of the normalised
-eigenvalues of ``Σ̂``), κ_PR the participation ratio ``(Σλ)² / Σλ²``.
+:class:`KappaEstimator` speaks the estimator protocol: ``partial_fit((f, residuals))`` folds
+exact Grams ``G_i = J(x_i)ᵀ J(x_i)`` into an :class:`~structlens.causal_dim.EJOPAccumulator`
+(its ``statistics``: float64 sums in groups, merged in place), and ``fit_from_statistics``
+gives a :class:`KappaResult`.  :func:`kappa_from_grams` does the same for a stack ``G``
+[n, d, d] of per-vector Grams already computed (each vector its own group).
+
+``Σ̂ = mean_i G_i``; κ is the entropy effective rank (Roy–Vetterli, ``exp`` of the Shannon
+entropy in nats of the normalised eigenvalues of ``Σ̂``), κ_PR the participation ratio
+``(Σλ)² / Σλ²``.
 
 Σ̂ ↦ κ is concave in the normalised spectrum, so the plug-in κ(Σ̂_n) is biased low by O(1/n)
 and rises towards κ(Σ) as ``n`` grows.  That rules out the percentile bootstrap: a resample
 with duplicated vectors has fewer distinct Grams, so its κ is lower still, and the interval
 sits *below* the plug-in estimate (which itself is below κ(Σ)).  The interval used here is the
-delete-one **jackknife**, which is valid for smooth functions of a mean:
+**jackknife** (:func:`structlens.stats.intervals.group_jackknife`), which is valid for smooth
+functions of a mean; over ``n`` groups (single vectors: delete-one):
 
-* ``κ_(i)`` = κ without vector ``i``; ``SE = sqrt((n−1)/n · Σ (κ_(i) − κ̄)²)``;
+* ``κ_(i)`` = κ without group ``i``; ``SE = sqrt((n−1)/n · Σ (κ_(i) − κ̄)²)``;
 * bias-corrected estimate ``κ_J = n·κ − (n−1)·κ̄`` (removes the O(1/n) bias);
 * interval ``κ_J ± t_{n−1, (1+ci)/2} · SE``.
 
@@ -26,12 +32,17 @@ replacement.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
 
+from structlens.causal_dim.jacobian import CausalDimension, Chunk, EJOPAccumulator, JacobianConfig
+from structlens.config import check_choices
+from structlens.errors import InputError
 from structlens.results import Result
+from structlens.stats.intervals import group_jackknife, leave_one_group_out_means
 from structlens.stats.ranks import CONVENTION, effective_ranks
 
 
@@ -54,6 +65,9 @@ def _ranks(sigma: np.ndarray) -> tuple[float, float]:
 @dataclasses.dataclass(frozen=True)
 class KappaResult(Result):
     """κ (erank) and κ_PR of ``Σ̂ = mean_i G_i`` with jackknife SEs and intervals.
+
+    ``n_vectors`` counts residual vectors; the jackknife runs over the groups of the
+    statistics (``ci_method`` says which: delete-one when every vector is its own group).
 
     ``erank``/``participation_ratio`` are the plug-in values of ``Σ̂``;
     ``erank_jackknife``/``participation_ratio_jackknife`` the bias-corrected estimates the
@@ -82,10 +96,137 @@ class KappaResult(Result):
     convention: str
 
 
+@dataclasses.dataclass(frozen=True)
+class KappaConfig:
+    """Settings of :class:`KappaEstimator`.
+
+    Attributes
+    ----------
+    output : {"raw", "log_probs"}
+        Jacobians of ``f``'s output as is (e.g. logits) or of its ``log_softmax``.
+    n_groups : int
+        Groups of residual vectors for the jackknife (≥ 2); vectors are dealt round-robin, so
+        with at least as many groups as vectors each vector is its own group (delete-one).
+    ci : float
+        Two-sided level of the intervals, in (0, 1).
+    max_rows : int
+        Largest number of rows passed to ``f`` in one call (memory control).
+    """
+
+    output: Literal["raw", "log_probs"] = "raw"
+    n_groups: int = 8
+    ci: float = 0.95
+    max_rows: int = 2048
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.n_groups < 2:
+            raise InputError(f"n_groups must be >= 2 for an interval, got {self.n_groups}.")
+        if not 0 < self.ci < 1:
+            raise InputError(f"ci must lie in (0, 1), got {self.ci}.")
+        if self.max_rows < 1:
+            raise InputError(f"max_rows must be >= 1, got {self.max_rows}.")
+
+
+class KappaEstimator:
+    """κ with a bias-corrected jackknife interval, by the estimator protocol.
+
+    A chunk is ``(f, residuals)`` as for :class:`~structlens.causal_dim.CausalDimension`,
+    whose exact Jacobian path computes the Grams; ``statistics`` is its
+    :class:`~structlens.causal_dim.EJOPAccumulator`.
+
+    Examples
+    --------
+    A linear map ``f(h) = W h`` has ``JᵀJ = WᵀW`` at every vector:
+
+    >>> W = torch.diag(torch.tensor([3.0, 2.0, 1.0, 0.0], dtype=torch.float64))
+    >>> est = KappaEstimator(KappaConfig(n_groups=4))
+    >>> stats = est.partial_fit((lambda h: h @ W.T, torch.randn(8, 4).double())).statistics
+    >>> res = est.fit_from_statistics(stats)
+    >>> res.participation_ratio, res.n_vectors  # (Σλ)² / Σλ² = 14² / 98 for λ = 9, 4, 1, 0
+    (2.0, 8)
+    """
+
+    def __init__(self, config: KappaConfig | None = None) -> None:
+        self.config = config or KappaConfig()
+        cfg = self.config
+        self._jacobians = CausalDimension(
+            JacobianConfig(
+                method="exact", output=cfg.output, max_rows=cfg.max_rows, n_groups=cfg.n_groups
+            )
+        )
+
+    @property
+    def statistics(self) -> EJOPAccumulator | None:
+        """The Gram sums so far (``None`` before the first chunk)."""
+        return self._jacobians.statistics
+
+    def partial_fit(self, chunk: Chunk) -> KappaEstimator:
+        """Fold the exact Grams of one chunk ``(f, residuals)`` into ``statistics``."""
+        self._jacobians.partial_fit(chunk)
+        return self
+
+    def fit(self, chunks: Iterable[Chunk]) -> KappaResult:
+        """κ from fresh statistics of all ``chunks`` (pairs ``(f, residuals)``)."""
+        self._jacobians.statistics = None
+        for chunk in chunks:
+            self.partial_fit(chunk)
+        if self.statistics is None:
+            raise InputError("no chunks were given; pass at least one (f, residuals) pair.")
+        return self.fit_from_statistics(self.statistics)
+
+    def fit_from_statistics(self, stats: EJOPAccumulator) -> KappaResult:
+        """Effective ranks of ``Σ̂`` with jackknife SEs and bias-corrected t intervals over
+        the groups of ``stats`` (at least 2 must hold vectors)."""
+        sums, counts = stats.sums.numpy(), stats.counts.numpy()
+        loo = leave_one_group_out_means(sums, counts)
+        if not loo:
+            raise InputError(
+                f"an error estimate needs vectors in at least 2 groups, got {stats.n} vector(s) "
+                f"in 1; add vectors or use more groups."
+            )
+        d = stats.d
+        sigma = sums.sum(0) / counts.sum()
+        lam = np.linalg.eigvalsh((sigma + sigma.T) / 2)[::-1]
+        full = effective_ranks(lam)
+        plug = np.array([full.entropy_effective_rank, full.participation_ratio])
+        jack = group_jackknife(plug, np.array([_ranks(s) for s in loo]))
+        lo, hi = jack.interval(self.config.ci, distribution="t")
+        filled = counts[counts > 0]
+        method = (
+            "delete-one jackknife"
+            if np.all(filled == 1)
+            else f"delete-a-group jackknife over {filled.size} groups of vectors"
+        )
+        return KappaResult(
+            erank=full.entropy_effective_rank,
+            participation_ratio=full.participation_ratio,
+            stable_rank=full.stable_rank,
+            numerical_rank=full.numerical_rank,
+            kappa_over_d=full.entropy_effective_rank / d,
+            erank_se=float(jack.se[0]),
+            participation_ratio_se=float(jack.se[1]),
+            erank_jackknife=float(jack.bias_corrected[0]),
+            participation_ratio_jackknife=float(jack.bias_corrected[1]),
+            erank_ci=[float(lo[0]), float(hi[0])],
+            participation_ratio_ci=[float(lo[1]), float(hi[1])],
+            ratio_last_doubling=_doubling_ratio(sums, counts),
+            eigenvalues=lam.copy(),
+            d=d,
+            n_vectors=stats.n,
+            ci=self.config.ci,
+            ci_method=f"{method}, bias-corrected, t interval",
+            convention=CONVENTION,
+        )
+
+
 def kappa_from_grams(
     grams: np.ndarray | torch.Tensor | Sequence[np.ndarray], *, ci: float = 0.95
 ) -> KappaResult:
     """Effective ranks of the mean Gram with jackknife SEs and bias-corrected intervals.
+
+    :meth:`KappaEstimator.fit_from_statistics` on per-vector Grams, each vector its own group
+    (delete-one jackknife).
 
     Parameters
     ----------
@@ -94,43 +235,25 @@ def kappa_from_grams(
     ci : float
         Two-sided interval level in (0, 1).
     """
-    from scipy.stats import t as student_t
-
     g = _stack(grams)
-    n, d, _ = g.shape
+    n = g.shape[0]
     if n < 2:
-        raise ValueError(f"need at least 2 vectors for an error estimate, got {n}.")
-    if not 0 < ci < 1:
-        raise ValueError(f"ci must lie in (0, 1), got {ci}.")
-    total = g.sum(0)
-    sigma = total / n
-    lam = np.linalg.eigvalsh((sigma + sigma.T) / 2)[::-1]
-    full = effective_ranks(lam)
-    plug = np.array([full.entropy_effective_rank, full.participation_ratio])
-    loo = np.array([_ranks((total - g[i]) / (n - 1)) for i in range(n)])
-    se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean(0)) ** 2, axis=0))
-    corrected = n * plug - (n - 1) * loo.mean(0)
-    half = float(student_t.ppf((1 + ci) / 2, n - 1)) * se
-    return KappaResult(
-        erank=full.entropy_effective_rank,
-        participation_ratio=full.participation_ratio,
-        stable_rank=full.stable_rank,
-        numerical_rank=full.numerical_rank,
-        kappa_over_d=full.entropy_effective_rank / d,
-        erank_se=float(se[0]),
-        participation_ratio_se=float(se[1]),
-        erank_jackknife=float(corrected[0]),
-        participation_ratio_jackknife=float(corrected[1]),
-        erank_ci=[float(corrected[0] - half[0]), float(corrected[0] + half[0])],
-        participation_ratio_ci=[float(corrected[1] - half[1]), float(corrected[1] + half[1])],
-        ratio_last_doubling=doubling_ratio(g),
-        eigenvalues=lam.copy(),
-        d=d,
-        n_vectors=n,
-        ci=ci,
-        ci_method="delete-one jackknife, bias-corrected, t interval",
-        convention=CONVENTION,
-    )
+        raise InputError(f"need at least 2 vectors for an error estimate, got {n}.")
+    stats = EJOPAccumulator.from_grams(g)
+    return KappaEstimator(KappaConfig(n_groups=n, ci=ci)).fit_from_statistics(stats)
+
+
+def _doubling_ratio(sums: np.ndarray, counts: np.ndarray) -> float:
+    """``κ(all) / mean κ(two halves)`` over the filled groups (first ⌊G/2⌋, next ⌊G/2⌋)."""
+    if not np.all(counts > 0):  # copy only when some group is empty
+        keep = counts > 0
+        sums, counts = sums[keep], counts[keep]
+    h = counts.size // 2
+    halves = [
+        _ranks(sums[:h].sum(0) / counts[:h].sum())[0],
+        _ranks(sums[h : 2 * h].sum(0) / counts[h : 2 * h].sum())[0],
+    ]
+    return float(_ranks(sums.sum(0) / counts.sum())[0] / np.mean(halves))
 
 
 def doubling_ratio(grams: np.ndarray | torch.Tensor | Sequence[np.ndarray]) -> float:
@@ -144,10 +267,8 @@ def doubling_ratio(grams: np.ndarray | torch.Tensor | Sequence[np.ndarray]) -> f
     g = _stack(grams)
     n = g.shape[0]
     if n < 2:
-        raise ValueError(f"a doubling ratio needs at least 2 vectors, got {n}.")
-    h = n // 2
-    halves = [_ranks(g[:h].mean(0))[0], _ranks(g[h : 2 * h].mean(0))[0]]
-    return float(_ranks(g.mean(0))[0] / np.mean(halves))
+        raise InputError(f"a doubling ratio needs at least 2 vectors, got {n}.")
+    return _doubling_ratio(g, np.ones(n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,8 +373,10 @@ def kappa_curve(
 
 
 __all__ = [
+    "KappaConfig",
     "KappaConvergence",
     "KappaCurve",
+    "KappaEstimator",
     "KappaResult",
     "doubling_ratio",
     "kappa_curve",

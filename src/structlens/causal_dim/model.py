@@ -43,7 +43,6 @@ import torch
 from structlens.causal_dim.jacobian import (
     CausalDimension,
     CausalDimensionResult,
-    EJOPAccumulator,
     JacobianConfig,
 )
 from structlens.interventions import hooked
@@ -210,13 +209,12 @@ def model_causal_dimension(
     compress = cfg.output if compress_head else None
     # The compressed head already includes the log-softmax; the estimator must not redo it.
     est = CausalDimension(dataclasses.replace(cfg, output="raw") if compress_head else cfg)
-    acc: EJOPAccumulator | None = None
     with eager_attention(model):
         for toks in prompts:
             f, h0 = residual_function(model, layer, toks, position, outputs, compress_head=compress)
-            acc = est.accumulate(f, h0, acc)
-    assert acc is not None
-    return est.result(acc)
+            est.partial_fit((f, h0))
+    assert est.statistics is not None  # prompts is not empty
+    return est.fit_from_statistics(est.statistics)
 
 
 def vector_grams(
@@ -237,13 +235,15 @@ def vector_grams(
     cfg = dataclasses.replace(config or JacobianConfig(), n_groups=1)
     if cfg.method != "exact":
         raise ValueError("vector_grams needs method='exact'.")
-    est = CausalDimension(dataclasses.replace(cfg, output="raw"))
+    raw = dataclasses.replace(cfg, output="raw")
     with eager_attention(model):
         for toks in prompts:
             f, h0 = residual_function(
                 model, layer, toks, position, outputs, compress_head=cfg.output
             )
-            yield est.accumulate(f, h0).sums[0].clone()
+            stats = CausalDimension(raw).partial_fit((f, h0)).statistics
+            assert stats is not None  # h0 holds one vector
+            yield stats.sums[0].clone()
 
 
 def _select(mask: torch.Tensor, skip_first: bool) -> torch.Tensor:

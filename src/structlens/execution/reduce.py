@@ -26,8 +26,9 @@ def merge_all(parts: Iterable[A], merge: Callable[[A, A], A | None] | None = Non
     """Left fold of ``parts`` with ``merge`` (default: the parts' own ``.merge``).
 
     ``merge(a, b)`` may fold ``b`` into ``a`` in place and return ``None`` (as
-    older accumulators do) or return the merged value
-    (as :class:`~structlens.causal_dim.jacobian.EJOPAccumulator` does); both styles work.
+    older accumulators do) or return the merged value (the estimator protocol's statistics,
+    such as :class:`~structlens.causal_dim.jacobian.EJOPAccumulator`, fold in place and return
+    ``a`` itself); both styles work.
     """
     it = iter(parts)
     try:

@@ -21,6 +21,7 @@ from structlens.koopman.edmdc import (
 )
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
+from structlens.stats.intervals import group_jackknife
 from structlens.stats.matching import bottleneck_distance, wasserstein_distance
 
 
@@ -138,8 +139,6 @@ def split_half_convergence(
     The control basis is computed once from all blocks and shared by every fit, so the halves
     differ only by sampling.
     """
-    from scipy.stats import t as student_t
-
     blocks = [b for b in blocks if b.n > 0]  # a hash block may have received no prompt
     K = len(blocks)
     if K < 4:
@@ -172,8 +171,8 @@ def split_half_convergence(
     for g in range(n_groups):
         wi, _, nh = _split_half_curve(blocks, config, V, half_sizes, orders, group != g)
         reps[g] = _slope(nh.mean(axis=0), wi.mean(axis=0))
-    se = float(np.sqrt((n_groups - 1) / n_groups * np.sum((reps - reps.mean()) ** 2)))
-    half_width = float(student_t.ppf(0.975, n_groups - 1)) * se
+    jack = group_jackknife(slope, reps)
+    lo, hi = jack.interval(0.95, distribution="t", centre="estimate")
     K_all, _ = _solve_operator(pooled, config, V)
     cond = eigendecomposition(K_all[:, : pooled.n_features]).condition
     tail = slice(max(0, len(m) - 4), None)
@@ -184,8 +183,8 @@ def split_half_convergence(
         w_inf_mean=mean_inf,
         w2_mean=mean_2,
         slope=slope,
-        slope_ci=[slope - half_width, slope + half_width],
-        slope_se=se,
+        slope_ci=[float(lo), float(hi)],
+        slope_se=float(jack.se),
         slope_ci_method=f"delete-a-group jackknife over prompt blocks, {n_groups} groups, t",
         slope_w2=_slope(m, mean_2),
         slope_last4=_slope(m[tail], mean_inf[tail]),
