@@ -71,3 +71,12 @@ def test_bad_input_exits_with_clear_message(tmp_path, monkeypatch, args, message
     r = _run(*args, "--out", tmp_path)
     assert r.exit_code == 2, r.output
     assert message.lower() in r.output.lower()
+
+
+def test_no_cli_module_is_over_200_lines():
+    from pathlib import Path
+
+    import structlens.cli
+
+    for path in Path(structlens.cli.__file__).parent.glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 200, path.name

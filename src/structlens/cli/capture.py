@@ -8,22 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import (
-    Address,
-    Device,
-    Dtype,
-    ExecutorName,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    executor_or_fail,
-    fail,
-    fail_user_error,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.loading import executor_or_fail, load_model_or_fail
+from structlens.cli.options import Address, Device, Dtype, ExecutorName, ModelArg, Out, Quiet, Seed
+from structlens.cli.output import console, fail, fail_user_error
+from structlens.results import write_results
 from structlens.sites import SiteError
 
 

@@ -8,7 +8,8 @@ from typing import Annotated, Any, cast
 
 import typer
 
-from structlens.cli.common import AllowForeign, Common, ModelArg, common_options, parse_ints
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import AllowForeign, ModelArg, parse_ints
 from structlens.cli.sae import FLAGS as SAE_FLAGS
 from structlens.cli.sae import (
     Arch,

@@ -1,4 +1,5 @@
-"""Options and output helpers shared by every ``structlens`` command."""
+"""The options every command shares, declared once: :func:`common_options` adds them to a
+command as one :class:`Common`, and :func:`shared_settings` adds a group's shared options."""
 
 from __future__ import annotations
 
@@ -9,95 +10,13 @@ import inspect
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any
 
-import typer
-from rich.console import Console
-
+from structlens.cli.loading import executor_or_fail, load_model_or_fail
+from structlens.cli.options import Address, Device, Dtype, ExecutorName, Out, Quiet, Seed
+from structlens.cli.output import console, fail
 from structlens.errors import is_user_error
 from structlens.results import write_results
-
-console = Console(stderr=True)
-
-Out = Annotated[Path, typer.Option("--out", help="Directory for results (JSON, figures).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summaries.")]
-Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
-Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
-Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
-AllowForeign = Annotated[
-    bool,
-    typer.Option(
-        "--allow-foreign",
-        help="Use saved results made from another model or site (warns, and records it).",
-    ),
-]
-ModelArg = Annotated[
-    str,
-    typer.Argument(
-        help="Built-in alias (see `structlens models`), HF hub name, local directory or .gguf file."
-    ),
-]
-
-ExecutorName = Annotated[
-    str,
-    typer.Option(
-        "--executor",
-        help="Where independent work (capture shards, sweep points) runs: 'local' (this "
-        "process) or 'ray' (a Ray cluster; needs pip install \"structlens\\[ray]\").",
-    ),
-]
-Address = Annotated[
-    str | None,
-    typer.Option(
-        "--address",
-        help="Ray cluster to join with --executor ray ('auto', 'ray://HEAD:10001', "
-        "'HOST:6379'); default: start Ray on this machine.",
-    ),
-]
-
-
-def executor_or_fail(
-    name: str, address: str | None = None, *, num_gpus_per_task: float | None = None
-):
-    """The executor called ``name`` with the command's ``--address``; exits 2 on bad input."""
-    from structlens.execution import EXECUTORS, get_executor
-
-    if name not in EXECUTORS:
-        fail(f"--executor must be one of {', '.join(EXECUTORS)}; got {name!r}.")
-    if name == "local":
-        if address is not None:
-            fail("--address names a Ray cluster; add --executor ray to use it.")
-        return get_executor("local")
-    try:
-        return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
-    except ImportError as err:
-        fail(str(err))
-
-
-def fail_user_error(err: BaseException) -> NoReturn:
-    """:func:`fail` with ``err``'s message if it is bad input
-    (:func:`structlens.errors.is_user_error`); otherwise re-raise it, as the bug it is."""
-    if not is_user_error(err):
-        raise err
-    fail(str(err))
-    raise AssertionError  # fail() exits
-
-
-def fail(message: str) -> None:
-    """Print a clear error and exit with status 2 (bad input); ``message`` is plain text."""
-    from rich.markup import escape
-
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
-    from structlens.models import ModelUnavailableError, load_model
-
-    try:
-        return load_model(name, device=device, dtype=dtype, seed=seed)
-    except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
-        fail_user_error(err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,25 +139,6 @@ def shared_settings(
         return command
 
     return decorate
-
-
-def parse_ints(spec: str, option: str) -> tuple[int, ...]:
-    """``'4,8,12'`` or an inclusive range ``'6-10'`` as a tuple of ints; exits 2 otherwise."""
-    try:
-        if "-" in spec.strip().lstrip("-"):
-            lo, hi = (int(s) for s in spec.split("-", 1))
-            return tuple(range(lo, hi + 1))
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        fail(f"{option} {spec!r} is not '8', '4,8,12' or '6-10'.")
-    if not values:
-        fail(f"{option} names no value.")
-    return values
-
-
-def parse_names(spec: str) -> tuple[str, ...]:
-    """A comma list of names as a tuple (blank entries dropped)."""
-    return tuple(s.strip() for s in spec.split(",") if s.strip())
 
 
 def _escape(message: str) -> str:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from structlens.cli.common import Device, Out, Quiet, Seed, console
+from structlens.cli.options import Device, Out, Quiet, Seed
+from structlens.cli.output import console
 from structlens.results import write_results
 
 

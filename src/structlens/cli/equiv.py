@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import Common, ModelArg, common_options
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import ModelArg
 
 app = typer.Typer(
     help="Interpretive equivalence: do two models implement the same mechanism?",

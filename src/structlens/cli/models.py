@@ -8,17 +8,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from structlens.cli.common import (
-    Device,
-    Dtype,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.loading import load_model_or_fail
+from structlens.cli.options import Device, Dtype, ModelArg, Out, Quiet, Seed
+from structlens.cli.output import console
+from structlens.results import write_results
 
 
 def _available(alias: str) -> str:

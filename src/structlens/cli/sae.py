@@ -9,14 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import (
-    AllowForeign,
-    Common,
-    ModelArg,
-    common_options,
-    fail,
-    parse_names,
-)
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import AllowForeign, ModelArg, parse_names
+from structlens.cli.output import fail
 
 app = typer.Typer(
     help="Sparse autoencoders: train, width sweeps, evaluation.", no_args_is_help=True

@@ -9,18 +9,10 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from structlens.cli.common import (
-    Device,
-    Dtype,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    fail,
-    fail_user_error,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.loading import load_model_or_fail
+from structlens.cli.options import Device, Dtype, Out, Quiet, Seed
+from structlens.cli.output import console, fail, fail_user_error
+from structlens.results import write_results
 
 app = typer.Typer(
     help="Circuit task datasets (IOI, Greater-than, knowledge conflict, ...).", no_args_is_help=True
