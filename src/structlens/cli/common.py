@@ -108,7 +108,7 @@ def common_options(
                 message = str(err)
                 for name, flag in (flags or {}).items():
                     message = re.sub(rf"(?<![-\w]){name}\b", flag, message)
-                fail(_escape(message))
+                fail(message)
 
         command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
@@ -139,9 +139,3 @@ def shared_settings(
         return command
 
     return decorate
-
-
-def _escape(message: str) -> str:
-    from rich.markup import escape
-
-    return escape(message)
