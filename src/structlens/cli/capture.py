@@ -8,10 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.loading import executor_or_fail, load_model_or_fail
-from structlens.cli.options import Address, Device, Dtype, ExecutorName, ModelArg, Out, Quiet, Seed
-from structlens.cli.output import console, fail, fail_user_error
-from structlens.results import write_results
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import ModelArg
+from structlens.cli.output import fail, fail_user_error
 from structlens.sites import SiteError
 
 
@@ -61,7 +60,9 @@ def load_prompts(
     return prompts, None, data
 
 
+@common_options(out=Path("results"), executor=True)
 def capture_cmd(
+    common: Common,
     model: ModelArg,
     sites: Annotated[
         str,
@@ -87,13 +88,6 @@ def capture_cmd(
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
     store_dtype: Annotated[str, typer.Option(help="dtype of stored activations.")] = "float32",
     shard_mb: Annotated[float, typer.Option(help="Activation megabytes per shard.")] = 256.0,
-    out: Out = Path("results"),
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
-    executor: ExecutorName = "local",
-    address: Address = None,
 ) -> None:
     """Capture activations into a content-addressed, resumable store under OUT/activations.
 
@@ -101,51 +95,42 @@ def capture_cmd(
     """
     from structlens.capture import capture
 
-    runner = executor_or_fail(
-        executor, address, num_gpus_per_task=1.0 if device.startswith("cuda") else 0.0
-    )
-    m = load_model_or_fail(model, device, dtype, seed)
+    on_gpu = common.device.startswith("cuda")
+    runner = common.runner(num_gpus_per_task=1.0 if on_gpu else 0.0)
+    m = common.load_model(model)
     site_list = expand_sites(m, sites)
     prompts, named, label = load_prompts(
-        m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=seed
+        m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=common.seed
     )
-    try:
-        store = capture(
-            m,
-            prompts,
-            site_list,
-            root=Path(out) / "activations",
-            positions=positions,
-            named_positions=named,
-            dtype=store_dtype,
-            batch_size=batch_size,
-            shard_mb=shard_mb,
-            data_name=label,
-            executor=runner,
-            progress=not quiet,
-        )
-    except ValueError as err:
-        fail_user_error(err)
-    path = write_results(
-        out,
-        "capture",
-        {
-            "store": str(store.path),
-            "model": m.name,
-            "sites": site_list,
-            "n_prompts": len(prompts),
-            "n_tokens": store.n_tokens,
-            "data": label,
-            "positions": positions,
-            "executor": executor,
-        },
-        command="capture",
+    store = capture(
+        m,
+        prompts,
+        site_list,
+        root=Path(common.out) / "activations",
+        positions=positions,
+        named_positions=named,
+        dtype=store_dtype,
+        batch_size=batch_size,
+        shard_mb=shard_mb,
+        data_name=label,
+        executor=runner,
+        progress=not common.quiet,
     )
-    if not quiet:
-        console.print(
-            f"captured {len(site_list)} sites x {store.n_tokens} tokens from "
-            f"{len(prompts)} prompts -> {store.path}\nwrote {path}"
-        )
+    record = {
+        "store": str(store.path),
+        "model": m.name,
+        "sites": site_list,
+        "n_prompts": len(prompts),
+        "n_tokens": store.n_tokens,
+        "data": label,
+        "positions": positions,
+        "executor": common.executor,
+    }
+    path = common.write("capture", record, command="capture")
+    common.say(
+        f"captured {len(site_list)} sites x {store.n_tokens} tokens from "
+        f"{len(prompts)} prompts -> {store.path}\nwrote {path}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -8,9 +8,12 @@ import dataclasses
 import functools
 import inspect
 import re
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from typer.models import OptionInfo
 
 from structlens.cli.loading import executor_or_fail, load_model_or_fail
 from structlens.cli.options import Address, Device, Dtype, ExecutorName, Out, Quiet, Seed
@@ -36,9 +39,9 @@ class Common:
         seed = self.seed if seed is None else seed
         return load_model_or_fail(name, self.device, self.dtype, seed)
 
-    def runner(self) -> Any:
+    def runner(self, *, num_gpus_per_task: float | None = None) -> Any:
         """The ``--executor`` (with ``--address``); exits 2 on bad input."""
-        return executor_or_fail(self.executor, self.address)
+        return executor_or_fail(self.executor, self.address, num_gpus_per_task=num_gpus_per_task)
 
     def write(self, name: str, payload: dict[str, Any], *, command: str) -> Path:
         """Write ``--out/name.json`` (see :func:`write_results`)."""
@@ -117,18 +120,32 @@ def common_options(
     return decorate
 
 
+def _is_option(p: inspect.Parameter) -> bool:
+    return any(isinstance(m, OptionInfo) for m in typing.get_args(p.annotation)[1:])
+
+
 def shared_settings(
-    spec: dict[str, tuple[Any, Any]],
+    spec: dict[str, tuple[Any, Any]], *, first: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the options ``spec[name] = (Annotated type, default)`` to a command whose
-    ``**settings`` receives them, so options shared by a group's commands are declared once."""
+    ``**settings`` receives them, so options shared by several commands are declared once.
+
+    They follow the command's own options in its ``--help``, or precede them with ``first``
+    (after its arguments and ``common``).  A default of ``inspect.Parameter.empty`` makes the
+    option required.
+    """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(f, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         kw = inspect.Parameter.KEYWORD_ONLY
+        # keyword-only, so that options with and without defaults may mix in any order
+        own = [p.replace(kind=kw) for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         extra = [inspect.Parameter(n, kw, annotation=a, default=d) for n, (a, d) in spec.items()]
-        params = own + extra
+        if first:
+            options = [p for p in own if _is_option(p)]
+            params = [p for p in own if not _is_option(p)] + extra + options
+        else:
+            params = own + extra
 
         @functools.wraps(f)
         def command(**kwargs: Any) -> Any:
