@@ -2,62 +2,14 @@
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from structlens.cli.common import Common, common_options
 from structlens.cli.options import ModelArg
-from structlens.cli.output import fail, fail_user_error
-from structlens.sites import SiteError
-
-
-def expand_sites(model: Any, spec: str) -> list[str]:
-    """Comma-separated site names or glob patterns (``blocks.*.hook_resid_pre``), in order."""
-    names = model.site_names()
-    chosen: list[str] = []
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        if any(ch in part for ch in "*?["):
-            hits = [n for n in names if fnmatch.fnmatchcase(n, part)]
-            if not hits:
-                fail(f"pattern {part!r} matches no site of {model.name}")
-            chosen += hits
-        else:
-            try:
-                chosen.append(model.site(part).name)
-            except SiteError as err:
-                fail_user_error(err)
-    if not chosen:
-        fail("name at least one site, e.g. --sites 'blocks.*.hook_resid_pre'")
-    return list(dict.fromkeys(chosen))
-
-
-def load_prompts(
-    model: Any, data: str, *, max_prompts: int | None, prompt_tokens: int, seed: int
-) -> tuple[list[Any], dict[str, list[int]] | None, str]:
-    """Prompts for ``--data``: ``corpus`` (bundled), a file/directory, ``hf:NAME`` or
-    ``task:NAME``.  Returns (prompts, named positions or None, label)."""
-    if data.startswith("task:"):
-        from structlens.data.tasks import make_task
-
-        try:
-            task = make_task(data.removeprefix("task:"), model.tokenizer, n=max_prompts, seed=seed)
-        except ValueError as err:
-            fail_user_error(err)
-        prompts: list[Any] = list(zip(task.prompt_ids, task.clean))
-        return prompts, dict(task.positions), data
-    from structlens.data.corpus import chunk_documents, load_texts
-
-    try:
-        docs = load_texts(None if data == "corpus" else data)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        fail_user_error(err)
-    prompts = chunk_documents(
-        docs, model.tokenizer, max_tokens=prompt_tokens, max_prompts=max_prompts
-    )
-    return prompts, None, data
+from structlens.cli.output import fail_user_error
 
 
 @common_options(out=Path("results"), executor=True)
@@ -94,14 +46,18 @@ def capture_cmd(
     With --executor ray, Ray actors holding the model write the shards (OUT: shared storage).
     """
     from structlens.capture import capture
+    from structlens.capture.inputs import expand_sites, load_prompts
 
     on_gpu = common.device.startswith("cuda")
     runner = common.runner(num_gpus_per_task=1.0 if on_gpu else 0.0)
     m = common.load_model(model)
     site_list = expand_sites(m, sites)
-    prompts, named, label = load_prompts(
-        m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=common.seed
-    )
+    try:
+        prompts, named, label = load_prompts(
+            m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=common.seed
+        )
+    except FileNotFoundError as err:  # not a ValueError: common_options would pass it on
+        fail_user_error(err)
     store = capture(
         m,
         prompts,
