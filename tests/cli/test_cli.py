@@ -71,3 +71,76 @@ def test_bad_input_exits_with_clear_message(tmp_path, monkeypatch, args, message
     r = _run(*args, "--out", tmp_path)
     assert r.exit_code == 2, r.output
     assert message.lower() in r.output.lower()
+
+
+def test_no_cli_module_is_over_200_lines():
+    from pathlib import Path
+
+    import structlens.cli
+
+    for path in Path(structlens.cli.__file__).parent.glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 200, path.name
+
+
+def _option_names(*command):
+    import typer
+
+    cmd = typer.main.get_command(app)
+    for name in command:
+        cmd = cmd.commands[name]
+    return [p.name for p in cmd.params]
+
+
+def _sae_training(widths):
+    return ["layer", widths, "arch", "k", "target_l0", "prompts", "eval_prompts",
+            "prompt_tokens", "epochs", "batch_size", "lr_base"]  # fmt: skip
+
+
+_COMMON = ["out", "device", "dtype", "seed", "quiet"]
+
+
+@pytest.mark.parametrize(
+    "command, names",
+    [
+        (("sae", "train"), ["model", *_sae_training("width"), *_COMMON]),
+        (
+            ("causal-dim", "sweep"),
+            [
+                "model",
+                *_sae_training("widths"),
+                "percentile",
+                "min_count",
+                "n_bootstrap",
+                "n_blocks",
+                "jacobian_prompts",
+                "jacobian_tokens",
+                *_COMMON,
+                "executor",
+                "address",
+            ],
+        ),
+        (
+            ("equiv", "similarity"),
+            [
+                "model_a",
+                "model_b",
+                "task",
+                "n",
+                "metric",
+                "layer_matching",
+                "head_matching",
+                "representation",
+                "threshold",
+                "batch_size",
+                *_COMMON,
+            ],
+        ),
+        (
+            ("causal-dim", "ablate"),
+            ["model", "sae", "layer", "eval_prompts", "prompt_tokens", "allow_foreign", *_COMMON],
+        ),
+    ],
+)
+def test_shared_option_blocks_keep_each_commands_option_order(command, names):
+    """Options added from a shared block stand where the command declared them before."""
+    assert _option_names(*command) == names

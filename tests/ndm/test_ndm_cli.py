@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from structlens.cli import ndm as ndm_cli
 from structlens.models import load_model
+from structlens.ndm.experiment import load_rotation
 
 # SmolLM2's tokenizer comes from loading the real model
 pytestmark = pytest.mark.slow
@@ -64,7 +65,7 @@ def test_train_writes_rotations_and_json(trained):
     meta = json.loads((trained / "train" / "ndm_train.json").read_text())
     assert meta["layers"] == [0, 1, 2]
     for layer in ("0", "1", "2"):
-        R, partition = ndm_cli.load_rotation(trained / "train" / f"R-L{layer}.safetensors")
+        R, partition = load_rotation(trained / "train" / f"R-L{layer}.safetensors")
         assert sum(partition) == 32 and partition == meta["partition"][layer]
         np.testing.assert_allclose(R.T @ R, np.eye(32), atol=1e-8)
         assert meta["results"][layer]["steps"] <= 20

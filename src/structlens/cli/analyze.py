@@ -7,18 +7,9 @@ from typing import Annotated
 
 import typer
 
-from structlens.cli.common import (
-    Device,
-    ExecutorName,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    fail,
-    fail_user_error,
-    load_model_or_fail,
-)
+from structlens.cli.loading import load_model_or_fail
+from structlens.cli.options import Device, ExecutorName, ModelArg, Out, Quiet, Seed
+from structlens.cli.output import console, fail, fail_user_error
 
 
 def analyze(

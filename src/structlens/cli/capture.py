@@ -2,78 +2,19 @@
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from structlens.cli.common import (
-    Address,
-    Device,
-    Dtype,
-    ExecutorName,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    executor_or_fail,
-    fail,
-    fail_user_error,
-    load_model_or_fail,
-    write_results,
-)
-from structlens.sites import SiteError
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import ModelArg
+from structlens.cli.output import fail_user_error
 
 
-def expand_sites(model: Any, spec: str) -> list[str]:
-    """Comma-separated site names or glob patterns (``blocks.*.hook_resid_pre``), in order."""
-    names = model.site_names()
-    chosen: list[str] = []
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        if any(ch in part for ch in "*?["):
-            hits = [n for n in names if fnmatch.fnmatchcase(n, part)]
-            if not hits:
-                fail(f"pattern {part!r} matches no site of {model.name}")
-            chosen += hits
-        else:
-            try:
-                chosen.append(model.site(part).name)
-            except SiteError as err:
-                fail_user_error(err)
-    if not chosen:
-        fail("name at least one site, e.g. --sites 'blocks.*.hook_resid_pre'")
-    return list(dict.fromkeys(chosen))
-
-
-def load_prompts(
-    model: Any, data: str, *, max_prompts: int | None, prompt_tokens: int, seed: int
-) -> tuple[list[Any], dict[str, list[int]] | None, str]:
-    """Prompts for ``--data``: ``corpus`` (bundled), a file/directory, ``hf:NAME`` or
-    ``task:NAME``.  Returns (prompts, named positions or None, label)."""
-    if data.startswith("task:"):
-        from structlens.data.tasks import make_task
-
-        try:
-            task = make_task(data.removeprefix("task:"), model.tokenizer, n=max_prompts, seed=seed)
-        except ValueError as err:
-            fail_user_error(err)
-        prompts: list[Any] = list(zip(task.prompt_ids, task.clean))
-        return prompts, dict(task.positions), data
-    from structlens.data.corpus import chunk_documents, load_texts
-
-    try:
-        docs = load_texts(None if data == "corpus" else data)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        fail_user_error(err)
-    prompts = chunk_documents(
-        docs, model.tokenizer, max_tokens=prompt_tokens, max_prompts=max_prompts
-    )
-    return prompts, None, data
-
-
+@common_options(out=Path("results"), executor=True)
 def capture_cmd(
+    common: Common,
     model: ModelArg,
     sites: Annotated[
         str,
@@ -99,65 +40,53 @@ def capture_cmd(
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
     store_dtype: Annotated[str, typer.Option(help="dtype of stored activations.")] = "float32",
     shard_mb: Annotated[float, typer.Option(help="Activation megabytes per shard.")] = 256.0,
-    out: Out = Path("results"),
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
-    executor: ExecutorName = "local",
-    address: Address = None,
 ) -> None:
     """Capture activations into a content-addressed, resumable store under OUT/activations.
 
     With --executor ray, Ray actors holding the model write the shards (OUT: shared storage).
     """
     from structlens.capture import capture
+    from structlens.capture.inputs import expand_sites, load_prompts
 
-    runner = executor_or_fail(
-        executor, address, num_gpus_per_task=1.0 if device.startswith("cuda") else 0.0
-    )
-    m = load_model_or_fail(model, device, dtype, seed)
+    on_gpu = common.device.startswith("cuda")
+    runner = common.runner(num_gpus_per_task=1.0 if on_gpu else 0.0)
+    m = common.load_model(model)
     site_list = expand_sites(m, sites)
-    prompts, named, label = load_prompts(
-        m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=seed
-    )
     try:
-        store = capture(
-            m,
-            prompts,
-            site_list,
-            root=Path(out) / "activations",
-            positions=positions,
-            named_positions=named,
-            dtype=store_dtype,
-            batch_size=batch_size,
-            shard_mb=shard_mb,
-            data_name=label,
-            executor=runner,
-            progress=not quiet,
+        prompts, named, label = load_prompts(
+            m, data, max_prompts=max_prompts, prompt_tokens=prompt_tokens, seed=common.seed
         )
-    except ValueError as err:
+    except FileNotFoundError as err:  # not a ValueError: common_options would pass it on
         fail_user_error(err)
-    path = write_results(
-        out,
-        "capture",
-        {
-            "store": str(store.path),
-            "model": m.name,
-            "sites": site_list,
-            "n_prompts": len(prompts),
-            "n_tokens": store.n_tokens,
-            "data": label,
-            "positions": positions,
-            "executor": executor,
-        },
-        command="capture",
+    store = capture(
+        m,
+        prompts,
+        site_list,
+        root=Path(common.out) / "activations",
+        positions=positions,
+        named_positions=named,
+        dtype=store_dtype,
+        batch_size=batch_size,
+        shard_mb=shard_mb,
+        data_name=label,
+        executor=runner,
+        progress=not common.quiet,
     )
-    if not quiet:
-        console.print(
-            f"captured {len(site_list)} sites x {store.n_tokens} tokens from "
-            f"{len(prompts)} prompts -> {store.path}\nwrote {path}"
-        )
+    record = {
+        "store": str(store.path),
+        "model": m.name,
+        "sites": site_list,
+        "n_prompts": len(prompts),
+        "n_tokens": store.n_tokens,
+        "data": label,
+        "positions": positions,
+        "executor": common.executor,
+    }
+    path = common.write("capture", record, command="capture")
+    common.say(
+        f"captured {len(site_list)} sites x {store.n_tokens} tokens from "
+        f"{len(prompts)} prompts -> {store.path}\nwrote {path}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -8,24 +8,10 @@ from typing import Annotated, Any, cast
 
 import typer
 
-from structlens.cli.common import AllowForeign, Common, ModelArg, common_options, parse_ints
+from structlens.cli.common import Common, common_options, shared_settings
+from structlens.cli.options import ModelArg, parse_ints
+from structlens.cli.sae import EVALUATION, SWEEP_WIDTHS, load_sae_dir, parse_widths, training
 from structlens.cli.sae import FLAGS as SAE_FLAGS
-from structlens.cli.sae import (
-    Arch,
-    Batch,
-    Epochs,
-    EvalPrompts,
-    K,
-    Layer,
-    LrBase,
-    Prompts,
-    SAEDir,
-    TargetL0,
-    Tokens,
-    Widths,
-    load_sae_dir,
-    parse_widths,
-)
 
 app = typer.Typer(
     help="Causal dimensionality: exact κ, width-sweep wedge, controls.", no_args_is_help=True
@@ -92,26 +78,17 @@ def jacobian(
 
 @app.command()
 @common_options(executor=True, flags=FLAGS)
+@shared_settings(training(SWEEP_WIDTHS), first=True)
 def sweep(
     common: Common,
     model: ModelArg,
-    layer: Layer = 0,
-    widths: Widths = "512,1024,2048,4096,8192,16384",
-    arch: Arch = "topk",
-    k: K = 32,
-    target_l0: TargetL0 = None,
-    prompts: Prompts = 200,
-    eval_prompts: EvalPrompts = 8,
-    prompt_tokens: Tokens = 128,
-    epochs: Epochs = 1,
-    batch_size: Batch = 512,
-    lr_base: LrBase = 2e-4,
     percentile: Annotated[float, typer.Option("--percentile", help="ε percentile.")] = 98.0,
     min_count: Annotated[int, typer.Option("--min-count", help="Firings for N_repr.")] = 1,
     n_bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 200,
     n_blocks: Annotated[int, typer.Option("--blocks", help="Token blocks for bootstrap.")] = 64,
     jacobian_prompts: JacPrompts = 2,
     jacobian_tokens: JacTokens = 24,
+    **settings: Any,
 ) -> None:
     """Width sweep at one layer: train SAEs, AtP on the LM loss, N_repr/N_causal, κ̂.
 
@@ -124,18 +101,15 @@ def sweep(
     from structlens.sae.experiment import SAEExperimentConfig
     from structlens.sites import site_name
 
-    sae_cfg = SAEExperimentConfig(
-        layer=layer, widths=parse_widths(widths), arch=arch, k=k, target_l0=target_l0,
-        prompts=prompts, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens, epochs=epochs,
-        batch_size=batch_size, lr_base=lr_base, seed=common.seed,
-    )  # fmt: skip
+    widths = parse_widths(settings.pop("widths"))
+    sae_cfg = SAEExperimentConfig(widths=widths, seed=common.seed, **settings)
     m = common.load_model(model)
     report, saes = _run(
         common, m, analysis="sweep", percentile=percentile, min_count=min_count,
         n_bootstrap=n_bootstrap, n_blocks=n_blocks, jacobian_prompts=jacobian_prompts,
         jacobian_tokens=jacobian_tokens, sae_config=sae_cfg,
     )  # fmt: skip
-    site = site_name("resid_pre", layer, n_layers=m.n_layers)
+    site = site_name("resid_pre", sae_cfg.layer, n_layers=m.n_layers)
     for w, s in saes.items():
         # cast: the str fields go to save_sae's str keywords, never to ``metadata``
         save_sae(s, common.out / "saes" / str(w), **cast(dict[str, Any], provenance(m, site)))
@@ -156,24 +130,16 @@ def sweep(
 
 @app.command()
 @common_options(flags=FLAGS)
-def ablate(
-    common: Common,
-    model: ModelArg,
-    sae: SAEDir,
-    layer: Layer = 0,
-    eval_prompts: EvalPrompts = 8,
-    prompt_tokens: Tokens = 128,
-    allow_foreign: AllowForeign = False,
-) -> None:
+@shared_settings(EVALUATION)
+def ablate(common: Common, model: ModelArg, **settings: Any) -> None:
     """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation."""
     from structlens.sae.experiment import SAEExperimentConfig
 
-    sae_cfg = SAEExperimentConfig(
-        layer=layer, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens
-    )
+    sae, allow_foreign = settings.pop("sae"), settings.pop("allow_foreign")
+    sae_cfg = SAEExperimentConfig(**settings)
     m = common.load_model(model)
     with common.foreign_uses() as foreign:
-        loaded = load_sae_dir(sae, m, layer, allow_foreign=allow_foreign)
+        loaded = load_sae_dir(sae, m, sae_cfg.layer, allow_foreign=allow_foreign)
     report, _ = _run(common, m, loaded, analysis="ablate", sae_config=sae_cfg)
     payload = report.payload() | {"sae": str(sae), "foreign": foreign}
     common.write("causal_ablate", payload, command="causal-dim ablate")

@@ -1,4 +1,5 @@
-"""Options and output helpers shared by every ``structlens`` command."""
+"""The options every command shares, declared once: :func:`common_options` adds them to a
+command as one :class:`Common`, and :func:`shared_settings` adds a group's shared options."""
 
 from __future__ import annotations
 
@@ -7,97 +8,18 @@ import dataclasses
 import functools
 import inspect
 import re
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any
 
-import typer
-from rich.console import Console
+from typer.models import OptionInfo
 
+from structlens.cli.loading import executor_or_fail, load_model_or_fail
+from structlens.cli.options import Address, Device, Dtype, ExecutorName, Out, Quiet, Seed
+from structlens.cli.output import console, fail
 from structlens.errors import is_user_error
 from structlens.results import write_results
-
-console = Console(stderr=True)
-
-Out = Annotated[Path, typer.Option("--out", help="Directory for results (JSON, figures).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summaries.")]
-Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
-Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
-Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
-AllowForeign = Annotated[
-    bool,
-    typer.Option(
-        "--allow-foreign",
-        help="Use saved results made from another model or site (warns, and records it).",
-    ),
-]
-ModelArg = Annotated[
-    str,
-    typer.Argument(
-        help="Built-in alias (see `structlens models`), HF hub name, local directory or .gguf file."
-    ),
-]
-
-ExecutorName = Annotated[
-    str,
-    typer.Option(
-        "--executor",
-        help="Where independent work (capture shards, sweep points) runs: 'local' (this "
-        "process) or 'ray' (a Ray cluster; needs pip install \"structlens\\[ray]\").",
-    ),
-]
-Address = Annotated[
-    str | None,
-    typer.Option(
-        "--address",
-        help="Ray cluster to join with --executor ray ('auto', 'ray://HEAD:10001', "
-        "'HOST:6379'); default: start Ray on this machine.",
-    ),
-]
-
-
-def executor_or_fail(
-    name: str, address: str | None = None, *, num_gpus_per_task: float | None = None
-):
-    """The executor called ``name`` with the command's ``--address``; exits 2 on bad input."""
-    from structlens.execution import EXECUTORS, get_executor
-
-    if name not in EXECUTORS:
-        fail(f"--executor must be one of {', '.join(EXECUTORS)}; got {name!r}.")
-    if name == "local":
-        if address is not None:
-            fail("--address names a Ray cluster; add --executor ray to use it.")
-        return get_executor("local")
-    try:
-        return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
-    except ImportError as err:
-        fail(str(err))
-
-
-def fail_user_error(err: BaseException) -> NoReturn:
-    """:func:`fail` with ``err``'s message if it is bad input
-    (:func:`structlens.errors.is_user_error`); otherwise re-raise it, as the bug it is."""
-    if not is_user_error(err):
-        raise err
-    fail(str(err))
-    raise AssertionError  # fail() exits
-
-
-def fail(message: str) -> None:
-    """Print a clear error and exit with status 2 (bad input); ``message`` is plain text."""
-    from rich.markup import escape
-
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def load_model_or_fail(name: str, device: str, dtype: str, seed: int):
-    from structlens.models import ModelUnavailableError, load_model
-
-    try:
-        return load_model(name, device=device, dtype=dtype, seed=seed)
-    except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
-        fail_user_error(err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +39,9 @@ class Common:
         seed = self.seed if seed is None else seed
         return load_model_or_fail(name, self.device, self.dtype, seed)
 
-    def runner(self) -> Any:
+    def runner(self, *, num_gpus_per_task: float | None = None) -> Any:
         """The ``--executor`` (with ``--address``); exits 2 on bad input."""
-        return executor_or_fail(self.executor, self.address)
+        return executor_or_fail(self.executor, self.address, num_gpus_per_task=num_gpus_per_task)
 
     def write(self, name: str, payload: dict[str, Any], *, command: str) -> Path:
         """Write ``--out/name.json`` (see :func:`write_results`)."""
@@ -189,7 +111,7 @@ def common_options(
                 message = str(err)
                 for name, flag in (flags or {}).items():
                     message = re.sub(rf"(?<![-\w]){name}\b", flag, message)
-                fail(_escape(message))
+                fail(message)
 
         command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
@@ -198,18 +120,32 @@ def common_options(
     return decorate
 
 
+def _is_option(p: inspect.Parameter) -> bool:
+    return any(isinstance(m, OptionInfo) for m in typing.get_args(p.annotation)[1:])
+
+
 def shared_settings(
-    spec: dict[str, tuple[Any, Any]],
+    spec: dict[str, tuple[Any, Any]], *, first: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the options ``spec[name] = (Annotated type, default)`` to a command whose
-    ``**settings`` receives them, so options shared by a group's commands are declared once."""
+    ``**settings`` receives them, so options shared by several commands are declared once.
+
+    They follow the command's own options in its ``--help``, or precede them with ``first``
+    (after its arguments and ``common``).  A default of ``inspect.Parameter.empty`` makes the
+    option required.
+    """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(f, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         kw = inspect.Parameter.KEYWORD_ONLY
+        # keyword-only, so that options with and without defaults may mix in any order
+        own = [p.replace(kind=kw) for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         extra = [inspect.Parameter(n, kw, annotation=a, default=d) for n, (a, d) in spec.items()]
-        params = own + extra
+        if first:
+            options = [p for p in own if _is_option(p)]
+            params = [p for p in own if not _is_option(p)] + extra + options
+        else:
+            params = own + extra
 
         @functools.wraps(f)
         def command(**kwargs: Any) -> Any:
@@ -220,28 +156,3 @@ def shared_settings(
         return command
 
     return decorate
-
-
-def parse_ints(spec: str, option: str) -> tuple[int, ...]:
-    """``'4,8,12'`` or an inclusive range ``'6-10'`` as a tuple of ints; exits 2 otherwise."""
-    try:
-        if "-" in spec.strip().lstrip("-"):
-            lo, hi = (int(s) for s in spec.split("-", 1))
-            return tuple(range(lo, hi + 1))
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        fail(f"{option} {spec!r} is not '8', '4,8,12' or '6-10'.")
-    if not values:
-        fail(f"{option} names no value.")
-    return values
-
-
-def parse_names(spec: str) -> tuple[str, ...]:
-    """A comma list of names as a tuple (blank entries dropped)."""
-    return tuple(s.strip() for s in spec.split(",") if s.strip())
-
-
-def _escape(message: str) -> str:
-    from rich.markup import escape
-
-    return escape(message)

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from structlens.cli.common import Device, Out, Quiet, Seed, console
+from structlens.cli.options import Device, Out, Quiet, Seed
+from structlens.cli.output import console
 from structlens.results import write_results
 
 
@@ -23,7 +24,7 @@ def demo(
     """Load the model, evaluate the circuit tasks, capture activations over the bundled
     corpus, and write a summary to OUT/demo.json."""
     from structlens.capture import capture
-    from structlens.cli.capture import load_prompts
+    from structlens.capture.inputs import load_prompts
     from structlens.cli.tasks import evaluate
     from structlens.data.tasks import available_tasks
     from structlens.models import load_model

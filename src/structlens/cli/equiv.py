@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import Common, ModelArg, common_options
+from structlens.cli.common import Common, common_options, shared_settings
+from structlens.cli.options import ModelArg
 
 app = typer.Typer(
     help="Interpretive equivalence: do two models implement the same mechanism?",
@@ -38,7 +39,17 @@ Representation = Annotated[
     str, typer.Option("--representation", help="auto, tokens or sentence (mean over tokens).")
 ]
 BatchSize = Annotated[int, typer.Option("--batch-size")]
+# the probes and the matching, shared by both commands
+PROBES = {
+    "task": (Task, "corpus"),
+    "n": (N, 64),
+    "metric": (Metric, "linear_cka_debiased"),
+    "layer_matching": (LayerMatching, "monotone"),
+    "head_matching": (HeadMatching, "global"),
+    "representation": (Representation, "auto"),
+}
 OUT = Path("results/equiv")
+# config fields as the options that set them, in the messages of configs' errors
 FLAGS = {
     "layer_matching": "--layer-matching",
     "head_matching": "--head-matching",
@@ -48,7 +59,7 @@ FLAGS = {
 
 
 def _run(
-    common: Common, model_a: str, model_b: str, task: str, n: int, name: str, **compare: Any
+    common: Common, model_a: str, model_b: str, name: str, *, task: str, n: int, **compare: Any
 ) -> None:
     from structlens.equivalence import Preprocess, ValidationCriterion
     from structlens.equivalence.compare import CompareConfig
@@ -93,16 +104,11 @@ def _run(
 
 @app.command("compare")
 @common_options(out=OUT, flags=FLAGS)
+@shared_settings(PROBES, first=True)
 def compare_cmd(
     common: Common,
     model_a: ModelArg,
     model_b: ModelArg,
-    task: Task = "corpus",
-    n: N = 64,
-    metric: Metric = "linear_cka_debiased",
-    layer_matching: LayerMatching = "monotone",
-    head_matching: HeadMatching = "global",
-    representation: Representation = "auto",
     map_method: Annotated[
         str, typer.Option("--map", help="Linear map for validation: ridge or procrustes.")
     ] = "ridge",
@@ -130,6 +136,7 @@ def compare_cmd(
         typer.Option("--congruity-max-layers", help="Rank heads of at most this many layers."),
     ] = None,
     batch_size: BatchSize = 8,
+    **settings: Any,
 ) -> None:
     """Match layers and heads of MODEL_A and MODEL_B, validate by patching, run CONGRUITY.
 
@@ -138,31 +145,25 @@ def compare_cmd(
     seeds of a tiny model (B gets seed + 1).
     """
     _run(
-        common, model_a, model_b, task, n, "compare", metric=metric,
-        layer_matching=layer_matching, head_matching=head_matching,
-        representation=representation, map_method=map_method, max_kl=max_kl, min_top1=min_top1,
-        max_validate_heads=max_validate_heads, validate_head_groups=head_groups,
+        common, model_a, model_b, "compare", map_method=map_method, max_kl=max_kl,
+        min_top1=min_top1, max_validate_heads=max_validate_heads, validate_head_groups=head_groups,
         congruity=congruity, congruity_top_k=top_k, congruity_max_layers=congruity_max_layers,
-        batch_size=batch_size,
+        batch_size=batch_size, **settings,
     )  # fmt: skip
 
 
 @app.command("similarity")
 @common_options(out=OUT, flags=FLAGS)
+@shared_settings(PROBES, first=True)
 def similarity_cmd(
     common: Common,
     model_a: ModelArg,
     model_b: ModelArg,
-    task: Task = "corpus",
-    n: N = 64,
-    metric: Metric = "linear_cka_debiased",
-    layer_matching: LayerMatching = "monotone",
-    head_matching: HeadMatching = "global",
-    representation: Representation = "auto",
     threshold: Annotated[
         float, typer.Option("--threshold", help="Similarity a matched pair must reach.")
     ] = 0.5,
     batch_size: BatchSize = 8,
+    **settings: Any,
 ) -> None:
     """Layer and head similarity matrices and matchings only (no patching, no CONGRUITY).
 
@@ -170,8 +171,7 @@ def similarity_cmd(
     similarity_layers.png.
     """
     _run(
-        common, model_a, model_b, task, n, "similarity", metric=metric,
-        layer_matching=layer_matching, head_matching=head_matching,
-        representation=representation, similarity_threshold=threshold, validate=False,
-        congruity=False, max_kl=0.1, min_top1=0.9, batch_size=batch_size,
+        common, model_a, model_b, "similarity", similarity_threshold=threshold,
+        validate=False, congruity=False, max_kl=0.1, min_top1=0.9, batch_size=batch_size,
+        **settings,
     )  # fmt: skip

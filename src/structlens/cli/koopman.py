@@ -7,79 +7,18 @@ Every command writes ``<command>.json`` (``results[<layers>][<dictionary>]``) an
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from structlens.cli.common import (
-    AllowForeign,
-    Common,
-    common_options,
-    parse_ints,
-    parse_names,
-    shared_settings,
-)
+from structlens.cli.common import Common, common_options, shared_settings
+from structlens.cli.koopman_options import DATA, FLAGS, OUT, REDUCE, ModelOpt, streams
+from structlens.cli.options import parse_ints, parse_names
 
 if TYPE_CHECKING:
     from structlens.koopman.experiment import Analysis
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
-
-ModelOpt = Annotated[str, typer.Argument(help="Model alias, HF name or local path.")]
-Layers = Annotated[
-    str, typer.Option("--layers", help="Layers: '8', '4,8,12' or a range '6-10' (inclusive).")
-]
-Pooled = Annotated[
-    bool, typer.Option("--pooled", help="One operator pooled over all --layers (else per layer).")
-]
-Dicts = Annotated[
-    str, typer.Option("--dictionary", help="Comma list of identity, pca, rff, relu, spectral, sae.")
-]
-Size = Annotated[int, typer.Option("--size", help="PCA k / RFF, ReLU D / spectral modes.")]
-SAEPath = Annotated[
-    Path | None, typer.Option("--sae", help="SAELens-format SAE directory (for 'sae').")
-]
-NCorpus = Annotated[int, typer.Option("--n-corpus", help="Corpus chunks (prompts).")]
-PromptTokens = Annotated[int, typer.Option("--prompt-tokens", help="Tokens per corpus chunk.")]
-NTask = Annotated[int, typer.Option("--n-task", help="IOI prompts added to the data (0: none).")]
-Alpha = Annotated[float, typer.Option("--alpha", help="Relative ridge of the EDMDc solve.")]
-Energy = Annotated[
-    float, typer.Option("--control-energy", help="Fraction of Var(attn_out) kept in u.")
-]
-Rank = Annotated[
-    int | None,
-    typer.Option("--control-rank", help="Keep this many PCs of u (overrides --control-energy)."),
-]
-DATA = {
-    "layers": (Layers, "8"),
-    "n_corpus": (NCorpus, 200),
-    "prompt_tokens": (PromptTokens, 64),
-    "n_task": (NTask, 50),
-    "alpha": (Alpha, 1e-6),
-    "control_energy": (Energy, 0.99),
-    "control_rank": (Rank, None),
-}
-
-
-def _streams(dictionary: str, size: int) -> dict[str, tuple[Any, Any]]:
-    """The options of the dictionary fits (their defaults differ by command)."""
-    return DATA | {
-        "pooled": (Pooled, False),
-        "dictionary": (Dicts, dictionary),
-        "size": (Size, size),
-        "sae": (SAEPath, None),
-        "allow_foreign": (AllowForeign, False),
-    }
-
-
-OUT = Path("koopman-out")
-FLAGS = {
-    "dictionaries": "--dictionary",
-    "orders": "--order",
-    "n_blocks": "--n-blocks",
-    "n_repeats": "--n-repeats",
-}
 
 
 def _run(common: Common, model: str, analysis: Analysis, **settings: Any) -> Any:
@@ -109,7 +48,7 @@ def _write(common: Common, report: Any) -> None:
 
 @app.command("fit")
 @common_options(out=OUT, executor=True, flags=FLAGS)
-@shared_settings(_streams("identity,pca", 64))
+@shared_settings(streams("identity,pca", 64))
 def fit_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -136,7 +75,7 @@ def fit_cmd(
 
 @app.command("convergence")
 @common_options(out=OUT, executor=True, flags=FLAGS)
-@shared_settings(_streams("pca", 32))
+@shared_settings(streams("pca", 32))
 def convergence_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
@@ -162,7 +101,7 @@ def convergence_cmd(
 
 @app.command("invariance")
 @common_options(out=OUT, flags=FLAGS)
-@shared_settings(_streams("spectral,rff,relu", 64))
+@shared_settings(streams("spectral,rff,relu", 64))
 def invariance_cmd(common: Common, model: ModelOpt = "smollm2-135m", **settings: Any) -> None:
     """Held-out one-step invariance residual (1 − R², by prompt split) per dictionary."""
     report = _run(common, model, "invariance", **settings)
@@ -203,16 +142,7 @@ def modes_cmd(
 
 @app.command("reduce")
 @common_options(out=OUT, flags=FLAGS)
-@shared_settings(
-    DATA
-    | {
-        "layers": (Layers, "4-12"),
-        "dictionary": (Annotated[str, typer.Option("--dictionary", help="One dictionary.")], "pca"),
-        "size": (Size, 32),
-        "sae": (SAEPath, None),
-        "allow_foreign": (AllowForeign, False),
-    }
-)
+@shared_settings(REDUCE)
 def reduce_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",

@@ -8,17 +8,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from structlens.cli.common import (
-    Device,
-    Dtype,
-    ModelArg,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.common import Common, common_options
+from structlens.cli.options import ModelArg, Out, Quiet
+from structlens.cli.output import console
+from structlens.results import write_results
 
 
 def _available(alias: str) -> str:
@@ -48,16 +41,10 @@ def models(out: Out = Path("results"), quiet: Quiet = False) -> None:
         console.print("Any Hugging Face hub name or local directory also works.")
 
 
-def sites(
-    model: ModelArg,
-    out: Out = Path("results"),
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
-) -> None:
+@common_options(out=Path("results"))
+def sites(common: Common, model: ModelArg) -> None:
     """List every site of MODEL with its shape (docs/sites.md says what each one is)."""
-    m = load_model_or_fail(model, device, dtype, seed)
+    m = common.load_model(model)
     # shape: after [batch, pos], or after [batch] for [batch, head, query_pos, key_pos] sites
     dims = {s: m.site_dims(s) for s in m.site_names()}
     rows = [{"site": s, "shape": list(d[2:] if d[1] == "pos" else d[1:])} for s, d in dims.items()]
@@ -70,8 +57,8 @@ def sites(
         "d_head": m.d_head,
         "causal": m.causal,
     }
-    path = write_results(out, "sites", {"model": info, "sites": rows}, command="sites")
-    if not quiet:
+    path = common.write("sites", {"model": info, "sites": rows}, command="sites")
+    if not common.quiet:
         console.print(f"{m!r}")
         for r in rows:
             typer.echo(f"{r['site']}\t[{', '.join(map(str, dims[r['site']]))}]")

@@ -15,31 +15,12 @@ from typing import Annotated, cast
 
 import typer
 
-from structlens.cli.common import (
-    AllowForeign,
-    Common,
-    ModelArg,
-    common_options,
-    fail,
-    parse_ints,
-    parse_names,
-)
-from structlens.ndm.experiment import load_rotation, save_rotation
-
-__all__ = ["app", "load_rotation", "save_rotation"]  # the rotation I/O scripts import from here
+from structlens.cli.common import Common, common_options
+from structlens.cli.ndm_browse import browse
+from structlens.cli.ndm_options import FLAGS, OUT, Activations, TrainDir
+from structlens.cli.options import AllowForeign, ModelArg, parse_ints, parse_names
 
 app = typer.Typer(help="NDM subspace decomposition: train, evaluate, browse.", no_args_is_help=True)
-
-TrainDir = Annotated[
-    Path, typer.Option("--train", help="Output directory of `ndm train` (ndm_train.json).")
-]
-Activations = Annotated[Path, typer.Option(help="Root of the activation store cache.")]
-OUT = Path("results/ndm")
-FLAGS = {"layers": "--layers", "capture_layers": "--capture-layers", "methods": "--methods"}
-
-
-def _ints(spec: str, option: str) -> tuple[int, ...]:
-    return parse_ints(spec, option) if spec.strip() else ()
 
 
 @app.command()
@@ -89,7 +70,8 @@ def train(
     from structlens.report.ndm import plot_merge_history
 
     cfg = NDMExperimentConfig(
-        layers=_ints(layers, "--layers"), capture_layers=_ints(capture_layers, "--capture-layers"),
+        layers=parse_ints(layers, "--layers", allow_empty=True),
+        capture_layers=parse_ints(capture_layers, "--capture-layers", allow_empty=True),
         corpus_prompts=corpus_prompts, task_prompts=task_prompts, unit_size=unit_size,
         steps=steps, bank_size=bank_size, batch_size=batch_size,
         refresh_interval=refresh_interval, lr=lr, merge_start=merge_start,
@@ -177,67 +159,4 @@ def evaluate(
     common.say(f"wrote {path}")
 
 
-@app.command()
-@common_options(out=OUT)
-def browse(
-    common: Common,
-    model_name: ModelArg = "smollm2-135m",
-    train: TrainDir = Path("results/ndm"),
-    prompt: Annotated[
-        list[str] | None, typer.Option(help="Query text (repeat the option for several).")
-    ] = None,
-    prompts_file: Annotated[
-        Path | None, typer.Option(help="A UTF-8 text file with one query per line.")
-    ] = None,
-    position: Annotated[int, typer.Option(help="Token position (negative from the end).")] = -1,
-    subspace: Annotated[
-        int | None, typer.Option(help="Subspace index (default: every subspace).")
-    ] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer (default: first trained).")] = None,
-    k: Annotated[int, typer.Option(help="Neighbours per subspace.")] = 10,
-    min_similarity: Annotated[
-        float | None, typer.Option(help="Drop hits below this cosine (authors: 0.85).")
-    ] = None,
-    extra_corpus_prompts: Annotated[
-        int | None,
-        typer.Option(
-            help="Corpus windows beyond the training ones to add to the index "
-            "(captured once, cached; default: all remaining)."
-        ),
-    ] = None,
-    activations: Activations = Path("results/ndm/activations"),
-    allow_foreign: AllowForeign = False,
-) -> None:
-    """Nearest stored contexts of (prompt, position) queries inside each subspace.
-
-    The index is built on the first call and saved next to the run (TRAIN/browse-index/);
-    later calls load it, so many queries cost one forward pass each.
-    """
-    from structlens.ndm.experiment import browse_queries
-
-    queries = list(prompt or [])
-    if prompts_file is not None:
-        try:
-            text = prompts_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            fail(f"--prompts-file {prompts_file} is not UTF-8 text ({err.reason}).")
-        queries += [line for line in text.splitlines() if line.strip()]
-    if not queries:
-        fail("give a query with --prompt 'some text' (repeatable) or --prompts-file FILE")
-    model = common.load_model(model_name)
-    with common.foreign_uses() as foreign:
-        doc = browse_queries(
-            model, train, queries, position=position, subspace=subspace, layer=layer, k=k,
-            min_similarity=min_similarity, extra_corpus_prompts=extra_corpus_prompts,
-            activations=activations, allow_foreign=allow_foreign,
-        )  # fmt: skip
-    for q in doc["queries"]:
-        common.say(f"query {q['query']['context']!r}", markup=False)
-        for r in q["subspaces"]:
-            common.say(f"  [bold]subspace {r['subspace']}[/] ({r['dim']} dims)")
-            for hit in r["hits"][:k]:
-                common.say(f"    {hit['similarity']:.3f}  {hit['context']!r}", markup=False)
-    path = common.write("ndm_browse", doc | {"foreign": foreign}, command="ndm browse")
-    how = "built and saved" if doc["index"]["built"] else "loaded"
-    common.say(f"{doc['n_activations']} activations indexed ({how} {doc['index']['path']})")
-    common.say(f"wrote {path}", markup=False)
+app.command()(browse)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from structlens.cli.common import Device
+from structlens.cli.options import Device
 
 Method = Literal["koopman", "ndm", "causal-dimension", "equivalence"]
 Profile = Literal["cpu", "gpu", "smoke"]

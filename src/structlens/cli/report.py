@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from structlens.cli.common import console, fail
+from structlens.cli.output import console, fail
 
 
 def report(

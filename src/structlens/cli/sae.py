@@ -4,19 +4,15 @@ are :mod:`structlens.sae.experiment`."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.common import (
-    AllowForeign,
-    Common,
-    ModelArg,
-    common_options,
-    fail,
-    parse_names,
-)
+from structlens.cli.common import Common, common_options, shared_settings
+from structlens.cli.options import AllowForeign, ModelArg, parse_names
+from structlens.cli.output import fail
 
 app = typer.Typer(
     help="Sparse autoencoders: train, width sweeps, evaluation.", no_args_is_help=True
@@ -38,6 +34,16 @@ Batch = Annotated[int, typer.Option("--batch-size", help="Tokens per training st
 LrBase = Annotated[float, typer.Option("--lr-base", help="Learning rate at width 2^14.")]
 Widths = Annotated[str, typer.Option("--widths", help="Comma-separated widths.")]
 SAEDir = Annotated[Path, typer.Option("--sae", help="SAELens-format SAE directory.")]
+SWEEP_WIDTHS = {"widths": (Widths, "512,1024,2048,4096,8192,16384")}
+# the options of a saved SAE's evaluation (`sae eval`, `causal-dim ablate`)
+EVALUATION = {
+    "sae": (SAEDir, inspect.Parameter.empty),
+    "layer": (Layer, 0),
+    "eval_prompts": (EvalPrompts, 8),
+    "prompt_tokens": (Tokens, 128),
+    "allow_foreign": (AllowForeign, False),
+}
+# config fields as the options that set them, in the messages of configs' errors
 FLAGS = {
     "arch": "--arch",
     "widths": "--widths",
@@ -47,13 +53,33 @@ FLAGS = {
 }
 
 
+def training(widths: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """The SAE training options (``sae train``, ``sae sweep``, ``causal-dim sweep``):
+    ``--layer``, then ``widths`` (the command's ``--width`` or ``--widths``), then the
+    architecture, data and optimisation settings."""
+    return (
+        {"layer": (Layer, 0)}
+        | widths
+        | {
+            "arch": (Arch, "topk"),
+            "k": (K, 32),
+            "target_l0": (TargetL0, None),
+            "prompts": (Prompts, 200),
+            "eval_prompts": (EvalPrompts, 8),
+            "prompt_tokens": (Tokens, 128),
+            "epochs": (Epochs, 1),
+            "batch_size": (Batch, 512),
+            "lr_base": (LrBase, 2e-4),
+        }
+    )
+
+
 def parse_widths(spec: str) -> tuple[int, ...]:
     """``'64,128'`` as a tuple of ints; exits 2 otherwise."""
     try:
         return tuple(int(w) for w in parse_names(spec))
     except ValueError:
         fail(f"--widths must be comma-separated integers, got {spec!r}.")
-    raise AssertionError  # fail() exits
 
 
 def load_sae_dir(sae: Path, model: Any, layer: int, *, allow_foreign: bool) -> Any:
@@ -87,76 +113,40 @@ def _train(common: Common, model: str, name: str, **settings: Any) -> None:
 
 @app.command()
 @common_options(flags=FLAGS)
-def train(
-    common: Common,
-    model: ModelArg,
-    layer: Layer = 0,
-    width: Annotated[int, typer.Option("--width", help="Dictionary size.")] = 4096,
-    arch: Arch = "topk",
-    k: K = 32,
-    target_l0: TargetL0 = None,
-    prompts: Prompts = 200,
-    eval_prompts: EvalPrompts = 8,
-    prompt_tokens: Tokens = 128,
-    epochs: Epochs = 1,
-    batch_size: Batch = 512,
-    lr_base: LrBase = 2e-4,
-) -> None:
+@shared_settings(
+    training({"width": (Annotated[int, typer.Option("--width", help="Dictionary size.")], 4096)})
+)
+def train(common: Common, model: ModelArg, **settings: Any) -> None:
     """Train one SAE on the residual stream at --layer; saves it in SAELens format."""
-    _train(
-        common, model, "sae_train", layer=layer, widths=(width,), arch=arch, k=k,
-        target_l0=target_l0, prompts=prompts, eval_prompts=eval_prompts,
-        prompt_tokens=prompt_tokens, epochs=epochs, batch_size=batch_size, lr_base=lr_base,
-    )  # fmt: skip
+    widths = (settings.pop("width"),)
+    _train(common, model, "sae_train", widths=widths, **settings)
 
 
 @app.command()
 @common_options(executor=True, flags=FLAGS)
-def sweep(
-    common: Common,
-    model: ModelArg,
-    layer: Layer = 0,
-    widths: Widths = "512,1024,2048,4096,8192,16384",
-    arch: Arch = "topk",
-    k: K = 32,
-    target_l0: TargetL0 = None,
-    prompts: Prompts = 200,
-    eval_prompts: EvalPrompts = 8,
-    prompt_tokens: Tokens = 128,
-    epochs: Epochs = 1,
-    batch_size: Batch = 512,
-    lr_base: LrBase = 2e-4,
-) -> None:
+@shared_settings(training(SWEEP_WIDTHS))
+def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
     """Train SAEs of several widths on ONE activation stream (same tokens, same order).
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
-    _train(
-        common, model, "sae_sweep", layer=layer, widths=parse_widths(widths), arch=arch, k=k,
-        target_l0=target_l0, prompts=prompts, eval_prompts=eval_prompts,
-        prompt_tokens=prompt_tokens, epochs=epochs, batch_size=batch_size, lr_base=lr_base,
-    )  # fmt: skip
+    widths = parse_widths(settings.pop("widths"))
+    _train(common, model, "sae_sweep", widths=widths, **settings)
 
 
 @app.command("eval")
 @common_options()
-def evaluate(
-    common: Common,
-    model: ModelArg,
-    sae: SAEDir,
-    layer: Layer = 0,
-    eval_prompts: EvalPrompts = 8,
-    prompt_tokens: Tokens = 128,
-    allow_foreign: AllowForeign = False,
-) -> None:
+@shared_settings(EVALUATION)
+def evaluate(common: Common, model: ModelArg, **settings: Any) -> None:
     """FVU, L0, dead fraction and CE loss recovered of a saved SAE at --layer."""
     from structlens.sae.experiment import SAEEvaluationConfig
     from structlens.sae.experiment import evaluate as run_evaluation
 
-    cfg = SAEEvaluationConfig(layer=layer, eval_prompts=eval_prompts, prompt_tokens=prompt_tokens)
+    sae, allow_foreign = settings.pop("sae"), settings.pop("allow_foreign")
+    cfg = SAEEvaluationConfig(**settings)
     m = common.load_model(model)
     with common.foreign_uses() as foreign:
-        s = load_sae_dir(sae, m, layer, allow_foreign=allow_foreign)
+        s = load_sae_dir(sae, m, cfg.layer, allow_foreign=allow_foreign)
     report = run_evaluation(cfg, m, s, path=sae)
     common.write("sae_eval", report.payload() | {"foreign": foreign}, command="sae eval")
     e = report.results["eval"]

@@ -9,18 +9,8 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from structlens.cli.common import (
-    Device,
-    Dtype,
-    Out,
-    Quiet,
-    Seed,
-    console,
-    fail,
-    fail_user_error,
-    load_model_or_fail,
-    write_results,
-)
+from structlens.cli.common import Common, common_options
+from structlens.cli.output import console, fail, fail_user_error
 
 app = typer.Typer(
     help="Circuit task datasets (IOI, Greater-than, knowledge conflict, ...).", no_args_is_help=True
@@ -96,7 +86,9 @@ def evaluate(
 
 
 @app.command("eval")
+@common_options(out=Path("results"))
 def eval_cmd(
+    common: Common,
     model: Annotated[
         str, typer.Option("--model", help="Alias, hub name, directory or .gguf.")
     ] = "smollm2-135m",
@@ -116,16 +108,12 @@ def eval_cmd(
         ),
     ] = False,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
-    out: Out = Path("results"),
-    quiet: Quiet = False,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    seed: Seed = 0,
 ) -> None:
     """Accuracy and mean task metric (with 95% CIs) of MODEL on TASK."""
     from structlens.data.tasks import available_tasks
 
-    m = load_model_or_fail(model, device, dtype, seed)
+    seed, quiet = common.seed, common.quiet
+    m = common.load_model(model)
     if not m.causal:
         fail(f"{model} is an encoder; the circuit tasks need a causal LM")
     names = available_tasks() if task == "all" else [task]
@@ -140,12 +128,8 @@ def eval_cmd(
                 evaluate(m, name, n=n, seed=seed, batch_size=batch_size, corruption=c, quiet=quiet)
                 for c in variants
             ]
-        path = write_results(
-            out,
-            f"tasks-{name}",
-            {"model": m.name, "seed": seed, "clean": results[0], "corrupted": results[1:]},
-            command="tasks eval",
-        )
+        record = {"model": m.name, "seed": seed, "clean": results[0], "corrupted": results[1:]}
+        path = common.write(f"tasks-{name}", record, command="tasks eval")
         for r in results:
             lo, hi = r["accuracy_ci"]
             mlo, mhi = r["metric_ci"]

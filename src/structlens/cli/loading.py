@@ -1,0 +1,36 @@
+"""The model and the executor a command's options name; bad input exits with status 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structlens.cli.output import fail, fail_user_error
+
+
+def load_model_or_fail(name: str, device: str, dtype: str, seed: int) -> Any:
+    """The model ``name`` (see :func:`structlens.models.load_model`); exits 2 if it cannot
+    load because of the input (an unknown name, a missing file, a bad device or dtype)."""
+    from structlens.models import ModelUnavailableError, load_model
+
+    try:
+        return load_model(name, device=device, dtype=dtype, seed=seed)
+    except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
+        fail_user_error(err)
+
+
+def executor_or_fail(
+    name: str, address: str | None = None, *, num_gpus_per_task: float | None = None
+) -> Any:
+    """The executor called ``name`` with the command's ``--address``; exits 2 on bad input."""
+    from structlens.execution import EXECUTORS, get_executor
+
+    if name not in EXECUTORS:
+        fail(f"--executor must be one of {', '.join(EXECUTORS)}; got {name!r}.")
+    if name == "local":
+        if address is not None:
+            fail("--address names a Ray cluster; add --executor ray to use it.")
+        return get_executor("local")
+    try:
+        return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)
+    except ImportError as err:
+        fail(str(err))

@@ -1,0 +1,16 @@
+"""Options several ``structlens ndm`` commands share, declared once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+TrainDir = Annotated[
+    Path, typer.Option("--train", help="Output directory of `ndm train` (ndm_train.json).")
+]
+Activations = Annotated[Path, typer.Option(help="Root of the activation store cache.")]
+OUT = Path("results/ndm")
+# config fields as the options that set them, in the messages of configs' errors
+FLAGS = {"layers": "--layers", "capture_layers": "--capture-layers", "methods": "--methods"}

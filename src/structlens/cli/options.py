@@ -1,0 +1,70 @@
+"""The options and arguments several command groups share, declared once, and the parsers of
+their list-valued strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from structlens.cli.output import fail
+
+Out = Annotated[Path, typer.Option("--out", help="Directory for results (JSON, figures).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summaries.")]
+Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
+AllowForeign = Annotated[
+    bool,
+    typer.Option(
+        "--allow-foreign",
+        help="Use saved results made from another model or site (warns, and records it).",
+    ),
+]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Built-in alias (see `structlens models`), HF hub name, local directory or .gguf file."
+    ),
+]
+
+ExecutorName = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        help="Where independent work (capture shards, sweep points) runs: 'local' (this "
+        "process) or 'ray' (a Ray cluster; needs pip install \"structlens\\[ray]\").",
+    ),
+]
+Address = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Ray cluster to join with --executor ray ('auto', 'ray://HEAD:10001', "
+        "'HOST:6379'); default: start Ray on this machine.",
+    ),
+]
+
+
+def parse_ints(spec: str, option: str, *, allow_empty: bool = False) -> tuple[int, ...]:
+    """``'4,8,12'`` or an inclusive range ``'6-10'`` as a tuple of ints; exits 2 otherwise.
+
+    With ``allow_empty`` a blank ``spec`` is ``()`` (the option's "not given")."""
+    if allow_empty and not spec.strip():
+        return ()
+    try:
+        if "-" in spec.strip().lstrip("-"):
+            lo, hi = (int(s) for s in spec.split("-", 1))
+            return tuple(range(lo, hi + 1))
+        values = tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        fail(f"{option} {spec!r} is not '8', '4,8,12' or '6-10'.")
+    if not values:
+        fail(f"{option} names no value.")
+    return values
+
+
+def parse_names(spec: str) -> tuple[str, ...]:
+    """A comma list of names as a tuple (blank entries dropped)."""
+    return tuple(s.strip() for s in spec.split(",") if s.strip())
