@@ -82,6 +82,33 @@ def test_merged_statistics_equal_one_pass(rng):
     np.testing.assert_allclose(r1.B, r2.B, atol=1e-8)
 
 
+def test_weighted_merge_equals_merging_the_repeated_parts(rng):
+    s = linear_system(rng, LAM, n_controls=3, n_samples=600, noise=0.1)
+    dic = RandomFourierDictionary(12, seed=1).fit(s["X"])
+    parts = accumulate(dic, iter_chunks(s["X"], s["U"], s["Y"], s["ids"], 50), n_blocks=4)
+    weights = [0, 2, 1, 3]  # a bootstrap draw of the four blocks, as counts
+    repeated = merge_statistics([p for p, k in zip(parts, weights) for _ in range(k)])
+    weighted = merge_statistics(parts, weights)
+    assert weighted.n == repeated.n
+    np.testing.assert_allclose(weighted.zy.s_xx, repeated.zy.s_xx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(weighted.zy.s_xy, repeated.zy.s_xy, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(weighted.tails.m4, repeated.tails.m4, rtol=1e-10)
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_projected_controls_give_the_same_operator(rng, center):
+    from structlens.koopman.edmdc import _solve_operator, control_basis
+
+    s = linear_system(rng, LAM, n_controls=5, n_samples=500, noise=0.1)
+    dic = RandomFourierDictionary(10, seed=2).fit(s["X"])
+    cfg = EDMDcConfig(alpha=1e-6, control_rank=2, center=center)
+    stats = EDMDc(dic, cfg).statistics(s["X"], s["U"], s["Y"])[0]
+    V = control_basis(stats, cfg)[0]
+    full, _ = _solve_operator(stats, cfg, V)
+    projected, _ = _solve_operator(stats.project_controls(V), cfg, np.eye(2))
+    np.testing.assert_allclose(projected, full, rtol=1e-9, atol=1e-10)
+
+
 def test_spectrum_invariant_to_change_of_dictionary_basis(rng):
     s = linear_system(rng, LAM, n_samples=500, noise=0.05)
     cfg = EDMDcConfig(alpha=0.0)

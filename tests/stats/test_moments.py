@@ -156,3 +156,62 @@ def test_column_moments_equal_two_pass_numpy_and_catch_nan(rng):
     bad[3, 2] = np.inf
     with pytest.raises(ValueError, match="NaN or infinite"):
         ColumnMoments(7).update(bad)
+
+
+def _acc(x, y=None, **kw):
+    return CrossMoments(x.shape[1], None if y is None else y.shape[1], **kw).update(x, y)
+
+
+@pytest.mark.parametrize("with_y", [False, True])
+def test_pool_equals_one_pass_over_the_repeated_rows(with_y):
+    rng = np.random.default_rng(3)
+    rows = [rng.normal(loc=5.0, size=(n, 6)) for n in (7, 11, 4, 9)]  # large means: recentring
+    ys = [rng.normal(size=(r.shape[0], 3)) for r in rows]
+    weights = [2, 0, 1, 3]
+    kw = {"second_y": "diag"} if with_y else {}
+    parts = [_acc(r, y if with_y else None, **kw) for r, y in zip(rows, ys)]
+    pooled = CrossMoments.pool(parts, weights)
+    x_all = np.vstack([r for r, k in zip(rows, weights) for _ in range(k)])
+    y_all = np.vstack([y for y, k in zip(ys, weights) for _ in range(k)])
+    direct = _acc(x_all, y_all if with_y else None, **kw)
+    assert pooled.n == direct.n == x_all.shape[0]
+    np.testing.assert_allclose(pooled.mean_x, x_all.mean(0), rtol=1e-13)
+    np.testing.assert_allclose(pooled.s_xx, direct.s_xx, rtol=1e-11, atol=1e-10)
+    assert np.array_equal(pooled.s_xx, pooled.s_xx.T)
+    if with_y:
+        np.testing.assert_allclose(pooled.s_xy, direct.s_xy, rtol=1e-11, atol=1e-10)
+        np.testing.assert_allclose(pooled.s_yy, direct.s_yy, rtol=1e-11, atol=1e-10)
+    assert parts[0].n == 7  # inputs unchanged
+
+
+def test_pool_with_fourth_order_terms_merges_pairwise():
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(20, 4)), rng.normal(size=(20, 2))
+    a, b = _acc(x[:8], y[:8], groups_x=2), _acc(x[8:], y[8:], groups_x=2)
+    pooled = CrossMoments.pool([a, b])
+    np.testing.assert_allclose(pooled.s_yy, _acc(x, y).s_yy, rtol=1e-12, atol=1e-12)
+    assert pooled.fourth_order
+
+
+def test_pool_rejects_bad_weights_and_mixed_widths():
+    a = _acc(np.ones((3, 2)) + np.arange(6).reshape(3, 2))
+    with pytest.raises(ValueError, match="non-negative integers"):
+        CrossMoments.pool([a, a], [1, -1])
+    with pytest.raises(ValueError, match="non-negative integers"):
+        CrossMoments.pool([a, a], [1])
+    with pytest.raises(ValueError, match="different widths"):
+        CrossMoments.pool([a, _acc(np.arange(9.0).reshape(3, 3))])
+
+
+def test_project_x_equals_the_moments_of_the_projected_rows():
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(loc=2.0, size=(40, 6)), rng.normal(size=(40, 3))
+    T = rng.normal(size=(6, 2))
+    proj = _acc(x, y, second_y="diag").project_x(T)
+    direct = _acc(x @ T, y, second_y="diag")
+    np.testing.assert_allclose(proj.mean_x, direct.mean_x, rtol=1e-12)
+    np.testing.assert_allclose(proj.s_xx, direct.s_xx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(proj.s_xy, direct.s_xy, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(proj.s_yy, direct.s_yy, rtol=1e-12)
+    with pytest.raises(ValueError, match="T must be"):
+        _acc(x).project_x(T[:3])

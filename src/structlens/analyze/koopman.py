@@ -22,8 +22,8 @@ def _spectrum_bootstrap(
     rng = np.random.default_rng(seed)
     radii, clouds = np.empty(n_boot), []
     for b in range(n_boot):
-        pick = rng.integers(0, len(blocks), len(blocks))
-        ev = solve(merge_statistics([blocks[i] for i in pick]), config, dictionary).eigenvalues
+        counts = np.bincount(rng.integers(0, len(blocks), len(blocks)), minlength=len(blocks))
+        ev = solve(merge_statistics(blocks, counts), config, dictionary).eigenvalues
         radii[b] = float(np.max(np.abs(ev)))
         if b < 20:
             clouds.append(ev)

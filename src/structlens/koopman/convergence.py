@@ -157,8 +157,12 @@ def split_half_convergence(
             f"drops a group of blocks); got {half_sizes}. Use more blocks or fewer sizes."
         )
     rng = np.random.default_rng(seed)
+    V = control_basis(merge_statistics(blocks), config)[0]
+    # Every fit shares V, so the blocks are projected onto it once: merges and solves then
+    # work on (N + r)-wide moments instead of (N + d_u)-wide ones (the same operators).
+    blocks = [b.project_controls(V) for b in blocks]
+    V = np.eye(V.shape[1])
     pooled = merge_statistics(blocks)
-    V = control_basis(pooled, config)[0]
     orders = np.stack(
         [np.stack([rng.permutation(K) for _ in range(n_repeats)]) for _ in half_sizes]
     )

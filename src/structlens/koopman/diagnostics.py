@@ -89,8 +89,11 @@ def henrici_noise_floor(
         raise ValueError(f"need at least 4 prompt blocks for halves and quarters; got {K}.")
     if n_repeats < 1:
         raise ValueError(f"n_repeats must be >= 1, got {n_repeats}.")
+    V = control_basis(merge_statistics(blocks), config)[0]
+    # every fit shares V: project the blocks once (see split_half_convergence)
+    blocks = [b.project_controls(V) for b in blocks]
+    V = np.eye(V.shape[1])
     pooled = merge_statistics(blocks)
-    V = control_basis(pooled, config)[0]
     A = _operator(pooled, config, V)
     full = non_normality(A)
     rng = np.random.default_rng(seed)

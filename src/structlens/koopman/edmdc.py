@@ -19,6 +19,7 @@ the accumulated moments, so ``r`` can change without re-streaming.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,20 +133,47 @@ class EDMDcStatistics:
         self.tails.merge(other.tails)
         return self
 
+    def project_controls(self, V: np.ndarray) -> EDMDcStatistics:
+        """The statistics of ``Z = [Ψ(x), u V]`` (``V`` ``[d_u, r]``, e.g. a control basis):
+        fits that share ``V`` solve the same operator from these (with the identity as their
+        basis) on ``(N + r)``-wide moments instead of ``(N + d_u)``-wide ones."""
+        N = self.n_features
+        if V.ndim != 2 or V.shape[0] != self.n_controls:
+            raise ValueError(f"V must be [{self.n_controls}, r]; got shape {V.shape}.")
+        out = EDMDcStatistics(N, V.shape[1], self.state_dim, self.state_start)
+        out.zy = self.zy.project_x(scipy.linalg.block_diag(np.eye(N), V))
+        out.state, out.tails = copy.deepcopy(self.state), copy.deepcopy(self.tails)
+        return out
+
     def copy(self) -> EDMDcStatistics:
         out = EDMDcStatistics(self.n_features, self.n_controls, self.state_dim, self.state_start)
         out.merge(self)
         return out
 
 
-def merge_statistics(parts: Iterable[EDMDcStatistics]) -> EDMDcStatistics:
-    """Merge several statistics into a new object (inputs unchanged)."""
+def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> EDMDcStatistics:
+    """Pool several statistics into a new object (inputs unchanged).
+
+    ``weights`` are integer multiplicities, one per part (default: each once): a bootstrap
+    resample of prompt blocks is ``weights = np.bincount(draw, minlength=len(parts))``.  The
+    cross moments are pooled in one pass (:meth:`CrossMoments.pool`), which a split-half or
+    bootstrap loop calls thousands of times.
+    """
     parts = list(parts)
     if not parts:
         raise ValueError("nothing to merge.")
-    out = parts[0].copy()
-    for p in parts[1:]:
-        out.merge(p)
+    shapes = {(p.n_features, p.n_controls, p.state_dim, p.state_start) for p in parts}
+    if len(shapes) > 1:
+        raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
+    first = parts[0]
+    out = EDMDcStatistics(first.n_features, first.n_controls, first.state_dim, first.state_start)
+    w = np.ones(len(parts), dtype=np.int64) if weights is None else np.asarray(weights)
+    out.zy = CrossMoments.pool([p.zy for p in parts], w)
+    if out.state is not None:
+        out.state = CrossMoments.pool([p.state for p in parts], w)  # type: ignore[misc]
+    for p, k in zip(parts, w):
+        for _ in range(int(k)):
+            out.tails.merge(p.tails)
     return out
 
 

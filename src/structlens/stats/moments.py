@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -190,6 +191,25 @@ def _group_trace(scatter: np.ndarray, groups: int) -> np.ndarray:
 def _host(t: Any) -> np.ndarray:
     """A float64 NumPy copy of a (small, ``d × d`` or smaller) torch result."""
     return t.detach().double().cpu().numpy()
+
+
+def _weighted_sum(items: Sequence[Any], keep: Sequence[tuple[Any, int]]) -> np.ndarray:
+    """``Σ k_i a_i`` over the parts' matrices (a ``_Pair``'s ``cross`` or a plain array)."""
+    out: np.ndarray | None = None
+    for item, (_, k) in zip(items, keep):
+        a = item.cross if isinstance(item, _Pair) else item
+        out = k * a if out is None else out + (a if k == 1 else k * a)
+    assert out is not None
+    return out
+
+
+def _gram(d: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``Σ_i w_i d_i d_iᵀ``, exactly symmetric (a GEMM need not round (i, j) and (j, i) alike)."""
+    return _symmetric((d * weights[:, None]).T @ d)
+
+
+def _symmetric(g: np.ndarray) -> np.ndarray:
+    return 0.5 * (g + g.T)
 
 
 class CrossMoments:
@@ -446,6 +466,99 @@ class CrossMoments:
             self._xy = axy + bxy
             self._mean_y = new_my
         self.n, self.mean_x = total, new_mx
+
+    @classmethod
+    def pool(cls, parts: Sequence[CrossMoments], weights: Any = None) -> CrossMoments:
+        """A new accumulator holding the samples of ``parts[i]`` ``weights[i]`` times.
+
+        ``weights`` are non-negative integer multiplicities (default: each part once), e.g.
+        a bootstrap resample of prompt blocks as counts.  Without fourth-order terms this is
+        the K-part form of the pairwise update in one pass,
+        ``S = Σ w_i S_i + Σ w_i n_i d_i d_iᵀ`` with ``d_i`` the part's mean minus the pooled
+        mean, which reads each part's matrices once where K pairwise merges copy and recentre
+        the running sum K times; equal to merging the copies up to float64 rounding.
+        Accumulators with fourth-order terms are merged pairwise.
+
+        >>> rng = np.random.default_rng(0)
+        >>> x, y = rng.normal(size=(30, 3)), rng.normal(size=(30, 2))
+        >>> a = CrossMoments(3, 2, second_y="diag").update(x[:10], y[:10])
+        >>> b = CrossMoments(3, 2, second_y="diag").update(x[10:], y[10:])
+        >>> both = CrossMoments(3, 2, second_y="diag").update(np.vstack([x, x[10:]]),
+        ...                                                  np.vstack([y, y[10:]]))
+        >>> pooled = CrossMoments.pool([a, b], weights=[1, 2])
+        >>> pooled.n, bool(np.allclose(pooled.s_xy, both.s_xy))
+        (50, True)
+        """
+        parts = list(parts)
+        if not parts:
+            raise ValueError("nothing to pool: pass at least one accumulator.")
+        w = np.ones(len(parts), dtype=np.int64) if weights is None else np.asarray(weights)
+        if w.shape != (len(parts),) or np.any(w < 0) or np.any(w != np.round(w)):
+            raise ValueError(
+                f"weights must be {len(parts)} non-negative integers (one per part); got {w}."
+            )
+        first = parts[0]
+        for p in parts[1:]:
+            if p._key != first._key:
+                raise ValueError(
+                    "cannot pool CrossMoments with different widths, groups or second_y: "
+                    f"{first._key} vs {p._key}."
+                )
+        out = cls(
+            first.d_x, first._d_y, first.groups_x, first.groups_y, second_y=first.second_y,
+            chunk_rows=first.chunk_rows, precision=first.precision,
+        )  # fmt: skip
+        keep = [(p, int(k)) for p, k in zip(parts, w) if k > 0 and p.n > 0]
+        if not keep:
+            return out
+        if out.fourth_order:
+            for p, k in keep:
+                for _ in range(k):
+                    out.merge(p)
+            return out
+        cnt = np.array([k * p.n for p, k in keep], dtype=np.float64)
+        total = float(cnt.sum())
+        mx = np.stack([p.mean_x for p, _ in keep])
+        out.mean_x = cnt @ mx / total
+        dx = mx - out.mean_x
+        out._xx = _Pair(_weighted_sum([p._xx for p, _ in keep], keep) + _gram(dx, cnt))
+        if out._d_y is not None:
+            my = np.stack([p._mean_y for p, _ in keep])  # type: ignore[arg-type]
+            out._mean_y = cnt @ my / total
+            dy = my - out._mean_y
+            out._yy = _weighted_sum([p._yy for p, _ in keep], keep) + cnt @ (dy * dy)
+            out._xy = _Pair(
+                _weighted_sum([p._xy for p, _ in keep], keep) + (dx * cnt[:, None]).T @ dy
+            )
+        out.n = int(round(total))
+        return out
+
+    def project_x(self, T: np.ndarray) -> CrossMoments:
+        """A new accumulator of the features ``x T`` (``T`` ``[d_x, k]``), from the moments
+        alone: ``x̄ T``, ``Tᵀ S_xx T`` and ``Tᵀ S_xy`` (Y unchanged).  Exact, since centred
+        moments transform linearly; pooling projected parts equals projecting the pool.
+        Not defined for accumulators with fourth-order terms or groups of ``x``.
+        """
+        T = np.asarray(T, dtype=np.float64)
+        if T.ndim != 2 or T.shape[0] != self.d_x:
+            raise ValueError(f"T must be [{self.d_x}, k]; got shape {T.shape}.")
+        if self.fourth_order or self.groups_x != 1:
+            raise ValueError("project_x needs an accumulator without fourth-order terms/groups.")
+        out = CrossMoments(
+            T.shape[1], self._d_y, second_y=self.second_y, chunk_rows=self.chunk_rows,
+            precision=self.precision,
+        )  # fmt: skip
+        out.n, out.mean_x = self.n, self.mean_x @ T
+        if self.n == 0:
+            return out
+        assert self._xx is not None
+        out._xx = _Pair(_symmetric(T.T @ self._xx.cross @ T))
+        if self._d_y is not None:
+            assert self._xy is not None and self._mean_y is not None
+            out._mean_y = self._mean_y.copy()
+            out._yy = copy.deepcopy(self._yy)
+            out._xy = _Pair(T.T @ self._xy.cross)
+        return out
 
     def copy(self) -> CrossMoments:
         """An independent deep copy."""
