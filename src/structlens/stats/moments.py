@@ -523,7 +523,7 @@ class CrossMoments:
         dx = mx - out.mean_x
         out._xx = _Pair(_weighted_sum([p._xx for p, _ in keep], keep) + _gram(dx, cnt))
         if out._d_y is not None:
-            my = np.stack([p._mean_y for p, _ in keep])  # type: ignore[arg-type]
+            my = np.stack([p.mean_y for p, _ in keep])
             out._mean_y = cnt @ my / total
             dy = my - out._mean_y
             out._yy = _weighted_sum([p._yy for p, _ in keep], keep) + cnt @ (dy * dy)
