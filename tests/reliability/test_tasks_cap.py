@@ -71,3 +71,11 @@ def test_progress_is_reported_once_per_batch_and_sums_to_n():
     done: list[int] = []
     r = tasks.evaluate_task(task, model.forward, batch_size=4, progress=done.append)
     assert done == [4, 4, 3] and r["n"] == 11
+
+
+def test_make_task_up_to_caps_at_the_pool_and_keeps_real_errors(small_cap):
+    tok = _RandomLM().tokenizer
+    assert len(tasks.make_task_up_to("ioi", tok, n=1_000_000_000)) == small_cap
+    assert len(tasks.make_task_up_to("ioi", tok, n=5)) == 5
+    with pytest.raises(ValueError, match="Unknown task"):
+        tasks.make_task_up_to("nope", tok, n=5)

@@ -42,22 +42,13 @@ def evaluate(
     ``n`` above what the task can generate (its finite pool of usable facts, or
     :data:`~structlens.data.tasks.MAX_PROMPTS`) is capped there, and the cap is said and
     recorded (``requested_n``)."""
-    from structlens.data.tasks import MAX_PROMPTS, evaluate_task, make_task
+    from structlens.data.tasks import evaluate_task, make_task_up_to
 
     requested = n
-    if n is not None and n > MAX_PROMPTS:
-        n = MAX_PROMPTS
     try:
-        task = make_task(task_name, model.tokenizer, n=n, seed=seed)
+        task = make_task_up_to(task_name, model.tokenizer, n=n, seed=seed)
     except ValueError as err:
-        # A task with a finite prompt pool (factual_recall: one prompt per usable fact) may
-        # have fewer than n prompts; "n prompts per task" then means all it has.
-        try:
-            task = make_task(task_name, model.tokenizer, seed=seed)
-        except ValueError:
-            fail_user_error(err)
-        if n is None or len(task) >= n:
-            fail_user_error(err)
+        fail_user_error(err)
     if requested is not None and len(task) < requested:
         console.print(
             f"note: {task_name}: -n {requested} is more than the task's pool; "

@@ -16,7 +16,12 @@ from structlens.data.tasks.facts import (
 )
 from structlens.data.tasks.greater_than import GreaterThanTask, make_greater_than
 from structlens.data.tasks.ioi import IOITask, make_ioi
-from structlens.data.tasks.registry import MAX_PROMPTS, available_tasks, make_task
+from structlens.data.tasks.registry import (
+    MAX_PROMPTS,
+    available_tasks,
+    make_task,
+    make_task_up_to,
+)
 
 __all__ = [
     "MAX_PROMPTS",
@@ -32,6 +37,7 @@ __all__ = [
     "make_ioi",
     "make_knowledge_conflict",
     "make_task",
+    "make_task_up_to",
     "pad_batch",
     "wilson_interval",
 ]

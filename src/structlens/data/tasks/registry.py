@@ -76,3 +76,27 @@ def make_task(
         return TASKS[name](tokenizer, seed=seed, prepend_bos=prepend_bos, **kwargs)
     except TypeError as e:
         raise ValueError(f"Invalid options for task {name!r}: {e}") from e
+
+
+def make_task_up_to(name: str, tokenizer: Any, *, n: int | None, seed: int = 0) -> TaskDataset:
+    """:func:`make_task` with at most ``n`` prompts: ``n`` above :data:`MAX_PROMPTS` is capped
+    there, and a task with a finite prompt pool (``factual_recall``: one prompt per usable
+    fact) smaller than ``n`` gives all it has, so "n prompts per task" never fails on a
+    small pool.  Compare ``len(task)`` with ``n`` to tell the caller about a cap.
+
+    Raises
+    ------
+    ValueError
+        The task cannot be built for this tokenizer at all (the error of :func:`make_task`).
+    """
+    capped = n if n is None or n <= MAX_PROMPTS else MAX_PROMPTS
+    try:
+        return make_task(name, tokenizer, n=capped, seed=seed)
+    except ValueError as err:
+        try:
+            task = make_task(name, tokenizer, seed=seed)
+        except ValueError:
+            raise err from None
+        if capped is None or len(task) >= capped:
+            raise
+        return task
