@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17: rerun every benchmark touched by the performance work, in one go, on an IDLE
-# machine (about 10 minutes on 2 cores). Each run prints the load average and records it in
+# machine (about 15 minutes on 2 cores). Each run prints the load average and records it in
 # its results.json; check it before reading the ratios.
 #   bash benchmarks/run_issue17.sh            # from the repository root
 set -euo pipefail
