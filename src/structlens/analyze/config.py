@@ -77,8 +77,8 @@ PROFILES: dict[str, Profile] = {
         koopman_corpus=120, koopman_tokens=64, koopman_blocks=32, koopman_pca=32,
         koopman_dictionaries=("identity", "pca", "rff", "relu"), koopman_repeats=12,
         koopman_bootstrap=200,
-        # an NDM step at d = 576 costs ~0.65 s here (the backward of the rotation's matrix
-        # exponential): 200 steps keep two merge rounds; the report flags non-convergence
+        # NDM steps at d = 576 are dominated by the backward of the rotation's matrix
+        # exponential: 200 steps keep two merge rounds; the report flags non-convergence
         ndm_corpus=160, ndm_tokens=96, ndm_steps=200, ndm_unit=32, ndm_batch=128,
         ndm_bank=8192, ndm_refresh=25, ndm_merge_start=100, ndm_merge_interval=100,
         ndm_mi_samples=2000,
