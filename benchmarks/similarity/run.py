@@ -195,6 +195,7 @@ def run(impl: str, n: int, extra: int = 0) -> dict:
 
 HEADLINE = {
     "structlens_cka",
+    "structlens_cka_fp32",
     "anatome_cka",
     "anatome_cka_fp64",
     "structlens_svcca",

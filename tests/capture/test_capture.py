@@ -172,3 +172,31 @@ def test_shards_written_in_place_equal_the_gathered_batches(llama, tmp_path, len
     idx = store.load_index()
     for k in ("position", "token_id"):
         assert torch.equal(idx[k], torch.cat([p[k] for p in parts]))
+
+
+def test_dense_reads_keep_model_tensors_and_survive_in_place_changes(llama):
+    from structlens.capture import iter_activations
+
+    toks = [list(range(3, 19)), list(range(40, 56))]  # equal lengths: a dense batch
+    sites = ["blocks.1.hook_resid_pre", "blocks.1.hook_mlp_out", "blocks.2.hook_resid_post"]
+
+    def buffers():
+        return {s: torch.empty(32, llama.d_model) for s in sites}
+
+    ref = buffers()  # written by copies inside the hooks: the values at read time
+    list(iter_activations(llama, toks, sites, into=ref))
+    (plain,) = iter_activations(llama, toks, sites)
+    for s in sites:
+        assert torch.equal(plain[s], ref[s])
+    # a later module that changes layer 1's input in place, after it was read
+    layer = llama.hf.model.layers[1]
+    handle = layer.register_forward_hook(lambda mod, args, out: args[0].add_(1.0))
+    try:
+        (changed,) = iter_activations(llama, toks, sites)
+        into = buffers()
+        list(iter_activations(llama, toks, sites, into=into))
+    finally:
+        handle.remove()
+    for s in sites:
+        assert torch.equal(changed[s], into[s]), s
+    assert torch.equal(changed[sites[0]], ref[sites[0]])  # read before the change

@@ -143,14 +143,42 @@ def test_bad_probes_raise(tiny) -> None:
 
 def test_finetune_changes_only_trained_layers(tiny) -> None:
     toks = [list(range(1, 6 + i % 3)) for i in range(8)]
-    tuned, losses = finetune_on_task(
+    tuned, losses, curve, steps_run, reached = finetune_on_task(
         tiny, toks, [7] * 8, steps=2, lr=1e-2, batch_size=4, train_layers=[2]
     )
-    assert len(losses) == 2 and all(np.isfinite(losses))
+    assert len(losses) == steps_run == 2 and all(np.isfinite(losses))
+    assert curve == [] and reached is None
     before = dict(tiny.hf.named_parameters())
     for name, p in tuned.hf.named_parameters():
         changed = not torch.equal(p, before[name])
         assert changed == name.startswith("model.layers.2."), name
+
+
+def test_finetune_stops_when_the_held_out_behaviour_has_moved(tiny) -> None:
+    toks = [list(range(1, 6 + i % 3)) for i in range(8)]
+    held = [list(range(2, 7 + i % 2)) for i in range(4)]
+    full = finetune_on_task(tiny, toks, [7] * 8, steps=12, lr=1e-2, batch_size=4,
+                            held_out=held, eval_every=2)  # fmt: skip
+    kls = [kl for _, kl in full.held_out_kl]
+    assert full.held_out_kl[0] == (0, 0.0) and [s for s, _ in full.held_out_kl][-1] == 12
+    assert min(kls[1:]) > 0 and full.reached is None
+    # an independent KL(base ‖ tuned) at the end of each held-out prompt
+    from structlens.data.tasks import pad_batch
+
+    ids, mask = pad_batch(held, int(tiny.tokenizer.pad_token_id))
+    last = (torch.arange(len(held)), mask.sum(1) - 1)
+    with torch.no_grad():
+        p = tiny.hf(input_ids=ids, attention_mask=mask).logits[last].log_softmax(-1)
+        q = full.model.hf(input_ids=ids, attention_mask=mask).logits[last].log_softmax(-1)
+    assert np.isclose(float((p.exp() * (p - q)).sum(-1).mean()), kls[-1], rtol=1e-4)
+    target = kls[3]  # reached at step 6 on the same seeded path
+    early = finetune_on_task(tiny, toks, [7] * 8, steps=12, lr=1e-2, batch_size=4,
+                             held_out=held, eval_every=2, target_kl=target)  # fmt: skip
+    first = next(s for s, kl in full.held_out_kl if kl >= target)
+    assert early.reached and early.steps_run == first
+    assert early.held_out_kl == full.held_out_kl[: len(early.held_out_kl)]
+    with pytest.raises(ValueError, match="held_out"):
+        finetune_on_task(tiny, toks, [7] * 8, steps=2, batch_size=4, target_kl=0.1)
 
 
 def test_cli_compare_writes_documented_keys(tmp_path) -> None:

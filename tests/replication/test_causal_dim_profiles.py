@@ -19,8 +19,10 @@ def test_base_width_is_at_least_four_d_and_every_sae_job_is_valid(profile):
     widths = s["widths"]
     assert widths == sorted(widths) and widths[0] >= 4 * d
     WidthSweepConfig(d_model=d)  # the check analyze_width_sweep applies to widths[0]
-    if profile != "smoke":
-        assert widths[-1] >= 64 * widths[0]  # up to ≥ 64× the base
+    if profile == "gpu":
+        assert widths[-1] >= 64 * widths[0]  # up to ≥ 64× the base, the paper's span
+    if profile == "cpu":
+        assert widths[-1] >= 16 * widths[0]  # the span one CPU core trains to convergence
     assert s["ablation_width"] in widths and s["depth_width"] in widths
     jobs = sae_jobs(s)
     assert all(SAETrainConfig(**kw).lr is None for _, kw, _ in jobs)  # the width rule

@@ -58,3 +58,16 @@ def test_restarts_and_sae_settings_reach_the_run(smoke):
     assert "## What changed and why" in md and "| test | layer | positions |" in md
     for t in ndm_run.SMOKE["tests"]:
         assert f"| {t} |" in md
+
+
+def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():
+    from structlens.replication.ndm.device_train import DEVICE_CONFIG
+
+    g = ndm_run.GPU
+    cfg = DEVICE_CONFIG | g["device_config"]
+    assert g["train"]["corpus_prompts"] * 100 >= 100_000  # windows of <= 128 tokens (~117)
+    assert g["device_rows"] >= 100_000
+    # the packed rows are exactly the bank plus one refresh cycle of queries
+    assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g["device_rows"]
+    assert (cfg["merge_start"], cfg["merge_interval"]) == (20_000, 8_000)  # the paper's
+    assert g["evaluate"]["n"] >= 500 and g["train"]["restarts"] > 1

@@ -53,3 +53,17 @@ def test_committed_claims_follow_the_schema(method):
     doc = ClaimsDocument.load(DOCS / f"{method}.json")
     assert doc.method == method
     assert all(c.verdict in VERDICTS for c in doc.claims)
+
+
+def test_verdict_moves_lists_every_claim_old_and_new():
+    from structlens.replication.markdown import verdict_moves
+
+    now = [
+        Claim("a", "p", 0.5, (0.4, 0.6), "reproduced", {}),
+        Claim("b", "p", "two of three", None, "partly", {}, ci_reason="counts"),
+    ]
+    lines = verdict_moves({"a": ("0.1", "not reproduced"), "c": ("3", "partly")}, now, "abc123")
+    assert lines[0].startswith("| claim | previous protocol (at abc123)")
+    assert "| `a` | 0.1 → not reproduced | 0.500 → reproduced |" in lines
+    assert "| `b` | — (new claim) | two of three → partly |" in lines
+    assert "| `c` | 3 → partly | — (not measured in this run) |" in lines

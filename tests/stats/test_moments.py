@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.stats.moments import ColumnMoments, CrossMoments
+from structlens.stats.moments import ColumnMoments, CrossMoments, symmetric_gram
 
 SHARDS = [(0, 1), (1, 40), (40, 41), (41, 230), (230, 300)]
 
@@ -215,3 +215,18 @@ def test_project_x_equals_the_moments_of_the_projected_rows():
     np.testing.assert_allclose(proj.s_yy, direct.s_yy, rtol=1e-12)
     with pytest.raises(ValueError, match="T must be"):
         _acc(x).project_x(T[:3])
+
+
+@pytest.mark.parametrize(
+    ("d", "dtype", "tol"),
+    [(300, torch.float32, 1e-5), (301, torch.float32, 1e-5), (40, torch.float32, 1e-5),
+     (300, torch.float64, 1e-13)],
+)  # fmt: skip
+def test_symmetric_gram_is_exactly_symmetric_and_equals_ct_c(rng, d, dtype, tol):
+    # widths cut into uneven quarter tiles, narrow float32 (one ssyrk), float64 (dsyrk)
+    c = torch.from_numpy(rng.standard_normal((500, d))).to(dtype)
+    g = symmetric_gram(c)
+    assert g.dtype == dtype and g.shape == (d, d)
+    assert torch.equal(g, g.T)
+    exact = c.double().numpy().T @ c.double().numpy()
+    assert _relmax(g.double().numpy(), exact) < tol

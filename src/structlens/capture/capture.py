@@ -112,7 +112,8 @@ def iter_activations(
     every batch's rows straight into the buffers, in order, and the dicts hold only the
     index columns; from a GPU the copies are asynchronous, so synchronise before reading
     them.  When a batch keeps every position (no padding, no selection) its activations are
-    not gathered: the one copy is the device-to-host/dtype copy.
+    not gathered: the one copy is the device-to-host/dtype copy, and on the CPU in the output
+    dtype there is none (see :func:`_read_batch`).
     """
     for s in sites:
         model.site_shape(s)  # a SiteError for unknown sites and for [batch, head, q, k] ones
@@ -133,32 +134,60 @@ def iter_activations(
         dense = len(rows) == ids.numel()  # every position of every row, in order
         span = slice(filled, filled + len(rows))
         filled += len(rows)
-
-        def reader(
-            t: torch.Tensor,
-            site: str,
-            flat: torch.Tensor = flat,
-            span: slice = span,
-            dense: bool = dense,
-        ) -> torch.Tensor | None:
-            src = t.reshape(-1, *t.shape[2:])
-            if not dense:
-                src = src.index_select(0, flat)
-            if into is not None:
-                # asynchronous from a GPU into pinned buffers; the caller synchronises
-                into[site][span].copy_(src, non_blocking=True)
-                return None
-            # a dense CPU read must still copy: the model may reuse its activation buffers
-            return src.to("cpu", out_dtype, copy=dense)
-
-        readers = {s: functools.partial(reader, site=s) for s in sites}
-        with torch.inference_mode(), hooked(model, readers) as cache:
-            model.forward(ids, mask)
-        batch = {k: v for k, v in cache.items() if v is not None}
+        batch = _read_batch(model, ids, mask, sites, flat, span, dense, out_dtype, into)
         batch["prompt_index"] = rows + start + offset
         batch["position"] = cols
         batch["token_id"] = ids.cpu()[rows, cols]
         yield batch
+
+
+def _read_batch(
+    model: Model,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    sites: Sequence[str],
+    flat: torch.Tensor,
+    span: slice,
+    dense: bool,
+    out_dtype: torch.dtype,
+    into: Mapping[str, torch.Tensor] | None,
+) -> dict[str, Any]:
+    """One forward pass reading ``sites``: site -> selected rows (or written into ``into``).
+
+    A dense CPU read of the output dtype keeps the model's own tensor when that tensor owns
+    its whole storage (no copy, as the peers do).  The model could still change such a
+    tensor in place later in the pass, so the pass runs under ``no_grad`` (which keeps
+    version counters, unlike ``inference_mode``) and a batch in which any kept tensor was
+    modified is read again with copies.
+    """
+    kept: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def reader(t: torch.Tensor, site: str, share: bool) -> torch.Tensor | None:
+        src = t.reshape(-1, *t.shape[2:])
+        if not dense:
+            src = src.index_select(0, flat)
+        if into is not None:
+            # asynchronous from a GPU into pinned buffers; the caller synchronises
+            into[site][span].copy_(src, non_blocking=True)
+            return None
+        if share and src.device.type == "cpu" and src.dtype == out_dtype and _owns_storage(src):
+            kept[site] = (src, src._version)
+            return src
+        return src.to("cpu", out_dtype, copy=dense)
+
+    for share in (dense and into is None, False):
+        kept.clear()
+        readers = {s: functools.partial(reader, site=s, share=share) for s in sites}
+        with torch.no_grad(), hooked(model, readers) as cache:
+            model.forward(ids, mask)
+        if all(t._version == v for t, v in kept.values()):
+            break
+    return {k: v for k, v in cache.items() if v is not None}
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """``t`` is contiguous and its storage holds nothing else (keeping it pins no more)."""
+    return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def collect(

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from structlens.models.loading import Model
 
-__all__ = ["rotate_and_permute", "finetune_on_task", "random_orthogonal"]
+__all__ = ["rotate_and_permute", "finetune_on_task", "FineTuneRun", "random_orthogonal"]
 
 _RMS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -144,6 +145,31 @@ def rotate_and_permute(model: Model, seed: int = 0) -> tuple[Model, list[list[in
     return out, head_map, r.to(dtype)
 
 
+class FineTuneRun(NamedTuple):
+    """What :func:`finetune_on_task` returns.
+
+    ``losses``: training loss of every step (nats); ``held_out_kl``: ``[[step, mean KL]]``
+    of the base model's next-token distribution against the tuned one's at the end of the
+    held-out prompts, from step 0; ``steps_run``; ``reached`` whether the KL reached the
+    target (``None`` without a target).
+    """
+
+    model: Model
+    losses: list[float]
+    held_out_kl: list[tuple[int, float]]
+    steps_run: int
+    reached: bool | None
+
+
+def _end_log_probs(hf: torch.nn.Module, tokens: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    from structlens.data.tasks import pad_batch
+
+    ids, mask = pad_batch(list(tokens), pad)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return logits[torch.arange(len(tokens)), mask.sum(1) - 1].float().log_softmax(-1)
+
+
 def finetune_on_task(
     model: Model,
     train_tokens: Sequence[Sequence[int]],
@@ -153,8 +179,11 @@ def finetune_on_task(
     lr: float = 1e-4,
     batch_size: int = 8,
     train_layers: Sequence[int] | None = None,
+    held_out: Sequence[Sequence[int]] | None = None,
+    target_kl: float | None = None,
+    eval_every: int = 10,
     seed: int = 0,
-) -> tuple[Model, list[float]]:
+) -> FineTuneRun:
     """A copy of a causal LM fine-tuned to predict ``answers[i]`` after ``train_tokens[i]``.
 
     Cross-entropy on the answer token at the last position of each prompt, AdamW at a constant
@@ -162,10 +191,11 @@ def finetune_on_task(
     decoder layers (all parameters of each), which also stops back-propagation below the
     lowest one -- the CPU-affordable setting; ``None`` trains every parameter.
 
-    Returns ``(model, losses)`` (the loss of every step, nats).
+    With ``held_out`` prompts, every ``eval_every`` steps measures how far the behaviour has
+    moved: the mean KL(base ‖ tuned) of the next-token distribution at their last position.
+    With ``target_kl`` training stops once that KL reaches it (the behaviour has changed by a
+    stated amount), or after ``steps``.
     """
-    from structlens.data.tasks import pad_batch
-
     if not model.causal:
         raise ValueError("finetune_on_task needs a causal LM.")
     if len(train_tokens) != len(answers) or len(train_tokens) < batch_size:
@@ -173,6 +203,12 @@ def finetune_on_task(
             f"need one answer per prompt and at least batch_size={batch_size} prompts, got "
             f"{len(train_tokens)} prompts and {len(answers)} answers."
         )
+    if target_kl is not None and not held_out:
+        raise ValueError("target_kl needs held_out prompts to measure the KL on.")
+    if eval_every < 1:
+        raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+    from structlens.data.tasks import pad_batch
+
     hf = copy.deepcopy(model.hf)
     layers = hf.get_submodule(f"base_model.{model.family.layers}")
     params = (
@@ -187,9 +223,12 @@ def finetune_on_task(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     pad = int(model.tokenizer.pad_token_id)
-    losses = []
+    base_lp = _end_log_probs(model.hf, held_out, pad) if held_out else None
+    losses: list[float] = []
+    curve: list[tuple[int, float]] = [(0, 0.0)] if held_out else []
+    reached: bool | None = False if target_kl is not None else None
     hf.train()
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         idx = torch.randperm(len(train_tokens), generator=gen)[:batch_size].tolist()
         ids, mask = pad_batch([train_tokens[i] for i in idx], pad)
         last = mask.sum(1) - 1
@@ -200,8 +239,17 @@ def finetune_on_task(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if base_lp is not None and held_out and (step % eval_every == 0 or step == steps):
+            hf.eval()
+            lp = _end_log_probs(hf, held_out, pad)
+            hf.train()
+            kl = float((base_lp.exp() * (base_lp - lp)).sum(-1).mean())
+            curve.append((step, kl))
+            if target_kl is not None and kl >= target_kl:
+                reached = True
+                break
     hf.eval()
     for p in hf.parameters():
         p.requires_grad_(False)
     tuned = Model(hf, model.tokenizer, f"{model.name}+ft", source=f"{model.source}+ft")
-    return tuned, losses
+    return FineTuneRun(tuned, losses, curve, len(losses), reached)

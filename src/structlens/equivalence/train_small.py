@@ -32,9 +32,15 @@ class SmallLMConfig:
     n_layers, d_model, n_heads, d_mlp : int
         Depth, width, heads (``d_head = d_model / n_heads``) and MLP width.
     seq_len, batch_size, steps : int
-        Training windows of ``seq_len`` bytes, ``batch_size`` windows per step.
+        Training windows of ``seq_len`` bytes, ``batch_size`` windows per step, at most
+        ``steps`` steps.
     lr : float
-        Peak AdamW learning rate (linear warm-up over 5 % of the steps, cosine decay).
+        Peak AdamW learning rate (linear warm-up over 5 % of ``steps``, cosine decay).
+    eval_every, converge_tol, patience : int, float, int
+        The stopping rule: every ``eval_every`` steps the loss on the held-out last tenth of
+        the corpus (never trained on) is measured; training stops once ``patience``
+        evaluations in a row improved on the best loss so far by less than ``converge_tol``
+        (relative), or after ``steps``.  ``eval_every=0`` trains all ``steps`` unmeasured.
     seed : int
         Seeds the initialisation and the order of the windows.
     """
@@ -48,6 +54,9 @@ class SmallLMConfig:
     steps: int = 400
     lr: float = 3e-3
     weight_decay: float = 0.01
+    eval_every: int = 0
+    converge_tol: float = 0.005
+    patience: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -55,6 +64,8 @@ class SmallLMConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}.")
         if min(self.n_layers, self.steps, self.batch_size) < 1 or self.seq_len < 2:
             raise ValueError("n_layers, steps and batch_size must be >= 1 and seq_len >= 2.")
+        if self.eval_every < 0 or self.patience < 1 or self.converge_tol < 0:
+            raise ValueError("eval_every and converge_tol must be >= 0 and patience >= 1.")
 
 
 def _corpus_bytes(tokenizer: object) -> torch.Tensor:
@@ -80,12 +91,26 @@ def corpus_batches(
     return [tokens[s[:, None] + offsets] for s in starts]
 
 
+HELD_OUT = 0.1  # share of the corpus bytes (its end) kept for the stopping rule
+
+
+def _held_out_loss(model: Any, held: torch.Tensor, seq_len: int, max_windows: int = 64) -> float:
+    """Mean next-byte loss over non-overlapping ``seq_len`` windows of the held-out bytes."""
+    n = min(max_windows, held.numel() // seq_len)
+    windows = held[: n * seq_len].view(n, seq_len)
+    with torch.no_grad():
+        return float(model(input_ids=windows, labels=windows, use_cache=False).loss)
+
+
 def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 100) -> Path:
     """Train one small byte-level LM and save it to ``out_dir`` (HF format).
 
-    Skips training when ``out_dir/train.json`` records the same config (a finished run).
-    Returns ``out_dir``. ``train.json`` holds the config, the loss curve (nats per byte,
-    every ``log_every`` steps) and the wall time.
+    Trains on the first nine tenths of the corpus bytes; the last tenth is held out for the
+    stopping rule of :class:`SmallLMConfig`.  Skips training when ``out_dir/train.json``
+    records the same config (a finished run).  Returns ``out_dir``. ``train.json`` holds the
+    config, the training loss curve (nats per byte, every ``log_every`` steps), the held-out
+    curve ``[[step, loss], ...]``, ``steps_run``, ``converged`` (the rule stopped it; ``None``
+    when ``eval_every=0``) and the wall time.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -132,10 +157,14 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
         frac = (step - warm) / max(1, config.steps - warm)
         return config.lr * 0.5 * (1 + math.cos(math.pi * frac))
 
-    batches = corpus_batches(
-        _corpus_bytes(tok), config.seq_len, config.batch_size, config.steps, config.seed
-    )
+    data = _corpus_bytes(tok)
+    n_held = max(config.seq_len + 1, int(HELD_OUT * data.numel()))
+    train, held = data[:-n_held], data[-n_held:]
+    batches = corpus_batches(train, config.seq_len, config.batch_size, config.steps, config.seed)
     losses: list[tuple[int, float]] = []
+    held_curve: list[tuple[int, float]] = []
+    best, stale = math.inf, 0
+    converged: bool | None = False if config.eval_every else None
     t0 = time.perf_counter()
     running = 0.0
     for step, batch in enumerate(batches):
@@ -151,12 +180,34 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
             n = (step % log_every) + 1
             losses.append((step + 1, running / n))
             running = 0.0
+        if config.eval_every and (step + 1) % config.eval_every == 0:
+            model.eval()
+            loss_h = _held_out_loss(model, held, config.seq_len)
+            model.train()
+            held_curve.append((step + 1, loss_h))
+            stale = stale + 1 if loss_h > best * (1 - config.converge_tol) else 0
+            best = min(best, loss_h)
+            if stale >= config.patience:
+                converged = True
+                if not losses or losses[-1][0] != step + 1:
+                    losses.append((step + 1, running / ((step % log_every) + 1)))
+                break
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     record.write_text(
-        json.dumps({"config": cfg, "loss": losses, "seconds": time.perf_counter() - t0}, indent=1)
+        json.dumps(
+            {
+                "config": cfg,
+                "loss": losses,
+                "held_out_loss": held_curve,
+                "steps_run": losses[-1][0],
+                "converged": converged,
+                "seconds": time.perf_counter() - t0,
+            },
+            indent=1,
+        )
     )
     return out
 

@@ -56,3 +56,26 @@ def write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
     atomic_write_bytes(path, text.encode())
     return path
+
+
+def verdict_moves(
+    previous: dict[str, tuple[str, str]], claims: Sequence[Any], commit: str
+) -> list[str]:
+    """Markdown lines of a table "claim | previous protocol | now": how each claim's verdict
+    moved.  ``previous`` maps a claim id to ``(ours, verdict)`` as the previous protocol's
+    claims JSON at ``commit`` had them; ``claims`` are this run's
+    :class:`~structlens.replication.claims.Claim` objects.  Claims new to this run say so."""
+    lines = [
+        f"| claim | previous protocol (at {commit}): ours → verdict | now: ours → verdict |",
+        "|---|---|---|",
+    ]
+    seen = set()
+    for c in claims:
+        seen.add(c.id)
+        ours = fmt(c.ours, 3) if isinstance(c.ours, int | float) else str(c.ours)
+        before = previous.get(c.id)
+        old = f"{before[0]} → {before[1]}" if before else "— (new claim)"
+        lines.append(f"| `{c.id}` | {old} | {ours} → {c.verdict} |")
+    lines += [f"| `{k}` | {v[0]} → {v[1]} | — (not measured in this run) |"
+              for k, v in previous.items() if k not in seen]  # fmt: skip
+    return lines

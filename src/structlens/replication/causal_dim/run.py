@@ -34,20 +34,21 @@ GRAM_BLOCK = 16  # vectors per cached Gram block
 CPU = {
     "profile": "cpu",
     "model": "smollm2-135m",
-    "jacobian_layers": [15, 5, 10, 20, 25],
+    # Three layers on the CPU (each vector costs ~4 s here); five on the gpu profile.
+    "jacobian_layers": [15, 5, 25],
     # Exact κ: start with kappa_start vectors per layer and double until κ(n)/κ(n/2) <
     # kappa_tolerance or kappa_max_vectors (kappa_until_converged).
     "kappa_start": 16,
-    "kappa_max_vectors": 256,
+    "kappa_max_vectors": 128,  # ~4 s a vector on one core (idle)
     "kappa_tolerance": 1.05,
     "jacobian_prompt_tokens": 24,
     # Each curve draw is one eigendecomposition of a d × d matrix.
     "kappa_curve_draws": 10,
     "sweep_layer": 15,
-    # Base width 4·d (d = 576; the paper's is ≈ 7·d) up to 64× the base.  A TopK SAE of
-    # 147456 latents holds 2 × 147456 × 576 fp32 weights (0.7 GB, 2 GB with Adam): it fits
-    # in memory on the CPU, slowly.
-    "widths": [2304, 4608, 9216, 18432, 36864, 73728, 147456],
+    # Base width 4·d (d = 576; the paper's is ≈ 7·d) up to 16× the base on the CPU: one epoch
+    # over 10⁵ tokens costs ~4·d·m flops a token, 14 min at 147456 latents on one core, so the
+    # paper's 64× span (to 147456) to convergence is the gpu profile's.
+    "widths": [2304, 4608, 9216, 18432, 36864],
     "architecture": "topk",
     "k": 32,
     # Width-scaled rate lr_base / sqrt(m / 2**14) (Gao et al. 2024): 1.3e-3 at 2304,
@@ -57,7 +58,7 @@ CPU = {
     "batch_size": 256,
     # Training to convergence: epochs over the training tokens until the FVU on a held-out
     # tenth of them improves by less than converge_tol (relative) or max_epochs.
-    "max_epochs": 20,
+    "max_epochs": 10,
     "converge_tol": 0.01,
     # Features silent for this many training tokens count as dead and get the aux-k loss.
     "dead_tokens": 25_000,
@@ -79,6 +80,8 @@ CPU = {
 }
 GPU = CPU | {
     "profile": "gpu",
+    "jacobian_layers": [15, 5, 10, 20, 25],
+    "widths": [2304, 4608, 9216, 18432, 36864, 73728, 147456],
     "kappa_start": 64,
     "kappa_max_vectors": 2048,
     "batch_size": 4096,

@@ -21,6 +21,9 @@ from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.equivalence.run import (
     ENC_CFG,
     FINETUNES,
+    FT_PROMPTS,
+    FT_TARGET_KL,
+    FT_TRAIN,
     METHOD,
     PAPER,
     SCENARIOS,
@@ -103,6 +106,100 @@ def _row(sc: Scenario, r: ComparisonResult, seconds: dict[str, float]) -> str:
     )
 
 
+# The previous protocol's numbers (docs/replication/equivalence.md at commit 3cb132a): row ->
+# (score, null score, layer score, matched decision, CONGRUITY decision).  History, so the
+# "what changed" section can say how each row moved; nothing here enters a verdict.
+PREVIOUS: dict[str, tuple[float, float | None, float | None, str, str]] = {
+    "sanity-tiny": (1.00, 0.00, 1.00, "equivalent", "equivalent"),
+    "sanity-smollm2": (1.00, 0.97, 0.00, "equivalent", "equivalent"),
+    "enc-dec": (0.07, None, 0.83, "different", "different"),
+    "seeds-s0-s1": (0.69, 0.38, 0.00, "equivalent", "different"),
+    "seeds-s0-s2": (0.69, 0.56, 0.00, "equivalent", "different"),
+    "seeds-s1-s2": (0.62, 0.56, 0.00, "equivalent", "different"),
+    "depth-2-4": (0.50, 0.25, 0.00, "equivalent", "different"),
+    "depth-4-8": (0.75, 0.56, 0.00, "equivalent", "different"),
+    "depth-2-8": (0.50, 0.38, 0.00, "equivalent", "equivalent"),
+    "ft-ioi": (1.00, 1.00, 0.00, "equivalent", "equivalent"),
+    "ft-facts": (1.00, 0.97, 0.00, "equivalent", "equivalent"),
+}
+
+
+def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResult]) -> str:
+    """The protocol changes of issue 16 and how each row moved (previous protocol → now)."""
+
+    def num_or_dash(x: float | None) -> str:
+        return "—" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+    rows = []
+    for sc in SCENARIOS:
+        r, old = results.get(sc.name), PREVIOUS.get(sc.name)
+        if r is None or old is None:
+            continue
+        now = (r.score, None if _nan(r.null_score) else r.null_score, r.layer_score)
+        rows.append(
+            f"| {sc.name} | {' / '.join(num_or_dash(x) for x in old[:3])} | {old[3]} / "
+            f"{old[4]} | {' / '.join(num_or_dash(x) for x in now)} | {r.verdicts['matching']} "
+            f"/ {r.verdicts.get('congruity', '—')} |"
+        )
+    small = [c for n, c in rep.small_info.items() if c.get("held_out_loss")]
+    ft = list(rep.ft_info.values())
+    trained = (
+        f" Now: {sum(bool(c['converged']) for c in small)} of {len(small)} stopped by the "
+        f"rule, after {min(c['steps_run'] for c in small)}–{max(c['steps_run'] for c in small)} "
+        f"steps, held-out loss {min(c['held_out_loss'][-1][1] for c in small):.2f}–"
+        f"{max(c['held_out_loss'][-1][1] for c in small):.2f} nats/byte."
+        if small
+        else ""
+    )
+    tuned = (
+        " Now: "
+        + "; ".join(
+            f"`{n}` {c['steps_run']} steps to held-out KL {c['held_out_kl'][-1][1]:.2f} nats"
+            for n, c in rep.ft_info.items()
+            if c.get("held_out_kl")
+        )
+        + "."
+        if ft
+        else ""
+    )
+    return "\n".join(
+        [
+            "## What changed and why (issue 16)",
+            "",
+            "* **Layer maps (a bug).** A whole `resid_post` was replaced through a ridge map "
+            "fitted on ~170 token rows for d = 576, which failed even between identical layers "
+            "(`sanity-smollm2` layer score 0.00). Layers of equal width are now mapped by "
+            "orthogonal Procrustes on more fit rows than dimensions (96 IOI prompts for the "
+            "SmolLM2 rows).",
+            '* **Decisions with a null.** "Equivalent" used to mean score ≥ 0.5, whatever '
+            "the null; it is now printed only when the score's 95 % interval lies above the "
+            'mean-ablation null\'s (otherwise "undecided" with the reason), for CONGRUITY too '
+            '(a decision rate of 0.00 no longer reads as "equivalent").',
+            "* **Calibrated single-head score.** Next to the score over all validated heads: "
+            "the score on the heads whose mean ablation fails (the only heads on which a "
+            "passing partner is evidence), whole-layer head groups against an all-heads "
+            "null, and the representational sufficient condition (matched heads with "
+            "debiased CKA ≥ 0.9) beside the behavioural one.",
+            "* **Seed and depth replicas trained to convergence.** Before: 400 steps, "
+            "≈ 2 nats/byte, no held-out measure. The corpus' last tenth is now held out and "
+            "training stops when its loss stalls." + trained,
+            "* **Substantive fine-tunes.** Before: 16 AdamW steps (median head KL 3e-6, the "
+            "model nearly unchanged). Now each fine-tune runs until the behaviour on held-out "
+            f"prompts of its task has moved by KL ≥ {FT_TARGET_KL} nats, on the probe's own "
+            "task (IOI) and on a dissimilar one (factual recall)." + tuned,
+            "* **Not changed: the encoder–decoder row.** It is still MiniLM-L6 (an encoder, "
+            "trained on other data) against SmolLM2, scored by sentence-level similarity; a "
+            "same-data encoder–decoder scored by patching like the other rows is not built "
+            "(see the caveats).",
+            "",
+            "| row | before: score / null / layer | before: matched / CONGRUITY | now: score / "
+            "null / layer | now: matched / CONGRUITY |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
 def render_markdown(
     rep: EquivalenceReplication,
     results: dict[str, ComparisonResult],
@@ -159,14 +256,28 @@ def render_markdown(
         )
     small = {n: rep.small_info[n] for n in SMALL if n in rep.small_info}
     train_lines = [
-        f"* `{n}`: {c['config']['n_layers']} layers, d = {c['config']['d_model']}, final loss "
-        f"{c['loss'][-1][1]:.2f} nats/byte, {c['seconds']:.0f} s"
+        f"* `{n}`: {c['config']['n_layers']} layers, d = {c['config']['d_model']}, "
+        f"{c.get('steps_run', c['loss'][-1][0])} steps, training loss {c['loss'][-1][1]:.2f} "
+        + (
+            f"and held-out loss {c['held_out_loss'][-1][1]:.2f} nats/byte, "
+            f"{'converged' if c['converged'] else 'stopped at the step budget'}"
+            if c.get("held_out_loss")
+            else "nats/byte (no held-out measure)"
+        )
+        + f", {c['seconds']:.0f} s"
         for n, c in small.items()
     ]
     ft = {n: rep.ft_info[n] for n in FINETUNES if n in rep.ft_info}
     ft_lines = [
-        f"* `{n}`: task `{c['task']}`, loss {c['losses'][0]:.2f} → {c['losses'][-1]:.2f} nats "
-        f"(first → last step), {c['seconds']:.0f} s"
+        f"* `{n}`: task `{c['task']}`, {len(c['losses'])} steps, answer loss "
+        f"{c['losses'][0]:.2f} → {c['losses'][-1]:.2f} nats (first → last step)"
+        + (
+            f", held-out KL(base ‖ tuned) {c['held_out_kl'][-1][1]:.2f} nats "
+            f"({'target reached' if c['reached'] else 'target not reached'})"
+            if c.get("held_out_kl")
+            else ""
+        )
+        + f", {c['seconds']:.0f} s"
         for n, c in ft.items()
     ]
     fold_text = (
@@ -193,6 +304,10 @@ def render_markdown(
         small_cmp=_cfg_text(rep.s["small_cfg"]),
         enc_cfg=_cfg_text(ENC_CFG),
         smol_probe=SMOL_PROBE,
+        ft_kl=FT_TARGET_KL,
+        ft_n=FT_PROMPTS,
+        ft_train=FT_TRAIN,
+        changed=what_changed(rep, results),
     )
 
 
@@ -357,11 +472,16 @@ Function-preserving fold check: {fold}
 ## Settings
 
 * Small LMs (`structlens.equivalence.train_small`): Llama architecture, byte-level tokenizer
-  (257 tokens), trained on the bundled Jane Austen corpus: {small_cfg}.
+  (257 tokens), trained on the first nine tenths of the bundled Jane Austen corpus until the
+  held-out loss on the last tenth stalls (three evaluations in a row, every 100 steps,
+  improving by < 0.5 %) or 3000 steps: {small_cfg}.
 {train}
 * Fine-tunes of SmolLM2-135M-Instruct (`finetune_on_task`): cross-entropy on the answer
-  token, AdamW, 16 steps × 8 prompts, lr 2e-4, decoder layers 15–29 trained (task prompts
-  drawn with seed 1; the IOI probe uses seed 0).
+  token, AdamW, 8 prompts a step, lr 2e-4, decoder layers 15–29 trained, until the behaviour
+  has changed: the mean KL(base ‖ tuned) of the next-token distribution at the end of held-out
+  prompts of the same task reaches {ft_kl} nats (checked every 10 steps; at most 300 steps).
+  IOI is the probe's own task (similar), factual recall a dissimilar one; {ft_n} prompts of
+  each drawn with seed 1 (the IOI probe uses seed 0), the first {ft_train} trained on.
 {ft}
 * Compare settings (non-default fields): small LMs: {small_cmp}; SmolLM2 pairs: {smol_cfg};
   encoder–decoder: {enc_cfg}. Everything else is the `CompareConfig` default (debiased
@@ -372,6 +492,8 @@ Function-preserving fold check: {fold}
   IOI prompts for the SmolLM2 pairs, 64 corpus sentences for MiniLM vs SmolLM2; half of each
   probe is held out. These settings are the same for every row of a model family; no row
   was shrunk to fit the time budget.
+
+{changed}
 
 ## Reading the table
 
@@ -438,11 +560,10 @@ replaced at a time), so in a model with many heads most single replacements chan
 pass; the null score measures exactly this. Whole layers are replaced through an orthogonal
 Procrustes map fitted on more token rows than dimensions ({smol_probe} IOI prompts for the
 SmolLM2 rows, half of them fit rows); an earlier ridge map fitted on ~170 rows for d = 576
-could not even reproduce identical layers. The byte-level LMs are small and briefly trained
-(400 steps, about
-2 nats/byte; the 8-layer model is no better than the 4-layer one), so the seed and depth rows
-compare immature models; their training times (42–2866 s for the same size) reflect the
-machine's load at the time.
+could not even reproduce identical layers. The byte-level LMs are small (d = 128) and trained
+on half a megabyte of text, to the held-out plateau that corpus allows (see Settings), so
+the seed and depth rows compare small models, not GPT-2-scale ones; training times reflect
+the machine's load at the time.
 The summary's numbers come from models we cannot run (GPT-2 family,
 12 vs 24 layers) with a matching step and threshold the public code does not contain, so
 "consistent" means only that the paper's value lies inside our interval.

@@ -13,8 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from structlens.replication.claims import Claim, ClaimsDocument
-from structlens.replication.markdown import count_verdict, finite_ci, value_ci, write_text
+from structlens.replication.markdown import (
+    count_verdict,
+    finite_ci,
+    value_ci,
+    verdict_moves,
+    write_text,
+)
 from structlens.replication.ndm.run import METHOD
+
+# The previous protocol's claims (docs/replication/ndm.json at PREVIOUS_COMMIT), kept as
+# history for the table of moves; nothing here enters a verdict.
+PREVIOUS_COMMIT = "ba7413f"
+PREVIOUS = {
+    "mean_gini_ndm_vs_baselines": ("0.44 (all tests, no screen)", "partly"),
+    "toy_recovery": ("1.0", "reproduced"),
+    "knowledge_conflict_single_subspace": ("2 of 2 corruptions", "reproduced"),
+    "preimage_browser_scale": ("127868", "reproduced"),
+}
 
 
 def _ci(entry: dict) -> str:
@@ -362,6 +378,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
                 + " |"
             )
     lines += what_changed(R)
+    lines += ["How each verdict moved:", "", *verdict_moves(PREVIOUS, claims, PREVIOUS_COMMIT)]
     lines += ["", "## Preimage browser", ""]
     for b in R["browse"]:
         lines += [

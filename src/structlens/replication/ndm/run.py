@@ -68,14 +68,19 @@ CPU: dict[str, Any] = {
     ],
 }  # fmt: skip
 # The paper's merge schedule on the device, restarts against merges of whole swapped
-# dimensions, and >= 500 prompts per test (Gini CI width about +-0.03).
+# dimensions, >= 10^5 distinct activations per layer (1000 of the bundled corpus' 1082 windows of
+# <= 128 tokens, ~117k rows; the device run keeps 102,400 of them: a bank of 99,840 plus 20 x 128
+# queries per refresh), and >= 500 prompts per test (Gini CI width about +-0.03).
+GPU_ROWS = 102_400
 GPU = CPU | {
     "profile": "gpu",
     "device_training": True,
-    "device_config": {"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000},
-    "train": CPU["train"] | {"restarts": 3},
+    "device_rows": GPU_ROWS,
+    "device_config": {"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
+                      "bank_size": GPU_ROWS - 20 * 128},
+    "train": CPU["train"] | {"restarts": 3, "corpus_prompts": 1000},
     "evaluate": CPU["evaluate"] | {"n": 512},
-}
+}  # fmt: skip
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-smol",  # a random 3-layer Llama with SmolLM2's tokenizer (built as a stage)
