@@ -260,3 +260,23 @@ def test_restarts_recover_planted_partition_a_single_run_misses(seed):
     assert best.restarts[0]["partition"] == [8]  # restart 0 is the run without restarts
     assert best.partition == [4, 4] and best.converged
     assert recovery_report(best.bases(), planted.bases())["min_matched_overlap"] >= 0.95
+
+
+def test_planted_recovery_counts_each_seed_against_the_truth():
+    from structlens.ndm.pipeline import planted_recovery
+    from structlens.stats.intervals import wilson_interval
+
+    cfg = NDMConfig(
+        unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
+        reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
+        init="random", log_interval=50,
+    )  # fmt: skip
+    out = planted_recovery([4, 4], [0, 2], cfg, n_samples=3000)
+    by_seed = {r["seed"]: r for r in out["rows"]}
+    # seed 0 recovers [4, 4]; seed 2 merges the groups into [8] without restarts (see above)
+    assert by_seed[0]["recovered"] and by_seed[0]["overlap"] >= 0.95
+    assert by_seed[2]["partition"] == [8] and not by_seed[2]["recovered"]
+    assert out["recovered"] == 1 and out["n"] == 2 and out["restarts"] == 1
+    assert tuple(out["ci"]) == wilson_interval(1, 2)
+    with pytest.raises(ValueError, match="seed"):
+        planted_recovery([4, 4], [], cfg)

@@ -56,6 +56,15 @@ CPU: dict[str, Any] = {
         "min_subspaces": 2, "seed": 0,
     },
     "toy2_model": {},  # ToyConfig overrides of the toy autoencoder
+    # Recovery rate over seeds on planted rotated partitions (2-d units, random init), with
+    # one run and with restarts.
+    "planted": {
+        "sizes": [[4, 4], [4, 4, 8]], "seeds": 10, "restarts": [1, 3],
+        "ndm": {"unit_size": 2, "lr": 2e-2, "batch_size": 64, "max_steps": 1500,
+                "bank_size": 1024, "refresh_interval": 30, "reproject_interval": 10,
+                "merge_start": 300, "merge_interval": 100, "mi_samples": 800, "init": "random",
+                "log_interval": 50},
+    },
     "browse": {"k": 5, "extra_corpus_prompts": None},
     # Train on the device to the paper's stopping rule (the CPU profile still uses such a run
     # when its stage is in the cache, e.g. copied from a GPU host).
@@ -98,6 +107,10 @@ SMOKE = CPU | {
     "toy2": CPU["toy2"] | {"max_steps": 40, "merge_start": 20, "merge_interval": 10,
                            "bank_size": 512, "mi_samples": 300, "refresh_interval": 10},
     "toy2_model": {"steps": 50},
+    "planted": {"sizes": [[2, 2]], "seeds": 2, "restarts": [1, 2],
+                "ndm": CPU["planted"]["ndm"] | {"max_steps": 40, "merge_start": 20,
+                                                 "merge_interval": 10, "bank_size": 256,
+                                                 "mi_samples": 200}},
     "browse": {"k": 3, "extra_corpus_prompts": 3},
     "device_rows": 2_000,
     "device_config": {"max_steps": 20, "merge_start": 10, "merge_interval": 10, "batch_size": 16,
@@ -245,6 +258,29 @@ class NDMReplication:
         stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy})
         return self.cache.run(stage, Record, run).data
 
+    def planted(self) -> list[dict[str, Any]]:
+        """The recovery rate over seeds on planted rotated partitions, one restart against
+        several (issue 16: a single run can merge groups after settling with dimensions
+        swapped between them)."""
+        from structlens.ndm import NDMConfig
+        from structlens.ndm.pipeline import planted_recovery
+
+        p = self.s["planted"]
+        found = []
+        for sizes in p["sizes"]:
+            for restarts in p["restarts"]:
+                cfg = p["ndm"] | {"restarts": restarts}
+
+                def run(_: Path, sizes: list[int] = sizes, cfg: dict = cfg) -> Record:
+                    seeds = list(range(p["seeds"]))
+                    return Record.of(planted_recovery(sizes, seeds, NDMConfig(**cfg)))
+
+                config = {"sizes": sizes, "seeds": p["seeds"], "ndm": cfg}
+                found.append(self.cache.run(Stage("planted-recovery", config), Record, run).data)
+                k = found[-1]["recovered"]
+                log(f"planted {sizes}, {restarts} restart(s): {k}/{p['seeds']} recovered")
+        return found
+
     # 3. preimage browser
     def browse(self, train_stage: Stage) -> list[dict[str, Any]]:
         from structlens.ndm.experiment import browse
@@ -292,6 +328,7 @@ def run(
         "train_dir": rep.cache.path(train_stage),
         "per_layer": per_layer,
         "toy2": rep.toy2(),
+        "planted": rep.planted(),
         "evaluate": rep.evaluate(train_stage).data,
         # the CPU run's evaluation, for comparison with the device-trained one
         "evaluate_cpu": rep.evaluate(cpu_train).data if device_run else None,
