@@ -128,6 +128,11 @@ def _check_causal(raw, md):
     assert set(cells["l0"]) == {"topk", "jumprelu", "relu"}
     assert all(len(v) == 4 for v in cells["l0"].values())  # L0 of every cell
     assert by_id["synthetic_atp_recall"]["settings"]["readout"] == "rotated"
+    growth = by_id["architecture_invariance_of_growth"]["settings"]
+    assert set(growth["growth"]) == {"topk", "jumprelu", "relu"}
+    if not growth["matched"]:  # growth across unmatched SAEs is not evidence either way
+        assert by_id["architecture_invariance_of_growth"]["verdict"] == "unidentified"
+    assert "## N_causal growth by architecture" in md
     assert "## What changed and why" in md and "Headline check" in md
 
 

@@ -23,6 +23,8 @@ from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width
 # ε by depth compares like with like only when the SAEs at both ends reconstruct about as
 # well: an absolute FVU difference above this makes the depth claim unidentified.
 DEPTH_FVU_MATCH = 0.05
+# Architectures' N_causal growth counts as the same when within this factor of each other.
+GROWTH_INVARIANCE = 1.5
 
 WHAT_CHANGED = [
     "## What changed and why (issue 15)",
@@ -49,6 +51,11 @@ WHAT_CHANGED = [
     "- **ε by depth** at layers spread over the depth (cpu: 1, 5, 10, 20, 27; gpu: every "
     "third layer), SAEs at the base width; the claim counts only when the SAEs at the two "
     f"ends have FVU within {DEPTH_FVU_MATCH} of each other (else `unidentified`).",
+    "- **Growth by architecture.** The architecture claim is now the paper's: the growth "
+    "of N_causal with width per architecture (JumpReLU and ReLU at L0 matched to TopK's k, "
+    "one sweep each), `unidentified` unless L0 and FVU match at every width. The gpu "
+    "profile runs these sweeps over all its widths; the cpu profile keeps the one-width "
+    "control (counts at the base width), which cannot speak to growth.",
     "- **Compute.** The cpu profile spans 16× the base width (2304–36864) and exact κ at "
     "three layers up to 128 vectors: what one shared CPU core trains to convergence in "
     "about an hour each. The paper's 64× span (to 147456), five κ layers up to 2048 vectors "
@@ -132,6 +139,7 @@ def _claims(
     ioi: dict[str, Any] | None,
     arch: dict[str, Any] | None,
     depth: dict[str, Any] | None,
+    growth: dict[str, Any] | None = None,
 ) -> tuple[list[str], list[Claim]]:
     """The markdown rows of the claims table and the same claims for the JSON."""
     rows: list[str] = []
@@ -452,6 +460,45 @@ def _claims(
                 why="N_causal above TopK's ε per architecture: counts on one evaluation set",
             ),
         )
+    if growth:
+        g, k = growth["rows"], growth["k"]
+        # matched: every architecture's L0 within 20% of k and FVU within DEPTH_FVU_MATCH of
+        # TopK's at every width; otherwise growth differences are not attributable
+        matched = all(
+            abs(l0 - k) <= 0.2 * k and abs(f - ft) <= DEPTH_FVU_MATCH
+            for v in g.values()
+            for l0, f, ft in zip(v["l0"], v["fvu"], g["topk"]["fvu"], strict=True)
+        )
+        growths = {a: v["n_causal_growth"] for a, v in g.items()}
+        finite = [x for x in growths.values() if math.isfinite(num(x)) and num(x) > 0]
+        spread = max(finite) / min(finite) if len(finite) == len(growths) else float("nan")
+        ours = ", ".join(f"{a}: {num(x):.2f}×" for a, x in growths.items())
+        span = f"{growth['widths'][0]}–{growth['widths'][-1]}"
+        if not matched:
+            text, verdict = (
+                "unidentified: L0 or FVU not matched across architectures at every width",
+                "unidentified",
+            )
+        elif not math.isfinite(spread):
+            text, verdict = "unidentified: no N_causal at a base width", "unidentified"
+        else:
+            verdict = "reproduced" if spread <= GROWTH_INVARIANCE else "not reproduced"
+            text = f"{verdict} (growths within {spread:.2f}× of each other)"
+        row(
+            "N_causal growth with width is architecture-invariant (matched L0 and FVU)",
+            "stated for the method (same growth curve per architecture)",
+            f"N_causal growth over widths {span}: {ours}",
+            text,
+            _claim(
+                "architecture_invariance_of_growth",
+                "stated for the method (same growth curve per architecture)",
+                spread,
+                None,
+                verdict,
+                {"widths": growth["widths"], "k": k, "matched": matched, "growth": growths},
+                why="growth ratios of counts on one evaluation set; no resampling was run",
+            ),
+        )
     return rows, claims
 
 
@@ -480,7 +527,7 @@ def render_markdown(run: Run, source: str) -> str:
         plot_width_sweep(WidthSweepResult.from_dict(sweep), out / "width_sweep.png")
     d = kappa["d"] if kappa else 576
     s = run.settings
-    table, found = _claims(d, kappa, sweep, four, syn, ioi, arch, depth)
+    table, found = _claims(d, kappa, sweep, four, syn, ioi, arch, depth, run.growth)
     lines = [
         "# Replication: causal dimensionality on SmolLM2-135M-Instruct",
         "",
@@ -688,6 +735,25 @@ def render_markdown(run: Run, source: str) -> str:
                 f"{v['top2pct_atp_share']:.2f} |"
             )
         lines.append("")
+    if run.growth:
+        g = run.growth
+        lines += [
+            "## N_causal growth by architecture",
+            "",
+            f"One sweep per architecture over widths {g['widths']} at layer {g['layer']}, "
+            f"each at L0 ≈ {g['k']} (TopK exactly; JumpReLU/ReLU controlled), ε from each "
+            "architecture's own base width (98th percentile), same evaluation tokens.",
+            "",
+            "| SAE | N_repr | N_causal | N_causal growth | FVU | L0 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for a, v in g["rows"].items():
+            lines.append(
+                f"| {a} | {v['n_repr']} | {v['n_causal']} | {num(v['n_causal_growth']):.2f}× | "
+                f"{', '.join(f'{x:.2f}' for x in v['fvu'])} | "
+                f"{', '.join(f'{x:.1f}' for x in v['l0'])} |"
+            )
+        lines.append("")
     if depth:
         lines += [
             "## ε by depth",
@@ -803,7 +869,9 @@ def claims(run: Run, source: str) -> ClaimsDocument:
     blocks issue 15 asks for."""
     kappa, sweep = run.kappa, run.sweep
     d = kappa["d"] if kappa and kappa.get("d") else 576
-    _, found = _claims(d, kappa, sweep, run.fourcell, run.synthetic, run.ioi, run.arch, run.depth)
+    _, found = _claims(
+        d, kappa, sweep, run.fourcell, run.synthetic, run.ioi, run.arch, run.depth, run.growth
+    )
     blocks: dict[str, Any] = {"settings": dict(run.settings)}
     if sweep:
         status, reason = kappa_hat_status(sweep)

@@ -72,6 +72,9 @@ CPU = {
     "n_bootstrap": 200,
     "ablation_width": 2304,  # four-cell and architecture controls: the base width
     "arch_controls": ["jumprelu", "relu"],
+    # Widths of the per-architecture growth sweeps (the arch_controls at matched L0 over these
+    # widths, against TopK's sweep): none on the CPU, the full span on the gpu profile.
+    "arch_sweep_widths": [],
     "depth_layers": [1, 5, 10, 20, 27],
     "depth_width": 2304,
     "ioi_prompts": 32,
@@ -82,6 +85,7 @@ GPU = CPU | {
     "profile": "gpu",
     "jacobian_layers": [15, 5, 10, 20, 25],
     "widths": [2304, 4608, 9216, 18432, 36864, 73728, 147456],
+    "arch_sweep_widths": [2304, 4608, 9216, 18432, 36864, 73728, 147456],
     "kappa_start": 64,
     "kappa_max_vectors": 2048,
     "batch_size": 4096,
@@ -112,6 +116,7 @@ SMOKE = CPU | {
     "n_blocks": 8,
     "n_bootstrap": 20,
     "ablation_width": 256,
+    "arch_sweep_widths": [256, 512],
     "depth_layers": [0, 2],
     "depth_width": 256,
     "ioi_prompts": 0,  # the byte-level test tokenizer has no single-token names
@@ -188,7 +193,8 @@ def jacobian_prompts(model: Any, s: dict) -> list[list[int]]:
 
 def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
     """(name, SAETrainConfig kwargs, layer) in training order: the width sweep (smallest
-    first), the architecture controls, then the depth SAEs."""
+    first), the architecture controls, the per-architecture growth sweeps, then the depth
+    SAEs."""
     base = {
         "k": s["k"],
         "lr": s["lr"],
@@ -208,11 +214,21 @@ def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
         )
         for a in s["arch_controls"]
     ]
+    growth = [
+        (
+            f"{a}-{w}",
+            base | {"architecture": a, "d_sae": w, "target_l0": float(s["k"])},
+            s["sweep_layer"],
+        )
+        for a in s["arch_controls"]
+        for w in s["arch_sweep_widths"]
+        if w != s["ablation_width"]  # that one is the architecture control's
+    ]
     depth = [
         (f"depth-L{layer}-topk-{s['depth_width']}", base | {"d_sae": s["depth_width"]}, layer)
         for layer in s["depth_layers"]
     ]
-    return sweep + arch + depth
+    return sweep + arch + growth + depth
 
 
 def train_to_convergence(
@@ -262,6 +278,7 @@ class Run:
     ce: dict[str, Any] | None = None
     fourcell: dict[str, Any] | None = None
     arch: dict[str, Any] | None = None
+    growth: dict[str, Any] | None = None
     depth: dict[str, Any] | None = None
     ioi: dict[str, Any] | None = None
     synthetic: dict[str, Any] | None = None
@@ -629,6 +646,39 @@ class CausalReplication:
             st = stage("arch", {"width": w}, names, sweep_key)
             R.arch = self.cache.run(st, Record, compute).data
 
+        def growth() -> None:
+            """N_causal growth over the same widths per architecture at matched L0, each
+            from its own base width's ε, with FVU and L0 per width (matched or not)."""
+            widths = list(s["arch_sweep_widths"])
+            archs = [a for a in s["arch_controls"] if all(f"{a}-{w}" in saes for w in widths)]
+            names = [f"{a}-{w}" for a in ["topk", *archs] for w in widths]
+            if not archs or any(n not in saes for n in names):
+                return
+
+            def compute(_: Path) -> Record:
+                rows = {}
+                for a in ["topk", *archs]:
+                    by_width = {w: saes[f"{a}-{w}"] for w in widths}
+                    quality = {w: sae_quality(sae, eval_acts[L]) for w, sae in by_width.items()}
+                    fvu = {w: q["fvu"] for w, q in quality.items()}
+                    res, _ = sweep_analysis(
+                        by_width, pairs[L], dataclasses.replace(cfg, n_bootstrap=0),
+                        n_blocks=s["n_blocks"], heldout_fvu=fvu,
+                    )  # fmt: skip
+                    rows[a] = {
+                        "n_repr": res.n_repr.tolist(),
+                        "n_causal": res.n_causal.tolist(),
+                        "epsilon": res.epsilon,
+                        "n_repr_growth": float(res.n_repr_growth[-1]),
+                        "n_causal_growth": float(res.n_causal_growth[-1]),
+                        "fvu": [quality[w]["fvu"] for w in widths],
+                        "l0": [quality[w]["l0"] for w in widths],
+                    }
+                return Record.of({"widths": widths, "layer": L, "k": s["k"], "rows": rows})
+
+            st = stage("arch-growth", {"widths": widths, "n_blocks": s["n_blocks"]}, names)
+            R.growth = self.cache.run(st, Record, compute).data
+
         def depth() -> None:
             def name_at(layer: int) -> str:
                 w = s["depth_width"]
@@ -697,7 +747,8 @@ class CausalReplication:
 
         if len(topk) >= 2:
             self.part("sweep", sweep)
-        for name, fn in [("ce", ce), ("arch", arch), ("depth", depth), ("fourcell", fourcell)]:
+        parts = [("ce", ce), ("arch", arch), ("growth", growth), ("depth", depth)]
+        for name, fn in [*parts, ("fourcell", fourcell)]:
             self.part(name, fn)
         if s["ioi_prompts"]:
             self.part("ioi", ioi)
