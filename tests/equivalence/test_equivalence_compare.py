@@ -219,3 +219,24 @@ def test_validated_heads_are_the_top_kl_heads_whose_null_fails(tiny) -> None:
     want = informative_heads(res.congruity["kl_grid_b"], pairs, 2, 1e-4)
     assert want, "the tiny model's most important heads should move its output"
     assert [r["pair"] for r in res.validation] == [pairs[i] for i in want]
+
+
+def test_encoder_decoder_against_decoder_only_is_scored_by_patching(tiny, tmp_path) -> None:
+    # an encoder–decoder with an empty source reads probes like a decoder-only LM, so its
+    # decoder heads are matched to B's and validated by the same patching as every row
+    import dataclasses
+
+    from structlens.equivalence.train_small import SmallLMConfig, train_small_lm
+
+    cfg = SmallLMConfig(n_layers=3, encoder_layers=1, d_model=64, n_heads=4, d_mlp=128,
+                        seq_len=16, batch_size=2, steps=2)  # fmt: skip
+    a = load_model(str(train_small_lm(cfg, tmp_path / "ed")))
+    b = load_model(str(train_small_lm(dataclasses.replace(cfg, encoder_layers=0), tmp_path / "d")))
+    probe = corpus_probe(a, b, n=12, max_chars=60)
+    res = compare(a, b, probe, CompareConfig(**FAST | {"congruity_top_k": 2}))
+    assert res.representation == "tokens" and res.validation_method == "patching"
+    assert (
+        len(res.matching["heads"]["pairs"]) == a.n_output_layers * a.n_heads == len(res.validation)
+    )
+    assert np.isfinite(res.null_score) and len(res.congruity["top_heads_a"]) == 2
+    assert all(0 <= la < a.n_output_layers for la, _ in res.congruity["top_heads_a"])

@@ -35,3 +35,32 @@ def test_without_evaluation_every_step_runs(tmp_path):
 def test_bad_stopping_rule_is_rejected():
     with pytest.raises(ValueError, match="patience"):
         SmallLMConfig(patience=0)
+
+
+def test_encoder_decoder_trains_on_the_same_bytes_and_loads_as_a_language_model(tmp_path):
+    import torch
+
+    from structlens.models import load_model
+
+    cfg = dataclasses.replace(TINY, encoder_layers=1, n_layers=2, steps=4, eval_every=2)
+    rec = _record(cfg, tmp_path / "ed")
+    assert rec["config"]["encoder_layers"] == 1 and rec["steps_run"] == 4
+    assert len(rec["held_out_loss"]) == 2 and all(v > 0 for _, v in rec["held_out_loss"])
+    model = load_model(str(tmp_path / "ed"))
+    assert model.is_encoder_decoder and model.empty_source
+    assert (model.output_stack, model.n_output_layers) == ("decoder", 2)
+    ids = torch.tensor([[5, 9, 11, 60, 61], [70, 71, 72, 73, 74]])
+    # the LM view: the decoder reads the ids themselves, the encoder only the start token
+    start = torch.full((2, 1), int(model.config.decoder_start_token_id))
+    with torch.no_grad():
+        direct = model.hf(input_ids=start, decoder_input_ids=ids).logits
+        assert torch.equal(model.forward(ids), direct)
+        # causal over the input: logits at t do not depend on tokens after t
+        later = ids.clone()
+        later[:, 3:] = 1
+        assert torch.allclose(model.forward(later)[:, :3], direct[:, :3], atol=1e-6)
+
+
+def test_decoder_only_keys_are_unchanged_by_the_encoder_field():
+    assert "encoder_layers" not in TINY.key()
+    assert dataclasses.replace(TINY, encoder_layers=2).key()["encoder_layers"] == 2

@@ -30,9 +30,10 @@ def _pad(tokens: Sequence[Sequence[int]], model: Model) -> tuple[torch.Tensor, t
 
 
 def _sites(model: Model) -> tuple[list[str], list[str]]:
+    stack, n = model.output_stack, model.n_output_layers
     return (
-        [f"blocks.{l}.hook_resid_post" for l in range(model.n_layers)],
-        [f"blocks.{l}.attn.hook_z" for l in range(model.n_layers)],
+        [f"{stack}.{l}.hook_resid_post" for l in range(n)],
+        [f"{stack}.{l}.attn.hook_z" for l in range(n)],
     )
 
 

@@ -395,6 +395,7 @@ def compare(
         w = validation_writers(
             cfg, head_pairs, matching["heads"]["pairs"], layer_pairs,
             (raw_a, raw_b, raw_za, raw_zb), start, model_b.dtype,
+            (model_a.output_stack, model_b.output_stack),
         )  # fmt: skip
         records = validate_patches(
             model_a, model_b, probe.tokens_b, heldout, probe.task_b, start, w.all(), w.a_sites,

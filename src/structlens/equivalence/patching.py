@@ -107,9 +107,10 @@ def validate(
 
 
 def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
-    """Head importance: KL of the next-token distributions (nats) for causal LMs; for
-    encoders, whose output is a hidden state, the relative squared change of that state."""
-    if model.causal:
+    """Head importance: KL of the next-token distributions (nats) for models that output
+    logits (causal LMs, encoder–decoders); for encoders, whose output is a hidden state, the
+    relative squared change of that state."""
+    if model.causal or model.is_encoder_decoder:
         return kl_from_logits(reference, patched)
     return float(np.sum((patched - reference) ** 2) / np.sum(reference**2))
 
@@ -123,15 +124,16 @@ def _congruity_group(
     config: CompareConfig,
 ) -> dict[str, Any]:
     """Accumulated representations of the clean run and of the top-KL head patches."""
-    n_layers = model.n_layers
-    resid = ["blocks.0.hook_resid_pre", *[f"blocks.{l}.hook_resid_post" for l in range(n_layers)]]
+    n_layers, stack = model.n_output_layers, model.output_stack
+    resid = [f"{stack}.{l}.hook_resid_post" for l in range(n_layers)]
+    resid = [f"{stack}.0.hook_resid_pre", *resid]
     layers = list(range(n_layers))
     if config.congruity_max_layers is not None and config.congruity_max_layers < n_layers:
         layers = sorted(
             {round(x) for x in np.linspace(0, n_layers - 1, config.congruity_max_layers)}
         )
     batches = _batches(len(tokens), config.batch_size)
-    z_sites = [f"blocks.{l}.attn.hook_z" for l in layers]
+    z_sites = [f"{stack}.{l}.attn.hook_z" for l in layers]
 
     def run(
         idx: list[int], writes: dict | None, reads: list[str]
@@ -265,13 +267,14 @@ class _HeadMaps:
         return self.maps[(la, ha, lb, hb)]
 
 
-def _replace_heads(parts: list[tuple], start: int) -> Writer:
-    """Writer setting B's heads ``hb`` to A's mapped heads, for (la, ha, hb, w, b)."""
+def _replace_heads(parts: list[tuple], start: int, stack_a: str) -> Writer:
+    """Writer setting B's heads ``hb`` to A's mapped heads, for (la, ha, hb, w, b); A's
+    layers are ``{stack_a}.{la}``."""
 
     def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
         out = act.clone()
         for la, ha, hb, w, b in parts:
-            mapped = src[f"blocks.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
+            mapped = src[f"{stack_a}.{la}.attn.hook_z"][:, :, ha].to(act.dtype) @ w + b
             out[:, start:, hb] = mapped[:, start:]
         return out
 
@@ -290,12 +293,12 @@ def _mean_heads(raw_zb: list, lb: int, hbs: list[int], start: int, dtype: torch.
     return fn
 
 
-def _replace_layer(la: int, w: torch.Tensor, b: torch.Tensor, start: int) -> Writer:
+def _replace_layer(la: int, w: torch.Tensor, b: torch.Tensor, start: int, stack_a: str) -> Writer:
     """Writer setting B's residual stream to A's mapped ``resid_post`` of layer ``la``."""
 
     def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
         out = act.clone()
-        mapped = src[f"blocks.{la}.hook_resid_post"].to(act.dtype) @ w + b
+        mapped = src[f"{stack_a}.{la}.hook_resid_post"].to(act.dtype) @ w + b
         out[:, start:] = mapped[:, start:]
         return out
 
@@ -327,16 +330,19 @@ def validation_writers(
     raw: tuple[list, list, list, list],
     start: int,
     dtype: torch.dtype,
+    stacks: tuple[str, str] = ("blocks", "blocks"),
 ) -> Writers:
     """The patches validating ``head_pairs`` and ``layer_pairs`` (maps fitted on the fit-set
     rows ``raw = (resid A, resid B, z A, z B)``), their mean-ablation nulls and, with
-    ``validate_head_groups``, whole layers of B's heads matched in ``all_head_pairs``."""
+    ``validate_head_groups``, whole layers of B's heads matched in ``all_head_pairs``.
+    ``stacks``: the site prefixes of A's and B's layers (:attr:`Model.output_stack`)."""
     raw_a, raw_b, raw_za, raw_zb = raw
+    sa, sb = stacks
     head_map = _HeadMaps(raw_za, raw_zb, config.map_method, dtype)
     heads = [
         (
-            f"blocks.{lb}.attn.hook_z",
-            _replace_heads([(la, ha, hb, *head_map(la, ha, lb, hb))], start),
+            f"{sb}.{lb}.attn.hook_z",
+            _replace_heads([(la, ha, hb, *head_map(la, ha, lb, hb))], start, sa),
         )
         for (la, ha), (lb, hb) in head_pairs
     ]
@@ -347,16 +353,18 @@ def validation_writers(
     group_pairs = sorted(by_layer)
     groups = [
         (
-            f"blocks.{lb}.attn.hook_z",
+            f"{sb}.{lb}.attn.hook_z",
             _replace_heads(
-                [(la, ha, hb, *head_map(la, ha, lb, hb)) for la, ha, hb in by_layer[lb]], start
+                [(la, ha, hb, *head_map(la, ha, lb, hb)) for la, ha, hb in by_layer[lb]],
+                start,
+                sa,
             ),
         )
         for lb in group_pairs
     ]
     group_nulls = [
         (
-            f"blocks.{lb}.attn.hook_z",
+            f"{sb}.{lb}.attn.hook_z",
             _mean_heads(raw_zb, lb, [hb for _, _, hb in by_layer[lb]], start, dtype),
         )
         for lb in group_pairs
@@ -367,16 +375,16 @@ def validation_writers(
             lmap = fit_layer_map(raw_a[la], raw_b[lb])
             w = torch.as_tensor(lmap.weight, dtype=dtype)
             bias = torch.as_tensor(lmap.bias, dtype=dtype)
-            layers.append((f"blocks.{lb}.hook_resid_post", _replace_layer(la, w, bias, start)))
+            layers.append((f"{sb}.{lb}.hook_resid_post", _replace_layer(la, w, bias, start, sa)))
     a_sites = sorted(
-        {f"blocks.{a[0]}.attn.hook_z" for a, _ in head_pairs}
-        | {f"blocks.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
-        | {f"blocks.{la}.hook_resid_post" for la, _ in layer_pairs}
+        {f"{sa}.{a[0]}.attn.hook_z" for a, _ in head_pairs}
+        | {f"{sa}.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
+        | {f"{sa}.{la}.hook_resid_post" for la, _ in layer_pairs}
     )
     nulls = []
     if config.null_baseline:
         nulls = [
-            (f"blocks.{lb}.attn.hook_z", _mean_heads(raw_zb, lb, [hb], start, dtype))
+            (f"{sb}.{lb}.attn.hook_z", _mean_heads(raw_zb, lb, [hb], start, dtype))
             for _, (lb, hb) in head_pairs
         ]
     return Writers(heads, layers, nulls, groups, group_nulls, a_sites, by_layer)

@@ -31,6 +31,14 @@ class SmallLMConfig:
     ----------
     n_layers, d_model, n_heads, d_mlp : int
         Depth, width, heads (``d_head = d_model / n_heads``) and MLP width.
+    encoder_layers : int
+        0: a decoder-only Llama.  Otherwise a T5 encoder–decoder with this many encoder
+        layers and ``n_layers`` decoder layers, trained on the same bytes with the same
+        next-byte objective on the decoder while the encoder reads the preceding context (a
+        prefix of 0 to ``seq_len / 2`` bytes, drawn per step; an empty one is the decoder
+        start token).  Its config says ``structlens_empty_source``, so ``load_model`` runs it
+        as a language model over the decoder with an empty source, position for position
+        like the decoder-only models.
     seq_len, batch_size, steps : int
         Training windows of ``seq_len`` bytes, ``batch_size`` windows per step, at most
         ``steps`` steps.
@@ -46,6 +54,7 @@ class SmallLMConfig:
     """
 
     n_layers: int = 4
+    encoder_layers: int = 0
     d_model: int = 128
     n_heads: int = 4
     d_mlp: int = 512
@@ -66,6 +75,16 @@ class SmallLMConfig:
             raise ValueError("n_layers, steps and batch_size must be >= 1 and seq_len >= 2.")
         if self.eval_every < 0 or self.patience < 1 or self.converge_tol < 0:
             raise ValueError("eval_every and converge_tol must be >= 0 and patience >= 1.")
+        if self.encoder_layers < 0:
+            raise ValueError(f"encoder_layers must be >= 0, got {self.encoder_layers}.")
+
+    def key(self) -> dict[str, Any]:
+        """The settings that decide the weights, without ``encoder_layers`` when it is 0 (so
+        decoder-only runs recorded before the field existed stay valid)."""
+        d = dataclasses.asdict(self)
+        if not d["encoder_layers"]:
+            del d["encoder_layers"]
+        return d
 
 
 def _corpus_bytes(tokenizer: object) -> torch.Tensor:
@@ -95,11 +114,70 @@ HELD_OUT = 0.1  # share of the corpus bytes (its end) kept for the stopping rule
 
 
 def _held_out_loss(model: Any, held: torch.Tensor, seq_len: int, max_windows: int = 64) -> float:
-    """Mean next-byte loss over non-overlapping ``seq_len`` windows of the held-out bytes."""
+    """Mean next-byte loss over non-overlapping ``seq_len`` windows of the held-out bytes (an
+    encoder–decoder with an empty source: the same predictions as a decoder-only model)."""
     n = min(max_windows, held.numel() // seq_len)
     windows = held[: n * seq_len].view(n, seq_len)
     with torch.no_grad():
-        return float(model(input_ids=windows, labels=windows, use_cache=False).loss)
+        return float(_lm_loss(model, windows, context=0))
+
+
+def _lm_loss(model: Any, windows: torch.Tensor, context: int) -> torch.Tensor:
+    """Next-byte loss of ``windows``; an encoder–decoder reads the first ``context`` bytes of
+    each window into the encoder (none: the start token) and predicts the rest."""
+    if not model.config.is_encoder_decoder:
+        return model(input_ids=windows, labels=windows, use_cache=False).loss
+    start = int(model.config.decoder_start_token_id)
+    source = windows[:, :context] if context else torch.full((len(windows), 1), start)
+    target = windows[:, context:]
+    return model(
+        input_ids=source.contiguous(),
+        decoder_input_ids=target[:, :-1].contiguous(),
+        labels=target[:, 1:].contiguous(),
+        use_cache=False,
+    ).loss
+
+
+def _build(config: SmallLMConfig) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
+
+    from structlens.models.tiny import VOCAB
+
+    special: dict[str, Any] = dict(
+        pad_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, tie_word_embeddings=False
+    )
+    hf_cfg: Any
+    if config.encoder_layers:
+        hf_cfg = T5Config(
+            vocab_size=VOCAB,
+            d_model=config.d_model,
+            d_kv=config.d_model // config.n_heads,
+            d_ff=config.d_mlp,
+            num_layers=config.encoder_layers,
+            num_decoder_layers=config.n_layers,
+            num_heads=config.n_heads,
+            dropout_rate=0.0,
+            **special | {"decoder_start_token_id": VOCAB - 1},
+        )
+        hf_cfg.structlens_empty_source = True
+        hf_cfg.architectures = ["T5ForConditionalGeneration"]
+        cls: Any = T5ForConditionalGeneration
+    else:
+        hf_cfg = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=config.d_model,
+            num_hidden_layers=config.n_layers,
+            num_attention_heads=config.n_heads,
+            num_key_value_heads=config.n_heads,
+            intermediate_size=config.d_mlp,
+            max_position_embeddings=max(256, config.seq_len),
+            bos_token_id=VOCAB - 1,
+            **special,
+        )
+        cls = LlamaForCausalLM
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        return cls(hf_cfg)
 
 
 def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 100) -> Path:
@@ -112,32 +190,15 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     curve ``[[step, loss], ...]``, ``steps_run``, ``converged`` (the rule stopped it; ``None``
     when ``eval_every=0``) and the wall time.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from structlens.models.tiny import VOCAB, byte_tokenizer
+    from structlens.models.tiny import byte_tokenizer
 
     out = Path(out_dir)
     record = out / "train.json"
-    cfg = dataclasses.asdict(config)
+    cfg = config.key()
     if record.exists() and json.loads(record.read_text()).get("config") == cfg:
         return out
     tok = byte_tokenizer()
-    hf_cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=config.d_model,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=config.n_heads,
-        num_key_value_heads=config.n_heads,
-        intermediate_size=config.d_mlp,
-        max_position_embeddings=max(256, config.seq_len),
-        pad_token_id=VOCAB - 1,
-        bos_token_id=VOCAB - 1,
-        eos_token_id=VOCAB - 1,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(hf_cfg)
+    model = _build(config)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -160,7 +221,12 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     data = _corpus_bytes(tok)
     n_held = max(config.seq_len + 1, int(HELD_OUT * data.numel()))
     train, held = data[:-n_held], data[-n_held:]
-    batches = corpus_batches(train, config.seq_len, config.batch_size, config.steps, config.seed)
+    # an encoder–decoder's windows carry up to seq_len / 2 bytes of context before them
+    ctx = config.seq_len // 2 if config.encoder_layers else 0
+    width = config.seq_len + ctx
+    batches = corpus_batches(train, width, config.batch_size, config.steps, config.seed)
+    gen = torch.Generator().manual_seed(config.seed)
+    contexts = torch.randint(0, ctx + 1, (config.steps,), generator=gen)
     losses: list[tuple[int, float]] = []
     held_curve: list[tuple[int, float]] = []
     best, stale = math.inf, 0
@@ -170,7 +236,8 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     for step, batch in enumerate(batches):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        c = int(contexts[step])
+        loss = _lm_loss(model, batch[:, ctx - c :], context=c)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -186,6 +186,26 @@ class Model:
     def is_encoder_decoder(self) -> bool:
         return self.stacks is not None
 
+    @property
+    def output_stack(self) -> str:
+        """Site prefix of the layers whose residual stream makes the output: ``blocks``, or
+        ``decoder`` for an encoder–decoder (``f"{output_stack}.{l}.hook_z"``)."""
+        return "decoder" if self.stacks is not None else "blocks"
+
+    @property
+    def n_output_layers(self) -> int:
+        """Number of layers of :attr:`output_stack`."""
+        return self.stacks["decoder"][1] if self.stacks is not None else self.n_layers
+
+    @property
+    def empty_source(self) -> bool:
+        """An encoder–decoder used as a language model over its decoder: its config says
+        ``structlens_empty_source`` (set by whoever trained it so), and :meth:`forward` then
+        reads the input into the decoder with an empty source (see there)."""
+        return self.stacks is not None and bool(
+            getattr(self.config, "structlens_empty_source", False)
+        )
+
     def family_at(self, layer: int) -> Family:
         """The family of global layer ``layer`` (the decoder's for an encoder–decoder's
         decoder layers)."""
@@ -326,7 +346,20 @@ class Model:
         An encoder–decoder reads ``input_ids`` into the encoder and ``decoder_input_ids`` into the
         decoder (causally); without them the decoder is teacher-forced on ``input_ids`` shifted
         right by one (the model's own start token first), so both stacks see the same positions.
+        With :attr:`empty_source` the encoder reads only the decoder start token and the decoder
+        reads ``input_ids`` themselves: logits at ``t`` predict token ``t + 1``, as a causal
+        LM's do.
         """
+        if self.empty_source and decoder_input_ids is None:
+            start = int(self.config.decoder_start_token_id)
+            source = torch.full((input_ids.shape[0], 1), start, device=input_ids.device)
+            out = self.hf(
+                input_ids=source,
+                decoder_input_ids=input_ids,
+                decoder_attention_mask=attention_mask,
+                use_cache=False,
+            )
+            return out.logits
         if self.is_encoder_decoder:
             if decoder_input_ids is None:
                 decoder_input_ids = self.hf.prepare_decoder_input_ids_from_labels(labels=input_ids)

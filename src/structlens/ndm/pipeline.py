@@ -218,11 +218,12 @@ def planted_recovery(
         raise ValueError("give at least one seed.")
     if not 0.0 < min_overlap <= 1.0:
         raise ValueError(f"min_overlap must be in (0, 1], got {min_overlap}.")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in seeds:
         planted = planted_partition(sizes, n_samples, seed=int(s))
         fit = NDM(dataclasses.replace(ndm, seed=int(s))).fit(planted.h)
-        overlap = float(recovery_report(fit.bases(), planted.bases())["min_matched_overlap"])
+        report: dict[str, Any] = recovery_report(fit.bases(), planted.bases())
+        overlap = float(report["min_matched_overlap"])
         same_sizes = sorted(fit.partition) == sorted(int(k) for k in sizes)
         rows.append(
             {

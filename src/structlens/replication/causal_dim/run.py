@@ -661,7 +661,7 @@ class CausalReplication:
                     by_width = {w: saes[f"{a}-{w}"] for w in widths}
                     quality = {w: sae_quality(sae, eval_acts[L]) for w, sae in by_width.items()}
                     fvu = {w: q["fvu"] for w, q in quality.items()}
-                    res, _ = sweep_analysis(
+                    res, _stats = sweep_analysis(
                         by_width, pairs[L], dataclasses.replace(cfg, n_bootstrap=0),
                         n_blocks=s["n_blocks"], heldout_fvu=fvu,
                     )  # fmt: skip

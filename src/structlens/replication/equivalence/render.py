@@ -187,10 +187,14 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
             "model nearly unchanged). Now each fine-tune runs until the behaviour on held-out "
             f"prompts of its task has moved by KL ≥ {FT_TARGET_KL} nats, on the probe's own "
             "task (IOI) and on a dissimilar one (factual recall)." + tuned,
-            "* **Not changed: the encoder–decoder row.** It is still MiniLM-L6 (an encoder, "
-            "trained on other data) against SmolLM2, scored by sentence-level similarity; a "
-            "same-data encoder–decoder scored by patching like the other rows is not built "
-            "(see the caveats).",
+            "* **An encoder–decoder trained on the same data.** The summary's row compares an "
+            "encoder–decoder with a decoder-only model; the previous stand-in, MiniLM-L6, is "
+            "an encoder trained on other data and could only be scored by sentence-level "
+            "similarity. `enc-dec-same-data` is a T5 (2 encoder + 4 decoder layers) trained "
+            "on the same bytes with the same next-byte objective (its encoder reads a "
+            "preceding context of 0–32 bytes), run as a language model over its decoder with "
+            "an empty source, so its decoder heads are matched and validated by patching "
+            "like every other row. The MiniLM row stays, in its own group.",
             "",
             "| row | before: score / null / layer | before: matched / CONGRUITY | now: score / "
             "null / layer | now: matched / CONGRUITY |",
@@ -449,9 +453,12 @@ partner shows that it carries what B needs. Because single heads are often redun
 *whole-layer head groups* column replaces all heads of one layer of B at once (each by its
 own matched partner through its own map) against a null that mean-ablates all of them; one
 record per layer of B. The layer score replaces `resid_post` of matched layers the same way.
-For the encoder–decoder pair the tokenizers differ, so rows are sentences (mean over tokens),
-no patching is possible and the score is the share of matched heads with CKA ≥ 0.5
-("similarity"); no null exists for it.
+The encoder–decoder trained on the same bytes (`enc-dec-same-data`) reads each probe as a
+language model over its decoder (the encoder sees only the start token), so its decoder's
+layers and heads are matched and patched into B like any decoder's. For MiniLM against
+SmolLM2 the tokenizers differ, so rows are sentences (mean over tokens), no patching is
+possible and the score is the share of matched heads with CKA ≥ 0.5 ("similarity"); no null
+exists for it.
 
 CONGRUITY (reference-code statistics): accumulated residual stream (last token for IOI, mean
 over tokens for corpus probes), implementations = clean run + runs with one of the top-KL

@@ -163,24 +163,24 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         with_restarts = [p for p in planted if p["restarts"] == best]
         k = sum(p["recovered"] for p in with_restarts)
         n = sum(p["n"] for p in with_restarts)
-        cells = "; ".join(
+        planted_cells = "; ".join(
             f"{p['sizes']}, {p['restarts']} run(s): {p['recovered']}/{p['n']} {ci(p['ci'])}"
             for p in planted
         )
         lines.append(
             "| planted rotated partitions are recovered over seeds (restarts against merges "
-            f"after swapped dimensions) | {cells} | {count_verdict(k, n)} |"
+            f"after swapped dimensions) | {planted_cells} | {count_verdict(k, n)} |"
         )
         claims.append(
             Claim(
                 "planted_partition_recovery",
                 "the toy's groups are recovered (here: planted rotated partitions, over seeds)",
                 k / n,
-                tuple(wilson_interval(k, n)),
+                wilson_interval(k, n),
                 count_verdict(k, n),
                 {"restarts": best, "partitions": [p["sizes"] for p in with_restarts],
                  "seeds": with_restarts[0]["n"], "min_overlap": with_restarts[0]["min_overlap"]},
-                note=cells,
+                note=planted_cells,
             )
         )  # fmt: skip
     if ev.get("conflict"):
