@@ -229,3 +229,20 @@ def test_a_damaged_saved_index_is_rebuilt(ndm_run):
     path.write_bytes(path.read_bytes()[:100])
     again, path2, built = browse_index(model, train, 0, R, partition, **kw)
     assert built and path2 == path and len(again) == len(first)
+
+
+def test_index_can_live_outside_the_run_folder(ndm_run, tmp_path):
+    # a verified cache stage must not change: the index can go elsewhere
+    from structlens.ndm.collect import browse_index
+    from structlens.ndm.experiment import load_rotation
+
+    model = load_model(M)
+    train = ndm_run / "train"
+    R, partition = load_rotation(train / "R-L0.safetensors")
+    kw = dict(extra_corpus_prompts=2, activations=ndm_run / "acts")
+    before = sorted(p.relative_to(train) for p in train.rglob("*"))
+    _, path, built = browse_index(model, train, 0, R, partition, index_dir=tmp_path / "ix", **kw)
+    assert built and path.parent == tmp_path / "ix"
+    assert sorted(p.relative_to(train) for p in train.rglob("*")) == before
+    _, again, built = browse_index(model, train, 0, R, partition, index_dir=tmp_path / "ix", **kw)
+    assert again == path and not built

@@ -66,15 +66,17 @@ def browse_index(
     *,
     extra_corpus_prompts: int | None,
     activations: Path,
+    index_dir: Path | None = None,
 ) -> tuple[PreimageBrowser, Path, bool]:
     """A :class:`PreimageBrowser` over the training activations of ``layer`` plus
     ``extra_corpus_prompts`` further corpus windows (``None``: all remaining windows).
 
     The index is built once (capturing the extra windows under ``activations``) and saved as
-    ``train/browse-index/L{layer}-<key>.safetensors``, the key a digest of the run (its store,
-    rotation and partition, the model) and of the indexed prompts' tokens; later calls with
-    the same key load it without touching the model or the stores.  Returns the browser, the
-    index's path and whether it was built now.
+    ``L{layer}-<key>.safetensors`` in ``index_dir`` (default ``train/browse-index``; a run
+    whose folder must not change, such as a verified cache stage, passes another), the key a
+    digest of the run (its store, rotation and partition, the model) and of the indexed
+    prompts' tokens; later calls with the same key load it without touching the model or the
+    stores.  Returns the browser, the index's path and whether it was built now.
     """
     meta = load_train_meta(train)
     prompts = _training_prompts(model, meta)
@@ -90,7 +92,8 @@ def browse_index(
         "partition": list(partition),
     }
     key = hashlib.sha256(json.dumps({"run": run, "corpus": corpus}).encode()).hexdigest()
-    path = Path(train) / "browse-index" / f"L{layer}-{key[:16]}.safetensors"
+    folder = Path(index_dir) if index_dir is not None else Path(train) / "browse-index"
+    path = folder / f"L{layer}-{key[:16]}.safetensors"
     if path.is_file():
         try:
             browser, saved = PreimageBrowser.load(path, rotation, partition, prompts + extra)

@@ -635,16 +635,17 @@ def browse_queries(
     extra_corpus_prompts: int | None = None,
     activations: Path = Path("results/ndm/activations"),
     allow_foreign: bool = False,
+    index_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Nearest stored contexts of each of ``prompts`` at token ``position`` inside each
     subspace of the NDM run saved in ``train`` (the document ``structlens ndm browse``
     writes: ``queries[i]`` holds ``query`` and ``subspaces`` of ``prompts[i]``).
 
-    The index is built once per run, layer and indexed corpus and saved next to the run
-    (:func:`structlens.ndm.collect.browse_index`); ``index`` says where and whether it was
-    built by this call.  The rotation must have been trained on ``model`` at the layer's
-    ``resid_post`` (:class:`~structlens.errors.ForeignResultError` otherwise, a warning with
-    ``allow_foreign``).
+    The index is built once per run, layer and indexed corpus and saved next to the run, or
+    in ``index_dir`` (:func:`structlens.ndm.collect.browse_index`); ``index`` says where and
+    whether it was built by this call.  The rotation must have been trained on ``model`` at
+    the layer's ``resid_post`` (:class:`~structlens.errors.ForeignResultError` otherwise, a
+    warning with ``allow_foreign``).
     """
     from structlens.errors import InputError
     from structlens.ndm.browse import highlight_context
@@ -665,7 +666,7 @@ def browse_queries(
         raise InputError(f"--subspace must be in [0, {len(partition)}), got {subspace}")
     browser, path, built = browse_index(
         model, train, layer, R, partition,
-        extra_corpus_prompts=extra_corpus_prompts, activations=activations,
+        extra_corpus_prompts=extra_corpus_prompts, activations=activations, index_dir=index_dir,
     )  # fmt: skip
     queries = []
     for prompt in prompts:

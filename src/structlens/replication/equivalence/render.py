@@ -506,45 +506,27 @@ Function-preserving fold check: {fold}
 
 {discussion}
 
-**Summary.** With one head replaced at a time, the matched-component score is 0.5–1.0 on every
-decoder pair, near or above the paper's values, but it is not a claim anywhere except the tiny
-sanity pair: the mean-ablation null passes on 25–100 % of the same heads, and the score and
-null intervals overlap on every other row (for the SmolLM2 rows single heads are simply
-redundant: the null passes on 29–30 of 30). The signal is in the heads and whole layers whose
-mean ablation does break the model. There, partners from a different seed rescue a third of
-the heads and none of the 12 layers (far below the paper's ≈ 0.85: different seeds of our
-4-layer byte LMs do *not* implement interchangeable heads, although their layers have CKA
-≈ 0.85–0.89); across depth a third of heads and of layers (the paper's ≈ 0.6 lies inside the
-wide layer interval); the two SmolLM2 fine-tunes keep 10 of the 13 informative layers
-replaceable by the base model (inside the paper's 0.4–0.9; the failures are the fine-tuned
-layers 20 and 23, and layer 23's group fails even in the exact sanity copy, at KL 0.14 nats
-against 0.33 and 1.25 here); and the encoder–decoder pair, compared by sentence-level CKA
-only, reaches 0.07 (below the paper's ≈ 0.3). The sanity pairs bound the method's floor: the
-exact SmolLM2 copy loses one layer group (23), and lost all `resid_post` replacements to the
-old ridge layer map, not to the models.
+**How to read the rows.** A score is a claim only where its 95 % interval lies above the
+mean-ablation null's (the matched verdict says so). Where single heads are redundant, the null
+passes about as often as the partner and the single-head score says nothing; the evidence is
+then in the heads and whole layers whose mean ablation does break B (the "partner passes where
+the null fails" and head-group columns, pooled per group above). The sanity rows bound the
+method: an exact copy must pass everywhere, so a failure there is the method's, not the
+models'.
 
 ## Where the two estimators disagree
 
 {disagree}
 
-Why they disagree: the two verdicts answer different questions on different data. The
+Why they can disagree: the two verdicts answer different questions on different data. The
 matched estimator asks, one head at a time, whether B's next-token output survives replacing
-a head by its (linearly mapped) partner; with many heads most single replacements change
-little, so its "equivalent" (score ≥ 0.5) is carried by heads that pass under mean ablation
-too (the null column; on the heads whose null fails, the seed and depth partners pass only a
-third of the time). CONGRUITY asks whether A's implementations (its clean run and a few
-one-head interventions) encode each other better than they encode B's, on the accumulated
-residual stream of a few dozen prompts. For every seed pair at least one direction declares
-the models different (decision rate ≥ 0.72), which matches what the informative heads and
-layers show. But the point test is directional and its weak directions (decision rate
-< 0.5) all start from the 2- or 8-layer model (or from SmolLM2 against MiniLM): 2 vs 8
-layers comes out "equivalent" while 2 vs 4 and 4 vs 8 come out "different", which says more
-about how far each model's own one-head interventions move its representation than about a
-shared mechanism. Where the models share most of their computation (the sanity pairs, the
-fine-tunes with layers 0–14 frozen) both say "equivalent": CONGRUITY's mean p is 0 in both
-directions (cross-model encodings are as good as within-model ones), and the matched score is
-1 but, for the SmolLM2 pairs, uninformative (null ≈ score); there the whole-layer groups carry
-the evidence.
+a head by its (linearly mapped) partner, against the same head mean-ablated. CONGRUITY asks
+whether A's implementations (its clean run and a few one-head interventions) encode each
+other better than they encode B's, on the accumulated residual stream of a few dozen prompts;
+its point test is directional, so its two directions can differ, and a weak direction says
+as much about how far a model's own one-head interventions move its representation as about
+a shared mechanism. Where the models share most of their computation (the sanity pairs, the
+fine-tunes with layers 0–14 frozen) both estimators have the least room to differ.
 
 ## Cost profile
 

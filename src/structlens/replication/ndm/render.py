@@ -53,8 +53,8 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         f"Produced by `{source}` (stages cached under "
         "`results/replication/ndm/`). Paper: Huang & Hahn, "
         "*Decomposing Representation Space into Interpretable Subspaces with Unsupervised "
-        "Learning* (ICLR 2026). Evaluation: 2 shared CPU cores (load average ≈ 10–14 from "
-        "other jobs). "
+        "Learning* (ICLR 2026). Evaluation: 2 CPU cores, shared with the other replication "
+        "runs. "
         + (
             f"Training: {tr.get('device', 'a GPU')}, see below."
             if device_run

@@ -290,9 +290,12 @@ class NDMReplication:
         for text, pos in self.s["queries"]:
 
             def run(folder: Path, text: str = text, pos: int = pos) -> Record:
+                # the index goes into this stage's own folder: the training stage's folder
+                # is verified against its digests and must not change
                 doc = browse(
                     self._model(), self.cache.path(train_stage), text, position=pos,
-                    activations=self.activations, **self.s["browse"],
+                    activations=self.activations, index_dir=folder / "browse-index",
+                    **self.s["browse"],
                 )  # fmt: skip
                 write_results(folder, "ndm_browse", doc, command="ndm browse")
                 return _read(folder, "ndm_browse.json")
