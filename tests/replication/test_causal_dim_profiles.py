@@ -36,3 +36,15 @@ def test_tiny_test_sizes_cover_every_sized_setting():
     # only the profile name survives from the gpu profile in the tests
     assert set(TINY_TEST_SIZES) == set(SMOKE) - {"profile"}
     assert PROFILES["gpu"] | TINY_TEST_SIZES == SMOKE | {"profile": "gpu"}
+
+
+def test_massive_activation_rows_are_dropped_from_sae_training():
+    import torch
+
+    from structlens.replication.causal_dim.run import MASSIVE_NORM_FACTOR, drop_massive
+
+    x = torch.randn(1000, 8)
+    x[[3, 500]] *= 20 * MASSIVE_NORM_FACTOR  # far above the median norm
+    kept, n = drop_massive(x)
+    assert n == 2 and kept.shape == (998, 8)
+    assert torch.equal(kept, torch.cat([x[:3], x[4:500], x[501:]]))

@@ -15,7 +15,7 @@ from typing import Any
 
 from structlens.causal_dim.kappa import KappaCurve, KappaResult
 from structlens.causal_dim.sweep import WidthSweepResult
-from structlens.replication.causal_dim.run import METHOD, Run
+from structlens.replication.causal_dim.run import MASSIVE_NORM_FACTOR, METHOD, Run
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.markdown import ci, finite_ci, fmt, num, verdict_moves, write_text
 from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width_sweep
@@ -43,6 +43,11 @@ WHAT_CHANGED = [
     "- **Exact κ convergence and CI.** Vectors are doubled until κ(n)/κ(n/2) < 1.05 (or a "
     "cap); the interval is the bias-corrected delete-one jackknife, valid for this "
     "statistic (the percentile bootstrap sat below the point estimate).",
+    "- **Massive activations out of SAE training.** Besides position 0, SmolLM2 has a few "
+    "tokens with residual norms ≈ 160× the median (8 of 96,520 at layer 15, 74% of the "
+    f"variance); rows above {MASSIVE_NORM_FACTOR:g}× the median norm are left out of SAE "
+    "training, as the attention sink is (with them the training FVU read 1.26 while the "
+    "held-out FVU was 0.21).",
     "- **Four-cell control on JumpReLU/ReLU.** TopK's k kept L0 fixed in every cell, so the "
     "encoder-as-filter mechanism could not be removed; the control now runs on JumpReLU and "
     "ReLU SAEs with their learned thresholds/biases, L0 logged per cell.",
@@ -562,8 +567,10 @@ def render_markdown(run: Run, source: str) -> str:
             f"TopK SAEs, k = {s['k']} at every width (matched L0 by construction), base width "
             f"{sweep.get('base_width', sweep['widths'][0])} = "
             f"{sweep.get('base_width', sweep['widths'][0]) / d:.1f}·d. Each width is trained "
-            f"to convergence on {tr['n_train_tokens']} residual tokens (position 0 dropped; "
-            "the last tenth held out): epochs of fresh shuffles, batch "
+            f"to convergence on {tr['n_train_tokens']} residual tokens (position 0 dropped, "
+            f"and {tr.get('n_massive_dropped', 0)} massive-activation tokens with norm > "
+            f"{MASSIVE_NORM_FACTOR:g}× the median; the last tenth held out): epochs of fresh "
+            "shuffles, batch "
             f"{s['batch_size']}, Adam at the width-scaled rate lr_base/√(m/2¹⁴) "
             f"(lr_base {s['lr_base']:g}), until the held-out FVU improves by less than "
             f"{s['converge_tol']:.0%} or {s['max_epochs']} epochs; aux-k loss for features "
