@@ -72,7 +72,11 @@ def verdict_moves(
     seen = set()
     for c in claims:
         seen.add(c.id)
-        ours = fmt(c.ours, 3) if isinstance(c.ours, int | float) else str(c.ours)
+        ours = (
+            str(c.ours)
+            if isinstance(c.ours, int) or not isinstance(c.ours, float)
+            else fmt(c.ours, 3)
+        )
         before = previous.get(c.id)
         old = f"{before[0]} → {before[1]}" if before else "— (new claim)"
         lines.append(f"| `{c.id}` | {old} | {ours} → {c.verdict} |")

@@ -25,12 +25,13 @@ from structlens.replication.ndm.run import METHOD
 from structlens.stats.intervals import wilson_interval
 
 # The previous protocol's claims (docs/replication/ndm.json at PREVIOUS_COMMIT), kept as
-# history for the table of moves; nothing here enters a verdict.
+# history for the table of moves; nothing here enters a verdict.  Those came from NDM trained
+# on an H200 to the paper's stopping rule (the gpu profile), not from the cpu profile's 60 steps.
 PREVIOUS_COMMIT = "ba7413f"
 PREVIOUS = {
-    "mean_gini_ndm_vs_baselines": ("0.44 (all tests, no screen)", "partly"),
+    "mean_gini_ndm_vs_baselines": ("0.44 (H200-trained; all tests, no screen)", "partly"),
     "toy_recovery": ("1.0", "reproduced"),
-    "knowledge_conflict_single_subspace": ("2 of 2 corruptions", "reproduced"),
+    "knowledge_conflict_single_subspace": ("2 of 2 corruptions (H200-trained)", "reproduced"),
     "preimage_browser_scale": ("127868", "reproduced"),
 }
 
