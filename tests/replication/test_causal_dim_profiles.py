@@ -22,7 +22,7 @@ def test_base_width_is_at_least_four_d_and_every_sae_job_is_valid(profile):
     if profile == "gpu":
         assert widths[-1] >= 64 * widths[0]  # up to ≥ 64× the base, the paper's span
     if profile == "cpu":
-        assert widths[-1] >= 16 * widths[0]  # the span one CPU core trains to convergence
+        assert widths[-1] >= 8 * widths[0]  # the span one CPU core trains to convergence
     assert s["ablation_width"] in widths and s["depth_width"] in widths
     jobs = sae_jobs(s)
     assert all(SAETrainConfig(**kw).lr is None for _, kw, _ in jobs)  # the width rule

@@ -61,9 +61,9 @@ WHAT_CHANGED = [
     "one sweep each), `unidentified` unless L0 and FVU match at every width. The gpu "
     "profile runs these sweeps over all its widths; the cpu profile keeps the one-width "
     "control (counts at the base width), which cannot speak to growth.",
-    "- **Compute.** The cpu profile spans 16× the base width (2304–36864) and exact κ at "
-    "three layers up to 128 vectors: what one shared CPU core trains to convergence in "
-    "about an hour each. The paper's 64× span (to 147456), five κ layers up to 2048 vectors "
+    "- **Compute.** The cpu profile spans 8× the base width (2304–18432) and exact κ at "
+    "three layers up to 128 vectors: what one shared CPU core computes in about an hour "
+    "each. The paper's 64× span (to 147456), five κ layers up to 2048 vectors "
     "and ten depths are the gpu profile's (`--profile gpu --device cuda`), which runs end "
     "to end on a tiny model in the tests.",
     "",
