@@ -22,6 +22,9 @@ def test_training_stops_once_the_held_out_loss_stalls(tmp_path):
     assert [s for s, _ in rec["held_out_loss"]] == [2, 4, 6, 8]
     assert len({round(v, 6) for _, v in rec["held_out_loss"]}) == 1
     assert rec["loss"][-1][0] == 8
+    # a stall at the last step of the budget is the schedule's end, not a plateau
+    at_budget = _record(dataclasses.replace(frozen, steps=8), tmp_path / "budget")
+    assert at_budget["steps_run"] == 8 and at_budget["converged"] is False
 
 
 def test_without_evaluation_every_step_runs(tmp_path):

@@ -187,8 +187,8 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     stopping rule of :class:`SmallLMConfig`.  Skips training when ``out_dir/train.json``
     records the same config (a finished run).  Returns ``out_dir``. ``train.json`` holds the
     config, the training loss curve (nats per byte, every ``log_every`` steps), the held-out
-    curve ``[[step, loss], ...]``, ``steps_run``, ``converged`` (the rule stopped it; ``None``
-    when ``eval_every=0``) and the wall time.
+    curve ``[[step, loss], ...]``, ``steps_run``, ``converged`` (the rule stopped it before the
+    step budget; ``None`` when ``eval_every=0``) and the wall time.
     """
     from structlens.models.tiny import byte_tokenizer
 
@@ -255,7 +255,9 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
             stale = stale + 1 if loss_h > best * (1 - config.converge_tol) else 0
             best = min(best, loss_h)
             if stale >= config.patience:
-                converged = True
+                # at the last step the cosine rate has reached 0: a stall there is the
+                # schedule's end, not a plateau
+                converged = step + 1 < config.steps
                 if not losses or losses[-1][0] != step + 1:
                     losses.append((step + 1, running / ((step % log_every) + 1)))
                 break

@@ -124,6 +124,12 @@ PREVIOUS: dict[str, tuple[float, float | None, float | None, str, str]] = {
 }
 
 
+def _plateau(record: dict[str, Any]) -> bool:
+    """The stopping rule ended the run before its step budget (a stall at the budget's last
+    evaluation is the cosine schedule reaching 0, not a plateau)."""
+    return bool(record.get("converged")) and record["steps_run"] < record["config"]["steps"]
+
+
 def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResult]) -> str:
     """The protocol changes of issue 16 and how each row moved (previous protocol → now)."""
 
@@ -144,9 +150,10 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
     small = [c for n, c in rep.small_info.items() if c.get("held_out_loss")]
     ft = list(rep.ft_info.values())
     trained = (
-        f" Now: {sum(bool(c['converged']) for c in small)} of {len(small)} stopped by the "
-        f"rule, after {min(c['steps_run'] for c in small)}–{max(c['steps_run'] for c in small)} "
-        f"steps, held-out loss {min(c['held_out_loss'][-1][1] for c in small):.2f}–"
+        f" Now: {sum(_plateau(c) for c in small)} of {len(small)} reached a held-out plateau "
+        f"before the step budget, the others ran {max(c['steps_run'] for c in small)} steps "
+        "(their cosine rate reaches 0 there); held-out loss "
+        f"{min(c['held_out_loss'][-1][1] for c in small):.2f}–"
         f"{max(c['held_out_loss'][-1][1] for c in small):.2f} nats/byte."
         if small
         else ""
@@ -267,7 +274,7 @@ def render_markdown(
         f"{c.get('steps_run', c['loss'][-1][0])} steps, training loss {c['loss'][-1][1]:.2f} "
         + (
             f"and held-out loss {c['held_out_loss'][-1][1]:.2f} nats/byte, "
-            f"{'converged' if c['converged'] else 'stopped at the step budget'}"
+            f"{'converged' if _plateau(c) else 'stopped at the step budget'}"
             if c.get("held_out_loss")
             else "nats/byte (no held-out measure)"
         )
