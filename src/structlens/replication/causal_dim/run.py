@@ -671,8 +671,8 @@ class CausalReplication:
             widths = list(s["arch_sweep_widths"])
             archs = [a for a in s["arch_controls"] if all(f"{a}-{w}" in saes for w in widths)]
             names = [f"{a}-{w}" for a in ["topk", *archs] for w in widths]
-            if not archs or any(n not in saes for n in names):
-                return
+            if len(widths) < 2 or not archs or any(n not in saes for n in names):
+                return  # no growth sweep in this profile (the cpu profile has none)
 
             def compute(_: Path) -> Record:
                 rows = {}

@@ -542,7 +542,7 @@ def render_seeds_and_universality(R: dict[str, Any], claims: list[Claim]) -> lis
             f" of {len(seeds)} pairs (W∞ {min(v['distance'] for v in seeds):.3f}–"
             f"{max(v['distance'] for v in seeds):.3f} against null 95% quantiles "
             f"{min(v['null_q95'] for v in seeds):.3f}–{max(v['null_q95'] for v in seeds):.3f}): "
-            "at this M the depth spectrum of these briefly trained byte-level LMs is "
+            "at this M the depth spectrum of these small byte-level LMs is "
             "seed-specific, not universal.\n"
         )
     return L
