@@ -350,23 +350,20 @@ class Model:
         reads ``input_ids`` themselves: logits at ``t`` predict token ``t + 1``, as a causal
         LM's do.
         """
-        if self.empty_source and decoder_input_ids is None:
-            start = int(self.config.decoder_start_token_id)
-            source = torch.full((input_ids.shape[0], 1), start, device=input_ids.device)
+        if self.is_encoder_decoder:
+            source, source_mask = input_ids, attention_mask
+            target, target_mask = decoder_input_ids, None
+            if self.empty_source and target is None:
+                start = int(self.config.decoder_start_token_id)
+                source = torch.full((input_ids.shape[0], 1), start, device=input_ids.device)
+                source_mask, target, target_mask = None, input_ids, attention_mask
+            elif target is None:
+                target = self.hf.prepare_decoder_input_ids_from_labels(labels=input_ids)
             out = self.hf(
                 input_ids=source,
-                decoder_input_ids=input_ids,
-                decoder_attention_mask=attention_mask,
-                use_cache=False,
-            )
-            return out.logits
-        if self.is_encoder_decoder:
-            if decoder_input_ids is None:
-                decoder_input_ids = self.hf.prepare_decoder_input_ids_from_labels(labels=input_ids)
-            out = self.hf(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                decoder_input_ids=decoder_input_ids,
+                attention_mask=source_mask,
+                decoder_input_ids=target,
+                decoder_attention_mask=target_mask,
                 use_cache=False,
             )
             return out.logits
