@@ -44,10 +44,10 @@ WHAT_CHANGED = [
     "cap); the interval is the bias-corrected delete-one jackknife, valid for this "
     "statistic (the percentile bootstrap sat below the point estimate).",
     "- **Massive activations out of SAE training.** Besides position 0, SmolLM2 has a few "
-    "tokens with residual norms ≈ 160× the median (8 of 96,520 at layer 15, 74% of the "
-    f"variance); rows above {MASSIVE_NORM_FACTOR:g}× the median norm are left out of SAE "
-    "training, as the attention sink is (with them the training FVU read 1.26 while the "
-    "held-out FVU was 0.21).",
+    "tokens whose residual norm is far above the rest (position 0 is the known case); rows "
+    f"above {MASSIVE_NORM_FACTOR:g}× the median norm are left out of SAE training, as the "
+    "attention sink is, since their squared error dominates the batches they fall in (how "
+    "many: the width-sweep section).",
     "- **Four-cell control on JumpReLU/ReLU.** TopK's k kept L0 fixed in every cell, so the "
     "encoder-as-filter mechanism could not be removed; the control now runs on JumpReLU and "
     "ReLU SAEs with their learned thresholds/biases, L0 logged per cell.",
@@ -567,7 +567,7 @@ def render_markdown(run: Run, source: str) -> str:
             f"TopK SAEs, k = {s['k']} at every width (matched L0 by construction), base width "
             f"{sweep.get('base_width', sweep['widths'][0])} = "
             f"{sweep.get('base_width', sweep['widths'][0]) / d:.1f}·d. Each width is trained "
-            f"to convergence on {tr['n_train_tokens']} residual tokens (position 0 dropped, "
+            f"on {tr['n_train_tokens']} residual tokens (position 0 dropped, "
             f"and {tr.get('n_massive_dropped', 0)} massive-activation tokens with norm > "
             f"{MASSIVE_NORM_FACTOR:g}× the median; the last tenth held out): epochs of fresh "
             "shuffles, batch "

@@ -233,9 +233,8 @@ def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
 
 
 # Tokens whose residual norm exceeds this multiple of the median (SmolLM2's massive
-# activations beyond position 0: at layer 15, 8 of 96,520 training tokens with norms ≈ 160×
-# the median hold 74% of the variance) are left out of SAE training, as the attention sink
-# is; with them the MSE of those few rows dominates the batches they fall in.
+# activations beyond position 0) are left out of SAE training, as the attention sink is;
+# with them the MSE of those few rows dominates the batches they fall in.
 MASSIVE_NORM_FACTOR = 10.0
 
 
