@@ -230,3 +230,57 @@ def test_symmetric_gram_is_exactly_symmetric_and_equals_ct_c(rng, d, dtype, tol)
     assert torch.equal(g, g.T)
     exact = c.double().numpy().T @ c.double().numpy()
     assert _relmax(g.double().numpy(), exact) < tol
+
+
+def test_drifting_updates_and_dtypes_keep_second_order_moments_exact(rng):
+    # each update is reduced about the running mean; a stream whose mean drifts far from the
+    # first chunk's, float32 y (shifted into a buffer) and float64 y (used as given) all give
+    # the two-pass answer
+    n, dx, dy = 900, 7, 4
+    drift = np.linspace(0, 5e3, n)[:, None]
+    x = rng.standard_normal((n, dx)) * 2 + 1e4 + drift
+    y = (x[:, :dy] - drift) * 0.3 + rng.standard_normal((n, dy)) - 50 + drift
+    xc = x - x.mean(0)
+    for y_in, tol in ((y, 1e-11), (y.astype(np.float32), 1e-6)):
+        acc = CrossMoments(dx, dy, second_y="diag", chunk_rows=64)
+        for a, b in ((0, 100), (100, 101), (101, 700), (700, 900)):
+            acc.update(x[a:b], y_in[a:b])
+        y64 = y_in.astype(np.float64)
+        y64c = y64 - y64.mean(0)
+        assert _relmax(acc.mean_x, x.mean(0)) < 1e-13
+        assert _relmax(acc.s_xx, xc.T @ xc) < 1e-11
+        assert _relmax(acc.s_xy, xc.T @ y64c) < tol
+        assert _relmax(acc.s_yy, (y64c**2).sum(0)) < tol
+
+
+@pytest.mark.parametrize("chunk_rows", [50, 16384])
+def test_tails_of_leading_columns_equal_two_pass_numpy(rng, chunk_rows):
+    # the column tails kept from the shifted buffer equal the standalone accumulator's and the
+    # two-pass central moments, through shard merges, pooling and a projection that keeps them
+    x = rng.standard_t(4, size=(300, 6)) * 2 + 1e3
+    y = rng.standard_normal((300, 2))
+    k = 4
+    parts = [
+        CrossMoments(6, 2, second_y="diag", tails_x=k, chunk_rows=chunk_rows).update(x[a:b], y[a:b])
+        for a, b in SHARDS
+    ]
+    merged = parts[3].copy().merge(parts[0]).merge(parts[4]).merge(parts[1]).merge(parts[2])
+    xc = x[:, :k] - x[:, :k].mean(0)
+    for acc in (merged, CrossMoments.pool(parts)):
+        tails = acc.tails
+        assert tails is not None and tails.n == 300 and acc.tails_x == k
+        for p, got in ((2, tails.m2), (3, tails.m3), (4, tails.m4)):
+            assert _relmax(got, (xc**p).sum(0)) < 1e-10, p
+        np.testing.assert_allclose(
+            tails.excess_kurtosis(), ColumnMoments(k).update(x[:, :k]).excess_kurtosis(),
+            rtol=1e-10,
+        )  # fmt: skip
+    keep = np.zeros((6, k + 1))
+    keep[:k, :k] = np.eye(k)
+    keep[k:, k] = 1.0
+    assert merged.project_x(keep).tails.n == 300
+    assert merged.project_x(np.ones((6, k + 1))).tails is None
+    with pytest.raises(ValueError, match="tails_x"):
+        CrossMoments(3, tails_x=4)
+    with pytest.raises(ValueError, match="tails_x"):
+        merged.merge(CrossMoments(6, 2, second_y="diag"))

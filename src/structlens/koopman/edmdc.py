@@ -52,7 +52,7 @@ class EDMDcConfig:
     control_rank: int | None = None
     control_energy: float | None = None
     center: bool = True
-    block_size: int = 8192
+    block_size: int = 16384
 
     def __post_init__(self) -> None:
         if not self.alpha >= 0:
@@ -74,8 +74,8 @@ class EDMDcStatistics:
     ``zy`` holds moments of ``Z = [Ψ(x), u]`` against ``Ψ(y)``; ``state`` holds moments of ``x``
     against ``Ψ(x)`` (for the least-squares read-out and the state covariance) and is ``None``
     when Ψ contains the state at columns ``state_start:state_start + state_dim`` (then those
-    moments are a block of ``zy``); ``tails`` holds per-feature 4th moments of ``Ψ(x)`` for
-    the heavy-tail diagnostic.
+    moments are a block of ``zy``); :attr:`tails` holds per-feature 4th moments of ``Ψ(x)``
+    for the heavy-tail diagnostic (kept by ``zy`` from its centring buffer).
     """
 
     n_features: int
@@ -84,17 +84,21 @@ class EDMDcStatistics:
     state_start: int | None = None
     zy: CrossMoments = field(init=False)
     state: CrossMoments | None = field(init=False)
-    tails: ColumnMoments = field(init=False)
 
     def __post_init__(self) -> None:
         n_z = self.n_features + self.n_controls
-        self.zy = CrossMoments(n_z, self.n_features, second_y="diag")
+        self.zy = CrossMoments(n_z, self.n_features, second_y="diag", tails_x=self.n_features)
         self.state = (
             CrossMoments(self.state_dim, self.n_features, second_y="diag")
             if self.state_start is None
             else None
         )
-        self.tails = ColumnMoments(self.n_features)
+
+    @property
+    def tails(self) -> ColumnMoments:
+        """Per-feature moments of ``Ψ(x)`` up to the fourth (the heavy-tail diagnostic)."""
+        assert self.zy.tails is not None
+        return self.zy.tails
 
     def state_moments(self, center: bool) -> tuple[np.ndarray, np.ndarray]:
         """Covariance (or raw second moment) and mean of the state ``x``."""
@@ -116,7 +120,6 @@ class EDMDcStatistics:
         self.zy.update((psi_x, u), psi_y)
         if self.state is not None:
             self.state.update(x, psi_x)
-        self.tails.update(psi_x)
 
     def merge(self, other: EDMDcStatistics) -> EDMDcStatistics:
         """Fold ``other`` into ``self`` in place and return ``self``."""
@@ -130,7 +133,6 @@ class EDMDcStatistics:
         self.zy.merge(other.zy)
         if self.state is not None and other.state is not None:  # equal shapes: both or neither
             self.state.merge(other.state)
-        self.tails.merge(other.tails)
         return self
 
     def project_controls(self, V: np.ndarray) -> EDMDcStatistics:
@@ -141,8 +143,8 @@ class EDMDcStatistics:
         if V.ndim != 2 or V.shape[0] != self.n_controls:
             raise ValueError(f"V must be [{self.n_controls}, r]; got shape {V.shape}.")
         out = EDMDcStatistics(N, V.shape[1], self.state_dim, self.state_start)
-        out.zy = self.zy.project_x(scipy.linalg.block_diag(np.eye(N), V))
-        out.state, out.tails = copy.deepcopy(self.state), copy.deepcopy(self.tails)
+        out.zy = self.zy.project_x(scipy.linalg.block_diag(np.eye(N), V))  # keeps Ψ(x)'s tails
+        out.state = copy.deepcopy(self.state)
         return out
 
     def copy(self) -> EDMDcStatistics:
@@ -171,9 +173,6 @@ def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> E
     out.zy = CrossMoments.pool([p.zy for p in parts], w)
     if out.state is not None:
         out.state = CrossMoments.pool([p.state for p in parts], w)  # type: ignore[misc]
-    for p, k in zip(parts, w):
-        for _ in range(int(k)):
-            out.tails.merge(p.tails)
     return out
 
 
@@ -194,7 +193,7 @@ def _check_triplet(
 
 
 def iter_chunks(
-    X: Any, U: Any, Y: Any, prompt_ids: Any = None, block_size: int = 8192
+    X: Any, U: Any, Y: Any, prompt_ids: Any = None, block_size: int = 16384
 ) -> Iterator[tuple[Any, ...]]:
     """Yield row chunks ``(X, U, Y[, prompt_ids])`` of in-memory arrays."""
     m = len(X)

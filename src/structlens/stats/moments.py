@@ -91,10 +91,33 @@ def _scratch(purpose: str, rows: int, cols: int, dtype: Any, device: Any) -> Any
     return buf[:rows]
 
 
+def _numpy(t: Any) -> np.ndarray:
+    """A CPU tensor as a NumPy array (a view; a float32 copy for dtypes NumPy lacks)."""
+    import torch
+
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
-    """Column ``blocks`` copied side by side into a working buffer and centred: (buffer, mean)."""
+    """Column ``blocks`` written side by side into a working buffer, centred: (buffer, mean).
+
+    On the CPU each block's mean is read from the input and the block is written centred in
+    one pass (NumPy, so that no OpenMP pool spins between these passes and the BLAS calls
+    that follow); elsewhere the blocks are copied and centred in place.
+    """
     n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
     buf = _scratch(purpose, n, cols, dtype, blocks[0].device)
+    if buf.device.type == "cpu":
+        import torch
+
+        out, means, start = buf.numpy(), [], 0
+        for b in blocks:
+            a = _numpy(b)
+            mean = a.mean(0, dtype=out.dtype)
+            np.subtract(a, mean, out=out[:, start : start + b.shape[1]], casting="unsafe")
+            means.append(mean)
+            start += b.shape[1]
+        return buf, torch.from_numpy(np.concatenate(means))
     start = 0
     for b in blocks:
         buf[:, start : start + b.shape[1]].copy_(b)
@@ -104,13 +127,95 @@ def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
     return buf, mean
 
 
+def _tn(a: Any, b: Any) -> Any:
+    """``aᵀ b`` for torch matrices with the same rows (NumPy's BLAS on the CPU, see _centred)."""
+    import torch
+
+    if a.device.type == "cpu":
+        return torch.from_numpy(_numpy(a).T @ _numpy(b))
+    return a.T @ b
+
+
 def _column_dots(a: Any, b: Any) -> Any:
     """``Σ_i a_ij b_ij`` per column without a temporary (NumPy's einsum loop on the CPU)."""
     import torch
 
     if a.device.type == "cpu":
-        return torch.from_numpy(np.einsum("ij,ij->j", a.numpy(), b.numpy()))
+        return torch.from_numpy(np.einsum("ij,ij->j", _numpy(a), _numpy(b)))
     return (a * b).sum(0)
+
+
+def _float64() -> Any:
+    import torch
+
+    return torch.float64
+
+
+def _mul_into(out: Any, a: Any, b: Any) -> None:
+    """``out = a * b`` elementwise (NumPy on the CPU, see _centred)."""
+    import torch
+
+    if out.device.type == "cpu":
+        np.multiply(_numpy(a), _numpy(b), out=out.numpy())
+    else:
+        torch.mul(a, b, out=out)
+
+
+def _shifted_into(out: Any, blocks: list[Any], shift: Any) -> None:
+    """``out = [b₁, b₂, …] − shift``: column blocks written side by side, shifted."""
+    import torch
+
+    start = 0
+    for b in blocks:
+        cols = slice(start, start + b.shape[1])
+        if out.device.type == "cpu":
+            o = out.numpy()[:, cols]
+            np.subtract(_numpy(b), shift.numpy()[cols], out=o, casting="unsafe")
+        else:
+            torch.sub(b, shift[cols], out=out[:, cols])
+        start += b.shape[1]
+
+
+def _add_into(acc: Any, part: Any) -> None:
+    """``acc += part`` (float64 accumulators; NumPy on the CPU, see _centred)."""
+    if acc.device.type == "cpu":
+        np.add(acc.numpy(), _numpy(part), out=acc.numpy())
+    else:
+        acc += part
+
+
+def _accumulate(acc: Any, part: Any) -> Any:
+    """``acc + part`` in float64, in place once ``acc`` exists (``None``: start from part)."""
+    if acc is None:
+        return part.double()
+    _add_into(acc, part)
+    return acc
+
+
+def _block_means(blocks: list[Any]) -> np.ndarray:
+    """Column means of column ``blocks`` side by side, float64 on the host."""
+    means = [
+        _numpy(b).mean(0, dtype=np.float64) if b.device.type == "cpu" else _host(b.mean(0))
+        for b in blocks
+    ]
+    return np.concatenate(means)
+
+
+def _row_tile(cols: int, rows: int, device: Any) -> int:
+    """Rows per tile of the elementwise passes: about 1 MiB of float64 on the CPU, so a tile
+    written is read again from cache; the whole chunk elsewhere."""
+    return max(64, (1 << 17) // cols) if device.type == "cpu" else rows
+
+
+def _group_square_norms(c: Any, groups: int) -> Any:
+    """Squared row norms per contiguous column group ``[n, groups]``, in float64."""
+    import torch
+
+    g = c.reshape(c.shape[0], groups, -1)
+    if c.device.type == "cpu":
+        a = _numpy(g)
+        return torch.from_numpy(np.einsum("ngk,ngk->ng", a, a).astype(np.float64, copy=False))
+    return torch.linalg.vector_norm(g, dim=-1).double().square()
 
 
 class _Pair:
@@ -245,6 +350,10 @@ class CrossMoments:
         always float64; ``"float32"`` has relative error about 1e-6 and is roughly twice as
         fast.  Keep ``"float64"`` for debiased CKA of nearly independent wide representations,
         where its terms cancel.
+    tails_x : int
+        Also keep per-column third and fourth central moments of the first ``tails_x``
+        columns of ``X`` (:attr:`tails`, a :class:`ColumnMoments`; the heavy-tail
+        diagnostic), read from the centring buffer, so they cost no copy of their own.
 
     Notes
     -----
@@ -276,6 +385,7 @@ class CrossMoments:
         second_y: Literal["full", "diag"] = "full",
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         precision: str = "float64",
+        tails_x: int = 0,
     ) -> None:
         if d_x < 1 or (d_y is not None and d_y < 1):
             raise ValueError(f"feature widths must be positive, got d_x={d_x}, d_y={d_y}.")
@@ -288,6 +398,8 @@ class CrossMoments:
             raise ValueError(f"chunk_rows must be positive, got {chunk_rows}.")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
+        if not 0 <= tails_x <= d_x:
+            raise ValueError(f"tails_x must be between 0 and d_x={d_x}, got {tails_x}.")
         self.d_x, self._d_y = int(d_x), None if d_y is None else int(d_y)
         self.groups_x, self.groups_y = int(groups_x), int(groups_y)
         self.second_y = second_y
@@ -300,10 +412,16 @@ class CrossMoments:
         self._xx: _Pair | None = None
         self._yy: _Pair | np.ndarray | None = None  # full pair, or the diagonal of S_yy
         self._xy: _Pair | None = None
+        self.tails = ColumnMoments(tails_x) if tails_x else None
 
     @property
     def _key(self) -> tuple[Any, ...]:
-        return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y)
+        return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y, self.tails_x)
+
+    @property
+    def tails_x(self) -> int:
+        """Number of leading columns of ``X`` whose :attr:`tails` are kept (0: none)."""
+        return 0 if self.tails is None else self.tails.dim
 
     # -- accumulation -------------------------------------------------------------------
     def update(self, x: object, y: object = None) -> CrossMoments:
@@ -326,12 +444,102 @@ class CrossMoments:
                     f"x has {tx[0].shape[0]} rows on {tx[0].device} and y or another block "
                     f"{t.shape[0]} rows on {t.device}; rows must pair (same inputs, same device)."
                 )
-        for start in range(0, tx[0].shape[0], self.chunk_rows):
-            sl = slice(start, start + self.chunk_rows)
-            self._merge_state(
-                *self._chunk([t[sl] for t in tx], None if ty is None else [t[sl] for t in ty])
-            )
+        # NaN/inf surface in the fused checks, which name the input that holds them
+        with np.errstate(invalid="ignore", over="ignore"):
+            if not self.fourth_order:
+                self._update_second_order(tx, ty)
+                return self
+            for start in range(0, tx[0].shape[0], self.chunk_rows):
+                sl = slice(start, start + self.chunk_rows)
+                self._merge_state(*self._chunk([t[sl] for t in tx], [t[sl] for t in ty]))  # type: ignore[union-attr]
         return self
+
+    def _update_second_order(self, xs: list[Any], ys: list[Any] | None) -> None:
+        """Add the rows of column blocks ``xs`` (and ``ys``): moments up to the second order.
+
+        The rows are reduced about a fixed shift ``s`` -- the running mean, or the first
+        chunk's mean in an empty accumulator -- and summed in float64 across chunks.  Per
+        chunk ``[x − s, 1]`` is written once into the working buffer; its symmetric rank-k
+        update holds ``Σ (x − s)(x − s)ᵀ``, ``Σ (x − s)`` and ``n``, and its product with
+        ``y`` (as given when it is already float64, else shifted into a buffer too) holds
+        ``Σ (x − s) yᵀ`` and ``Σ y``.  The own-mean scatters follow exactly, e.g.
+        ``S_xx = Σ (x − s)(x − s)ᵀ − n d dᵀ`` with ``d = x̄ − s`` small, and one pairwise merge
+        folds the whole update in.  The squares of ``y`` and the tails' powers are taken in
+        cache-sized row tiles right after the tile is written.
+        """
+        import torch
+
+        rows, device = xs[0].shape[0], xs[0].device
+        if rows == 0:
+            return
+        dtype = torch.float64 if self.precision == "float64" else torch.float32
+        d, k = self.d_x, self.tails_x
+        first = slice(0, self.chunk_rows)
+        shift_x = self.mean_x if self.n else _block_means([t[first] for t in xs])
+        sx = torch.as_tensor(shift_x, dtype=dtype, device=device)
+        shift_x = _host(sx)  # the shift as applied (rounded to the working precision)
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+        s3, s4 = zeros(k), zeros(k)
+        gxx = gxy = None  # the first chunk's products start the sums (no zero-filled pages)
+        if ys is not None:
+            shift_y = self.mean_y if self.n else _block_means([t[first] for t in ys])
+            sy = torch.as_tensor(shift_y, dtype=dtype, device=device)
+            shift_y = _host(sy)
+            # y enters the product as given when that needs no cast (float64 throughout)
+            raw_y = dtype == torch.float64 and all(t.dtype == torch.float64 for t in ys)
+            syy = zeros(self.d_y)
+        for start in range(0, rows, self.chunk_rows):
+            sl = slice(start, start + self.chunk_rows)
+            n = min(rows, start + self.chunk_rows) - start
+            tile = _row_tile(d + 1, n, device)
+            c = _scratch("shifted x", n, d + 1, dtype, device)
+            sq = _scratch("square", tile, k, dtype, device) if k else None
+            for r in range(0, n, tile):
+                rs = slice(start + r, min(start + r + tile, start + n))
+                cr = c[r : r + tile]
+                _shifted_into(cr[:, :d], [t[rs] for t in xs], sx)
+                if sq is not None:  # the tails' powers while the tile is in cache
+                    cb, q = cr[:, :k], sq[: cr.shape[0]]
+                    _mul_into(q, cb, cb)
+                    _add_into(s3, _column_dots(q, cb))
+                    _add_into(s4, _column_dots(q, q))
+            c[:, d] = 1.0
+            g = symmetric_gram(c)
+            self._check_finite(torch.diagonal(g)[:d], [t[sl] for t in xs], "x")
+            gxx = _accumulate(gxx, g)
+            if ys is None:
+                continue
+            e = None if raw_y else _scratch("shifted y", n, self.d_y, dtype, device)
+            tile_y = _row_tile(self.d_y, n, device)
+            tmp = _scratch("y tile", tile_y, self.d_y, dtype, device) if raw_y else None
+            for r in range(0, n, tile_y):
+                rs = slice(start + r, min(start + r + tile_y, start + n))
+                er = tmp[: rs.stop - rs.start] if e is None else e[r : r + tile_y]  # type: ignore[index]
+                _shifted_into(er, [t[rs] for t in ys], sy)
+                _add_into(syy, _column_dots(er, er))
+            self._check_finite(syy, [t[sl] for t in ys], "y")
+            h = _tn(c, e) if e is not None else torch.cat([_tn(c, t[sl]) for t in ys], dim=1)
+            gxy = _accumulate(gxy, h)
+        # own-mean moments of the update from the shifted sums
+        G = _host(gxx)
+        da = G[d, :d] / rows
+        mean_x = shift_x + da
+        s_xx = G[:d, :d] - rows * np.outer(da, da)
+        if k:
+            self.tails.merge(  # type: ignore[union-attr]
+                ColumnMoments._from_shifted_sums(
+                    rows, shift_x[:k], da[:k], np.diagonal(G)[:k], _host(s3), _host(s4)
+                )
+            )
+        if ys is None:
+            self._merge_state(rows, mean_x, None, _Pair(s_xx), None, None)
+            return
+        H = _host(gxy)
+        db = H[d] / rows  # mean of y minus the shift it entered the product with
+        mean_y = (0.0 if raw_y else shift_y) + db
+        s_xy = H[:d] - rows * np.outer(da, db)
+        s_yy = _host(syy) - rows * (mean_y - shift_y) ** 2
+        self._merge_state(rows, mean_x, mean_y, _Pair(s_xx), s_yy, _Pair(s_xy))
 
     @classmethod
     def _as_blocks(cls, a: object, name: str, dim: int | None) -> list[Any]:
@@ -360,43 +568,36 @@ class CrossMoments:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def _chunk(self, xs: list[Any], ys: list[Any] | None) -> tuple[Any, ...]:
-        """Own-mean moments of one chunk (column blocks ``xs``, ``ys``):
-        ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
+    def _chunk(self, xs: list[Any], ys: list[Any]) -> tuple[Any, ...]:
+        """Own-mean moments with fourth-order terms of one chunk (column blocks ``xs``,
+        ``ys``): ``(n, mean_x, mean_y, xx, yy, xy)`` in float64."""
         import torch
 
         dtype = torch.float64 if self.precision == "float64" else torch.float32
         n = xs[0].shape[0]
         # the one centring buffer per side, reused across chunks; the caller's data is only read
         c, mx = _centred("x", xs, dtype)
-        x = xs[0] if len(xs) == 1 else c  # for the (slow) error path only
         s_xx = symmetric_gram(c)
-        self._check_finite(torch.diagonal(s_xx), x, "x")
-        if ys is None:
-            return n, _host(mx), None, _Pair(_host(s_xx)), None, None
+        self._check_finite(torch.diagonal(s_xx), xs, "x")
         e, my = _centred("y", ys, dtype)
-        y = ys[0] if len(ys) == 1 else e
-        s_xy = c.T @ e
-        if not self.fourth_order:
-            s_yy_diag = _column_dots(e, e)
-            self._check_finite(s_yy_diag, y, "y")
-            return n, _host(mx), _host(my), _Pair(_host(s_xx)), _host(s_yy_diag), _Pair(_host(s_xy))
+        s_xy = _tn(c, e)
         s_yy = symmetric_gram(e)
-        self._check_finite(torch.diagonal(s_yy), y, "y")
+        self._check_finite(torch.diagonal(s_yy), ys, "y")
         # group row norms, reduced without materialising c * c
-        p = torch.linalg.vector_norm(c.reshape(n, self.groups_x, -1), dim=-1).double().square()
-        q = torch.linalg.vector_norm(e.reshape(n, self.groups_y, -1), dim=-1).double().square()
+        p, q = _group_square_norms(c, self.groups_x), _group_square_norms(e, self.groups_y)
         pc, qc = p.to(dtype), q.to(dtype)
-        xx = _Pair(_host(s_xx), _host(p.T @ p), *(2 * (_host(pc.T @ c),)))
-        yy = _Pair(_host(s_yy), _host(q.T @ q), *(2 * (_host(qc.T @ e),)))
-        xy = _Pair(_host(s_xy), _host(p.T @ q), _host(pc.T @ e), _host(qc.T @ c))
+        xx = _Pair(_host(s_xx), _host(_tn(p, p)), *(2 * (_host(_tn(pc, c)),)))
+        yy = _Pair(_host(s_yy), _host(_tn(q, q)), *(2 * (_host(_tn(qc, e)),)))
+        xy = _Pair(_host(s_xy), _host(_tn(p, q)), _host(_tn(pc, e)), _host(_tn(qc, c)))
         return n, _host(mx), _host(my), xx, yy, xy
 
     @staticmethod
-    def _check_finite(diag: Any, data: Any, name: str) -> None:
+    def _check_finite(diag: Any, blocks: list[Any], name: str) -> None:
+        """Raise when ``diag`` (sums of squares of ``blocks``) is not finite, naming NaN/inf."""
         if bool(diag.isfinite().all()):
             return
-        check_finite(data.detach().cpu().double().numpy(), name)
+        for b in blocks:
+            check_finite(b.detach().cpu().double().numpy(), name)
         raise ValueError(
             f"{name} overflows float arithmetic (its scatter is infinite); rescale it."
         )
@@ -406,9 +607,11 @@ class CrossMoments:
         if not isinstance(other, CrossMoments) or other._key != self._key:
             got = other._key if isinstance(other, CrossMoments) else type(other).__name__
             raise ValueError(
-                "cannot merge CrossMoments with different widths, groups or second_y: "
+                "cannot merge CrossMoments with different widths, groups, second_y or tails_x: "
                 f"{self._key} vs {got}."
             )
+        if self.tails is not None and other.tails is not None:  # equal keys: both or neither
+            self.tails.merge(other.tails)
         if other.n:
             assert other._xx is not None
             self._merge_state(
@@ -506,12 +709,12 @@ class CrossMoments:
         for p in parts[1:]:
             if p._key != first._key:
                 raise ValueError(
-                    "cannot pool CrossMoments with different widths, groups or second_y: "
-                    f"{first._key} vs {p._key}."
+                    "cannot pool CrossMoments with different widths, groups, second_y or "
+                    f"tails_x: {first._key} vs {p._key}."
                 )
         out = cls(
             first.d_x, first._d_y, first.groups_x, first.groups_y, second_y=first.second_y,
-            chunk_rows=first.chunk_rows, precision=first.precision,
+            chunk_rows=first.chunk_rows, precision=first.precision, tails_x=first.tails_x,
         )  # fmt: skip
         keep = [(p, int(k)) for p, k in zip(parts, w) if k > 0 and p.n > 0]
         if not keep:
@@ -521,6 +724,10 @@ class CrossMoments:
                 for _ in range(k):
                     out.merge(p)
             return out
+        if out.tails is not None:
+            for p, k in keep:
+                for _ in range(k):
+                    out.tails.merge(p.tails)  # type: ignore[arg-type]
         cnt = np.array([k * p.n for p, k in keep], dtype=np.float64)
         total = float(cnt.sum())
         mx = np.stack([p.mean_x for p, _ in keep])
@@ -542,7 +749,9 @@ class CrossMoments:
         """A new accumulator of the features ``x T`` (``T`` ``[d_x, k]``), from the moments
         alone: ``x̄ T``, ``Tᵀ S_xx T`` and ``Tᵀ S_xy`` (Y unchanged).  Exact, since centred
         moments transform linearly; pooling projected parts equals projecting the pool.
-        Not defined for accumulators with fourth-order terms or groups of ``x``.
+        Not defined for accumulators with fourth-order terms or groups of ``x``.  The
+        :attr:`tails` are kept when ``T`` leaves their columns as they are (the first
+        ``tails_x`` columns of ``x T`` are those of ``x``), else dropped.
         """
         T = np.asarray(T, dtype=np.float64)
         if T.ndim != 2 or T.shape[0] != self.d_x:
@@ -553,6 +762,9 @@ class CrossMoments:
             T.shape[1], self._d_y, second_y=self.second_y, chunk_rows=self.chunk_rows,
             precision=self.precision,
         )  # fmt: skip
+        k = self.tails_x
+        if k and T.shape[1] >= k and np.array_equal(T[:, :k], np.eye(self.d_x, k)):
+            out.tails = copy.deepcopy(self.tails)
         out.n, out.mean_x = self.n, self.mean_x @ T
         if self.n == 0:
             return out
@@ -694,31 +906,49 @@ class ColumnMoments:
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
-        import torch
-
-        x = CrossMoments._as_tensor(block, "block", self.dim).double()
+        x = CrossMoments._as_tensor(block, "block", self.dim)
         if x.shape[0] == 0:
             return self
         other = ColumnMoments(self.dim, self.order)
         other.n = int(x.shape[0])
         # reused working buffers and column dot products: no temporary per power
-        xc, mean = _centred("column", [x], x.dtype)
-        m2 = _column_dots(xc, xc)
-        last = m2
-        if self.order == 4:
-            sq = _scratch("square", x.shape[0], self.dim, x.dtype, x.device)
-            torch.mul(xc, xc, out=sq)
-            other.m3 = _to_host(_column_dots(sq, xc))
-            last = _column_dots(sq, sq)
-            other.m4 = _to_host(last)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: the check below
+            xc, mean = _centred("column", [x], _float64())
+            m2 = _column_dots(xc, xc)
+            last = m2
+            if self.order == 4:
+                sq = _scratch("square", x.shape[0], self.dim, xc.dtype, x.device)
+                _mul_into(sq, xc, xc)
+                other.m3 = _to_host(_column_dots(sq, xc))
+                last = _column_dots(sq, sq)
+                other.m4 = _to_host(last)
         # fused finiteness check: a NaN/inf anywhere in a column makes its top moment non-finite
         if not bool(last.isfinite().all()):
-            check_finite(x.cpu().numpy(), "block")
+            check_finite(x.cpu().double().numpy(), "block")
             raise ValueError(
                 "block overflows float64 moments (a column sum is infinite); rescale it."
             )
         other.mean, other.m2 = _to_host(mean), _to_host(m2)
         return self.merge(other)
+
+    @classmethod
+    def _from_shifted_sums(
+        cls,
+        n: int,
+        shift: np.ndarray,
+        d: np.ndarray,
+        s2: np.ndarray,
+        s3: np.ndarray,
+        s4: np.ndarray,
+    ) -> ColumnMoments:
+        """The moments of ``n`` rows from power sums ``s_p = Σ (x − shift)^p`` and
+        ``d = mean(x) − shift`` (binomial expansion about the mean; ``d`` is small)."""
+        part = cls(len(shift))
+        part.n, part.mean = n, shift + d
+        part.m2 = s2 - n * d**2
+        part.m3 = s3 - 3.0 * d * s2 + 2.0 * n * d**3
+        part.m4 = s4 - 4.0 * d * s3 + 6.0 * d**2 * s2 - 3.0 * n * d**4
+        return part
 
     def merge(self, other: ColumnMoments) -> ColumnMoments:
         """Fold ``other`` into ``self`` in place; returns ``self``."""
