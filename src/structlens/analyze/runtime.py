@@ -123,7 +123,16 @@ class ExecutorView:
     def name(self) -> str:
         return self.inner.name
 
-    def map(self, fn: Any, items: Any, *, desc: str = "", progress: bool = True, resident=False):
+    def map(
+        self,
+        fn: Any,
+        items: Any,
+        *,
+        desc: str = "",
+        progress: bool = True,
+        resident: bool = False,
+        cost: Any = None,
+    ) -> Any:
         return self.inner.map(
-            fn, items, desc=desc, progress=progress and self.progress, resident=resident
+            fn, items, desc=desc, progress=progress and self.progress, resident=resident, cost=cost
         )

@@ -167,7 +167,8 @@ def train_width_sweep(
     """
     cfgs = width_sweep_configs(base, widths)
     job = _TrainWidth(shuffled_batches(acts, batch_size, epochs, seed), tail_tokens=20_000)
-    results = get_executor(executor).map(job, cfgs, desc="SAE width sweep")
+    # training cost grows with the width: the widest start first on parallel executors
+    results = get_executor(executor).map(job, cfgs, desc="SAE width sweep", cost=list(widths))
     return {int(w): r for w, r in zip(widths, results, strict=True)}
 
 

@@ -49,6 +49,60 @@ def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
 
 
+def start_order(n_items: int, cost: Sequence[float] | None) -> list[int]:
+    """Item indices in the order to start them: costliest first when ``cost`` is given
+    (longest-processing-time first: the short items fill in behind the long ones), else as
+    listed; ties keep their listed order."""
+    if cost is None:
+        return list(range(n_items))
+    cost = list(cost)
+    if len(cost) != n_items or not all(math.isfinite(c) for c in cost):
+        raise ValueError(
+            f"cost must hold one finite estimate per item ({n_items}); got {len(cost)} values."
+        )
+    return sorted(range(n_items), key=lambda i: -cost[i])
+
+
+def _in_item_order(
+    ray: Any,
+    submit: Callable[[int, Any], Any],
+    n_slots: int,
+    items: list[Any],
+    order: list[int],
+    bar: Any,
+) -> Iterator[Any]:
+    """Keep one call in flight per slot, start items in ``order``, yield in item order.
+
+    Results that finish ahead of their turn wait in memory (results are small by the
+    executor protocol).  On an error, or when the caller stops reading, the calls still in
+    flight are cancelled.
+    """
+    pending: dict[Any, tuple[int, int]] = {}
+    done: dict[int, Any] = {}
+    queue = iter(order)
+    try:
+        for slot in range(n_slots):
+            i = next(queue, None)
+            if i is None:
+                break
+            pending[submit(slot, items[i])] = (i, slot)
+        emitted = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i, slot = pending.pop(ready[0])
+            done[i] = ray.get(ready[0])
+            bar.update()
+            nxt = next(queue, None)
+            if nxt is not None:
+                pending[submit(slot, items[nxt])] = (nxt, slot)
+            while emitted in done:
+                yield done.pop(emitted)
+                emitted += 1
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+
+
 class _Resident:
     """Actor body: keeps ``fn`` (and whatever it loads lazily, e.g. a model) across calls."""
 
@@ -220,11 +274,17 @@ class RayExecutor:
         desc: str = "",
         progress: bool = True,
         resident: bool = False,
+        cost: Sequence[float] | None = None,
     ) -> Iterator[R]:
-        """Run ``fn`` on every item on the cluster; yield the results in item order."""
+        """Run ``fn`` on every item on the cluster; yield the results in item order.
+
+        Each worker slot has one call in flight and gets the next item when it finishes (so
+        one slow item never holds back the others), costliest first when ``cost`` is given.
+        """
         items = list(items)
         if not items:
             return
+        order = start_order(len(items), cost)
         ray = self.connect()
         gpus = self._gpus(resident)
         fn_ref = ray.put(fn)
@@ -233,9 +293,20 @@ class RayExecutor:
         bar = tqdm(
             total=len(items), desc=desc or None, disable=not progress or len(items) < 2, leave=False
         )
+        actors: list[Any] = []
         try:
             if resident:
-                yield from self._map_actors(ray, fn_ref, items, gpus, bar)
+                actor_cls = ray.remote(_Resident).options(
+                    num_cpus=self.num_cpus_per_task,
+                    num_gpus=gpus,
+                    max_restarts=self.max_retries,
+                    max_task_retries=self.max_retries,
+                )
+                n_slots = self._n_actors(len(items), gpus)
+                actors = [actor_cls.remote(fn_ref) for _ in range(n_slots)]
+
+                def submit(slot: int, item: Any) -> Any:
+                    return actors[slot].call.remote(item)
             else:
                 remote = ray.remote(_apply).options(
                     num_cpus=self.num_cpus_per_task,
@@ -243,57 +314,13 @@ class RayExecutor:
                     max_retries=self.max_retries,
                     retry_exceptions=False,
                 )
-                window = self.max_workers or len(items)
-                refs = [remote.remote(fn_ref, item) for item in items[:window]]
-                try:
-                    for i in range(len(items)):
-                        out = ray.get(refs[i])
-                        refs[i] = None  # drop the result from the object store once read
-                        if i + window < len(items):
-                            refs.append(remote.remote(fn_ref, items[i + window]))
-                        bar.update()
-                        yield out
-                finally:
-                    # after an error (or an abandoned generator) stop the work still queued
-                    for ref in refs:
-                        if ref is not None:
-                            ray.cancel(ref)
+                n_slots = self.max_workers or len(items)
+
+                def submit(slot: int, item: Any) -> Any:
+                    return remote.remote(fn_ref, item)
+
+            yield from _in_item_order(ray, submit, n_slots, items, order, bar)
         finally:
             bar.close()
-
-    def _map_actors(
-        self, ray: Any, fn_ref: Any, items: list[Any], gpus: float, bar: Any
-    ) -> Iterator[Any]:
-        actor_cls = ray.remote(_Resident).options(
-            num_cpus=self.num_cpus_per_task,
-            num_gpus=gpus,
-            max_restarts=self.max_retries,
-            max_task_retries=self.max_retries,
-        )
-        actors = [actor_cls.remote(fn_ref) for _ in range(self._n_actors(len(items), gpus))]
-        # Each actor has one call in flight and gets the next item when it finishes, so a
-        # slow or restarting actor never holds a queue of work the others could do.
-        pending: dict[Any, tuple[int, Any]] = {}
-        done: dict[int, Any] = {}
-        queue = iter(range(len(items)))
-        try:
-            for actor in actors:
-                i = next(queue, None)
-                if i is None:
-                    break
-                pending[actor.call.remote(items[i])] = (i, actor)
-            emitted = 0
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                i, actor = pending.pop(ready[0])
-                done[i] = ray.get(ready[0])
-                bar.update()
-                nxt = next(queue, None)
-                if nxt is not None:
-                    pending[actor.call.remote(items[nxt])] = (nxt, actor)
-                while emitted in done:
-                    yield done.pop(emitted)
-                    emitted += 1
-        finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
