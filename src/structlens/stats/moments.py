@@ -98,16 +98,29 @@ def _numpy(t: Any) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
+def _in_numpy(t: Any) -> bool:
+    """Whether work on ``t`` goes through NumPy: float64 on the CPU.
+
+    NumPy's BLAS has the symmetric rank-k update (``dsyrk``, half a GEMM's flops), and doing
+    the elementwise passes between BLAS calls in NumPy too leaves no OpenMP pool of torch's
+    spinning against OpenBLAS's threads (that contention cost a third of the time on two
+    cores).  float32 stays in torch, whose MKL ``sgemm`` beats OpenBLAS's ``ssyrk``.
+    """
+    import torch
+
+    return t.device.type == "cpu" and t.dtype == torch.float64
+
+
 def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
     """Column ``blocks`` written side by side into a working buffer, centred: (buffer, mean).
 
-    On the CPU each block's mean is read from the input and the block is written centred in
-    one pass (NumPy, so that no OpenMP pool spins between these passes and the BLAS calls
-    that follow); elsewhere the blocks are copied and centred in place.
+    Through NumPy (see :func:`_in_numpy`) each block's mean is read from the input and the
+    block is written centred in one pass; otherwise the blocks are copied and centred in
+    place.
     """
     n, cols = blocks[0].shape[0], sum(b.shape[1] for b in blocks)
     buf = _scratch(purpose, n, cols, dtype, blocks[0].device)
-    if buf.device.type == "cpu":
+    if _in_numpy(buf):
         import torch
 
         out, means, start = buf.numpy(), [], 0
@@ -128,10 +141,10 @@ def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
 
 
 def _tn(a: Any, b: Any) -> Any:
-    """``aᵀ b`` for torch matrices with the same rows (NumPy's BLAS on the CPU, see _centred)."""
+    """``aᵀ b`` for torch matrices with the same rows (see :func:`_in_numpy`)."""
     import torch
 
-    if a.device.type == "cpu":
+    if _in_numpy(a):
         return torch.from_numpy(_numpy(a).T @ _numpy(b))
     return a.T @ b
 
@@ -152,10 +165,10 @@ def _float64() -> Any:
 
 
 def _mul_into(out: Any, a: Any, b: Any) -> None:
-    """``out = a * b`` elementwise (NumPy on the CPU, see _centred)."""
+    """``out = a * b`` elementwise (see :func:`_in_numpy`)."""
     import torch
 
-    if out.device.type == "cpu":
+    if _in_numpy(out):
         np.multiply(_numpy(a), _numpy(b), out=out.numpy())
     else:
         torch.mul(a, b, out=out)
@@ -168,7 +181,7 @@ def _shifted_into(out: Any, blocks: list[Any], shift: Any) -> None:
     start = 0
     for b in blocks:
         cols = slice(start, start + b.shape[1])
-        if out.device.type == "cpu":
+        if _in_numpy(out):
             o = out.numpy()[:, cols]
             np.subtract(_numpy(b), shift.numpy()[cols], out=o, casting="unsafe")
         else:
@@ -177,8 +190,8 @@ def _shifted_into(out: Any, blocks: list[Any], shift: Any) -> None:
 
 
 def _add_into(acc: Any, part: Any) -> None:
-    """``acc += part`` (float64 accumulators; NumPy on the CPU, see _centred)."""
-    if acc.device.type == "cpu":
+    """``acc += part`` (float64 accumulators, see :func:`_in_numpy`)."""
+    if _in_numpy(acc):
         np.add(acc.numpy(), _numpy(part), out=acc.numpy())
     else:
         acc += part
@@ -212,7 +225,7 @@ def _group_square_norms(c: Any, groups: int) -> Any:
     import torch
 
     g = c.reshape(c.shape[0], groups, -1)
-    if c.device.type == "cpu":
+    if _in_numpy(c):
         a = _numpy(g)
         return torch.from_numpy(np.einsum("ngk,ngk->ng", a, a).astype(np.float64, copy=False))
     return torch.linalg.vector_norm(g, dim=-1).double().square()
@@ -586,9 +599,11 @@ class CrossMoments:
         # group row norms, reduced without materialising c * c
         p, q = _group_square_norms(c, self.groups_x), _group_square_norms(e, self.groups_y)
         pc, qc = p.to(dtype), q.to(dtype)
-        xx = _Pair(_host(s_xx), _host(_tn(p, p)), *(2 * (_host(_tn(pc, c)),)))
-        yy = _Pair(_host(s_yy), _host(_tn(q, q)), *(2 * (_host(_tn(qc, e)),)))
-        xy = _Pair(_host(s_xy), _host(_tn(p, q)), _host(_tn(pc, e)), _host(_tn(qc, c)))
+        # the float64 norm products follow the chunk's library (see _in_numpy)
+        tn = _tn if _in_numpy(c) else (lambda a, b: a.T @ b)
+        xx = _Pair(_host(s_xx), _host(tn(p, p)), *(2 * (_host(tn(pc, c)),)))
+        yy = _Pair(_host(s_yy), _host(tn(q, q)), *(2 * (_host(tn(qc, e)),)))
+        xy = _Pair(_host(s_xy), _host(tn(p, q)), _host(tn(pc, e)), _host(tn(qc, c)))
         return n, _host(mx), _host(my), xx, yy, xy
 
     @staticmethod
