@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import time
 import tracemalloc
@@ -152,13 +153,17 @@ def main() -> None:
     ap.add_argument("--bank", type=int, default=400_000)
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before}", flush=True)
     results = {
         "machine": f"{platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads (2 CPU cores, shared)",
+        f"{torch.get_num_threads()} torch threads ({os.cpu_count()} CPU cores)",
+        "load_average_before": load_before,
         "npeet_vector": bench_npeet(args.npeet, args.n, 32, 32),
         "sklearn_1d": bench_sklearn(args.n),
         "throughput_cpu": bench_throughput(args.bank, 576, 128, args.steps, 18),
     }
+    results["load_average_after"] = os.getloadavg()
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -212,6 +213,8 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(*args.worker, s)))
         return
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before}", flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
     errors: dict[str, str] = {}
     for _ in range(args.repeats):
@@ -246,7 +249,9 @@ def main() -> None:
                 row["fvu_minus_structlens"] = r["fvu"] - ours["fvu"]
             table.append(row)
     out = {
-        "machine": "2 CPU cores (shared), no GPU",
+        "machine": f"{os.cpu_count()} CPU cores, no GPU",
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "settings": s,
         "versions": versions(),
         "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()},

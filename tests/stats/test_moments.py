@@ -251,6 +251,16 @@ def test_drifting_updates_and_dtypes_keep_second_order_moments_exact(rng):
         assert _relmax(acc.s_xx, xc.T @ xc) < 1e-11
         assert _relmax(acc.s_xy, xc.T @ y64c) < tol
         assert _relmax(acc.s_yy, (y64c**2).sum(0)) < tol
+    # float32 arithmetic takes torch's path (the one other devices take) with the same sums
+    f32 = CrossMoments(dx, dy, second_y="diag", chunk_rows=64, precision="float32", tails_x=3)
+    for a, b in ((0, 450), (450, 900)):
+        f32.update(torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b]))
+    yc = y - y.mean(0)
+    assert _relmax(f32.mean_x, x.mean(0)) < 1e-7
+    assert _relmax(f32.s_xx, xc.T @ xc) < 1e-5
+    assert _relmax(f32.s_xy, xc.T @ yc) < 1e-5
+    assert _relmax(f32.s_yy, (yc**2).sum(0)) < 1e-5
+    assert _relmax(f32.tails.m4, (xc[:, :3] ** 4).sum(0)) < 1e-4
 
 
 @pytest.mark.parametrize("chunk_rows", [50, 16384])

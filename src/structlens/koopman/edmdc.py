@@ -75,7 +75,7 @@ class EDMDcStatistics:
     against ``Ψ(x)`` (for the least-squares read-out and the state covariance) and is ``None``
     when Ψ contains the state at columns ``state_start:state_start + state_dim`` (then those
     moments are a block of ``zy``); :attr:`tails` holds per-feature 4th moments of ``Ψ(x)``
-    for the heavy-tail diagnostic (kept by ``zy`` from its centring buffer).
+    for the heavy-tail diagnostic (kept by ``zy`` from its working buffer).
     """
 
     n_features: int

@@ -7,12 +7,16 @@ needs.  Koopman EDMDc, the similarity measures (CKA, SVCCA, PWCCA, Procrustes) a
 execution layer's shard statistics all accumulate through it.  :class:`ColumnMoments` keeps
 per-column third and fourth central moments (the heavy-tail diagnostic).
 
-Every block is centred on its own mean and folded in with the pairwise update of Chan, Golub
-and LeVeque (1979) -- extended to the fourth-order terms for CKA and, per column, to the third
-and fourth moments by Pébay (2008).  Because the pairwise formula is also the merge rule,
-accumulators filled by several workers and merged (in any order) give the one-pass answer up
-to float64 rounding, no raw moment is ever differenced (large activation means cost no
-precision), and memory never depends on the number of samples.
+Every update is reduced to moments about its own mean and folded in with the pairwise update
+of Chan, Golub and LeVeque (1979) -- extended to the fourth-order terms for CKA and, per
+column, to the third and fourth moments by Pébay (2008).  Within an update, chunks with
+fourth-order terms are centred on their own means; second-order chunks are summed about a
+shift near the mean (the running mean), from which the own-mean moments follow exactly with a
+correction of the size of the small shift error.  Because the pairwise formula is also the
+merge rule, accumulators filled by several workers and merged (in any order) give the
+one-pass answer up to float64 rounding, no raw moment is differenced against a large mean
+(large activation means cost no precision), and memory never depends on the number of
+samples.
 """
 
 from __future__ import annotations
@@ -372,9 +376,11 @@ class CrossMoments:
     -----
     One block path for every input: NumPy arrays are wrapped as (CPU) torch tensors without a
     copy, torch tensors are reduced on their own device; only the ``d × d`` results cross to
-    the host.  Per chunk the only copy is into one float64 (or float32) centring buffer per
-    side, allocated once and reused; ``S_xx``/``S_yy`` use a symmetric rank-k update (BLAS
-    ``syrk`` on the CPU, a blocked one on other devices).  Finiteness is checked on the
+    the host, once per :meth:`update`.  Per chunk the only copy is into one float64 (or
+    float32) working buffer for ``X`` -- ``[x − s, 1]``, so that one symmetric rank-k update
+    (BLAS ``syrk`` on the CPU, a blocked one on other devices) also yields the column sums,
+    and the product with ``Y`` yields ``Y``'s sums -- while ``Y`` is read as given when it is
+    float64 (fourth-order accumulators centre a buffer per side).  Finiteness is checked on the
     diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
     non-finite), so valid data costs no extra pass.
 
