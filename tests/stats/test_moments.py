@@ -294,3 +294,28 @@ def test_tails_of_leading_columns_equal_two_pass_numpy(rng, chunk_rows):
         CrossMoments(3, tails_x=4)
     with pytest.raises(ValueError, match="tails_x"):
         merged.merge(CrossMoments(6, 2, second_y="diag"))
+
+
+def test_a_stream_of_chunks_equals_one_update_per_chunk(rng):
+    # one set of sums for the whole stream (one merge at the end); chunks whose y needs a
+    # cast (float32) are shifted into a buffer and added back in the as-given convention
+    x = rng.standard_normal((500, 5)) * 3 + 2e3
+    y = x[:, :3] * 0.2 + rng.standard_normal((500, 3)) + 40
+    cuts = [(0, 120), (120, 121), (121, 300), (300, 300), (300, 500)]
+    ys = [y[a:b].astype(np.float32) if i % 2 else y[a:b] for i, (a, b) in enumerate(cuts)]
+    kw = {"second_y": "diag", "tails_x": 2, "chunk_rows": 64}
+    stream = CrossMoments(5, 3, **kw).update_chunks((x[a:b], yc) for (a, b), yc in zip(cuts, ys))
+    each = CrossMoments(5, 3, **kw)
+    for (a, b), yc in zip(cuts, ys):
+        each.update(x[a:b], yc)
+    y_in = np.vstack([yc.astype(np.float64) for yc in ys])
+    xc, yc = x - x.mean(0), y_in - y_in.mean(0)
+    for acc in (stream, each):
+        assert acc.n == 500
+        assert _relmax(acc.s_xx, xc.T @ xc) < 1e-11
+        assert _relmax(acc.s_xy, xc.T @ yc) < 1e-11
+        assert _relmax(acc.s_yy, (yc**2).sum(0)) < 1e-11
+        assert _relmax(acc.tails.m4, (xc[:, :2] ** 4).sum(0)) < 1e-10
+    assert CrossMoments(5).update_chunks([]).n == 0
+    with pytest.raises(ValueError, match="rows must pair"):
+        CrossMoments(5, 3, second_y="diag").update_chunks([(x[:10], y[:9])])

@@ -20,6 +20,7 @@ the accumulated moments, so ``r`` can change without re-streaming.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,10 +117,20 @@ class EDMDcStatistics:
 
     def update_lifted(self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray):
         """Add a block of already lifted rows."""
-        # Z = [Ψ(x), u] goes as column blocks straight into the centring buffer (no concatenate)
-        self.zy.update((psi_x, u), psi_y)
-        if self.state is not None:
-            self.state.update(x, psi_x)
+        self.update_stream([(x, psi_x, u, psi_y)])
+
+    def update_stream(self, chunks: Iterable[tuple[Any, Any, Any, Any]]) -> None:
+        """Add a stream of lifted chunks ``(x, Ψ(x), u, Ψ(y))``: the sums of ``Z`` stay on
+        the data's device for the whole stream and are merged once at its end."""
+
+        def z_and_y() -> Iterator[tuple[Any, Any]]:
+            for x, psi_x, u, psi_y in chunks:
+                if self.state is not None:
+                    self.state.update(x, psi_x)
+                # Z = [Ψ(x), u] goes as column blocks straight into the working buffer
+                yield (psi_x, u), psi_y
+
+        self.zy.update_chunks(z_and_y())
 
     def merge(self, other: EDMDcStatistics) -> EDMDcStatistics:
         """Fold ``other`` into ``self`` in place and return ``self``."""
@@ -213,55 +224,66 @@ def accumulate(
     Returns ``n_blocks`` statistics; with ``n_blocks > 1`` every row goes to the block of its
     prompt (a seeded hash of the prompt id, :func:`block_assignment`), so blocks are by prompt
     and chunks of the same prompt may arrive separately.  ``merge_statistics`` of the blocks
-    equals the single-block result.
+    equals the single-block result.  One block takes the stream whole
+    (:meth:`EDMDcStatistics.update_stream`).
     """
-    blocks: list[EDMDcStatistics] | None = None
-    for item in stream:
-        if len(item) not in (3, 4):
-            raise ValueError("stream items must be (X, U, Y) or (X, U, Y, prompt_ids).")
-        # NaN/inf are caught by the moments' fused check (a scatter diagonal turns non-finite);
-        # only then is the chunk scanned again, to name the input that holds them
-        x, u, y = _check_triplet(item[0], item[1], item[2], finite=False)
-        if blocks is None:
-            n_feat = dictionary.n_features
-            sl = dictionary.state_slice
-            start = None if sl is None else sl.start
-            blocks = [
-                EDMDcStatistics(n_feat, u.shape[1], x.shape[1], start) for _ in range(n_blocks)
-            ]
-        try:
-            _accumulate_chunk(dictionary, blocks, item, x, u, y, n_blocks, seed)
-        except ValueError:
-            _check_triplet(x, u, y)  # names X, U or Y when they hold NaN/inf
-            raise
-    if blocks is None:
-        raise ValueError("the stream was empty.")
+    current: list[np.ndarray] = []  # the chunk being reduced, to name the input with NaN/inf
+
+    def lifted() -> Iterator[tuple[Any, ...]]:
+        for item in stream:
+            if len(item) not in (3, 4):
+                raise ValueError("stream items must be (X, U, Y) or (X, U, Y, prompt_ids).")
+            # NaN/inf are caught by the moments' fused check (a scatter diagonal turns
+            # non-finite); only then is the chunk scanned again, to name X, U or Y
+            x, u, y = _check_triplet(item[0], item[1], item[2], finite=False)
+            current[:] = [x, u, y]
+            psi_x = dictionary.transform(x, finite=False)
+            psi_y = dictionary.transform(y, finite=False)
+            yield x, psi_x, u, psi_y, (item[3] if len(item) == 4 else None)
+
+    chunks = lifted()
+    try:
+        first = next(chunks, None)
+        if first is None:
+            raise ValueError("the stream was empty.")
+        sl = dictionary.state_slice
+        start = None if sl is None else sl.start
+        x0, u0 = first[0], first[2]
+        blocks = [
+            EDMDcStatistics(dictionary.n_features, u0.shape[1], x0.shape[1], start)
+            for _ in range(n_blocks)
+        ]
+        rest = itertools.chain([first], chunks)
+        if n_blocks == 1:
+            blocks[0].update_stream(c[:4] for c in rest)
+        else:
+            for x, psi_x, u, psi_y, ids in rest:
+                _split_by_prompt(blocks, x, psi_x, u, psi_y, ids, seed)
+    except ValueError:
+        if current:
+            _check_triplet(current[0], current[1], current[2])  # names the input with NaN/inf
+        raise
     return blocks
 
 
-def _accumulate_chunk(
-    dictionary: Dictionary,
+def _split_by_prompt(
     blocks: list[EDMDcStatistics],
-    item: tuple[Any, ...],
     x: np.ndarray,
+    psi_x: np.ndarray,
     u: np.ndarray,
-    y: np.ndarray,
-    n_blocks: int,
+    psi_y: np.ndarray,
+    ids: Any,
     seed: int,
 ) -> None:
-    psi_x, psi_y = dictionary.transform(x, finite=False), dictionary.transform(y, finite=False)
-    if n_blocks == 1:
-        blocks[0].update_lifted(x, psi_x, u, psi_y)
-    else:
-        if len(item) != 4:
-            raise ValueError("n_blocks > 1 needs prompt ids: stream (X, U, Y, prompt_ids).")
-        ids = np.asarray(item[3])
-        if ids.shape != (x.shape[0],):
-            raise ValueError(f"prompt_ids must have shape ({x.shape[0]},); got {ids.shape}.")
-        which = block_assignment(ids, n_blocks, seed)
-        for b in np.unique(which):
-            rows = which == b
-            blocks[b].update_lifted(x[rows], psi_x[rows], u[rows], psi_y[rows])
+    if ids is None:
+        raise ValueError("n_blocks > 1 needs prompt ids: stream (X, U, Y, prompt_ids).")
+    ids = np.asarray(ids)
+    if ids.shape != (x.shape[0],):
+        raise ValueError(f"prompt_ids must have shape ({x.shape[0]},); got {ids.shape}.")
+    which = block_assignment(ids, len(blocks), seed)
+    for b in np.unique(which):
+        rows = which == b
+        blocks[b].update_lifted(x[rows], psi_x[rows], u[rows], psi_y[rows])
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -339,6 +339,124 @@ def _symmetric(g: np.ndarray) -> np.ndarray:
     return 0.5 * (g + g.T)
 
 
+class _ShiftedSums:
+    """Float64 sums of a stream of chunks about fixed shifts, on the chunks' device (the
+    second-order path of :class:`CrossMoments`; see ``_update_second_order``).
+
+    ``gxx = Σ [x − s, 1][x − s, 1]ᵀ`` and ``gxy = Σ [x − s, 1] yᵀ`` (``y`` as given: a chunk
+    whose ``y`` is shifted into a buffer for a cast adds back ``Σ [x − s, 1] s_yᵀ``),
+    ``syy = Σ (y − s_y)²`` per column, ``s3``/``s4`` the third and fourth powers of the first
+    ``tails_x`` columns of ``x − s``.
+    """
+
+    def __init__(self, acc: CrossMoments, xs: list[Any], ys: list[Any] | None) -> None:
+        import torch
+
+        self.device, self.chunk_rows = xs[0].device, acc.chunk_rows
+        self.dtype = torch.float64 if acc.precision == "float64" else torch.float32
+        self.d, self.k, self.d_y = acc.d_x, acc.tails_x, acc._d_y or 0
+        first = slice(0, acc.chunk_rows)
+        self.sx, self.shift_x = self._shift(
+            acc.mean_x if acc.n else _block_means([t[first] for t in xs])
+        )
+        self.s3, self.s4 = self._zeros(self.k), self._zeros(self.k)
+        self.gxx: Any = None  # the first chunk's products start the sums (no zeroed pages)
+        self.gxy: Any = None
+        self.rows = 0
+        if ys is not None:
+            self.sy, self.shift_y = self._shift(
+                acc.mean_y if acc.n else _block_means([t[first] for t in ys])
+            )
+            self.syy = self._zeros(self.d_y)
+
+    def _shift(self, mean: np.ndarray) -> tuple[Any, np.ndarray]:
+        """The shift in the working precision and as float64 (the value applied)."""
+        import torch
+
+        t = torch.as_tensor(mean, dtype=self.dtype, device=self.device)
+        return t, _host(t)
+
+    def _zeros(self, *shape: int) -> Any:
+        import torch
+
+        return torch.zeros(shape, dtype=torch.float64, device=self.device)
+
+    def add(self, xs: list[Any], ys: list[Any] | None) -> None:
+        """Add one chunk of column blocks, ``chunk_rows`` rows at a time."""
+        import torch
+
+        if xs[0].device != self.device:
+            raise ValueError(
+                f"a chunk on {xs[0].device} follows chunks on {self.device}; keep a stream on "
+                "one device."
+            )
+        d, k = self.d, self.k
+        for start in range(0, xs[0].shape[0], self.chunk_rows):
+            sl = slice(start, start + self.chunk_rows)
+            n = min(xs[0].shape[0], start + self.chunk_rows) - start
+            tile = _row_tile(d + 1, n, self.device)
+            c = _scratch("shifted x", n, d + 1, self.dtype, self.device)
+            sq = _scratch("square", tile, k, self.dtype, self.device) if k else None
+            for r in range(0, n, tile):
+                rs = slice(start + r, start + min(r + tile, n))
+                cr = c[r : r + tile]
+                _shifted_into(cr[:, :d], [t[rs] for t in xs], self.sx)
+                if sq is not None:  # the tails' powers while the tile is in cache
+                    cb, q = cr[:, :k], sq[: cr.shape[0]]
+                    _mul_into(q, cb, cb)
+                    _add_into(self.s3, _column_dots(q, cb))
+                    _add_into(self.s4, _column_dots(q, q))
+            c[:, d] = 1.0
+            g = symmetric_gram(c)
+            CrossMoments._check_finite(torch.diagonal(g)[:d], [t[sl] for t in xs], "x")
+            self.gxx = _accumulate(self.gxx, g)
+            self.rows += n
+            if ys is not None:
+                self._add_y(c, g, [t[sl] for t in ys])
+
+    def _add_y(self, c: Any, g: Any, ys: list[Any]) -> None:
+        import torch
+
+        n = c.shape[0]
+        # y enters the product as given when that needs no cast (float64 throughout)
+        raw = self.dtype == torch.float64 and all(t.dtype == torch.float64 for t in ys)
+        e = None if raw else _scratch("shifted y", n, self.d_y, self.dtype, self.device)
+        tile = _row_tile(self.d_y, n, self.device)
+        tmp = _scratch("y tile", tile, self.d_y, self.dtype, self.device) if raw else None
+        for r in range(0, n, tile):
+            rows = slice(r, min(r + tile, n))
+            er = tmp[: rows.stop - r] if e is None else e[rows]  # type: ignore[index]
+            _shifted_into(er, [t[rows] for t in ys], self.sy)
+            _add_into(self.syy, _column_dots(er, er))
+        CrossMoments._check_finite(self.syy, ys, "y")
+        if e is None:
+            h = torch.cat([_tn(c, t) for t in ys], dim=1)
+        else:
+            h = _tn(c, e).double()
+            _add_into(h, torch.outer(g[:, self.d].double(), self.sy.double()))
+        self.gxy = _accumulate(self.gxy, h)
+
+    def moments(self) -> tuple[Any, ...]:
+        """``(n, mean_x, mean_y, s_xx, s_yy, s_xy, tails)`` about the stream's own means."""
+        d, k, n = self.d, self.k, self.rows
+        G = _host(self.gxx)
+        da = G[d, :d] / n
+        mean_x = self.shift_x + da
+        s_xx = G[:d, :d] - n * np.outer(da, da)
+        tails = None
+        if k:
+            tails = ColumnMoments._from_shifted_sums(
+                n, self.shift_x[:k], da[:k], np.diagonal(G)[:k], _host(self.s3), _host(self.s4)
+            )
+        if self.gxy is None:  # no y
+            return n, mean_x, None, s_xx, None, None, tails
+        H = _host(self.gxy)
+        mean_y = H[d] / n
+        s_xy = H[:d] - n * np.outer(da, mean_y)
+        s_yy = _host(self.syy) - n * (mean_y - self.shift_y) ** 2
+        return n, mean_x, mean_y, s_xx, s_yy, s_xy, tails
+
+
 class CrossMoments:
     """Streaming, mergeable centred moments of ``X`` ``[n, d_x]`` and optionally ``Y`` ``[n, d_y]``.
 
@@ -447,9 +565,33 @@ class CrossMoments:
         """Add the rows of ``x`` ``[m, d_x]`` (and the paired rows of ``y`` ``[m, d_y]``).
 
         ``x`` may also be a tuple of arrays with the same rows whose columns make up ``d_x``
-        (e.g. ``(Ψ(x), u)``): they are written side by side straight into the centring buffer,
+        (e.g. ``(Ψ(x), u)``): they are written side by side straight into the working buffer,
         never concatenated.  Returns ``self``.
         """
+        return self.update_chunks([(x, y)])
+
+    def update_chunks(self, chunks: Iterable[tuple[object, object]]) -> CrossMoments:
+        """Add a stream of ``(x, y)`` row chunks (``y = None`` without ``Y``); returns ``self``.
+
+        The same moments as :meth:`update` on each chunk, but without fourth-order terms the
+        sums stay in one set of float64 accumulators on the data's device for the whole
+        stream and are merged into ``self`` once at the end: on a GPU nothing crosses to the
+        host per chunk.
+        """
+        items = (self._checked(x, y) for x, y in chunks)
+        # NaN/inf surface in the fused checks, which name the input that holds them
+        with np.errstate(invalid="ignore", over="ignore"):
+            if not self.fourth_order:
+                self._update_second_order(items)
+                return self
+            for tx, ty in items:
+                for start in range(0, tx[0].shape[0], self.chunk_rows):
+                    sl = slice(start, start + self.chunk_rows)
+                    self._merge_state(*self._chunk([t[sl] for t in tx], [t[sl] for t in ty]))  # type: ignore[union-attr]
+        return self
+
+    def _checked(self, x: object, y: object) -> tuple[list[Any], list[Any] | None]:
+        """The column blocks of one chunk, validated: (x blocks, y blocks or None)."""
         if (y is None) != (self._d_y is None):
             raise ValueError(
                 "pass y exactly when the accumulator was built with d_y "
@@ -463,102 +605,36 @@ class CrossMoments:
                     f"x has {tx[0].shape[0]} rows on {tx[0].device} and y or another block "
                     f"{t.shape[0]} rows on {t.device}; rows must pair (same inputs, same device)."
                 )
-        # NaN/inf surface in the fused checks, which name the input that holds them
-        with np.errstate(invalid="ignore", over="ignore"):
-            if not self.fourth_order:
-                self._update_second_order(tx, ty)
-                return self
-            for start in range(0, tx[0].shape[0], self.chunk_rows):
-                sl = slice(start, start + self.chunk_rows)
-                self._merge_state(*self._chunk([t[sl] for t in tx], [t[sl] for t in ty]))  # type: ignore[union-attr]
-        return self
+        return tx, ty
 
-    def _update_second_order(self, xs: list[Any], ys: list[Any] | None) -> None:
-        """Add the rows of column blocks ``xs`` (and ``ys``): moments up to the second order.
+    def _update_second_order(self, items: Iterable[tuple[list[Any], list[Any] | None]]) -> None:
+        """Add chunks of column blocks ``(xs, ys)``: moments up to the second order.
 
         The rows are reduced about a fixed shift ``s`` -- the running mean, or the first
-        chunk's mean in an empty accumulator -- and summed in float64 across chunks.  Per
-        chunk ``[x − s, 1]`` is written once into the working buffer; its symmetric rank-k
-        update holds ``Σ (x − s)(x − s)ᵀ``, ``Σ (x − s)`` and ``n``, and its product with
-        ``y`` (as given when it is already float64, else shifted into a buffer too) holds
-        ``Σ (x − s) yᵀ`` and ``Σ y``.  The own-mean scatters follow exactly, e.g.
-        ``S_xx = Σ (x − s)(x − s)ᵀ − n d dᵀ`` with ``d = x̄ − s`` small, and one pairwise merge
-        folds the whole update in.  The squares of ``y`` and the tails' powers are taken in
-        cache-sized row tiles right after the tile is written.
+        chunk's mean in an empty accumulator -- and summed in float64 on the data's device.
+        Per chunk ``[x − s, 1]`` is written once into the working buffer; its symmetric
+        rank-k update holds ``Σ (x − s)(x − s)ᵀ``, ``Σ (x − s)`` and ``n``, and its product
+        with ``y`` (as given when it is already float64, else shifted into a buffer too)
+        holds ``Σ (x − s) yᵀ`` and ``Σ y``.  The own-mean scatters follow exactly, e.g.
+        ``S_xx = Σ (x − s)(x − s)ᵀ − n d dᵀ`` with ``d = x̄ − s`` small, and one pairwise
+        merge folds the whole stream in.  The squares of ``y`` and the tails' powers are
+        taken in cache-sized row tiles right after the tile is written.
         """
-        import torch
-
-        rows, device = xs[0].shape[0], xs[0].device
-        if rows == 0:
-            return
-        dtype = torch.float64 if self.precision == "float64" else torch.float32
-        d, k = self.d_x, self.tails_x
-        first = slice(0, self.chunk_rows)
-        shift_x = self.mean_x if self.n else _block_means([t[first] for t in xs])
-        sx = torch.as_tensor(shift_x, dtype=dtype, device=device)
-        shift_x = _host(sx)  # the shift as applied (rounded to the working precision)
-        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
-        s3, s4 = zeros(k), zeros(k)
-        gxx = gxy = None  # the first chunk's products start the sums (no zero-filled pages)
-        if ys is not None:
-            shift_y = self.mean_y if self.n else _block_means([t[first] for t in ys])
-            sy = torch.as_tensor(shift_y, dtype=dtype, device=device)
-            shift_y = _host(sy)
-            # y enters the product as given when that needs no cast (float64 throughout)
-            raw_y = dtype == torch.float64 and all(t.dtype == torch.float64 for t in ys)
-            syy = zeros(self.d_y)
-        for start in range(0, rows, self.chunk_rows):
-            sl = slice(start, start + self.chunk_rows)
-            n = min(rows, start + self.chunk_rows) - start
-            tile = _row_tile(d + 1, n, device)
-            c = _scratch("shifted x", n, d + 1, dtype, device)
-            sq = _scratch("square", tile, k, dtype, device) if k else None
-            for r in range(0, n, tile):
-                rs = slice(start + r, min(start + r + tile, start + n))
-                cr = c[r : r + tile]
-                _shifted_into(cr[:, :d], [t[rs] for t in xs], sx)
-                if sq is not None:  # the tails' powers while the tile is in cache
-                    cb, q = cr[:, :k], sq[: cr.shape[0]]
-                    _mul_into(q, cb, cb)
-                    _add_into(s3, _column_dots(q, cb))
-                    _add_into(s4, _column_dots(q, q))
-            c[:, d] = 1.0
-            g = symmetric_gram(c)
-            self._check_finite(torch.diagonal(g)[:d], [t[sl] for t in xs], "x")
-            gxx = _accumulate(gxx, g)
-            if ys is None:
+        sums: _ShiftedSums | None = None
+        for xs, ys in items:
+            if xs[0].shape[0] == 0:
                 continue
-            e = None if raw_y else _scratch("shifted y", n, self.d_y, dtype, device)
-            tile_y = _row_tile(self.d_y, n, device)
-            tmp = _scratch("y tile", tile_y, self.d_y, dtype, device) if raw_y else None
-            for r in range(0, n, tile_y):
-                rs = slice(start + r, min(start + r + tile_y, start + n))
-                er = tmp[: rs.stop - rs.start] if e is None else e[r : r + tile_y]  # type: ignore[index]
-                _shifted_into(er, [t[rs] for t in ys], sy)
-                _add_into(syy, _column_dots(er, er))
-            self._check_finite(syy, [t[sl] for t in ys], "y")
-            h = _tn(c, e) if e is not None else torch.cat([_tn(c, t[sl]) for t in ys], dim=1)
-            gxy = _accumulate(gxy, h)
-        # own-mean moments of the update from the shifted sums
-        G = _host(gxx)
-        da = G[d, :d] / rows
-        mean_x = shift_x + da
-        s_xx = G[:d, :d] - rows * np.outer(da, da)
-        if k:
-            self.tails.merge(  # type: ignore[union-attr]
-                ColumnMoments._from_shifted_sums(
-                    rows, shift_x[:k], da[:k], np.diagonal(G)[:k], _host(s3), _host(s4)
-                )
-            )
-        if ys is None:
-            self._merge_state(rows, mean_x, None, _Pair(s_xx), None, None)
+            if sums is None:
+                sums = _ShiftedSums(self, xs, ys)
+            sums.add(xs, ys)
+        if sums is None:
             return
-        H = _host(gxy)
-        db = H[d] / rows  # mean of y minus the shift it entered the product with
-        mean_y = (0.0 if raw_y else shift_y) + db
-        s_xy = H[:d] - rows * np.outer(da, db)
-        s_yy = _host(syy) - rows * (mean_y - shift_y) ** 2
-        self._merge_state(rows, mean_x, mean_y, _Pair(s_xx), s_yy, _Pair(s_xy))
+        n, mean_x, mean_y, s_xx, s_yy, s_xy, tails = sums.moments()
+        if tails is not None:
+            self.tails.merge(tails)  # type: ignore[union-attr]
+        self._merge_state(
+            n, mean_x, mean_y, _Pair(s_xx), s_yy, None if s_xy is None else _Pair(s_xy)
+        )
 
     @classmethod
     def _as_blocks(cls, a: object, name: str, dim: int | None) -> list[Any]:
