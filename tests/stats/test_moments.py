@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.stats.moments import ColumnMoments, CrossMoments, symmetric_gram
+from structlens.stats.moments import ColumnMoments, CrossMoments, _tiled_gram, symmetric_gram
 
 SHARDS = [(0, 1), (1, 40), (40, 41), (41, 230), (230, 300)]
 
@@ -223,19 +223,18 @@ def test_project_x_equals_the_moments_of_the_projected_rows():
      (300, torch.float64, 1e-13)],
 )  # fmt: skip
 def test_symmetric_gram_is_exactly_symmetric_and_equals_ct_c(rng, d, dtype, tol):
-    # widths cut into uneven quarter tiles, narrow float32 (one ssyrk), float64 (dsyrk)
+    # the CPU's syrk, and the blocked product other devices use, cut into uneven tiles
     c = torch.from_numpy(rng.standard_normal((500, d))).to(dtype)
-    g = symmetric_gram(c)
-    assert g.dtype == dtype and g.shape == (d, d)
-    assert torch.equal(g, g.T)
     exact = c.double().numpy().T @ c.double().numpy()
-    assert _relmax(g.double().numpy(), exact) < tol
+    for g in (symmetric_gram(c), _tiled_gram(c, 64)):
+        assert g.dtype == dtype and g.shape == (d, d)
+        assert torch.equal(g, g.T)
+        assert _relmax(g.double().numpy(), exact) < tol
 
 
 def test_drifting_updates_and_dtypes_keep_second_order_moments_exact(rng):
     # each update is reduced about the running mean; a stream whose mean drifts far from the
-    # first chunk's, float32 y (shifted into a buffer) and float64 y (used as given) all give
-    # the two-pass answer
+    # first chunk's, with float32 or float64 y, gives the two-pass answer
     n, dx, dy = 900, 7, 4
     drift = np.linspace(0, 5e3, n)[:, None]
     x = rng.standard_normal((n, dx)) * 2 + 1e4 + drift
@@ -251,7 +250,7 @@ def test_drifting_updates_and_dtypes_keep_second_order_moments_exact(rng):
         assert _relmax(acc.s_xx, xc.T @ xc) < 1e-11
         assert _relmax(acc.s_xy, xc.T @ y64c) < tol
         assert _relmax(acc.s_yy, (y64c**2).sum(0)) < tol
-    # float32 arithmetic takes torch's path (the one other devices take) with the same sums
+    # float32 arithmetic gives the same sums
     f32 = CrossMoments(dx, dy, second_y="diag", chunk_rows=64, precision="float32", tails_x=3)
     for a, b in ((0, 450), (450, 900)):
         f32.update(torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b]))
@@ -293,6 +292,8 @@ def test_tails_of_leading_columns_equal_two_pass_numpy(rng, chunk_rows):
     with pytest.raises(ValueError, match="tails_x"):
         CrossMoments(3, tails_x=4)
     with pytest.raises(ValueError, match="tails_x"):
+        CrossMoments(3, 2, tails_x=1)  # fourth-order terms: no tails
+    with pytest.raises(ValueError, match="tails_x"):
         merged.merge(CrossMoments(6, 2, second_y="diag"))
 
 
@@ -319,3 +320,48 @@ def test_a_stream_of_chunks_equals_one_update_per_chunk(rng):
     assert CrossMoments(5).update_chunks([]).n == 0
     with pytest.raises(ValueError, match="rows must pair"):
         CrossMoments(5, 3, second_y="diag").update_chunks([(x[:10], y[:9])])
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_full_second_block_without_fourth_order_terms_equals_the_fourth_order_path(rng, precision):
+    # biased CKA and the CCA family need S_yy in full but no fourth-order terms: the shifted
+    # second-order path gives the same scatters, merged and pooled, and the same biased HSIC
+    x, y = _data(rng, n=400, dx=8, dy=6)
+    tol = 1e-11 if precision == "float64" else 1e-5
+    kw = {"chunk_rows": 64, "precision": precision, "groups_x": 2, "groups_y": 3}
+    ref = CrossMoments(8, 6, **{**kw, "precision": "float64"}).update(x, y)
+    parts = [
+        CrossMoments(8, 6, fourth_order=False, **kw).update(x[a:b], y[a:b])
+        for a, b in ((0, 150), (150, 151), (151, 400))
+    ]
+    merged = parts[2].copy().merge(parts[0]).merge(parts[1])
+    for acc in (merged, CrossMoments.pool(parts)):
+        assert not acc.fourth_order and acc.n == 400
+        for got, want in ((acc.s_xx, ref.s_xx), (acc.s_xy, ref.s_xy), (acc.s_yy, ref.s_yy)):
+            assert _relmax(got, want) < tol
+        for got, want in zip(acc.hsic_terms(False), ref.hsic_terms(False)):
+            assert _relmax(np.asarray(got), np.asarray(want)) < 10 * tol
+    with pytest.raises(ValueError, match="fourth_order=True"):
+        merged.hsic_terms(True)
+    with pytest.raises(ValueError, match="cannot merge"):
+        merged.merge(ref)
+
+
+@pytest.mark.parametrize("fourth_order", [True, False])
+def test_the_device_path_forced_on_the_cpu_gives_the_same_moments(rng, monkeypatch, fourth_order):
+    # what a GPU runs (torch ops, tiled symmetric products, sums kept as tensors), exercised
+    # here by routing CPU tensors away from NumPy
+    import structlens.stats.moments as moments
+
+    x, y = _data(rng, n=600, dx=530, dy=6)  # wide enough for the tiled product
+    kw = {"chunk_rows": 256, "fourth_order": fourth_order, "tails_x": 3 * (not fourth_order)}
+    ref = CrossMoments(530, 6, **kw).update(x, y)
+    monkeypatch.setattr(moments, "_in_numpy", lambda t: False)
+    dev = CrossMoments(530, 6, **kw).update_chunks(
+        (torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b])) for a, b in ((0, 300), (300, 600))
+    )
+    for got, want in ((dev.s_xx, ref.s_xx), (dev.s_xy, ref.s_xy), (dev.s_yy, ref.s_yy)):
+        assert _relmax(got, want) < 1e-11
+    assert _relmax(dev.mean_y, ref.mean_y) < 1e-13
+    if not fourth_order:
+        assert _relmax(dev.tails.m4, ref.tails.m4) < 1e-10

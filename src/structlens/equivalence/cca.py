@@ -40,7 +40,9 @@ RANK_RTOL = 1e-10
 
 def _moments(x: object, y: object, chunk_rows: int, precision: str) -> CrossMoments:
     a, b = check_pair(x, y, min_rows=2, finite=False)
-    m = CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision)
+    m = CrossMoments(
+        a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision, fourth_order=False
+    )
     return m.update(a, b)
 
 

@@ -90,7 +90,9 @@ def linear_cka(
     ``CKA = ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)``. Cost ``O(n (d_x + d_y)^2)``.
     """
     a, b = check_pair(x, y, min_rows=4 if debiased else 2, finite=False)
-    m = CrossMoments(a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision)
+    m = CrossMoments(
+        a.shape[1], b.shape[1], chunk_rows=chunk_rows, precision=precision, fourth_order=debiased
+    )
     t_xy, t_xx, t_yy = m.update(a, b).hsic_terms(debiased)
     return _ratio(float(t_xy[0, 0]), float(t_xx[0]), float(t_yy[0]))
 

@@ -35,9 +35,8 @@ __all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments", 
 
 DEFAULT_CHUNK_ROWS = 16384
 PRECISIONS = ("float64", "float32")
-# Column tile of the symmetric product: wide enough for an efficient GEMM panel.
+# Column tile of the blocked symmetric product: wide enough for an efficient GEMM panel.
 _TILE = 256
-_MIN_CPU_TILE = 64  # narrower float32 inputs go to ssyrk whole
 
 
 def _is_tensor(x: object) -> bool:
@@ -47,24 +46,25 @@ def _is_tensor(x: object) -> bool:
 def symmetric_gram(c: Any) -> Any:
     """``cᵀc`` for a torch matrix ``c`` ``[n, d]``, exactly symmetric.
 
-    float64 on the CPU is one BLAS ``syrk`` (NumPy dispatches ``a.T @ a`` to it and mirrors
-    the triangle).  Otherwise wide inputs are reduced one row of column tiles at a time
-    against the columns from the tile onwards (a blocked symmetric rank-k update: about half
-    the flops of ``c.T @ c``, in GEMMs) and the lower triangle is mirrored from the upper one.
-    On the CPU the tiles are a quarter of the width: OpenBLAS's float32 ``ssyrk`` runs at
-    about the time of the full GEMM, while the upper tiles take about 0.7 of it.
+    On the CPU one BLAS ``syrk`` (NumPy dispatches ``a.T @ a`` to it and mirrors the
+    triangle).  Elsewhere wide inputs take :func:`_tiled_gram` and narrow ones a GEMM.
     """
     import torch
 
-    d = c.shape[1]
-    cpu = c.device.type == "cpu"
-    if cpu and (c.dtype == torch.float64 or d < 4 * _MIN_CPU_TILE):
-        a = c.numpy()
+    if _in_numpy(c):
+        a = _numpy(c)
         return torch.from_numpy(a.T @ a)
-    if not cpu and d <= 2 * _TILE:
+    if c.shape[1] <= 2 * _TILE:
         g = c.T @ c
         return 0.5 * (g + g.T)  # a GEMM need not round (i, j) and (j, i) alike
-    tile = -(-d // 4) if cpu else _TILE
+    return _tiled_gram(c, _TILE)
+
+
+def _tiled_gram(c: Any, tile: int) -> Any:
+    """A blocked symmetric rank-k update in GEMMs: each row of column tiles against the
+    columns from the tile onwards (about half the flops of ``cᵀc``), the lower triangle
+    mirrored from the upper one."""
+    d = c.shape[1]
     out = c.new_empty((d, d))
     for s in range(0, d, tile):
         e = min(s + tile, d)
@@ -103,16 +103,14 @@ def _numpy(t: Any) -> np.ndarray:
 
 
 def _in_numpy(t: Any) -> bool:
-    """Whether work on ``t`` goes through NumPy: float64 on the CPU.
+    """Whether work on ``t`` goes through NumPy: everything on the CPU.
 
-    NumPy's BLAS has the symmetric rank-k update (``dsyrk``, half a GEMM's flops), and doing
-    the elementwise passes between BLAS calls in NumPy too leaves no OpenMP pool of torch's
-    spinning against OpenBLAS's threads (that contention cost a third of the time on two
-    cores).  float32 stays in torch, whose MKL ``sgemm`` beats OpenBLAS's ``ssyrk``.
+    NumPy's BLAS has the symmetric rank-k update (``syrk``, half a GEMM's flops; torch has
+    none), and doing the elementwise passes between BLAS calls in NumPy too leaves no OpenMP
+    pool of torch's spinning against OpenBLAS's threads (that contention cost a third of the
+    time on two cores).
     """
-    import torch
-
-    return t.device.type == "cpu" and t.dtype == torch.float64
+    return bool(t.device.type == "cpu")
 
 
 def _centred(purpose: str, blocks: list[Any], dtype: Any) -> tuple[Any, Any]:
@@ -343,10 +341,11 @@ class _ShiftedSums:
     """Float64 sums of a stream of chunks about fixed shifts, on the chunks' device (the
     second-order path of :class:`CrossMoments`; see ``_update_second_order``).
 
-    ``gxx = Σ [x − s, 1][x − s, 1]ᵀ`` and ``gxy = Σ [x − s, 1] yᵀ`` (``y`` as given: a chunk
-    whose ``y`` is shifted into a buffer for a cast adds back ``Σ [x − s, 1] s_yᵀ``),
-    ``syy = Σ (y − s_y)²`` per column, ``s3``/``s4`` the third and fourth powers of the first
-    ``tails_x`` columns of ``x − s``.
+    ``gxx = Σ [x − s, 1][x − s, 1]ᵀ``, ``gxy = Σ [x − s, 1](y − s_y)ᵀ``, and
+    ``syy = Σ (y − s_y)²`` per column or ``gyy = Σ [y − s_y, 1][y − s_y, 1]ᵀ`` (a full
+    ``S_yy``); ``s3``/``s4`` the third and fourth powers of the first ``tails_x`` columns of
+    ``x − s``.  Both sides are shifted (a ``y`` with a large mean would cost digits in a
+    product taken as given).
     """
 
     def __init__(self, acc: CrossMoments, xs: list[Any], ys: list[Any] | None) -> None:
@@ -363,6 +362,8 @@ class _ShiftedSums:
         self.gxx: Any = None  # the first chunk's products start the sums (no zeroed pages)
         self.gxy: Any = None
         self.rows = 0
+        self.full_y = acc.second_y == "full"
+        self.gyy: Any = None
         if ys is not None:
             self.sy, self.shift_y = self._shift(
                 acc.mean_y if acc.n else _block_means([t[first] for t in ys])
@@ -412,29 +413,28 @@ class _ShiftedSums:
             self.gxx = _accumulate(self.gxx, g)
             self.rows += n
             if ys is not None:
-                self._add_y(c, g, [t[sl] for t in ys])
+                self._add_y(c, [t[sl] for t in ys])
 
-    def _add_y(self, c: Any, g: Any, ys: list[Any]) -> None:
+    def _add_y(self, c: Any, ys: list[Any]) -> None:
         import torch
 
-        n = c.shape[0]
-        # y enters the product as given when that needs no cast (float64 throughout)
-        raw = self.dtype == torch.float64 and all(t.dtype == torch.float64 for t in ys)
-        e = None if raw else _scratch("shifted y", n, self.d_y, self.dtype, self.device)
-        tile = _row_tile(self.d_y, n, self.device)
-        tmp = _scratch("y tile", tile, self.d_y, self.dtype, self.device) if raw else None
-        for r in range(0, n, tile):
-            rows = slice(r, min(r + tile, n))
-            er = tmp[: rows.stop - r] if e is None else e[rows]  # type: ignore[index]
-            _shifted_into(er, [t[rows] for t in ys], self.sy)
-            _add_into(self.syy, _column_dots(er, er))
-        CrossMoments._check_finite(self.syy, ys, "y")
-        if e is None:
-            h = torch.cat([_tn(c, t) for t in ys], dim=1)
-        else:
-            h = _tn(c, e).double()
-            _add_into(h, torch.outer(g[:, self.d].double(), self.sy.double()))
-        self.gxy = _accumulate(self.gxy, h)
+        n, dy = c.shape[0], self.d_y
+        e = _scratch("shifted y", n, dy + self.full_y, self.dtype, self.device)
+        if self.full_y:  # [y − s_y, 1]: its rank-k update holds S_yy's sums
+            _shifted_into(e[:, :dy], ys, self.sy)
+            e[:, dy] = 1.0
+            gy = symmetric_gram(e)
+            CrossMoments._check_finite(torch.diagonal(gy)[:dy], ys, "y")
+            self.gyy = _accumulate(self.gyy, gy)
+            e = e[:, :dy]
+        else:  # the squares of each row tile while it is in cache
+            tile = _row_tile(dy, n, self.device)
+            for r in range(0, n, tile):
+                er = e[r : r + tile]
+                _shifted_into(er, [t[r : r + tile] for t in ys], self.sy)
+                _add_into(self.syy, _column_dots(er, er))
+            CrossMoments._check_finite(self.syy, ys, "y")
+        self.gxy = _accumulate(self.gxy, _tn(c, e))
 
     def moments(self) -> tuple[Any, ...]:
         """``(n, mean_x, mean_y, s_xx, s_yy, s_xy, tails)`` about the stream's own means."""
@@ -451,10 +451,13 @@ class _ShiftedSums:
         if self.gxy is None:  # no y
             return n, mean_x, None, s_xx, None, None, tails
         H = _host(self.gxy)
-        mean_y = H[d] / n
-        s_xy = H[:d] - n * np.outer(da, mean_y)
-        s_yy = _host(self.syy) - n * (mean_y - self.shift_y) ** 2
-        return n, mean_x, mean_y, s_xx, s_yy, s_xy, tails
+        db = H[d] / n
+        s_xy = H[:d] - n * np.outer(da, db)
+        if self.gyy is None:
+            s_yy = _host(self.syy) - n * db**2
+        else:
+            s_yy = _host(self.gyy)[: self.d_y, : self.d_y] - n * np.outer(db, db)
+        return n, mean_x, self.shift_y + db, s_xx, s_yy, s_xy, tails
 
 
 class CrossMoments:
@@ -478,6 +481,11 @@ class CrossMoments:
         ``O(n (d_x + d_y)²)`` second block.
     second_y : {"full", "diag"}
         Keep all of ``S_yy`` or only its diagonal (no fourth-order terms then).
+    fourth_order : bool
+        With a full ``S_yy``, also keep the grouped fourth-order terms (default), which only
+        the debiased HSIC needs.  Without them the rows take the second-order path: one
+        shifted write per chunk and side, one merge per :meth:`update` -- biased CKA, the
+        CCA family and regressions need no more.
     chunk_rows : int
         Rows reduced at once; bounds the working memory to ``chunk_rows * (d_x + d_y)``.
     precision : {"float64", "float32"}
@@ -488,17 +496,18 @@ class CrossMoments:
     tails_x : int
         Also keep per-column third and fourth central moments of the first ``tails_x``
         columns of ``X`` (:attr:`tails`, a :class:`ColumnMoments`; the heavy-tail
-        diagnostic), read from the centring buffer, so they cost no copy of their own.
+        diagnostic), read from the working buffer, so they cost no copy of their own
+        (accumulators without fourth-order terms).
 
     Notes
     -----
     One block path for every input: NumPy arrays are wrapped as (CPU) torch tensors without a
     copy, torch tensors are reduced on their own device; only the ``d × d`` results cross to
     the host, once per :meth:`update`.  Per chunk the only copy is into one float64 (or
-    float32) working buffer for ``X`` -- ``[x − s, 1]``, so that one symmetric rank-k update
-    (BLAS ``syrk`` on the CPU, a blocked one on other devices) also yields the column sums,
-    and the product with ``Y`` yields ``Y``'s sums -- while ``Y`` is read as given when it is
-    float64 (fourth-order accumulators centre a buffer per side).  Finiteness is checked on the
+    float32) working buffer per side -- ``[x − s, 1]`` about a shift near the mean, so that
+    one symmetric rank-k update (BLAS ``syrk`` on the CPU, a blocked one on other devices)
+    also yields the column sums, and likewise for ``Y`` (fourth-order accumulators centre each
+    side on the chunk's own mean instead).  Finiteness is checked on the
     diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
     non-finite), so valid data costs no extra pass.
 
@@ -523,6 +532,7 @@ class CrossMoments:
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         precision: str = "float64",
         tails_x: int = 0,
+        fourth_order: bool = True,
     ) -> None:
         if d_x < 1 or (d_y is not None and d_y < 1):
             raise ValueError(f"feature widths must be positive, got d_x={d_x}, d_y={d_y}.")
@@ -540,7 +550,12 @@ class CrossMoments:
         self.d_x, self._d_y = int(d_x), None if d_y is None else int(d_y)
         self.groups_x, self.groups_y = int(groups_x), int(groups_y)
         self.second_y = second_y
-        self.fourth_order = d_y is not None and second_y == "full"
+        self.fourth_order = d_y is not None and second_y == "full" and bool(fourth_order)
+        if tails_x and self.fourth_order:
+            raise ValueError(
+                "tails_x is kept by the second-order path: pass second_y='diag' or "
+                "fourth_order=False with it."
+            )
         self.chunk_rows = int(chunk_rows)
         self.precision = precision
         self.n = 0
@@ -553,7 +568,10 @@ class CrossMoments:
 
     @property
     def _key(self) -> tuple[Any, ...]:
-        return (self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y, self.tails_x)
+        return (
+            self.d_x, self._d_y, self.groups_x, self.groups_y, self.second_y, self.tails_x,
+            self.fourth_order,
+        )  # fmt: skip
 
     @property
     def tails_x(self) -> int:
@@ -614,8 +632,8 @@ class CrossMoments:
         chunk's mean in an empty accumulator -- and summed in float64 on the data's device.
         Per chunk ``[x − s, 1]`` is written once into the working buffer; its symmetric
         rank-k update holds ``Σ (x − s)(x − s)ᵀ``, ``Σ (x − s)`` and ``n``, and its product
-        with ``y`` (as given when it is already float64, else shifted into a buffer too)
-        holds ``Σ (x − s) yᵀ`` and ``Σ y``.  The own-mean scatters follow exactly, e.g.
+        with ``y − s_y`` (shifted into a buffer too) holds ``Σ (x − s)(y − s_y)ᵀ`` and
+        ``Σ (y − s_y)``.  The own-mean scatters follow exactly, e.g.
         ``S_xx = Σ (x − s)(x − s)ᵀ − n d dᵀ`` with ``d = x̄ − s`` small, and one pairwise
         merge folds the whole stream in.  The squares of ``y`` and the tails' powers are
         taken in cache-sized row tiles right after the tile is written.
@@ -632,9 +650,8 @@ class CrossMoments:
         n, mean_x, mean_y, s_xx, s_yy, s_xy, tails = sums.moments()
         if tails is not None:
             self.tails.merge(tails)  # type: ignore[union-attr]
-        self._merge_state(
-            n, mean_x, mean_y, _Pair(s_xx), s_yy, None if s_xy is None else _Pair(s_xy)
-        )
+        yy = _Pair(s_yy) if s_yy is not None and s_yy.ndim == 2 else s_yy
+        self._merge_state(n, mean_x, mean_y, _Pair(s_xx), yy, None if s_xy is None else _Pair(s_xy))
 
     @classmethod
     def _as_blocks(cls, a: object, name: str, dim: int | None) -> list[Any]:
@@ -681,11 +698,9 @@ class CrossMoments:
         # group row norms, reduced without materialising c * c
         p, q = _group_square_norms(c, self.groups_x), _group_square_norms(e, self.groups_y)
         pc, qc = p.to(dtype), q.to(dtype)
-        # the float64 norm products follow the chunk's library (see _in_numpy)
-        tn = _tn if _in_numpy(c) else (lambda a, b: a.T @ b)
-        xx = _Pair(_host(s_xx), _host(tn(p, p)), *(2 * (_host(tn(pc, c)),)))
-        yy = _Pair(_host(s_yy), _host(tn(q, q)), *(2 * (_host(tn(qc, e)),)))
-        xy = _Pair(_host(s_xy), _host(tn(p, q)), _host(tn(pc, e)), _host(tn(qc, c)))
+        xx = _Pair(_host(s_xx), _host(_tn(p, p)), *(2 * (_host(_tn(pc, c)),)))
+        yy = _Pair(_host(s_yy), _host(_tn(q, q)), *(2 * (_host(_tn(qc, e)),)))
+        xy = _Pair(_host(s_xy), _host(_tn(p, q)), _host(_tn(pc, e)), _host(_tn(qc, c)))
         return n, _host(mx), _host(my), xx, yy, xy
 
     @staticmethod
@@ -704,8 +719,8 @@ class CrossMoments:
         if not isinstance(other, CrossMoments) or other._key != self._key:
             got = other._key if isinstance(other, CrossMoments) else type(other).__name__
             raise ValueError(
-                "cannot merge CrossMoments with different widths, groups, second_y or tails_x: "
-                f"{self._key} vs {got}."
+                "cannot merge CrossMoments with different widths, groups, second_y, tails_x or "
+                f"fourth_order: {self._key} vs {got}."
             )
         if self.tails is not None and other.tails is not None:  # equal keys: both or neither
             self.tails.merge(other.tails)
@@ -806,12 +821,13 @@ class CrossMoments:
         for p in parts[1:]:
             if p._key != first._key:
                 raise ValueError(
-                    "cannot pool CrossMoments with different widths, groups, second_y or "
-                    f"tails_x: {first._key} vs {p._key}."
+                    "cannot pool CrossMoments with different widths, groups, second_y, tails_x "
+                    f"or fourth_order: {first._key} vs {p._key}."
                 )
         out = cls(
             first.d_x, first._d_y, first.groups_x, first.groups_y, second_y=first.second_y,
             chunk_rows=first.chunk_rows, precision=first.precision, tails_x=first.tails_x,
+            fourth_order=first.fourth_order,
         )  # fmt: skip
         keep = [(p, int(k)) for p, k in zip(parts, w) if k > 0 and p.n > 0]
         if not keep:
@@ -835,7 +851,8 @@ class CrossMoments:
             my = np.stack([p.mean_y for p, _ in keep])
             out._mean_y = cnt @ my / total
             dy = my - out._mean_y
-            out._yy = _weighted_sum([p._yy for p, _ in keep], keep) + cnt @ (dy * dy)
+            yy = _weighted_sum([p._yy for p, _ in keep], keep)
+            out._yy = _Pair(yy + _gram(dy, cnt)) if yy.ndim == 2 else yy + cnt @ (dy * dy)
             out._xy = _Pair(
                 _weighted_sum([p._xy for p, _ in keep], keep) + (dx * cnt[:, None]).T @ dy
             )
@@ -857,7 +874,7 @@ class CrossMoments:
             raise ValueError("project_x needs an accumulator without fourth-order terms/groups.")
         out = CrossMoments(
             T.shape[1], self._d_y, second_y=self.second_y, chunk_rows=self.chunk_rows,
-            precision=self.precision,
+            precision=self.precision, fourth_order=False,
         )  # fmt: skip
         k = self.tails_x
         if k and T.shape[1] >= k and np.array_equal(T[:, :k], np.eye(self.d_x, k)):
@@ -941,8 +958,10 @@ class CrossMoments:
         Debiased: the U-statistic of Song et al. (2012) in feature space (Kornblith et al.
         2019), times ``n (n − 3)``; can be negative.  The common factors cancel in CKA.
         """
-        if not self.fourth_order:
+        if self._d_y is None or self.second_y != "full":
             raise ValueError("HSIC needs Y with a full second block (second_y='full').")
+        if debiased and not self.fourth_order:
+            raise ValueError("the debiased HSIC needs the fourth-order terms: fourth_order=True.")
         self._require(4 if debiased else 2, "linear CKA")
         xx, yy, xy = self._xx, self._yy, self._xy
         assert isinstance(xx, _Pair) and isinstance(yy, _Pair) and isinstance(xy, _Pair)
