@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17: rerun every benchmark touched by the performance work, in one go, on an IDLE
-# machine (about 30 minutes on 2 cores). Each run prints the load average and records it in
+# machine (about 35 minutes on 2 cores). Each run prints the load average and records it in
 # its results.json; check it before reading the ratios.
 #   bash benchmarks/run_issue17.sh            # from the repository root
 set -euo pipefail
@@ -12,8 +12,8 @@ step "koopman: EDMDc statistics vs pykoopman and the GEMM bound (~3 min)"
 "$PY" benchmarks/koopman/run.py --repeats 2
 step "jacobian: exact E[JᵀJ] vs a per-direction backward loop (~1.5 min)"
 "$PY" benchmarks/jacobian/run.py
-step "similarity: CKA/SVCCA at n = 100k vs anatome and torch-cka, best of 2 (~6 min)"
-"$PY" benchmarks/similarity/run.py --headline --repeats 2
+step "similarity: CKA/SVCCA at n = 100k vs anatome and torch-cka, best of 3 (~10 min)"
+"$PY" benchmarks/similarity/run.py --headline --repeats 3
 step "capture: 150 sites vs a bare forward, TransformerLens and nnsight (~3 min)"
 "$PY" benchmarks/capture/run.py --prompts 16 --repeats 3
 step "scale: Ray start-up vs steady state, 1 and 2 workers (~6 min)"
