@@ -58,7 +58,8 @@ def start_order(n_items: int, cost: Sequence[float] | None) -> list[int]:
     cost = list(cost)
     if len(cost) != n_items or not all(math.isfinite(c) for c in cost):
         raise ValueError(
-            f"cost must hold one finite estimate per item ({n_items}); got {len(cost)} values."
+            f"cost must hold one finite estimate per item ({n_items}); got {len(cost)} "
+            f"values, {sum(not math.isfinite(c) for c in cost)} of them NaN or infinite."
         )
     return sorted(range(n_items), key=lambda i: -cost[i])
 

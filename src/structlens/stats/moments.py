@@ -107,8 +107,8 @@ def _in_numpy(t: Any) -> bool:
 
     NumPy's BLAS has the symmetric rank-k update (``syrk``, half a GEMM's flops; torch has
     none), and doing the elementwise passes between BLAS calls in NumPy too leaves no OpenMP
-    pool of torch's spinning against OpenBLAS's threads (that contention cost a third of the
-    time on two cores).
+    pool of torch's spinning against OpenBLAS's threads, which slowed the products on two
+    cores (see benchmarks/koopman).
     """
     return bool(t.device.type == "cpu")
 
@@ -155,15 +155,9 @@ def _column_dots(a: Any, b: Any) -> Any:
     """``Σ_i a_ij b_ij`` per column without a temporary (NumPy's einsum loop on the CPU)."""
     import torch
 
-    if a.device.type == "cpu":
+    if _in_numpy(a):
         return torch.from_numpy(np.einsum("ij,ij->j", _numpy(a), _numpy(b)))
     return (a * b).sum(0)
-
-
-def _float64() -> Any:
-    import torch
-
-    return torch.float64
 
 
 def _mul_into(out: Any, a: Any, b: Any) -> None:
@@ -210,8 +204,7 @@ def _accumulate(acc: Any, part: Any) -> Any:
 def _block_means(blocks: list[Any]) -> np.ndarray:
     """Column means of column ``blocks`` side by side, float64 on the host."""
     means = [
-        _numpy(b).mean(0, dtype=np.float64) if b.device.type == "cpu" else _host(b.mean(0))
-        for b in blocks
+        _numpy(b).mean(0, dtype=np.float64) if _in_numpy(b) else _host(b.mean(0)) for b in blocks
     ]
     return np.concatenate(means)
 
@@ -368,7 +361,7 @@ class _ShiftedSums:
             self.sy, self.shift_y = self._shift(
                 acc.mean_y if acc.n else _block_means([t[first] for t in ys])
             )
-            self.syy = self._zeros(self.d_y)
+            self.syy = None if self.full_y else self._zeros(self.d_y)
 
     def _shift(self, mean: np.ndarray) -> tuple[Any, np.ndarray]:
         """The shift in the working precision and as float64 (the value applied)."""
@@ -474,11 +467,12 @@ class CrossMoments:
         Feature widths (``d_y=None``: moments of ``X`` alone).
     groups_x, groups_y : int
         Split the features into this many equal contiguous groups (attention heads of a
-        flattened ``hook_z``: ``d_x = n_heads * d_head``).  With a full ``S_yy`` the grouped
-        fourth-order terms of the debiased HSIC (``Σ P_i Q_iᵀ`` etc. with group row norms
-        ``P_ig = ||x_ig − x̄_g||²``) are kept, so :meth:`hsic_terms` gives the CKA of every
-        group pair.  They cost ``O(n (g_x + g_y)(d_x + d_y))`` per block, small against the
-        ``O(n (d_x + d_y)²)`` second block.
+        flattened ``hook_z``: ``d_x = n_heads * d_head``).  With a full ``S_yy`` (and
+        ``fourth_order``) the grouped fourth-order terms of the debiased HSIC
+        (``Σ P_i Q_iᵀ`` etc. with group row norms ``P_ig = ||x_ig − x̄_g||²``) are kept,
+        so :meth:`hsic_terms` gives the CKA of every group pair.  They cost
+        ``O(n (g_x + g_y)(d_x + d_y))`` per block, small against the ``O(n (d_x + d_y)²)``
+        second block.
     second_y : {"full", "diag"}
         Keep all of ``S_yy`` or only its diagonal (no fourth-order terms then).
     fourth_order : bool
@@ -1022,6 +1016,8 @@ class ColumnMoments:
 
     def update(self, block: object) -> ColumnMoments:
         """Add the rows of ``block`` ``[m, dim]`` (array or tensor); returns ``self``."""
+        import torch
+
         x = CrossMoments._as_tensor(block, "block", self.dim)
         if x.shape[0] == 0:
             return self
@@ -1029,7 +1025,7 @@ class ColumnMoments:
         other.n = int(x.shape[0])
         # reused working buffers and column dot products: no temporary per power
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: the check below
-            xc, mean = _centred("column", [x], _float64())
+            xc, mean = _centred("column", [x], torch.float64)
             m2 = _column_dots(xc, xc)
             last = m2
             if self.order == 4:
