@@ -22,6 +22,7 @@ samples.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from structlens.stats.lanes import MIN_LANE_ROWS, lane_count, run_in_lanes
 from structlens.stats.validation import check_array, check_finite, check_shape
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments", "symmetric_gram"]
@@ -330,6 +332,30 @@ def _symmetric(g: np.ndarray) -> np.ndarray:
     return 0.5 * (g + g.T)
 
 
+class _LaneSums:
+    """One lane's float64 sums of :class:`_ShiftedSums` (``None`` until its first rows)."""
+
+    __slots__ = ("rows", "gxx", "gxy", "gyy", "syy", "s3", "s4")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.gxx: Any = None
+        self.gxy: Any = None
+        self.gyy: Any = None
+        self.syy: Any = None
+        self.s3: Any = None
+        self.s4: Any = None
+
+
+def _total(lanes: list[_LaneSums], name: str) -> np.ndarray:
+    """A sum over the lanes, in lane order, as float64 on the host."""
+    parts = [_host(v) for v in (getattr(lane, name) for lane in lanes) if v is not None]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
 class _ShiftedSums:
     """Float64 sums of a stream of chunks about fixed shifts, on the chunks' device (the
     second-order path of :class:`CrossMoments`; see ``_update_second_order``).
@@ -338,7 +364,8 @@ class _ShiftedSums:
     ``syy = Σ (y − s_y)²`` per column or ``gyy = Σ [y − s_y, 1][y − s_y, 1]ᵀ`` (a full
     ``S_yy``); ``s3``/``s4`` the third and fourth powers of the first ``tails_x`` columns of
     ``x − s``.  Both sides are shifted (a ``y`` with a large mean would cost digits in a
-    product taken as given).
+    product taken as given).  On the CPU a large chunk's rows are split into one contiguous
+    part per core, each reduced into its own lane of sums (:mod:`structlens.stats.lanes`).
     """
 
     def __init__(self, acc: CrossMoments, xs: list[Any], ys: list[Any] | None) -> None:
@@ -347,21 +374,21 @@ class _ShiftedSums:
         self.device, self.chunk_rows = xs[0].device, acc.chunk_rows
         self.dtype = torch.float64 if acc.precision == "float64" else torch.float32
         self.d, self.k, self.d_y = acc.d_x, acc.tails_x, acc._d_y or 0
-        first = slice(0, acc.chunk_rows)
-        self.sx, self.shift_x = self._shift(
-            acc.mean_x if acc.n else _block_means([t[first] for t in xs])
-        )
-        self.s3, self.s4 = self._zeros(self.k), self._zeros(self.k)
-        self.gxx: Any = None  # the first chunk's products start the sums (no zeroed pages)
-        self.gxy: Any = None
-        self.rows = 0
         self.full_y = acc.second_y == "full"
-        self.gyy: Any = None
+        self.sx, self.shift_x = self._shift(acc.mean_x if acc.n else self._head_mean(xs, "x"))
         if ys is not None:
-            self.sy, self.shift_y = self._shift(
-                acc.mean_y if acc.n else _block_means([t[first] for t in ys])
-            )
-            self.syy = None if self.full_y else self._zeros(self.d_y)
+            self.sy, self.shift_y = self._shift(acc.mean_y if acc.n else self._head_mean(ys, "y"))
+        self.lanes = [_LaneSums()]
+
+    def _head_mean(self, blocks: list[Any], name: str) -> np.ndarray:
+        """The mean of the first chunk's rows (the shift of an empty accumulator), checked:
+        a NaN there would make every row's sums non-finite, wherever the NaN sits."""
+        import torch
+
+        head = [t[: self.chunk_rows] for t in blocks]
+        mean = _block_means(head)
+        CrossMoments._check_finite(torch.from_numpy(mean), head, name)
+        return mean
 
     def _shift(self, mean: np.ndarray) -> tuple[Any, np.ndarray]:
         """The shift in the working precision and as float64 (the value applied)."""
@@ -370,45 +397,67 @@ class _ShiftedSums:
         t = torch.as_tensor(mean, dtype=self.dtype, device=self.device)
         return t, _host(t)
 
-    def _zeros(self, *shape: int) -> Any:
-        import torch
-
-        return torch.zeros(shape, dtype=torch.float64, device=self.device)
-
     def add(self, xs: list[Any], ys: list[Any] | None) -> None:
-        """Add one chunk of column blocks, ``chunk_rows`` rows at a time."""
-        import torch
-
+        """Add one chunk of column blocks: lane ``i`` of ``L`` takes the ``i``-th contiguous
+        part of its rows (``L = 1`` off the CPU and for small chunks)."""
         if xs[0].device != self.device:
             raise ValueError(
                 f"a chunk on {xs[0].device} follows chunks on {self.device}; keep a stream on "
                 "one device."
             )
+        n = xs[0].shape[0]
+        lanes = lane_count(n, self.device)
+        if lanes == 1:
+            self._reduce(self.lanes[0], xs, ys, 0, n, self.chunk_rows)
+            return
+        self.lanes += [_LaneSums() for _ in range(lanes - len(self.lanes))]
+        # the lanes' working buffers together stay at about one chunk
+        step = max(MIN_LANE_ROWS, self.chunk_rows // lanes)
+        bounds = [n * i // lanes for i in range(lanes + 1)]
+        run_in_lanes(
+            [
+                functools.partial(self._reduce, lane, xs, ys, a, b, step)
+                for lane, a, b in zip(self.lanes, bounds, bounds[1:])
+            ]
+        )
+
+    def _reduce(
+        self,
+        sums: _LaneSums,
+        xs: list[Any],
+        ys: list[Any] | None,
+        start: int,
+        stop: int,
+        step: int,
+    ) -> None:
+        """Add rows ``start:stop`` into ``sums``, ``step`` rows at a time."""
+        import torch
+
         d, k = self.d, self.k
-        for start in range(0, xs[0].shape[0], self.chunk_rows):
-            sl = slice(start, start + self.chunk_rows)
-            n = min(xs[0].shape[0], start + self.chunk_rows) - start
+        for lo in range(start, stop, step):
+            sl = slice(lo, min(lo + step, stop))
+            n = sl.stop - lo
             tile = _row_tile(d + 1, n, self.device)
             c = _scratch("shifted x", n, d + 1, self.dtype, self.device)
             sq = _scratch("square", tile, k, self.dtype, self.device) if k else None
             for r in range(0, n, tile):
-                rs = slice(start + r, start + min(r + tile, n))
+                rs = slice(lo + r, lo + min(r + tile, n))
                 cr = c[r : r + tile]
                 _shifted_into(cr[:, :d], [t[rs] for t in xs], self.sx)
                 if sq is not None:  # the tails' powers while the tile is in cache
                     cb, q = cr[:, :k], sq[: cr.shape[0]]
                     _mul_into(q, cb, cb)
-                    _add_into(self.s3, _column_dots(q, cb))
-                    _add_into(self.s4, _column_dots(q, q))
+                    sums.s3 = _accumulate(sums.s3, _column_dots(q, cb))
+                    sums.s4 = _accumulate(sums.s4, _column_dots(q, q))
             c[:, d] = 1.0
             g = symmetric_gram(c)
             CrossMoments._check_finite(torch.diagonal(g)[:d], [t[sl] for t in xs], "x")
-            self.gxx = _accumulate(self.gxx, g)
-            self.rows += n
+            sums.gxx = _accumulate(sums.gxx, g)
+            sums.rows += n
             if ys is not None:
-                self._add_y(c, [t[sl] for t in ys])
+                self._add_y(sums, c, [t[sl] for t in ys])
 
-    def _add_y(self, c: Any, ys: list[Any]) -> None:
+    def _add_y(self, sums: _LaneSums, c: Any, ys: list[Any]) -> None:
         import torch
 
         n, dy = c.shape[0], self.d_y
@@ -418,38 +467,42 @@ class _ShiftedSums:
             e[:, dy] = 1.0
             gy = symmetric_gram(e)
             CrossMoments._check_finite(torch.diagonal(gy)[:dy], ys, "y")
-            self.gyy = _accumulate(self.gyy, gy)
+            sums.gyy = _accumulate(sums.gyy, gy)
             e = e[:, :dy]
         else:  # the squares of each row tile while it is in cache
             tile = _row_tile(dy, n, self.device)
+            syy = None
             for r in range(0, n, tile):
                 er = e[r : r + tile]
                 _shifted_into(er, [t[r : r + tile] for t in ys], self.sy)
-                _add_into(self.syy, _column_dots(er, er))
-            CrossMoments._check_finite(self.syy, ys, "y")
-        self.gxy = _accumulate(self.gxy, _tn(c, e))
+                syy = _accumulate(syy, _column_dots(er, er))
+            CrossMoments._check_finite(syy, ys, "y")
+            sums.syy = _accumulate(sums.syy, syy)
+        sums.gxy = _accumulate(sums.gxy, _tn(c, e))
 
     def moments(self) -> tuple[Any, ...]:
         """``(n, mean_x, mean_y, s_xx, s_yy, s_xy, tails)`` about the stream's own means."""
-        d, k, n = self.d, self.k, self.rows
-        G = _host(self.gxx)
+        lanes = [lane for lane in self.lanes if lane.rows]
+        d, k, n = self.d, self.k, sum(lane.rows for lane in lanes)
+        G = _total(lanes, "gxx")
         da = G[d, :d] / n
         mean_x = self.shift_x + da
         s_xx = G[:d, :d] - n * np.outer(da, da)
         tails = None
         if k:
             tails = ColumnMoments._from_shifted_sums(
-                n, self.shift_x[:k], da[:k], np.diagonal(G)[:k], _host(self.s3), _host(self.s4)
-            )
-        if self.gxy is None:  # no y
+                n, self.shift_x[:k], da[:k], np.diagonal(G)[:k], _total(lanes, "s3"),
+                _total(lanes, "s4"),
+            )  # fmt: skip
+        if lanes[0].gxy is None:  # no y
             return n, mean_x, None, s_xx, None, None, tails
-        H = _host(self.gxy)
+        H = _total(lanes, "gxy")
         db = H[d] / n
         s_xy = H[:d] - n * np.outer(da, db)
-        if self.gyy is None:
-            s_yy = _host(self.syy) - n * db**2
+        if self.full_y:
+            s_yy = _total(lanes, "gyy")[: self.d_y, : self.d_y] - n * np.outer(db, db)
         else:
-            s_yy = _host(self.gyy)[: self.d_y, : self.d_y] - n * np.outer(db, db)
+            s_yy = _total(lanes, "syy") - n * db**2
         return n, mean_x, self.shift_y + db, s_xx, s_yy, s_xy, tails
 
 
@@ -481,7 +534,8 @@ class CrossMoments:
         shifted write per chunk and side, one merge per :meth:`update` -- biased CKA, the
         CCA family and regressions need no more.
     chunk_rows : int
-        Rows reduced at once; bounds the working memory to ``chunk_rows * (d_x + d_y)``.
+        Rows reduced at once; bounds the working memory to about ``chunk_rows * (d_x + d_y)``
+        values (on the CPU the lanes of a large chunk split these rows between them).
     precision : {"float64", "float32"}
         Arithmetic within a chunk (mean, centring, products).  Accumulation across chunks is
         always float64; ``"float32"`` has relative error about 1e-6 and is roughly twice as
@@ -503,7 +557,10 @@ class CrossMoments:
     also yields the column sums, and likewise for ``Y`` (fourth-order accumulators centre each
     side on the chunk's own mean instead).  Finiteness is checked on the
     diagonal of the scatter (a NaN/inf anywhere in a column makes its diagonal entry
-    non-finite), so valid data costs no extra pass.
+    non-finite), so valid data costs no extra pass.  On the CPU a chunk of at least
+    ``2 * MIN_LANE_ROWS`` rows is split into one contiguous part per core, reduced in
+    threads with one BLAS thread each (:mod:`structlens.stats.lanes`); the lanes' sums are
+    added in lane order, so the result does not depend on timing.
 
     Examples
     --------
@@ -597,10 +654,23 @@ class CrossMoments:
                 self._update_second_order(items)
                 return self
             for tx, ty in items:
-                for start in range(0, tx[0].shape[0], self.chunk_rows):
-                    sl = slice(start, start + self.chunk_rows)
-                    self._merge_state(*self._chunk([t[sl] for t in tx], [t[sl] for t in ty]))  # type: ignore[union-attr]
+                self._update_fourth_order(tx, ty)  # type: ignore[arg-type]
         return self
+
+    def _update_fourth_order(self, xs: list[Any], ys: list[Any]) -> None:
+        """Add one chunk with fourth-order terms: own-mean moments of ``chunk_rows`` rows at a
+        time, merged in row order (on the CPU, a run of parts is reduced in lanes)."""
+        n = xs[0].shape[0]
+        lanes = lane_count(n, xs[0].device)
+        step = self.chunk_rows if lanes == 1 else max(MIN_LANE_ROWS, self.chunk_rows // lanes)
+        parts = [slice(a, a + step) for a in range(0, n, step)]
+        for i in range(0, len(parts), lanes):
+            tasks = [
+                functools.partial(self._chunk, [t[sl] for t in xs], [t[sl] for t in ys])
+                for sl in parts[i : i + lanes]
+            ]
+            for moments in run_in_lanes(tasks) if len(tasks) > 1 else [tasks[0]()]:
+                self._merge_state(*moments)
 
     def _checked(self, x: object, y: object) -> tuple[list[Any], list[Any] | None]:
         """The column blocks of one chunk, validated: (x blocks, y blocks or None)."""

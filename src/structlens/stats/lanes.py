@@ -1,0 +1,100 @@
+"""Row lanes for the CPU statistics: one thread per core, each with single-threaded BLAS.
+
+A statistics pass on the CPU alternates memory-bound NumPy passes (writing the shifted
+working buffers, the tails' powers), which run on one core, with BLAS products, which run on
+all of them -- and between products the BLAS library's own threads spin idle.  Splitting a
+chunk's rows into one contiguous part per core and reducing each part in its own thread,
+with BLAS limited to one thread meanwhile, keeps every core busy through both kinds of work
+(see benchmarks/koopman).  Each lane keeps its own sums and the caller adds them in lane
+order, so a result never depends on thread timing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+__all__ = ["MIN_LANE_ROWS", "lane_count", "run_in_lanes"]
+
+# Below this many rows per lane a product is too thin to run near the BLAS rate.
+MIN_LANE_ROWS = 2048
+
+_POOL_LOCK = threading.Lock()
+_POOL: ThreadPoolExecutor | None = None
+# One lane run at a time per process: BLAS's thread count is process-wide, and threadpoolctl
+# lets only the thread that set a limit restore it (a concurrent caller waits its turn).
+_RUN_LOCK = threading.Lock()
+_IN_LANE = threading.local()
+_BLAS: bool | None = None  # whether threadpoolctl finds a BLAS library to limit
+
+
+def lane_count(rows: int, device: Any) -> int:
+    """How many lanes reduce ``rows`` rows on ``device``: 1 off the CPU, for a small chunk,
+    inside a lane, or where the BLAS library's threads cannot be limited; else torch's
+    intra-op thread budget (``torch.get_num_threads()``, which follows ``OMP_NUM_THREADS``:
+    one per Ray worker)."""
+    if device.type != "cpu" or rows < 2 * MIN_LANE_ROWS or getattr(_IN_LANE, "active", False):
+        return 1
+    import torch
+
+    lanes = min(torch.get_num_threads(), rows // MIN_LANE_ROWS)
+    return lanes if lanes > 1 and _blas() else 1
+
+
+def run_in_lanes(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run ``tasks`` concurrently, one thread each, with BLAS single-threaded meanwhile.
+
+    Returns their results in order; a task's exception is raised once every task has
+    finished (no lane is left writing into sums its caller has given up on).  Where the
+    BLAS threads could not be limited (another thread holds a threadpoolctl limit), the
+    tasks run one after another in the caller instead of oversubscribing the cores.
+    """
+    from threadpoolctl import ThreadpoolController
+
+    with _RUN_LOCK:
+        blas = ThreadpoolController().select(user_api="blas")
+        with blas.limit(limits=1):
+            if any(info["num_threads"] != 1 for info in blas.info()):
+                return [task() for task in tasks]
+            futures = [_pool(len(tasks)).submit(_in_lane, task) for task in tasks]
+            wait(futures)
+    return [f.result() for f in futures]
+
+
+def _in_lane(task: Callable[[], Any]) -> Any:
+    _IN_LANE.active = True  # a lane's own statistics take no lanes (no nested lock)
+    try:
+        return task()
+    finally:
+        _IN_LANE.active = False
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process's lane threads (started on demand)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < workers:
+            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="structlens-lane")
+        return _POOL
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: fresh locks and a fresh pool."""
+    global _POOL, _POOL_LOCK, _RUN_LOCK
+    _POOL, _POOL_LOCK, _RUN_LOCK = None, threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _blas() -> bool:
+    """Whether threadpoolctl can limit the threads of NumPy's BLAS (OpenBLAS, MKL, BLIS)."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = bool(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _BLAS
