@@ -23,7 +23,7 @@ __all__ = ["MIN_LANE_ROWS", "lane_count", "run_in_lanes"]
 MIN_LANE_ROWS = 2048
 
 _POOL_LOCK = threading.Lock()
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[ThreadPoolExecutor, int] | None = None  # (pool, its number of threads)
 # One lane run at a time per process: BLAS's thread count is process-wide, and threadpoolctl
 # lets only the thread that set a limit restore it (a concurrent caller waits its turn).
 _RUN_LOCK = threading.Lock()
@@ -76,9 +76,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     """The process's lane threads (started on demand)."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < workers:
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="structlens-lane")
-        return _POOL
+        if _POOL is None or _POOL[1] < workers:
+            _POOL = (ThreadPoolExecutor(workers, thread_name_prefix="structlens-lane"), workers)
+        return _POOL[0]
 
 
 def _after_fork_in_child() -> None:
