@@ -24,9 +24,18 @@ def _relmax(a, b):
 
 @pytest.fixture
 def forced_lanes(monkeypatch):
-    """Three lanes for any chunk, each reducing 16 rows at a time (tiny data, real threads)."""
+    """Three lanes for any chunk, each reducing 16 rows at a time (tiny data, real threads);
+    returns the number of tasks of each lane run, as it happens."""
+    runs: list[int] = []
+
+    def recorded(tasks):
+        runs.append(len(tasks))
+        return lanes.run_in_lanes(tasks)
+
     monkeypatch.setattr(moments, "lane_count", lambda rows, device: 3)
     monkeypatch.setattr(moments, "MIN_LANE_ROWS", 16)
+    monkeypatch.setattr(moments, "run_in_lanes", recorded)
+    return runs
 
 
 def _data(rng, n=1000):
@@ -46,7 +55,7 @@ def _data(rng, n=1000):
     ],
     ids=["diag+tails", "full", "fourth-order", "x-only", "float32"],
 )
-def test_lanes_give_the_moments_of_one_lane_and_of_two_pass_numpy(rng, monkeypatch, kw):
+def test_lanes_give_the_moments_of_one_lane_and_of_two_pass_numpy(rng, request, kw):
     x, y = _data(rng)
     kw = dict(kw)
     d_y = kw.pop("d_y", 5)
@@ -60,9 +69,9 @@ def test_lanes_give_the_moments_of_one_lane_and_of_two_pass_numpy(rng, monkeypat
         )
 
     one = run()
-    monkeypatch.setattr(moments, "lane_count", lambda rows, device: 3)
-    monkeypatch.setattr(moments, "MIN_LANE_ROWS", 16)
+    runs = request.getfixturevalue("forced_lanes")
     three, again = run(), run()
+    assert runs and max(runs) == 3  # the rows really went through three lanes
     tol = 1e-5 if kw.get("precision") == "float32" else 1e-11
     xc = x - x.mean(0)
     assert three.n == one.n == 1000
