@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17: rerun every benchmark touched by the performance work, in one go, on an IDLE
-# machine (about 35 minutes on 2 cores). Each run prints the load average and records it in
+# machine (about 37 minutes on 2 cores). Each run prints the load average and records it in
 # its results.json; check it before reading the ratios.
 #   bash benchmarks/run_issue17.sh            # from the repository root
 set -euo pipefail
@@ -10,6 +10,8 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 step() { echo; echo "== $1  ($(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg))"; }
 step "koopman: EDMDc statistics vs pykoopman and the GEMM bound (~3 min)"
 "$PY" benchmarks/koopman/run.py --repeats 2
+step "koopman: the statistics pass in row lanes, on one lane, on one core (~1.5 min)"
+"$PY" benchmarks/koopman/run.py --lanes --repeats 10
 step "jacobian: exact E[JᵀJ] vs a per-direction backward loop (~1.5 min)"
 "$PY" benchmarks/jacobian/run.py
 step "similarity: CKA/SVCCA at n = 100k vs anatome and torch-cka, best of 3 (~10 min)"

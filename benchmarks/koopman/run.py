@@ -21,7 +21,11 @@ best time kept.  The load average before and after goes into results.json.
 
     .venv/bin/python benchmarks/koopman/run.py [--quick] [--repeats 2]
 
-Takes about 2–3 minutes on an idle 2-core machine.
+Takes about 2–3 minutes on an idle 2-core machine.  ``--lanes`` instead times the statistics
+pass alone at M = 100,000, N = 512 three ways, interleaved: in row lanes (the default), on one
+lane with the BLAS library's own threads (the path before the lanes; ``torch`` limited to one
+thread, which sets the lane count), and on one core (one lane, one BLAS thread), and writes
+``results_lanes.json`` (``lane_efficiency`` = one-core time / (lanes time × cores)).
 """
 
 from __future__ import annotations
@@ -137,15 +141,52 @@ def one_size(m: int, n: int, repeats: int, rate: float) -> dict:
     return out
 
 
+def lanes_check(repeats: int) -> dict:
+    """The statistics pass in lanes, on one lane, and on one core (see the module docstring)."""
+    from threadpoolctl import threadpool_limits
+
+    from structlens.koopman import EDMDc, EDMDcConfig, IdentityDictionary
+
+    x, u, y = problem(*SIZES[0])
+    est = EDMDc(IdentityDictionary().fit(x[:2]), EDMDcConfig(alpha=0.0, center=False))
+    threads = torch.get_num_threads()
+    times: dict[str, list[float]] = {"lanes": [], "one_lane": [], "one_core": []}
+    for _ in range(repeats):
+        for name in times:
+            torch.set_num_threads(threads if name == "lanes" else 1)
+            with threadpool_limits(1 if name == "one_core" else None, user_api="blas"):
+                times[name].append(_timed(lambda: est.statistics(x, u, y)))
+            print(f"  {name}: {times[name][-1]:.2f} s", flush=True)
+    torch.set_num_threads(threads)
+    best = {f"{k}_s": min(v) for k, v in times.items()}
+    return {
+        "M": SIZES[0][0],
+        "N": SIZES[0][1],
+        "threads": threads,
+        **best,
+        **{f"{k}_times_s": v for k, v in times.items()},
+        "speedup_vs_one_lane": best["one_lane_s"] / best["lanes_s"],
+        "lane_efficiency": best["one_core_s"] / (best["lanes_s"] * threads),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one small size (smoke run)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--lanes", action="store_true", help="the statistics pass with/without lanes")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     load_before = os.getloadavg()
     print(f"load average before: {load_before}", flush=True)
     import structlens.koopman  # noqa: F401  (imports are not part of any timed fit)
+
+    if args.lanes:
+        lanes = {"load_average_before": load_before, **lanes_check(args.repeats)}
+        lanes["load_average_after"] = os.getloadavg()
+        (HERE / "results_lanes.json").write_text(json.dumps(lanes, indent=2) + "\n")
+        print(json.dumps(lanes, indent=2))
+        return
 
     try:
         import pykoopman  # noqa: F401
