@@ -7,11 +7,13 @@ from typing import Annotated
 
 import typer
 
+from structlens.cli.checks import PROFILE_NAMES, checked, one_of
 from structlens.cli.loading import load_model_or_fail
 from structlens.cli.options import Device, ExecutorName, ModelArg, Out, Quiet, Seed
-from structlens.cli.output import console, fail, fail_user_error
+from structlens.cli.output import console, fail_user_error
 
 
+@checked
 def analyze(
     model: ModelArg,
     profile: Annotated[
@@ -19,6 +21,9 @@ def analyze(
         typer.Option(
             help="Sizes: 'smoke' (a tiny model in < 3 min), 'cpu' (SmolLM2-135M on a laptop), "
             "'full' (replication settings, for a GPU or a Ray cluster)."
+        ),
+        one_of(
+            PROFILE_NAMES, f"--profile must be one of {', '.join(PROFILE_NAMES)}; got {{value!r}}."
         ),
     ] = "cpu",
     sites: Annotated[
@@ -33,7 +38,10 @@ def analyze(
         str | None, typer.Option("--compare", help="A second model for the equivalence section.")
     ] = None,
     out: Out = Path("results/analysis"),
-    executor: ExecutorName = "local",
+    executor: Annotated[
+        ExecutorName,
+        one_of(("local", "ray"), "--executor must be 'local' or 'ray'; got {value!r}."),
+    ] = "local",
     device: Device = "cpu",
     seed: Seed = 0,
     quiet: Quiet = False,
@@ -43,13 +51,9 @@ def analyze(
     a second run with the same settings loads it instead of recomputing."""
     from rich.markup import escape
 
-    from structlens.analyze import PROFILES, AnalyzeConfig, parse_layers, run_analysis
+    from structlens.analyze import AnalyzeConfig, parse_layers, run_analysis
     from structlens.report.html import write_report
 
-    if profile not in PROFILES:
-        fail(f"--profile must be one of {', '.join(PROFILES)}; got {profile!r}.")
-    if executor not in ("local", "ray"):
-        fail(f"--executor must be 'local' or 'ray'; got {executor!r}.")
     m = load_model_or_fail(model, device, "float32", seed)
     try:
         layers = parse_layers(sites, m.n_layers)

@@ -7,9 +7,39 @@ from typing import Annotated
 
 import typer
 
+from structlens.cli.checks import Calls, Holds, above, at_least, check_task
 from structlens.cli.common import Common, common_options
-from structlens.cli.options import ModelArg
+from structlens.cli.options import KNOWN_DTYPE, ModelArg
 from structlens.cli.output import fail_user_error
+from structlens.errors import InputError
+
+
+def _check_data(data: str) -> None:
+    """``--data`` names a task that exists, or a path that does (else the error of
+    :func:`structlens.data.corpus.load_texts`)."""
+    if data.startswith("task:"):
+        check_task(data.removeprefix("task:"))
+    elif data != "corpus" and not data.startswith("hf:") and not Path(data).exists():
+        raise InputError(
+            f"Corpus source {Path(data)} does not exist. Pass an existing .txt or .jsonl file, a "
+            "directory of .txt files, 'hf:NAME[:CONFIG][:SPLIT]', or None for the bundled "
+            "corpus."
+        )
+
+
+def _names(positions: str) -> list[str]:
+    return [n.strip() for n in positions.split(",") if n.strip()]
+
+
+# the words of structlens.capture.select_positions: without a task, no position has a name
+_POSITIONS = Holds(
+    lambda p, data: data.startswith("task:") or p in ("all", "last", "skip-first") or not _names(p),
+    lambda p: (
+        f"positions {p!r}: unknown name(s) {_names(p)}; use 'all', 'last', 'skip-first' "
+        "or names among (none given)"
+    ),
+    uses=("data",),
+)
 
 
 @common_options(out=Path("results"), executor=True)
@@ -31,15 +61,41 @@ def capture_cmd(
             "file or directory, 'hf:NAME[:CONFIG][:SPLIT]', or "
             "'task:ioi' / 'task:greater_than' / ...",
         ),
+        Calls(_check_data),
     ] = "corpus",
     positions: Annotated[
-        str, typer.Option(help="all | last | skip-first | task position names such as 'IO,S2,END'.")
+        str,
+        typer.Option(help="all | last | skip-first | task position names such as 'IO,S2,END'."),
+        _POSITIONS,
     ] = "all",
-    max_prompts: Annotated[int | None, typer.Option(help="Use at most this many prompts.")] = None,
-    prompt_tokens: Annotated[int, typer.Option(help="Tokens per corpus prompt.")] = 128,
-    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 8,
-    store_dtype: Annotated[str, typer.Option(help="dtype of stored activations.")] = "float32",
-    shard_mb: Annotated[float, typer.Option(help="Activation megabytes per shard.")] = 256.0,
+    # the messages of structlens.data.corpus.chunk_documents and structlens.capture.capture
+    max_prompts: Annotated[
+        int | None,
+        typer.Option(help="Use at most this many prompts."),
+        at_least(1, "max_prompts must be a positive integer or None, got {value}."),
+    ] = None,
+    prompt_tokens: Annotated[
+        int,
+        typer.Option(help="Tokens per corpus prompt."),
+        Holds(
+            lambda t, data: data.startswith("task:") or t >= 2,  # a task's prompts: unused
+            "max_tokens must be at least 2, got {value}.",
+            uses=("data",),
+        ),
+    ] = 128,
+    batch_size: Annotated[
+        int,
+        typer.Option(help="Prompts per forward pass."),
+        at_least(1, "batch_size must be >= 1, got {value}"),
+    ] = 8,
+    store_dtype: Annotated[
+        str, typer.Option(help="dtype of stored activations."), KNOWN_DTYPE
+    ] = "float32",
+    shard_mb: Annotated[
+        float,
+        typer.Option(help="Activation megabytes per shard."),
+        above(0, "shard_mb must be > 0, got {value}"),
+    ] = 256.0,
 ) -> None:
     """Capture activations into a content-addressed, resumable store under OUT/activations.
 

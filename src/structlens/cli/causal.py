@@ -8,6 +8,7 @@ from typing import Annotated, Any, cast
 
 import typer
 
+from structlens.cli.checks import Parsed, at_least, choice
 from structlens.cli.common import Common, common_options, shared_settings
 from structlens.cli.options import ModelArg, parse_ints
 from structlens.cli.sae import EVALUATION, SWEEP_WIDTHS, load_sae_dir, parse_widths, training
@@ -17,13 +18,31 @@ app = typer.Typer(
     help="Causal dimensionality: exact κ, width-sweep wedge, controls.", no_args_is_help=True
 )
 
+# the checks say what CausalDimExperimentConfig would (FLAGS turn its fields into options)
 JacPrompts = Annotated[
-    int, typer.Option("--jacobian-prompts", help="Residual vectors (one per prompt) for Σ.")
+    int,
+    typer.Option("--jacobian-prompts", help="Residual vectors (one per prompt) for Σ."),
+    at_least(1, "jacobian_prompts must be ≥ 1."),
 ]
 JacTokens = Annotated[int, typer.Option("--jacobian-tokens", help="Tokens per Σ prompt.")]
-Output = Annotated[str, typer.Option("--output", help="Σ of 'log_probs' or 'raw' logits.")]
+Output = Annotated[
+    str,
+    typer.Option("--output", help="Σ of 'log_probs' or 'raw' logits."),
+    choice("output", ("log_probs", "raw")),
+]
 Positions = Annotated[
-    str, typer.Option("--positions", help="'same' (last position) or 'downstream' outputs.")
+    str,
+    typer.Option("--positions", help="'same' (last position) or 'downstream' outputs."),
+    choice("positions", ("same", "downstream")),
+]
+Layers = Annotated[
+    str,
+    typer.Option("--layers", help="Comma-separated layers."),
+    Parsed(
+        lambda spec: list(parse_ints(spec, "--layers")),
+        lambda layers: min(layers) >= 0,
+        "layers must name layers >= 0; got {parsed}.",
+    ),
 ]
 FLAGS = SAE_FLAGS | {
     "layers": "--layers",
@@ -49,7 +68,7 @@ def _run(common: Common, model: Any, sae: Any = None, **settings: Any) -> Any:
 def jacobian(
     common: Common,
     model: ModelArg,
-    layers: Annotated[str, typer.Option("--layers", help="Comma-separated layers.")] = "0",
+    layers: Layers = "0",
     jacobian_prompts: JacPrompts = 4,
     jacobian_tokens: JacTokens = 24,
     output: Output = "log_probs",

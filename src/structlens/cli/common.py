@@ -15,6 +15,7 @@ from typing import Any
 
 from typer.models import OptionInfo
 
+from structlens.cli.checks import check_arguments, check_executor
 from structlens.cli.loading import executor_or_fail, load_model_or_fail
 from structlens.cli.options import Address, Device, Dtype, ExecutorName, Out, Quiet, Seed
 from structlens.cli.output import console, fail
@@ -87,7 +88,9 @@ def common_options(
     """Add ``--out`` (default ``out``; required if None), ``--device``, ``--dtype``,
     ``--seed``, ``--quiet`` and, with ``executor``, ``--executor``/``--address`` to a command.
 
-    The command receives them as ``common: Common``.  A ``ValueError`` that means bad input
+    The command receives them as ``common: Common``.  The checks declared in the options'
+    types (:mod:`structlens.cli.checks`) and the executor's run first, before the command's
+    body imports anything heavy or loads a model.  A ``ValueError`` that means bad input
     (:func:`structlens.errors.is_user_error`: found by a config or an experiment) exits with
     status 2 and its message, in which every config field named in ``flags`` reads as its
     option (``flags={"n_blocks": "--n-blocks"}``); any other goes on to the top-level handler
@@ -101,9 +104,12 @@ def common_options(
 
         @functools.wraps(f)
         def command(**kwargs: Any) -> Any:
-            names = [fld.name for fld in dataclasses.fields(Common)]
-            shared = {n: kwargs.pop(n) for n in names if n in kwargs}
             try:
+                check_arguments(params, kwargs)
+                if executor:
+                    check_executor(kwargs["executor"], kwargs["address"])
+                names = [fld.name for fld in dataclasses.fields(Common)]
+                shared = {n: kwargs.pop(n) for n in names if n in kwargs}
                 return f(common=Common(**shared), **kwargs)
             except ValueError as err:
                 if not is_user_error(err):

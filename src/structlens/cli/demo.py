@@ -7,15 +7,23 @@ from typing import Annotated
 
 import typer
 
+from structlens.cli.checks import at_least, checked
 from structlens.cli.options import Device, Out, Quiet, Seed
 from structlens.cli.output import console
+from structlens.cli.tasks import N_PROMPTS
 from structlens.results import write_results
+from structlens.sites import site_name
 
 
+@checked
 def demo(
     model: Annotated[str, typer.Option(help="Model to run on.")] = "smollm2-135m",
-    n: Annotated[int, typer.Option("-n", help="Prompts per task.")] = 100,
-    corpus_prompts: Annotated[int, typer.Option(help="Corpus prompts to capture.")] = 64,
+    n: Annotated[int, typer.Option("-n", help="Prompts per task."), at_least(1, N_PROMPTS)] = 100,
+    corpus_prompts: Annotated[
+        int,
+        typer.Option(help="Corpus prompts to capture."),
+        at_least(1, "max_prompts must be a positive integer or None, got {value}."),
+    ] = 64,
     out: Out = Path("results/demo"),
     quiet: Quiet = False,
     device: Device = "cpu",
@@ -25,7 +33,7 @@ def demo(
     corpus, and write a summary to OUT/demo.json."""
     from structlens.capture import capture
     from structlens.capture.inputs import load_prompts
-    from structlens.cli.tasks import evaluate
+    from structlens.cli.tasks import evaluate  # its progress bar: rich, not torch
     from structlens.data.tasks import available_tasks
     from structlens.models import load_model
 
@@ -56,9 +64,9 @@ def demo(
     say("[bold]3/3[/] capture over the bundled corpus")
     mid = m.n_layers // 2
     sites = [
-        f"blocks.{mid}.hook_resid_pre",
-        f"blocks.{mid}.hook_attn_out",
-        f"blocks.{mid + 1}.hook_resid_pre",
+        site_name("resid_pre", mid),
+        site_name("attn_out", mid),
+        site_name("resid_pre", mid + 1),
     ]
     prompts, _, label = load_prompts(
         m, "corpus", max_prompts=corpus_prompts, prompt_tokens=128, seed=seed

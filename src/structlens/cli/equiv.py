@@ -8,7 +8,18 @@ from typing import Annotated, Any
 
 import typer
 
+from structlens.cli.checks import at_least, choice
 from structlens.cli.common import Common, common_options, shared_settings
+from structlens.cli.equiv_options import (
+    POSITIVE,
+    BatchSize,
+    HeadMatching,
+    LayerMatching,
+    Metric,
+    N,
+    Representation,
+    Task,
+)
 from structlens.cli.options import ModelArg
 
 app = typer.Typer(
@@ -16,29 +27,6 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-Task = Annotated[
-    str,
-    typer.Option(
-        "--task", help="Probe set: 'corpus' (bundled sentences) or a task name (ioi, ...)."
-    ),
-]
-N = Annotated[int, typer.Option("-n", help="Number of probe prompts (half held out).")]
-Metric = Annotated[
-    str,
-    typer.Option(
-        "--metric",
-        help="Similarity: linear_cka, linear_cka_debiased, rbf_cka, svcca, pwcca, procrustes, "
-        "encoding, mutual_knn.",
-    ),
-]
-LayerMatching = Annotated[
-    str, typer.Option("--layer-matching", help="monotone (depth-preserving) or hungarian.")
-]
-HeadMatching = Annotated[str, typer.Option("--head-matching", help="global or per_layer.")]
-Representation = Annotated[
-    str, typer.Option("--representation", help="auto, tokens or sentence (mean over tokens).")
-]
-BatchSize = Annotated[int, typer.Option("--batch-size")]
 # the probes and the matching, shared by both commands
 PROBES = {
     "task": (Task, "corpus"),
@@ -110,7 +98,9 @@ def compare_cmd(
     model_a: ModelArg,
     model_b: ModelArg,
     map_method: Annotated[
-        str, typer.Option("--map", help="Linear map for validation: ridge or procrustes.")
+        str,
+        typer.Option("--map", help="Linear map for validation: ridge or procrustes."),
+        choice("map_method", ("ridge", "procrustes")),
     ] = "ridge",
     max_kl: Annotated[float, typer.Option("--max-kl", help="Pass if KL <= this (nats).")] = 0.1,
     min_top1: Annotated[
@@ -130,7 +120,9 @@ def compare_cmd(
     congruity: Annotated[
         bool, typer.Option("--congruity/--no-congruity", help="Run the CONGRUITY estimator.")
     ] = True,
-    top_k: Annotated[int, typer.Option("--top-k", help="CONGRUITY heads per model.")] = 4,
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="CONGRUITY heads per model."), at_least(1, POSITIVE)
+    ] = 4,
     congruity_max_layers: Annotated[
         int | None,
         typer.Option("--congruity-max-layers", help="Rank heads of at most this many layers."),

@@ -11,12 +11,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from structlens.cli.checks import Holds, Parsed, at_least
 from structlens.cli.common import Common, common_options, shared_settings
 from structlens.cli.koopman_options import DATA, FLAGS, OUT, REDUCE, ModelOpt, streams
 from structlens.cli.options import parse_ints, parse_names
 
 if TYPE_CHECKING:
     from structlens.koopman.experiment import Analysis
+
+# the words of KoopmanExperimentConfig
+SPLITS = "need n_blocks >= 4 and n_repeats >= 2; got {n_blocks}, {n_repeats}."
+MODES_K = "k must be in [1, size={size}]; got {value}."
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
 
@@ -53,7 +58,9 @@ def fit_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
     mom_blocks: Annotated[
-        int, typer.Option("--mom-blocks", help="Also fit median-of-means with this many blocks.")
+        int,
+        typer.Option("--mom-blocks", help="Also fit median-of-means with this many blocks."),
+        at_least(0, "mom_blocks must be >= 0, got {value}."),
     ] = 0,
     **settings: Any,
 ) -> None:
@@ -79,8 +86,12 @@ def fit_cmd(
 def convergence_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    n_blocks: Annotated[int, typer.Option("--n-blocks", help="Prompt blocks (>= 4).")] = 32,
-    n_repeats: Annotated[int, typer.Option("--n-repeats", help="Half pairs per size.")] = 10,
+    n_blocks: Annotated[
+        int, typer.Option("--n-blocks", help="Prompt blocks (>= 4)."), at_least(4, SPLITS)
+    ] = 32,
+    n_repeats: Annotated[
+        int, typer.Option("--n-repeats", help="Half pairs per size."), at_least(2, SPLITS)
+    ] = 10,
     **settings: Any,
 ) -> None:
     """Split-half W∞ distance against M and its log-log slope (claim: −1/2).
@@ -118,7 +129,11 @@ def invariance_cmd(common: Common, model: ModelOpt = "smollm2-135m", **settings:
 def modes_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    k: Annotated[int, typer.Option("--k", help="Real dimension ablated.")] = 4,
+    k: Annotated[
+        int,
+        typer.Option("--k", help="Real dimension ablated."),
+        Holds(lambda k, size: 1 <= k <= size, MODES_K, uses=("size",)),
+    ] = 4,
     size: Annotated[int, typer.Option("--size", help="PCA dictionary size k_pca.")] = 32,
     positions: Annotated[
         str, typer.Option("--positions", help="'all' or an IOI position, e.g. END.")
@@ -146,7 +161,15 @@ def modes_cmd(
 def reduce_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
-    order: Annotated[str, typer.Option("--order", help="Comma list of reduced orders.")] = "4,8,16",
+    order: Annotated[
+        str,
+        typer.Option("--order", help="Comma list of reduced orders."),
+        Parsed(
+            lambda spec: parse_ints(spec, "--order"),
+            lambda orders: min(orders) >= 1,
+            "orders must be integers >= 1; got {parsed}.",
+        ),
+    ] = "4,8,16",
     **settings: Any,
 ) -> None:
     """Balanced truncation of the pooled depth operator over --layers (horizon = #layers):

@@ -10,25 +10,55 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.options import AllowForeign
+from structlens.cli.checks import DICTIONARY_NAMES, Holds, Parsed, at_least
+from structlens.cli.options import AllowForeign, parse_ints, parse_names
 
+
+def _unknown_dictionary(spec: str) -> str:
+    unknown = [d for d in parse_names(spec) if d not in DICTIONARY_NAMES]
+    return f"unknown dictionary {unknown[0]!r}; choose from {', '.join(DICTIONARY_NAMES)}."
+
+
+# the checks say what KoopmanExperimentConfig would (FLAGS turn its fields into options)
+DATA_SIZES = "n_corpus and n_task must be >= 0 and not both 0."
 ModelOpt = Annotated[str, typer.Argument(help="Model alias, HF name or local path.")]
 Layers = Annotated[
-    str, typer.Option("--layers", help="Layers: '8', '4,8,12' or a range '6-10' (inclusive).")
+    str,
+    typer.Option("--layers", help="Layers: '8', '4,8,12' or a range '6-10' (inclusive)."),
+    Parsed(
+        lambda spec: parse_ints(spec, "--layers"),
+        lambda layers: min(layers) >= 0,
+        "layers must name at least one layer >= 0; got {parsed}.",
+    ),
 ]
 Pooled = Annotated[
     bool, typer.Option("--pooled", help="One operator pooled over all --layers (else per layer).")
 ]
 Dicts = Annotated[
-    str, typer.Option("--dictionary", help="Comma list of identity, pca, rff, relu, spectral, sae.")
+    str,
+    typer.Option("--dictionary", help="Comma list of identity, pca, rff, relu, spectral, sae."),
+    Holds(lambda s: all(d in DICTIONARY_NAMES for d in parse_names(s)), _unknown_dictionary),
+    Holds(lambda s: bool(parse_names(s)), "dictionaries names no dictionary."),
 ]
-Size = Annotated[int, typer.Option("--size", help="PCA k / RFF, ReLU D / spectral modes.")]
+Size = Annotated[
+    int,
+    typer.Option("--size", help="PCA k / RFF, ReLU D / spectral modes."),
+    at_least(1, "dictionary size must be >= 1, got {value}."),
+]
 SAEPath = Annotated[
-    Path | None, typer.Option("--sae", help="SAELens-format SAE directory (for 'sae').")
+    Path | None,
+    typer.Option("--sae", help="SAELens-format SAE directory (for 'sae')."),
+    Holds(Path.exists, "SAE path {value} does not exist."),
 ]
-NCorpus = Annotated[int, typer.Option("--n-corpus", help="Corpus chunks (prompts).")]
+NCorpus = Annotated[
+    int, typer.Option("--n-corpus", help="Corpus chunks (prompts)."), at_least(0, DATA_SIZES)
+]
 PromptTokens = Annotated[int, typer.Option("--prompt-tokens", help="Tokens per corpus chunk.")]
-NTask = Annotated[int, typer.Option("--n-task", help="IOI prompts added to the data (0: none).")]
+NTask = Annotated[
+    int,
+    typer.Option("--n-task", help="IOI prompts added to the data (0: none)."),
+    Holds(lambda n, n_corpus: n >= 0 and n + n_corpus > 0, DATA_SIZES, uses=("n_corpus",)),
+]
 Alpha = Annotated[float, typer.Option("--alpha", help="Relative ridge of the EDMDc solve.")]
 Energy = Annotated[
     float, typer.Option("--control-energy", help="Fraction of Var(attn_out) kept in u.")

@@ -22,13 +22,15 @@ def executor_or_fail(
     name: str, address: str | None = None, *, num_gpus_per_task: float | None = None
 ) -> Any:
     """The executor called ``name`` with the command's ``--address``; exits 2 on bad input."""
-    from structlens.execution import EXECUTORS, get_executor
+    from structlens.cli.checks import check_executor
+    from structlens.errors import InputError
+    from structlens.execution import get_executor
 
-    if name not in EXECUTORS:
-        fail(f"--executor must be one of {', '.join(EXECUTORS)}; got {name!r}.")
+    try:
+        check_executor(name, address)  # the commands' options ran it already; callers may not
+    except InputError as err:
+        fail(str(err))
     if name == "local":
-        if address is not None:
-            fail("--address names a Ray cluster; add --executor ray to use it.")
         return get_executor("local")
     try:
         return get_executor("ray", address=address, num_gpus_per_task=num_gpus_per_task)

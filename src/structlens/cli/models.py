@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from structlens.cli.checks import checked
 from structlens.cli.common import Common, common_options
 from structlens.cli.options import ModelArg, Out, Quiet
 from structlens.cli.output import console
@@ -27,6 +28,7 @@ def _available(alias: str) -> str:
     return "yes"
 
 
+@checked
 def models(out: Out = Path("results"), quiet: Quiet = False) -> None:
     """List the built-in models that load offline."""
     from structlens.models import ALIASES

@@ -15,10 +15,20 @@ from typing import Annotated, cast
 
 import typer
 
+from structlens.cli.checks import Holds, at_least, between
 from structlens.cli.common import Common, common_options
 from structlens.cli.ndm_browse import browse
 from structlens.cli.ndm_options import FLAGS, OUT, Activations, TrainDir
 from structlens.cli.options import AllowForeign, ModelArg, parse_ints, parse_names
+
+# the words of NDMExperimentConfig, NDMConfig and NDMEvaluationConfig
+PROMPTS = "corpus_prompts and task_prompts must be >= 0."
+
+
+def positive(field: str) -> Holds:
+    """The :class:`~structlens.ndm.NDMConfig` check of a count ``field`` (>= 1)."""
+    return at_least(1, f"NDMConfig.{field} must be >= 1, got {{value}}.")
+
 
 app = typer.Typer(help="NDM subspace decomposition: train, evaluate, browse.", no_args_is_help=True)
 
@@ -42,19 +52,35 @@ def train(
             "that name the same set share one cached store."
         ),
     ] = "",
-    corpus_prompts: Annotated[int, typer.Option(help="Corpus windows of 128 tokens.")] = 150,
-    task_prompts: Annotated[int, typer.Option(help="Clean prompts per task (3 tasks).")] = 40,
-    unit_size: Annotated[int, typer.Option(help="Initial subspace size (divides d).")] = 48,
-    steps: Annotated[int, typer.Option(help="Maximum optimisation steps per layer.")] = 600,
-    bank_size: Annotated[int, typer.Option(help="Keys in the neighbour memory bank.")] = 8192,
-    batch_size: Annotated[int, typer.Option(help="Queries per step.")] = 128,
-    refresh_interval: Annotated[int, typer.Option(help="Steps per bank refresh.")] = 20,
+    corpus_prompts: Annotated[
+        int, typer.Option(help="Corpus windows of 128 tokens."), at_least(0, PROMPTS)
+    ] = 150,
+    task_prompts: Annotated[
+        int, typer.Option(help="Clean prompts per task (3 tasks)."), at_least(0, PROMPTS)
+    ] = 40,
+    unit_size: Annotated[
+        int, typer.Option(help="Initial subspace size (divides d)."), positive("unit_size")
+    ] = 48,
+    steps: Annotated[
+        int, typer.Option(help="Maximum optimisation steps per layer."), positive("max_steps")
+    ] = 600,
+    bank_size: Annotated[
+        int, typer.Option(help="Keys in the neighbour memory bank."), positive("bank_size")
+    ] = 8192,
+    batch_size: Annotated[
+        int, typer.Option(help="Queries per step."), positive("batch_size")
+    ] = 128,
+    refresh_interval: Annotated[
+        int, typer.Option(help="Steps per bank refresh."), positive("refresh_interval")
+    ] = 20,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
     merge_start: Annotated[int, typer.Option(help="First merge step.")] = 200,
     merge_interval: Annotated[int, typer.Option(help="Steps between merge rounds.")] = 200,
     merge_threshold: Annotated[float, typer.Option(help="Normalised MI threshold.")] = 0.04,
     mi_samples: Annotated[int, typer.Option(help="Rows for the KSG estimate.")] = 2048,
-    restarts: Annotated[int, typer.Option(help="Training runs per layer; the best kept.")] = 1,
+    restarts: Annotated[
+        int, typer.Option(help="Training runs per layer; the best kept."), positive("restarts")
+    ] = 1,
     activations: Activations = Path("results/ndm/activations"),
     checkpoints: Annotated[
         Path | None,
@@ -94,10 +120,16 @@ def evaluate(
     common: Common,
     model_name: ModelArg = "smollm2-135m",
     train: TrainDir = Path("results/ndm"),
-    n: Annotated[int, typer.Option("-n", help="Prompts per test.")] = 24,
+    n: Annotated[
+        int,
+        typer.Option("-n", help="Prompts per test."),
+        at_least(2, "n must be at least 2 (bootstrap over prompts), got {value}"),
+    ] = 24,
     tests: Annotated[str, typer.Option(help="Comma-separated test names, or 'all'.")] = "all",
     min_share: Annotated[
-        float, typer.Option(help="Screen: least whole-space effect / clean metric for a Gini.")
+        float,
+        typer.Option(help="Screen: least whole-space effect / clean metric for a Gini."),
+        between(0.0, 1.0, "min_share must be in [0, 1], got {value}"),
     ] = 0.3,
     methods: Annotated[
         str, typer.Option(help="Comma-separated: ndm,identity,random,pca,sae.")

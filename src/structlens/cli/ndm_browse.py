@@ -49,8 +49,6 @@ def browse(
     The index is built on the first call and saved next to the run (TRAIN/browse-index/);
     later calls load it, so many queries cost one forward pass each.
     """
-    from structlens.ndm.experiment import browse_queries
-
     queries = list(prompt or [])
     if prompts_file is not None:
         try:
@@ -60,6 +58,8 @@ def browse(
         queries += [line for line in text.splitlines() if line.strip()]
     if not queries:
         fail("give a query with --prompt 'some text' (repeatable) or --prompts-file FILE")
+    from structlens.ndm.experiment import browse_queries  # torch: after the checks above
+
     model = common.load_model(model_name)
     with common.foreign_uses() as foreign:
         doc = browse_queries(

@@ -8,12 +8,19 @@ from typing import Annotated
 
 import typer
 
+from structlens.cli.checks import DTYPES, OutputDirectory, one_of
 from structlens.cli.output import fail
 
-Out = Annotated[Path, typer.Option("--out", help="Directory for results (JSON, figures).")]
+Out = Annotated[
+    Path, typer.Option("--out", help="Directory for results (JSON, figures)."), OutputDirectory()
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summaries.")]
 Device = Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda:0.")]
-Dtype = Annotated[str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ...")]
+#: the words of :func:`structlens.models.loading.resolve_dtype`
+KNOWN_DTYPE = one_of(DTYPES, f"unknown dtype {{value!r}}; use one of {', '.join(DTYPES)}")
+Dtype = Annotated[
+    str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ..."), KNOWN_DTYPE
+]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
 AllowForeign = Annotated[
     bool,

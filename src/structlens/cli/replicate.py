@@ -8,12 +8,14 @@ from typing import Annotated, Literal
 
 import typer
 
+from structlens.cli.checks import at_least, checked
 from structlens.cli.options import Device
 
 Method = Literal["koopman", "ndm", "causal-dimension", "equivalence"]
 Profile = Literal["cpu", "gpu", "smoke"]
 
 
+@checked
 def replicate(
     method: Annotated[Method, typer.Argument(help="Which paper to replicate.")],
     profile: Annotated[Profile, typer.Option(help="cpu, gpu or smoke (tiny models).")] = "cpu",
@@ -25,7 +27,11 @@ def replicate(
         typer.Option(help="Where METHOD.md and METHOD.json go (default docs/replication)."),
     ] = None,
     device: Device = "cpu",
-    threads: Annotated[int, typer.Option(help="Torch CPU threads (shared machine: 1).")] = 1,
+    threads: Annotated[
+        int,
+        typer.Option(help="Torch CPU threads (shared machine: 1)."),
+        at_least(1, "--threads must be >= 1, got {value}."),
+    ] = 1,
 ) -> None:
     """Run (or resume) a replication: every finished stage is reused, any changed input
     recomputes what depends on it."""

@@ -10,30 +10,29 @@ from typing import Annotated, Any
 
 import typer
 
+from structlens.cli.checks import at_least
 from structlens.cli.common import Common, common_options, shared_settings
-from structlens.cli.options import AllowForeign, ModelArg, parse_names
-from structlens.cli.output import fail
+from structlens.cli.options import AllowForeign, ModelArg
+from structlens.cli.sae_options import (
+    Arch,
+    Batch,
+    Epochs,
+    EvalPrompts,
+    K,
+    Layer,
+    LrBase,
+    Prompts,
+    SAEDir,
+    TargetL0,
+    Tokens,
+    Widths,
+    parse_widths,
+)
 
 app = typer.Typer(
     help="Sparse autoencoders: train, width sweeps, evaluation.", no_args_is_help=True
 )
 
-Layer = Annotated[
-    int, typer.Option("--layer", help="Residual stream blocks.{layer}.hook_resid_pre.")
-]
-Prompts = Annotated[int, typer.Option("--prompts", help="Corpus windows used for training.")]
-EvalPrompts = Annotated[int, typer.Option("--eval-prompts", help="Held-out windows for eval.")]
-Tokens = Annotated[int, typer.Option("--prompt-tokens", help="Tokens per corpus window.")]
-Arch = Annotated[str, typer.Option("--arch", help="relu, topk, batchtopk or jumprelu.")]
-K = Annotated[int, typer.Option("--k", help="TopK/BatchTopK k (the matched L0).")]
-TargetL0 = Annotated[
-    float | None, typer.Option("--target-l0", help="Matched L0 for relu/jumprelu (controller).")
-]
-Epochs = Annotated[int, typer.Option("--epochs", help="Passes over the training tokens.")]
-Batch = Annotated[int, typer.Option("--batch-size", help="Tokens per training step.")]
-LrBase = Annotated[float, typer.Option("--lr-base", help="Learning rate at width 2^14.")]
-Widths = Annotated[str, typer.Option("--widths", help="Comma-separated widths.")]
-SAEDir = Annotated[Path, typer.Option("--sae", help="SAELens-format SAE directory.")]
 SWEEP_WIDTHS = {"widths": (Widths, "512,1024,2048,4096,8192,16384")}
 # the options of a saved SAE's evaluation (`sae eval`, `causal-dim ablate`)
 EVALUATION = {
@@ -74,14 +73,6 @@ def training(widths: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
     )
 
 
-def parse_widths(spec: str) -> tuple[int, ...]:
-    """``'64,128'`` as a tuple of ints; exits 2 otherwise."""
-    try:
-        return tuple(int(w) for w in parse_names(spec))
-    except ValueError:
-        fail(f"--widths must be comma-separated integers, got {spec!r}.")
-
-
 def load_sae_dir(sae: Path, model: Any, layer: int, *, allow_foreign: bool) -> Any:
     """The SAE saved at ``sae`` for ``model``'s ``blocks.{layer}.hook_resid_pre``; a user error
     if the directory holds none or the SAE was made from another model or site (unless
@@ -114,7 +105,18 @@ def _train(common: Common, model: str, name: str, **settings: Any) -> None:
 @app.command()
 @common_options(flags=FLAGS)
 @shared_settings(
-    training({"width": (Annotated[int, typer.Option("--width", help="Dictionary size.")], 4096)})
+    training(
+        {
+            "width": (
+                Annotated[
+                    int,
+                    typer.Option("--width", help="Dictionary size."),
+                    at_least(1, "widths must be positive integers; got [{value}]."),
+                ],
+                4096,
+            )
+        }
+    )
 )
 def train(common: Common, model: ModelArg, **settings: Any) -> None:
     """Train one SAE on the residual stream at --layer; saves it in SAELens format."""

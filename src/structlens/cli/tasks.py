@@ -9,8 +9,12 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
+from structlens.cli.checks import MAX_TASK_PROMPTS, Calls, at_least, check_task
 from structlens.cli.common import Common, common_options
 from structlens.cli.output import console, fail, fail_user_error
+
+#: the words of :func:`structlens.data.tasks.make_task` for a bad number of prompts
+N_PROMPTS = f"n must be a number of prompts in [1, {MAX_TASK_PROMPTS}] or None, got {{value!r}}."
 
 app = typer.Typer(
     help="Circuit task datasets (IOI, Greater-than, knowledge conflict, ...).", no_args_is_help=True
@@ -84,13 +88,16 @@ def eval_cmd(
         str, typer.Option("--model", help="Alias, hub name, directory or .gguf.")
     ] = "smollm2-135m",
     task: Annotated[
-        str, typer.Option("--task", help="Task name (structlens tasks list) or 'all'.")
+        str,
+        typer.Option("--task", help="Task name (structlens tasks list) or 'all'."),
+        Calls(lambda t: check_task(t, also=("all",))),
     ] = "ioi",
     n: Annotated[
         int | None,
         typer.Option(
             "-n", help="Prompts per task (all a task has if fewer; at most 10000, the cap)."
         ),
+        at_least(1, N_PROMPTS),  # more than the cap is capped, not an error
     ] = None,
     corruptions: Annotated[
         bool,
