@@ -110,7 +110,7 @@ def run(
         )  # fmt: skip
         step("AtP over widths")
         exact = next(r["kappa"] for r in rows if r["layer"] == mid)
-        # The FVU gate (issue 15): a sweep whose held-out FVU does not fall with width is
+        # The FVU gate: a sweep whose held-out FVU does not fall with width is
         # reported as not interpretable instead of fitted.
         eval_acts = collect_residuals(model, mid, eval_p)
         fvu = {m: evaluate_sae(r.sae, eval_acts).fvu for m, r in saes.items()}

@@ -65,7 +65,7 @@ def run(
     # The control (attention output) is compressed to as many components as the dictionary
     # has features, so every half of the smallest split still over-determines the fit.
     econf = EDMDcConfig(alpha=1e-6, control_rank=min(p.koopman_pca, model.d_model))
-    # The pooled fit keeps the control components holding 90% of Var(u) (issue 15).
+    # The pooled fit keeps the control components holding 90% of Var(u).
     fconf = EDMDcConfig(alpha=1e-6, control_energy=0.9)
     n_blocks = min(p.koopman_blocks, len(prompts) // 3)
     per_layer, caveats = [], []

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from structlens.sites import site_name
+
 __all__ = [
     "depth_sites",
     "layer_sites",
@@ -42,11 +44,11 @@ def layer_sites(n_layers: int, layer: int) -> tuple[str, str, str]:
     if not 0 <= layer < n_layers:
         raise ValueError(f"layer {layer} out of range; the model has layers 0..{n_layers - 1}.")
     y = (
-        f"blocks.{layer + 1}.hook_resid_pre"
+        site_name("resid_pre", layer + 1)
         if layer + 1 < n_layers
-        else f"blocks.{layer}.hook_resid_post"
+        else site_name("resid_post", layer)
     )
-    return f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out", y
+    return site_name("resid_pre", layer), site_name("attn_out", layer), y
 
 
 def depth_sites(n_layers: int, layers: Sequence[int]) -> list[str]:
@@ -123,10 +125,10 @@ def capture_depth(
 def _site_triplet(store: Any, layer: int) -> tuple[str, str, str]:
     # The successor state is resid_pre(l + 1), or resid_post(l) for the last block; the
     # store tells which one was captured.
-    nxt = f"blocks.{layer + 1}.hook_resid_pre"
+    nxt = site_name("resid_pre", layer + 1)
     if nxt not in store.sites:
-        nxt = f"blocks.{layer}.hook_resid_post"
-    sites = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out", nxt)
+        nxt = site_name("resid_post", layer)
+    sites = (site_name("resid_pre", layer), site_name("attn_out", layer), nxt)
     missing = [s for s in sites if s not in store.sites]
     if missing:
         raise ValueError(

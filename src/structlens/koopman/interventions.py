@@ -34,6 +34,7 @@ from structlens.koopman.dictionaries import Dictionary
 from structlens.koopman.edmdc import EDMDcResult
 from structlens.koopman.spectral import eigendecomposition, mode_ablation, real_modes
 from structlens.results import Result
+from structlens.sites import site_name
 from structlens.stats.intervals import bootstrap_interval
 
 __all__ = ["AblationComparison", "select_modes", "compare_ablations"]
@@ -156,7 +157,7 @@ def compare_ablations(
         )
     if n_random < 1:
         raise ValueError(f"n_random must be >= 1, got {n_random}.")
-    site = f"blocks.{layer}.hook_resid_pre"
+    site = site_name("resid_pre", layer)
     idx, dim = select_modes(result, k)
     abl = mode_ablation(result, dictionary, idx, mean=True)
     W = torch.as_tensor(abl.weight, dtype=torch.float32)

@@ -20,7 +20,7 @@ from structlens.results import atomic_write_json, to_jsonable
 
 VERDICTS = ("reproduced", "partly", "not reproduced", "unidentified", "not testable here")
 
-# Method-specific blocks (issues 15 and 16): dotted paths that must be present; "[]" marks
+# Method-specific blocks: dotted paths that must be present; "[]" marks
 # a list whose every element must carry the key.
 REQUIRED_BLOCKS: dict[str, tuple[str, ...]] = {
     "koopman": ("settings.exclude_position0", "settings.dictionary_fit_split"),

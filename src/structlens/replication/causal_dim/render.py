@@ -19,6 +19,7 @@ from structlens.replication.causal_dim.run import MASSIVE_NORM_FACTOR, METHOD, R
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.markdown import ci, finite_ci, fmt, num, verdict_moves, write_text
 from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width_sweep
+from structlens.sites import site_name
 
 # ε by depth compares like with like only when the SAEs at both ends reconstruct about as
 # well: an absolute FVU difference above this makes the depth claim unidentified.
@@ -27,7 +28,7 @@ DEPTH_FVU_MATCH = 0.05
 GROWTH_INVARIANCE = 1.5
 
 WHAT_CHANGED = [
-    "## What changed and why (issue 15)",
+    "## What changed and why",
     "",
     "- **Base width ≥ 4·d.** ε is the base width's own 98th percentile, so with a base of "
     "512 < d the curve was pinned near 2% of 512. The sweep now starts at ≥ 4·d (checked: "
@@ -562,7 +563,7 @@ def render_markdown(run: Run, source: str) -> str:
             else f"**not interpretable**: {sweep.get('sweep_reason')}; no κ̂ is fitted"
         )
         lines += [
-            f"## Width sweep at `blocks.{L}.hook_resid_pre`",
+            f"## Width sweep at `{site_name('resid_pre', L)}`",
             "",
             f"TopK SAEs, k = {s['k']} at every width (matched L0 by construction), base width "
             f"{sweep.get('base_width', sweep['widths'][0])} = "
@@ -873,7 +874,7 @@ def kappa_hat_status(sweep: dict[str, Any]) -> tuple[str, str | None]:
 
 def claims(run: Run, source: str) -> ClaimsDocument:
     """The claims of the run (one per row of the markdown table) and the sweep and κ
-    blocks issue 15 asks for."""
+    blocks of the protocol."""
     kappa, sweep = run.kappa, run.sweep
     d = kappa["d"] if kappa and kappa.get("d") else 576
     _, found = _claims(

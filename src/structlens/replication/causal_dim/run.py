@@ -27,6 +27,7 @@ import torch
 
 from structlens.replication.stage import Record, Stage, StageCache, data_digest
 from structlens.results import Result, to_jsonable
+from structlens.sites import site_name
 
 METHOD = "causal-dimension"
 GRAM_BLOCK = 16  # vectors per cached Gram block
@@ -599,7 +600,7 @@ class CausalReplication:
                 return Record(
                     payload=json.dumps(
                         to_jsonable(res)
-                        | {"layer": L, "site": f"blocks.{L}.hook_resid_pre"}
+                        | {"layer": L, "site": site_name("resid_pre", L)}
                         | {"quality": {str(w): q for w, q in quality.items()}}
                         | {"training": training, "atp_mass": mass}
                         | {"base_width_sensitivity": bases},

@@ -131,7 +131,7 @@ def _plateau(record: dict[str, Any]) -> bool:
 
 
 def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResult]) -> str:
-    """The protocol changes of issue 16 and how each row moved (previous protocol → now)."""
+    """The protocol changes and how each row moved (previous protocol → now)."""
 
     def num_or_dash(x: float | None) -> str:
         return "—" if x is None or not np.isfinite(x) else f"{x:.2f}"
@@ -171,7 +171,7 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
     )
     return "\n".join(
         [
-            "## What changed and why (issue 16)",
+            "## What changed and why",
             "",
             "* **Layer maps (a bug).** A whole `resid_post` was replaced through a ridge map "
             "fitted on ~170 token rows for d = 576, which failed even between identical layers "
@@ -599,7 +599,7 @@ def _group_verdict(row_verdicts: list[str]) -> str:
 
 def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
     """One claim per scenario group (pooled validated-head score, Wilson CI) plus the
-    sanity, per-row and settings blocks issue 16 asks for."""
+    sanity, per-row and settings blocks of the protocol."""
     found = []
     for group, (claim, _, _) in PAPER.items():
         names = [sc.name for sc in SCENARIOS if sc.group == group and sc.name in results]

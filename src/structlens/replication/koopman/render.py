@@ -2,7 +2,7 @@
 
 :func:`write` renders ``koopman.md`` (one section per claim, each with its verdict) and
 ``koopman.json`` (:class:`~structlens.replication.claims.ClaimsDocument`, one claim per
-verdict, plus the protocol settings issue 15 asks for) from the section results of one run.
+verdict, plus the protocol settings) from the section results of one run.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ HEAVY = 10.0  # max excess kurtosis above which a coordinate set counts as heavy
 
 
 def what_changed(s: dict[str, Any]) -> list[str]:
-    """The "what changed and why" section: each protocol deviation issue 15 fixed."""
+    """The "what changed and why" section: each protocol deviation the current protocol
+    fixed."""
     return [
-        "## What changed and why (issue 15)\n",
+        "## What changed and why\n",
         "- **Leakage fixed.** Every dictionary (PCA, random lifts, spectral, SAE and its "
         "feature choice) is fitted on the training prompts only and scored on held-out "
         f"prompts (`dictionary_fit_split = {s['dictionary_fit_split']!r}`); before, the "
@@ -89,8 +90,8 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     L.append("# Replication: Koopman spectral identifiability on SmolLM2-135M-Instruct\n")
     L.append(
         f"Produced by `{source}` (figures and cached stages under "
-        "`results/replication/koopman/`). The paper has no public text or "
-        "code, so its figures cannot be quoted; each claim is the one stated in issue 3.\n"
+        "`results/replication/koopman/`). The paper has no public code; each claim is the "
+        "one its summary states.\n"
     )
     L.append(
         f"Settings: {s['n_prompts']} prompts ({s['n_corpus']} bundled-corpus chunks of "

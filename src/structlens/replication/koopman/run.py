@@ -8,7 +8,7 @@ rate, per-layer fits (non-normality, dissociation, tails), invariance gap, the I
 ordering per layer, SAE seeds with and without the invariance penalty, universality across
 models, and reduction bounds on the pooled operator.  Everything is seeded.
 
-Protocol (issue 15): position 0 (the attention sink) is dropped from every fit and ablation;
+Protocol: position 0 (the attention sink) is dropped from every fit and ablation;
 every dictionary is fitted on training prompts only and scored on held-out prompts; the
 control basis keeps 90% of Var(u) (split-half: rank 16); Henrici departures come with a
 split-half noise floor; tails are reported as max/norm kurtosis and Gram-entry tails before

@@ -3,7 +3,7 @@
 :func:`write` renders ``ndm.md`` (verdicts, settings against the paper, training, the
 patching and Gini tables, knowledge conflict, the preimage browser, notes) and ``ndm.json``
 (:class:`~structlens.replication.claims.ClaimsDocument`, with the per-test whole-space share
-and screen issue 16 asks for) from one run's stage results.
+and screen of the protocol) from one run's stage results.
 """
 
 from __future__ import annotations
@@ -459,8 +459,8 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
 
 
 def what_changed(R: dict[str, Any]) -> list[str]:
-    """The "what changed and why" section: the protocol changes of issue 16, with this run's
-    settings."""
+    """The "what changed and why" section: the protocol changes since the previous
+    claims document, with this run's settings."""
     ev, s = R["evaluate"], R["settings"]
     sae = next((v["sae"] for v in ev["baselines"].values() if "sae" in v), None)
     sae_line = (

@@ -260,8 +260,8 @@ class NDMReplication:
 
     def planted(self) -> list[dict[str, Any]]:
         """The recovery rate over seeds on planted rotated partitions, one restart against
-        several (issue 16: a single run can merge groups after settling with dimensions
-        swapped between them)."""
+        several (a single run can merge groups after settling with dimensions swapped
+        between them)."""
         from structlens.ndm import NDMConfig
         from structlens.ndm.pipeline import planted_recovery
 
