@@ -19,7 +19,28 @@ the model's own output; likewise ``cross_attn.hook_attn_scores``/``hook_pattern`
 encoder–decoders).  Mixture-of-experts neuron sites run the layer's experts densely for the
 session (:mod:`structlens.models.moe`).  Norm sites (``ln*.hook_scale``/``hook_normalized``) are
 computed from the norm's input; a write rebuilds the norm's output as
-``normalized * gain + bias``.
+``normalized * gain + bias``.  ``hook_normalized`` is therefore TransformerLens's meaning, the
+input over its scale *before* the gain and bias, not the norm module's output:
+
+>>> import torch
+>>> from structlens.models import load_model
+>>> from structlens.models.adapters import norm_affine
+>>> model = load_model("tiny-llama")
+>>> norm = model.base_module(model.family.final_norm)
+>>> with torch.no_grad():
+...     _ = norm.weight.copy_(torch.linspace(0.5, 2.0, norm.weight.numel()))  # a gain, not 1
+>>> sites = ["blocks.2.hook_resid_post", "ln_final.hook_scale", "ln_final.hook_normalized"]
+>>> ids = torch.tensor([[1, 5, 9, 3]])
+>>> with torch.no_grad(), hooked(model, sites) as cache:
+...     _ = model.forward(ids, torch.ones_like(ids))
+>>> x, normalized = cache["blocks.2.hook_resid_post"], cache["ln_final.hook_normalized"]
+>>> torch.allclose(normalized, x / cache["ln_final.hook_scale"])  # input / scale
+True
+>>> gain, bias = norm_affine(norm)
+>>> torch.allclose(normalized * gain + bias, norm(x), atol=1e-6)  # the output needs the gain
+True
+>>> torch.allclose(normalized, norm(x), atol=1e-3)
+False
 
 Sites that are sums or differences of real tensors (``resid_mid`` on parallel GPT-NeoX;
 ``attn_out``/``mlp_out`` on post-LN BERT) are written by adjusting the module output they are
