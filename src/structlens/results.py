@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from structlens.errors import InputError
+from structlens.errors import InputError, reading
 
 SCHEMA_VERSION = 1
 
@@ -50,6 +50,28 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The JSON object in the file ``path``, a ``what`` (e.g. ``"analysis (JSON)"``).
+
+    Raises
+    ------
+    DamagedFileError
+        The file is not UTF-8 JSON (truncated, garbage); the message names it and ``what``.
+    InputError
+        It holds JSON other than an object.
+    OSError
+        It cannot be read (``FileNotFoundError`` if it does not exist).
+    """
+    with reading(path, what):
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise InputError(
+            f"{path} holds a JSON {type(doc).__name__}, not the JSON object a {what} is; it is "
+            f"damaged or another file."
+        )
+    return doc
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -158,7 +180,7 @@ class Result:
         from safetensors.numpy import load_file
 
         directory = Path(directory)
-        meta = json.loads((directory / "result.json").read_text())
+        meta = read_json_object(directory / "result.json", "saved result (JSON)")
         if meta.get("kind") != cls.__name__:
             raise ValueError(
                 f"{directory} holds a {meta.get('kind')!r} result, not {cls.__name__!r}; "
@@ -166,7 +188,8 @@ class Result:
             )
         arrays = {}
         if (directory / "arrays.safetensors").exists():
-            arrays = load_file(str(directory / "arrays.safetensors"))
+            with reading(directory / "arrays.safetensors", "result's arrays (safetensors)"):
+                arrays = load_file(str(directory / "arrays.safetensors"))
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in arrays:

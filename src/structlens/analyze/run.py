@@ -16,7 +16,8 @@ from structlens import __version__
 from structlens.analyze import causal, equivalence, koopman, ndm, tasks
 from structlens.analyze.config import AnalysisReport, AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, ProgressBars, StageCache, model_fingerprint
-from structlens.results import to_jsonable
+from structlens.errors import InputError
+from structlens.results import read_json_object, to_jsonable
 
 
 def default_layers(n_layers: int, count: int) -> tuple[int, ...]:
@@ -120,7 +121,9 @@ def load_report(directory: str | Path) -> AnalysisReport:
         raise FileNotFoundError(
             f"{path} does not exist; run `structlens analyze MODEL --out {directory}` first."
         )
-    doc = json.loads(path.read_text())
+    doc = read_json_object(path, "structlens analysis (JSON)")
+    if not isinstance(doc.get("run"), dict):
+        raise InputError(f"{path} has no 'run' record, so `structlens analyze` did not write it.")
     run = doc.pop("run")
     doc.pop("schema_version", None)
     return AnalysisReport(run=run, sections=doc)

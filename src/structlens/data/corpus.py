@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from structlens.errors import UserError
+
 BUNDLED_DIR = Path(__file__).with_name("corpus")
 # Bundled documents are groups of consecutive paragraphs of at least this many characters
 # (about 450 SmolLM2 tokens): long enough for 128-512 token prompts, short enough that a
@@ -28,6 +30,23 @@ BUNDLED_DIR = Path(__file__).with_name("corpus")
 BUNDLED_DOC_CHARS = 2000
 _CHAPTER_BREAK = "* * *"
 _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+#: How to do without a Hugging Face dataset, for the messages that say it cannot be had.
+LOCAL_DATA_HINT = (
+    "pass a local .txt or .jsonl file or a directory of .txt files instead "
+    "(`structlens capture --data PATH`; load_texts(PATH) in Python), or use the bundled "
+    "corpus (`--data corpus`; source=None)"
+)
+
+
+class DatasetUnavailableError(UserError, RuntimeError):
+    """A Hugging Face dataset that cannot be loaded here: offline, unknown to the hub, or a
+    ``datasets`` failure; a ``RuntimeError`` too, as it was before it was a user error."""
+
+
+class DatasetsMissingError(UserError, ImportError):
+    """An ``hf:`` corpus source without the optional ``datasets`` package installed."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +116,12 @@ def load_texts(source: str | Path | None = None, *, limit: int | None = None) ->
     ValueError
         If the source yields no documents, has duplicate ids, a malformed JSONL line, an
         unsupported file extension, or ``limit`` is not positive.
-    ImportError
-        If an ``hf:`` source is requested and ``datasets`` is not installed.
-    RuntimeError
-        If the Hugging Face dataset cannot be loaded (for example offline).
+    DatasetsMissingError
+        If an ``hf:`` source is requested and ``datasets`` is not installed (an
+        ``ImportError``).
+    DatasetUnavailableError
+        If the Hugging Face dataset cannot be loaded (for example offline; a
+        ``RuntimeError``).
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive integer or None, got {limit}.")
@@ -230,19 +251,18 @@ def _load_hf(source: str, limit: int | None) -> list[Document]:
     try:
         import datasets
     except ImportError as e:
-        raise ImportError(
+        raise DatasetsMissingError(
             f"Loading {source!r} needs the optional 'datasets' package: "
-            "pip install 'structlens[datasets]'. Offline, use the bundled corpus (source=None) "
-            "or a local .txt/.jsonl file instead."
+            f"pip install 'structlens[datasets]'; or {LOCAL_DATA_HINT}."
         ) from e
     sliced = split if limit is None else f"{split}[:{limit}]"
     try:
         ds = datasets.load_dataset(name, config, split=sliced)
     except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError...)
-        raise RuntimeError(
+        raise DatasetUnavailableError(
             f"Could not load Hugging Face dataset {name!r} (config={config!r}, split={split!r}): "
-            f"{type(e).__name__}: {e}. If this machine is offline, use the bundled corpus "
-            "(source=None) or a local .txt/.jsonl file."
+            f"{type(e).__name__}: {e}. If this machine is offline or the hub lacks it, "
+            f"{LOCAL_DATA_HINT}."
         ) from e
     if "text" not in ds.column_names:
         raise ValueError(

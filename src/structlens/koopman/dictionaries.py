@@ -16,14 +16,14 @@ only for those.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar, overload
 
 import numpy as np
 
+from structlens.errors import InputError, reading
 from structlens.registry import Registry
-from structlens.results import atomic_write_bytes, atomic_write_json
+from structlens.results import atomic_write_bytes, atomic_write_json, read_json_object
 from structlens.stats.validation import check_array
 
 #: Dictionary classes by their saved ``kind`` (filled by subclassing), for :func:`load_dictionary`.
@@ -129,9 +129,16 @@ def load_dictionary(directory: str | Path) -> Dictionary:
     from safetensors.numpy import load_file
 
     directory = Path(directory)
-    config = json.loads((directory / "dictionary.json").read_text())
-    cls = DICTIONARY_KINDS.get(config.get("kind"))
-    arrays = load_file(str(directory / "dictionary.safetensors"))
+    config = read_json_object(directory / "dictionary.json", "Koopman dictionary (JSON)")
+    kind = config.get("kind")
+    if not isinstance(kind, str) or kind not in DICTIONARY_KINDS:
+        raise InputError(
+            f"{directory / 'dictionary.json'} names no known dictionary kind "
+            f"({kind!r}; known: {', '.join(sorted(DICTIONARY_KINDS))})."
+        )
+    cls = DICTIONARY_KINDS.get(kind)
+    with reading(directory / "dictionary.safetensors", "Koopman dictionary (safetensors)"):
+        arrays = load_file(str(directory / "dictionary.safetensors"))
     obj = cls.__new__(cls)
     obj.dim = config["dim"]
     obj._restore(config, arrays)

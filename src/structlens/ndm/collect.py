@@ -20,6 +20,7 @@ from structlens.capture.store import ActivationStore, StoreError
 from structlens.errors import InputError
 from structlens.ndm.browse import PreimageBrowser
 from structlens.ndm.data import capture_residuals, training_prompts
+from structlens.results import read_json_object
 from structlens.sites import site_name
 
 __all__ = ["load_train_meta", "train_context", "browse_index", "query_activation"]
@@ -30,7 +31,10 @@ def load_train_meta(train: Path) -> dict[str, Any]:
     meta = Path(train) / "ndm_train.json"
     if not meta.exists():
         raise InputError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
-    return json.loads(meta.read_text())
+    doc = read_json_object(meta, "`ndm train` record (JSON)")
+    if not isinstance(doc.get("data"), dict) or "store" not in doc:
+        raise InputError(f"{meta} lacks the 'store' and 'data' records `ndm train` writes.")
+    return doc
 
 
 def train_context(model: Any, train: Path) -> tuple[dict[str, Any], ActivationStore, list[Any]]:

@@ -78,18 +78,20 @@ def load_rotation(
     """
     from safetensors import safe_open
 
-    from structlens.errors import InputError
+    from structlens.errors import InputError, reading
     from structlens.provenance import check_provenance
 
     if not Path(path).is_file():
         raise InputError(f"{path} not found; run `structlens ndm train` for this layer first")
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
-        R = f.get_tensor("R")
+    with reading(path, "NDM rotation (safetensors with 'R' and a partition)"):
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            R = f.get_tensor("R")
+        partition = json.loads(meta["partition"])
     check_provenance(
         meta, what=f"the rotation in {path}", model=model, site=site, allow_foreign=allow_foreign
     )
-    return R, json.loads(meta["partition"])
+    return R, partition
 
 
 @dataclass(frozen=True)

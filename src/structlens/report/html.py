@@ -519,14 +519,20 @@ def render_html(doc: dict[str, Any]) -> str:
 
 def write_report(directory: str | Path) -> Path:
     """Render ``directory/analysis.json`` to ``directory/report.html``; returns its path."""
-    from structlens.results import atomic_write_bytes
+    from structlens.errors import InputError
+    from structlens.results import atomic_write_bytes, read_json_object
 
     path = Path(directory) / "analysis.json"
     if not path.exists():
         raise FileNotFoundError(
             f"{path} does not exist; run `structlens analyze MODEL --out {directory}` first."
         )
-    doc = json.loads(path.read_text())
+    doc = read_json_object(path, "structlens analysis (JSON)")
+    if not isinstance(doc.get("run"), dict) or "model" not in doc["run"]:
+        raise InputError(
+            f"{path} has no 'run' record naming the model, so `structlens analyze` did not "
+            f"write it; run `structlens analyze MODEL --out {directory}` again."
+        )
     out = Path(directory) / "report.html"
     atomic_write_bytes(out, render_html(_finite(doc)).encode("utf-8"))
     return out

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import structlens
-from structlens.errors import InputError
+from structlens.errors import DamagedFileError, InputError, reading
 from structlens.provenance import check_provenance
 from structlens.results import atomic_write_bytes, atomic_write_json
 from structlens.sae.models import (
@@ -128,7 +128,7 @@ def _from_tensors(
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise InputError(f"SAE tensor {name!r} holds NaN or infinite values.")
     for key, n in (("d_in", d_in), ("d_sae", d_sae)):
-        if key in cfg and int(cfg[key]) != n:
+        if key in cfg and _cfg_int(cfg, key) != n:
             raise InputError(f"cfg.json says {key} = {cfg[key]} but the weights have {n}.")
     kw: dict[str, Any] = {
         "apply_b_dec_to_input": bool(cfg.get("apply_b_dec_to_input", True)),
@@ -138,10 +138,11 @@ def _from_tensors(
     if arch == "standard":
         sae = ReLUSAE(d_in, d_sae, **kw)
     elif arch == "topk":
-        k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
+        kwargs = cfg.get("activation_fn_kwargs") or {}
+        k = cfg.get("k") or (kwargs.get("k") if isinstance(kwargs, dict) else None)
         if k is None:
             raise InputError("a TopK cfg.json needs 'k'.")
-        sae = TopKSAE(d_in, d_sae, int(k), **kw)
+        sae = TopKSAE(d_in, d_sae, _cfg_int({"k": k}, "k"), **kw)
     elif arch == "jumprelu":
         if "threshold" not in tensors:
             raise InputError("a JumpReLU SAE needs a 'threshold' tensor.")
@@ -194,14 +195,25 @@ def load_sae(
     npz = path if path.suffix == ".npz" else path / "params.npz"
     if npz.is_file():
         try:
-            with np.load(npz, allow_pickle=False) as data:
-                tensors = {k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data}
-        except ValueError as err:  # object arrays would need unpickling: refused
-            raise InputError(f"{npz} cannot be read without unpickling ({err}).") from err
+            # TypeError: torch has no dtype for the array (strings, say): the file's fault
+            with reading(npz, "Gemma Scope params.npz (numpy zip)", also=(TypeError,)):
+                with np.load(npz, allow_pickle=False) as data:
+                    tensors = {
+                        k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data
+                    }
+        except DamagedFileError as err:
+            if "allow_pickle" not in str(err.__cause__):
+                raise
+            # object arrays, a pickle posing as .npz, or garbage (which np.load takes for a
+            # pickle) would need unpickling: refused
+            raise DamagedFileError(
+                f"{npz} cannot be read without unpickling, which structlens refuses (it can run "
+                f"any code): it holds object arrays or a pickle, or is damaged ({err.__cause__})"
+            ) from err
         npz_dtype = dtype or torch.float32
         cfg: dict[str, Any] = {"apply_b_dec_to_input": False}
         tensors = {k: v.to(npz_dtype) for k, v in tensors.items()}
-        sae = _from_tensors("jumprelu", tensors, cfg, npz_dtype)
+        sae = _from_tensors_of(npz, "jumprelu", tensors, cfg, npz_dtype)
         return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
         raise InputError(
@@ -221,11 +233,23 @@ def load_sae(
     dt = dtype or _DTYPES.get(str(cfg.get("dtype", "float32")).removeprefix("torch."))
     if dt is None:
         raise InputError(f"unsupported dtype {cfg.get('dtype')!r} in cfg.json.")
-    tensors = {k: v.to(dt) for k, v in load_file(str(path / WEIGHTS_FILENAME)).items()}
+    with reading(path / WEIGHTS_FILENAME, "SAE weights file (safetensors)"):
+        loaded = load_file(str(path / WEIGHTS_FILENAME))
+    tensors = {k: v.to(dt) for k, v in loaded.items()}
     if "log_threshold" in tensors and "threshold" not in tensors:
         tensors["threshold"] = tensors.pop("log_threshold").exp()
-    sae = _from_tensors(arch, tensors, cfg, dt)
+    sae = _from_tensors_of(path / WEIGHTS_FILENAME, arch, tensors, cfg, dt)
     return _checked(sae, sae_metadata(path), f"the SAE in {path}", model, site, allow_foreign)
+
+
+def _from_tensors_of(
+    file: Path, arch: str, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], dtype: torch.dtype
+) -> SparseAutoencoder:
+    """:func:`_from_tensors`, its refusals naming ``file`` (the weights they are about)."""
+    try:
+        return _from_tensors(arch, tensors, cfg, dtype)
+    except InputError as err:
+        raise InputError(f"{file}: {err}") from err
 
 
 def _checked(
@@ -242,13 +266,29 @@ def _checked(
 
 def _read_cfg(path: Path) -> dict[str, Any]:
     file = path / CFG_FILENAME
-    try:
+    with reading(file, "SAE config (cfg.json, JSON)"):
         cfg = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{file} is not valid JSON ({err}); re-save the SAE.") from err
     if not isinstance(cfg, dict):
         raise InputError(f"{file} must hold a JSON object, not {type(cfg).__name__}.")
+    if not isinstance(cfg.get("metadata") or {}, dict):
+        raise InputError(f"{file}: 'metadata' must be a JSON object, not {cfg['metadata']!r}.")
+    for key in ("d_in", "d_sae", "k"):
+        if cfg.get(key) is not None:
+            _cfg_int(cfg, key, where=str(file))
     return cfg
+
+
+def _cfg_int(cfg: dict[str, Any], key: str, where: str = CFG_FILENAME) -> int:
+    """``cfg[key]`` as an int; an :class:`InputError` naming ``where`` and ``key`` if it is
+    none."""
+    value = cfg[key]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise InputError(f"{where}: {key} = {value!r} is not an integer.")
 
 
 def sae_metadata(path: str | Path) -> dict[str, Any]:
