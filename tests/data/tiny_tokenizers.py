@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from structlens.data.tasks import facts, greater_than, ioi
@@ -40,9 +40,18 @@ def task_words() -> set[str]:
 
 
 def build_word_tokenizer(
-    extra_words: Iterable[str] = (), *, digits: str = "split"
+    extra_words: Iterable[str] = (),
+    *,
+    digits: str = "split",
+    add_bos: bool = False,
+    padding_side: str = "right",
 ) -> PreTrainedTokenizerFast:
-    """A word-level fast tokenizer over the task vocabulary plus ``extra_words``."""
+    """A word-level fast tokenizer over the task vocabulary plus ``extra_words``.
+
+    ``add_bos``: its post-processor puts ``<s>`` before every text (as Gemma's and Llama-2's
+    tokenizers do with the default ``add_special_tokens=True``); ``padding_side`` is where
+    ``tokenizer(texts, padding=True)`` pads.
+    """
     if digits == "split":
         numbers = [str(d) for d in range(10)]
         digit_split = pre_tokenizers.Digits(individual_digits=True)
@@ -55,6 +64,12 @@ def build_word_tokenizer(
     vocab = {w: i for i, w in enumerate([*SPECIALS, *words])}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), digit_split])
-    return PreTrainedTokenizerFast(
+    if add_bos:
+        tk.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])]
+        )
+    tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>"
     )
+    tok.padding_side = padding_side
+    return tok

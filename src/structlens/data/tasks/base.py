@@ -42,8 +42,10 @@ class TaskDataset(abc.ABC):
     texts : list of str
         The clean prompt texts.
     clean : list of list of int
-        Clean token ids per prompt (with a leading BOS token when built with
-        ``prepend_bos=True``).
+        Clean token ids per prompt, starting with the special tokens the tokenizer puts
+        before a text (Gemma's ``<bos>``; none for SmolLM2) unless ``prepend_bos`` chose
+        otherwise (see :class:`Encoder`); ``metadata["prepend_bos"]`` says whether there are
+        any.
     corrupted : dict of str to list of list of int
         Corruption name to token ids per prompt, each the length of the clean prompt.
     corrupted_texts : dict of str to list of str
@@ -152,16 +154,24 @@ class TaskDataset(abc.ABC):
         return table.T[idx]
 
     def gather_logits(
-        self, logits: torch.Tensor, index: Sequence[int] | None = None
+        self,
+        logits: torch.Tensor,
+        index: Sequence[int] | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Pick the logits the metric reads out of full-sequence logits.
 
         Parameters
         ----------
         logits : Tensor, shape ``[b, seq, vocab]``
-            Logits of prompts ``index`` (all prompts if None), right-padded to a common length.
+            Logits of prompts ``index`` (all prompts if None), padded to a common length.
         index : sequence of int or None
             Which prompts the ``b`` rows are.
+        attention_mask : Tensor ``[b, seq]`` or None
+            The batch's mask.  None means right padding (or none), where task positions are
+            batch columns; with a mask, left padding is allowed too: each position is moved
+            past its row's leading padding (see :func:`padded_positions`).
 
         Returns
         -------
@@ -176,6 +186,13 @@ class TaskDataset(abc.ABC):
             raise ValueError(
                 f"logits has {logits.shape[0]} rows but index selects {pos.shape[0]} prompts."
             )
+        if attention_mask is not None:
+            if attention_mask.shape != logits.shape[:2]:
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}, the logits "
+                    f"{tuple(logits.shape[:2])} batch and sequence axes."
+                )
+            pos = padded_positions(pos, attention_mask.to(logits.device))
         rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
         out = logits[rows, pos]
         return out[:, 0] if out.shape[1] == 1 else out
@@ -277,15 +294,25 @@ class TaskDataset(abc.ABC):
         return end_logits[rows, pos] - end_logits[rows, neg]
 
 
-def pad_batch(
-    sequences: Sequence[Sequence[int]], pad_id: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id sequences into ``(input_ids, attention_mask)``, both ``[b, max_len]``.
+PADDING_SIDES = ("right", "left")
 
-    Padding goes on the right so each prompt's tokens keep their positions (0..len-1); the
-    mask is 1 on real tokens and 0 on padding.  With causal attention the logits at real
-    positions do not depend on the padding.
+
+def pad_batch(
+    sequences: Sequence[Sequence[int]], pad_id: int = 0, padding_side: str = "right"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad token id sequences into ``(input_ids, attention_mask)``, both ``[b, max_len]``.
+
+    The mask is 1 on real tokens and 0 on padding.  With ``padding_side="right"`` (the default)
+    each prompt's tokens keep their positions (0..len-1), so task positions index the batch
+    directly; with ``"left"`` (what many tokenizers, Gemma's among them, do by default) prompt
+    ``i``'s tokens end at the last column and its positions shift by ``max_len - len_i``:
+    :meth:`TaskDataset.gather_logits` undoes that shift given the mask.  With causal attention
+    the logits at real positions do not depend on right padding; left padding also moves the
+    absolute positions, which changes nothing for rotary models but does for learned position
+    embeddings unless the forward pass derives position ids from the mask.
     """
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}.")
     if not sequences:
         raise ValueError("pad_batch() needs at least one sequence.")
     width = max(len(s) for s in sequences)
@@ -294,27 +321,98 @@ def pad_batch(
     ids = torch.full((len(sequences), width), int(pad_id), dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-        mask[i, : len(s)] = 1
+        cols = slice(0, len(s)) if padding_side == "right" else slice(width - len(s), width)
+        ids[i, cols] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, cols] = 1
     return ids, mask
+
+
+def padded_positions(positions: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Columns of a padded batch holding the prompt-relative token ``positions``.
+
+    ``positions`` is ``[b, k]`` (indices into each unpadded prompt), ``attention_mask`` the
+    batch's ``[b, seq]`` mask; the real tokens of each row are taken to be one contiguous run
+    (left or right padding).  Returns ``positions`` plus each row's leading padding.
+
+    Raises ValueError if a row's real tokens are not contiguous or a position falls outside.
+    """
+    mask = attention_mask.to(torch.long)
+    lengths = mask.sum(dim=1)
+    # the first real column: the number of zeros before the first one
+    lead = torch.argmax(mask, dim=1)
+    cols = torch.arange(mask.shape[1], device=mask.device)[None, :]
+    run = (cols >= lead[:, None]) & (cols < (lead + lengths)[:, None])
+    if not torch.equal(run.to(torch.long), mask):
+        raise ValueError("attention_mask rows must hold one contiguous run of real tokens.")
+    pos = positions.to(mask.device)
+    if bool((pos >= lengths[:, None]).any()) or bool((pos < 0).any()):
+        raise ValueError("A task position lies outside its prompt's real tokens in the batch.")
+    return pos + lead[:, None]
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The special token ids ``tokenizer`` puts before a text with its default settings.
+
+    Found by encoding a probe text with and without ``add_special_tokens``: the ids before the
+    plain encoding are the prefix (``[bos_token_id]`` for Gemma, ``[]`` for SmolLM2).
+
+    Raises ValueError if the tokenizer changes the text's own tokens when adding special ones,
+    so that no prefix describes what it does.
+    """
+    probe = "When Mary and John went to the store"
+    plain = [int(t) for t in tokenizer(probe, add_special_tokens=False)["input_ids"]]
+    full = [int(t) for t in tokenizer(probe)["input_ids"]]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start]
+    raise ValueError(
+        "The tokenizer's special tokens change the tokens of the text itself; pass "
+        "prepend_bos=True or False to choose the prompt prefix explicitly."
+    )
 
 
 class Encoder:
     """Tokenizes prompt texts and maps character spans to token indices.
 
-    Wraps a Hugging Face *fast* tokenizer (it needs offset mappings); never adds the
-    tokenizer's own special tokens, and puts ``bos_token_id`` first when ``prepend_bos``.
+    Wraps a Hugging Face *fast* tokenizer (it needs offset mappings).  Every prompt starts with
+    the same :attr:`prefix` of special tokens, chosen by ``prepend_bos``:
+
+    - ``None`` (the default): whatever the tokenizer itself puts before a text when called with
+      its defaults (``add_special_tokens=True``): ``<bos>`` for Gemma and Llama-2, nothing for
+      SmolLM2 and GPT-2.  The prompt ids are then exactly ``tokenizer(text)["input_ids"]``, so
+      a task sees the input the model was trained on.  Tokens the tokenizer appends *after* a
+      text (an EOS) are left out: the metrics read the prediction after the last text token.
+    - ``True``: ``bos_token_id`` alone, whether or not the tokenizer adds it.
+    - ``False``: no special tokens at all.
+
+    Answer tokens (:meth:`single_token`, :meth:`first_token`) are always encoded without
+    special tokens.
     """
 
-    def __init__(self, tokenizer: Any, prepend_bos: bool = False) -> None:
+    def __init__(self, tokenizer: Any, prepend_bos: bool | None = None) -> None:
         self.tokenizer = tokenizer
         self.prefix: list[int] = []
-        if prepend_bos:
+        if prepend_bos is None:
+            self.prefix = special_prefix(tokenizer)
+        elif prepend_bos:
             bos = getattr(tokenizer, "bos_token_id", None)
             if bos is None:
                 raise ValueError("prepend_bos=True but the tokenizer has no bos_token_id.")
             self.prefix = [int(bos)]
         self.unk = getattr(tokenizer, "unk_token_id", None)
+
+    @property
+    def has_prefix(self) -> bool:
+        """Whether prompts start with special tokens (every position is shifted by their count)."""
+        return bool(self.prefix)
+
+    def metadata(self) -> dict[str, Any]:
+        """What a task records about its special tokens: ``prepend_bos`` (whether prompts start
+        with special tokens) and, when they do, ``prefix_ids``."""
+        out: dict[str, Any] = {"prepend_bos": self.has_prefix}
+        if self.prefix:
+            out["prefix_ids"] = list(self.prefix)
+        return out
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids and character offsets (BOS gets the empty span ``(0, 0)``)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from structlens.data.tasks.base import TaskDataset, pad_batch
+from structlens.data.tasks.base import TaskDataset, pad_batch, padded_positions
 from structlens.stats.intervals import t_interval, wilson_interval
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -22,6 +22,7 @@ def evaluate_task(
     corruption: str | None = None,
     confidence: float = 0.95,
     pad_id: int = 0,
+    padding_side: str = "right",
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run every prompt of ``task`` through ``logits_fn`` and summarise the task metric.
@@ -31,8 +32,8 @@ def evaluate_task(
     task : TaskDataset
     logits_fn : callable
         ``logits_fn(input_ids, attention_mask) -> logits`` with ``input_ids`` and
-        ``attention_mask`` of shape ``[b, seq]`` (right-padded, mask 1 on real tokens) and
-        logits ``[b, seq, vocab]``.  Called under ``torch.no_grad()``.
+        ``attention_mask`` of shape ``[b, seq]`` (padded on ``padding_side``, mask 1 on real
+        tokens) and logits ``[b, seq, vocab]``.  Called under ``torch.no_grad()``.
     batch_size : int
         Prompts per call.
     corruption : str or None
@@ -42,6 +43,11 @@ def evaluate_task(
         Level of the confidence intervals, in (0, 1).
     pad_id : int
         Token id used for padding (masked out, so any valid id works).
+    padding_side : {"right", "left"}
+        Where the padding goes (see :func:`~structlens.data.tasks.base.pad_batch`); the
+        metric positions are read past each row's leading padding either way.  Left padding
+        shifts absolute positions: a ``logits_fn`` for a model with learned position
+        embeddings must then derive position ids from the mask.
     progress : callable or None
         Called with the number of prompts finished after each batch (e.g. to advance a
         progress bar).
@@ -69,17 +75,17 @@ def evaluate_task(
     with torch.no_grad():
         for start in range(0, len(task), batch_size):
             index = list(range(start, min(start + batch_size, len(task))))
-            ids, mask = pad_batch([seqs[i] for i in index], pad_id)
+            ids, mask = pad_batch([seqs[i] for i in index], pad_id, padding_side)
             logits = logits_fn(ids, mask)
             if logits.ndim != 3 or logits.shape[:2] != ids.shape:
                 raise ValueError(
                     f"logits_fn returned shape {tuple(logits.shape)} for input {tuple(ids.shape)};"
                     " expected [batch, seq, vocab]."
                 )
-            sel = task.gather_logits(logits, index).float()
+            sel = task.gather_logits(logits, index, attention_mask=mask).float()
             metrics.append(task.metric(sel, index).cpu())
             correct.append(task.correct(sel, index).cpu())
-            end = _end_logits(task, logits, index, end_col)
+            end = _end_logits(task, logits, index, end_col, mask)
             top = end.argmax(-1).cpu()
             for key in top1:
                 top1[key].append(top == torch.tensor([task.answers[key][i] for i in index]))
@@ -115,10 +121,16 @@ def evaluate_task(
 
 
 def _end_logits(
-    task: TaskDataset, logits: torch.Tensor, index: list[int], end_col: int | None
+    task: TaskDataset,
+    logits: torch.Tensor,
+    index: list[int],
+    end_col: int | None,
+    mask: torch.Tensor,
 ) -> torch.Tensor:
+    """Logits at each prompt's END token (the column past its leading padding)."""
     if end_col is not None:
-        sel = task.gather_logits(logits, index)
+        sel = task.gather_logits(logits, index, attention_mask=mask)
         return sel if sel.ndim == 2 else sel[:, end_col]
-    end = torch.tensor([task.positions["END"][i] for i in index], device=logits.device)
+    end = torch.tensor([[task.positions["END"][i]] for i in index], device=logits.device)
+    end = padded_positions(end, mask.to(logits.device))[:, 0]
     return logits[torch.arange(len(index), device=logits.device), end]

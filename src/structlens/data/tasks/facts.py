@@ -201,7 +201,7 @@ def make_knowledge_conflict(
     *,
     n: int = 100,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     facts: Sequence[tuple[str, str, str]] = FACTS,
 ) -> KnowledgeConflictTask:
     """Generate ``n`` knowledge-conflict prompts, cycling through the facts in a seeded order.
@@ -303,7 +303,7 @@ def make_knowledge_conflict(
         metadata={
             "seed": seed,
             "n": n,
-            "prepend_bos": prepend_bos,
+            **enc.metadata(),
             "context_prefix": CONTEXT_PREFIX,
             "relations": dict(RELATIONS),
             "n_facts": len(pool),
@@ -316,7 +316,7 @@ def make_factual_recall(
     *,
     n: int | None = None,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     facts: Sequence[tuple[str, str, str]] = FACTS,
 ) -> FactualRecallTask:
     """Generate one factual-recall prompt per usable fact (``n=None``) or the first ``n`` of
@@ -379,5 +379,5 @@ def make_factual_recall(
         answers={"answer": [f[3] for f in chosen], "alt": alt},
         relation=[f[0] for f in chosen],
         subject=[f[1] for f in chosen],
-        metadata={"seed": seed, "n": n, "prepend_bos": prepend_bos, "relations": dict(RELATIONS)},
+        metadata={"seed": seed, "n": n, **enc.metadata(), "relations": dict(RELATIONS)},
     )

@@ -110,7 +110,7 @@ def make_greater_than(
     *,
     n: int = 100,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     mode: str = "auto",
     nouns: Sequence[str] = NOUNS,
     centuries: Sequence[int] = CENTURIES,
@@ -124,8 +124,10 @@ def make_greater_than(
         Number of prompts (at least 1).
     seed : int
         Seed for nouns, centuries and start years.
-    prepend_bos : bool
-        Put the tokenizer's BOS token first.
+    prepend_bos : bool or None
+        Special tokens before every prompt: None (default) those the tokenizer adds itself
+        (Gemma's ``<bos>``, nothing for SmolLM2), True ``bos_token_id``, False none; all
+        positions shift by their count (see :class:`~structlens.data.tasks.base.Encoder`).
     mode : {"auto", "digits", "two_digit"}
         ``"auto"`` picks ``two_digit`` when "00"…"99" are single tokens and years split as
         century + two digits, else ``digits`` when "0"…"9" are single tokens.
@@ -238,7 +240,7 @@ def make_greater_than(
         metadata={
             "seed": seed,
             "n": n,
-            "prepend_bos": prepend_bos,
+            **enc.metadata(),
             "mode": mode,
             "template": TEMPLATE,
             "nouns": list(nouns),

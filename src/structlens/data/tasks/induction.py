@@ -49,7 +49,7 @@ def make_induction(
     *,
     n: int = 100,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     length: int = 8,
     words: Sequence[str] = (*NAMES, *PLACES, *OBJECTS),
 ) -> InductionTask:
@@ -113,7 +113,7 @@ def make_induction(
         metadata={
             "seed": seed,
             "n": n,
-            "prepend_bos": prepend_bos,
+            **enc.metadata(),
             "length": length,
             "words": [w for w, _ in pool],
         },

@@ -105,7 +105,7 @@ def make_ioi(
     *,
     n: int = 100,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     names: Sequence[str] = NAMES,
     places: Sequence[str] = PLACES,
     objects: Sequence[str] = OBJECTS,
@@ -120,8 +120,10 @@ def make_ioi(
         Number of prompts (at least 1).
     seed : int
         Seed of the template/name/place/object draws; same seed and tokenizer, same dataset.
-    prepend_bos : bool
-        Put the tokenizer's BOS token first (positions shift by one).
+    prepend_bos : bool or None
+        Special tokens before every prompt: None (default) those the tokenizer adds itself
+        (Gemma's ``<bos>``, nothing for SmolLM2), True ``bos_token_id``, False none; all
+        positions shift by their count (see :class:`~structlens.data.tasks.base.Encoder`).
     names, places, objects, templates : sequences of str
         Word lists and templates (``{N1}``, ``{N2}``, ``{S2}``, ``{PLACE}``, ``{OBJECT}``).
         Only words that are one token with a leading space are used; at least 5 names and
@@ -221,7 +223,7 @@ def make_ioi(
         metadata={
             "seed": seed,
             "n": n,
-            "prepend_bos": prepend_bos,
+            **enc.metadata(),
             "templates": list(templates),
             "names": [w for w, _ in name_pool],
             "places": [w for w, _ in place_pool],

@@ -35,7 +35,7 @@ def make_task(
     *,
     n: int | None = None,
     seed: int = 0,
-    prepend_bos: bool = False,
+    prepend_bos: bool | None = None,
     **kwargs: Any,
 ) -> TaskDataset:
     """Build the task ``name`` for ``tokenizer``.
@@ -52,8 +52,10 @@ def make_task(
         every usable fact for ``factual_recall``).
     seed : int
         Seed of all random choices; the same seed and tokenizer give the same dataset.
-    prepend_bos : bool
-        Put the tokenizer's BOS token in front of every prompt.
+    prepend_bos : bool or None
+        Special tokens before every prompt: None (default) those the tokenizer adds itself
+        (Gemma's ``<bos>``, nothing for SmolLM2), True ``bos_token_id``, False none; all
+        positions shift by their count (see :class:`~structlens.data.tasks.base.Encoder`).
     **kwargs
         Task-specific options (e.g. ``names=`` for IOI, ``mode=`` for greater-than).
 
