@@ -115,7 +115,7 @@ def test_hostile_file(capsys, hostile, tmp_path, monkeypatch, kind, variant):
     _run(capsys, hostile, tmp_path, argv, path, needles)
 
 
-# -- the four tracebacks of issue #28 ---------------------------------------------------------
+# -- four inputs that used to end in a traceback ---------------------------------------------
 
 
 def test_gguf_with_valid_magic_and_truncated_header(capsys, hostile, tmp_path):
