@@ -15,6 +15,8 @@ from structlens.koopman import EDMDc, EDMDcConfig, PCADictionary
 from structlens.koopman.data import load_layer
 from structlens.koopman.edmdc import merge_statistics
 from structlens.koopman.experiment import KoopmanExperimentConfig, KoopmanReport, run
+from structlens.koopman.invariance import prompt_split
+from structlens.koopman.protocol import KoopmanProtocol
 from structlens.models import load_model
 
 DATA = dict(n_corpus=16, prompt_tokens=32, n_task=0)
@@ -28,17 +30,44 @@ DATA = dict(n_corpus=16, prompt_tokens=32, n_task=0)
         (dict(dictionaries=("sae",)), "--sae PATH"),
         (dict(layers=()), "at least one layer"),
         (dict(size=0), "size must be >= 1"),
-        (dict(n_blocks=2), "n_blocks >= 4"),
         (dict(analysis="modes", k=9, size=8), r"k must be in \[1, size=8\]"),
         (dict(analysis="reduce", dictionaries=("pca", "rff")), "one dictionary"),
-        (dict(alpha=-1.0), "alpha must be >= 0"),
-        (dict(control_energy=1.5), "control_energy"),
         (dict(n_corpus=0, n_task=0), "not both 0"),
     ],
 )
 def test_config_rejects_bad_values_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         KoopmanExperimentConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(split_half_blocks=2), "split_half_blocks must be an integer >= 4"),
+        (dict(split_half_repeats=1), "split_half_repeats must be an integer >= 2"),
+        (dict(alpha=-1.0), "alpha must be >= 0"),
+        (dict(control_energy=1.5), "control_energy"),
+        (dict(control_rank=0), "control_rank"),
+        (dict(dictionary_fit="test"), "dictionary_fit"),
+        (dict(fit_dictionaries=("pca:0",)), "size must be >= 1"),
+        (dict(fit_dictionaries=("pca:x",)), "must be an integer"),
+        (dict(headline_dictionary="bogus"), "unknown dictionary 'bogus'"),
+        (dict(block_min_ratio=0.5), "block_min_ratio"),
+    ],
+)
+def test_protocol_rejects_bad_values_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        KoopmanProtocol(**kwargs)
+
+
+def test_protocol_key_is_its_canonical_json():
+    a, b = (
+        KoopmanProtocol(),
+        KoopmanProtocol(fit_dictionaries=["identity", "pca:64", "pca:32", "rff:256"]),
+    )
+    assert a == b and a.key() == b.key()  # lists are frozen to tuples
+    assert a.key() != a.replace(seed=1).key()
+    assert json.loads(json.dumps(a.to_json())) == a.to_json()
 
 
 def test_run_equals_cli_and_an_in_memory_fit(tmp_path):
@@ -53,10 +82,12 @@ def test_run_equals_cli_and_an_in_memory_fit(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "cli" / "fit.json").read_text())
     assert json.loads(json.dumps(report.to_json()["results"])) == doc["results"]
-    # the report's per-shard statistics agree with one in-memory pass over the same stream
-    X, U, Y, _ = load_layer(report_store(tmp_path / "lib" / "activations"), 1)
-    direct = EDMDc(PCADictionary(8).fit(X, U, Y), cfg.edmdc).fit(X, U, Y)
-    got = np.array([complex(*z) for z in report.results["1"]["pca"]["eigenvalues"]])
+    # an independent fit: PCA on the training prompts, the operator on every row
+    X, U, Y, pid = load_layer(report_store(tmp_path / "lib" / "activations"), 1)
+    train = ~prompt_split(pid, cfg.protocol.seed)
+    dic = PCADictionary(8).fit(X[train])
+    direct = EDMDc(dic, EDMDcConfig(alpha=1e-6, control_energy=0.9)).fit(X, U, Y)
+    got = np.array([complex(*z) for z in report.results["1"]["pca8"]["eigenvalues"]])
     np.testing.assert_allclose(np.sort_complex(got), np.sort_complex(direct.eigenvalues), atol=1e-8)
     again = KoopmanReport.load(report.save(tmp_path / "report"))
     assert again.results == json.loads(json.dumps(report.to_json()["results"]))

@@ -192,9 +192,10 @@ def test_cli_end_to_end(tmp_path):
     )
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "fit.json").read_text())
-    e = doc["results"]["1"]["pca"]
+    e = doc["results"]["1"]["pca8"]
     assert len(e["eigenvalues"]) == 8
-    assert {"henrici_relative", "kappa_V"} <= set(e["non_normality"])
+    assert 0 <= e["henrici_relative"] <= 1 and e["kappa_V"] >= 1
+    assert doc["protocol"]["fit_dictionaries"] == ["identity", "pca:8"]
     assert (tmp_path / "eigenvalues.png").stat().st_size > 0
     r = _invoke(
         [
@@ -216,8 +217,7 @@ def test_cli_end_to_end(tmp_path):
         ]
     )
     assert r.exit_code == 0, r.output
-    sh = json.loads((tmp_path / "convergence.json").read_text())["results"]["1"]["pca"]
-    sh = sh["split_half"]
+    sh = json.loads((tmp_path / "convergence.json").read_text())["results"]["1"]["pca4"]
     assert sh["slope_ci"][0] <= sh["slope_ci"][1] and np.isfinite(sh["slope"])
     assert (tmp_path / "split_half.png").exists()
     r = _invoke(
@@ -237,7 +237,7 @@ def test_cli_end_to_end(tmp_path):
     )
     assert r.exit_code == 0, r.output
     inv = json.loads((tmp_path / "invariance.json").read_text())["results"]["1"]
-    assert 0 <= inv["pca"]["invariance_residual"]["pooled"] < 2
+    assert 0 <= inv["pca8"]["pooled"] < 2
     r = _invoke(
         ["reduce", *COMMON, "--layers", "0-2", "--size", "8", "--order", "2,4", "--out", out, "-q"]
     )

@@ -53,11 +53,15 @@ def _check_claims(raw):
 
 
 def _check_koopman(raw, md):
-    """The protocol of issue 15 is what ran, and the documents say so."""
+    """The Koopman protocol is what ran, and the documents say so."""
+    from structlens.koopman.protocol import PROFILES
+
     _check_claims(raw)
     st = raw["settings"]
-    assert st["exclude_position0"] is True and st["dictionary_fit_split"] == "train"
-    assert st["control_energy"] == 0.9
+    protocol = PROFILES["smoke"].to_json()
+    assert st["protocol"] == protocol  # the replication runs the shared protocol instance
+    assert protocol["exclude_position0"] is True and protocol["dictionary_fit"] == "train"
+    assert st["control_energy"] == protocol["control_energy"] == 0.9
     by_id = {c["id"]: c for c in raw["claims"]}
     ranks = by_id["non_normal_dissociated"]["settings"]["control_rank"]
     assert ranks and all(1 <= r for r in ranks.values())  # the rank the 90% rule picked

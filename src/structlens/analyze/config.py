@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from structlens.koopman.protocol import PROFILES as KOOPMAN
+from structlens.koopman.protocol import KoopmanProtocol
 from structlens.results import atomic_write_json, to_jsonable
 
 STAGES = ("tasks", "koopman", "ndm", "causal_dim", "equivalence")
 # Part of every cache key and of analysis.json; bump it when a stage's output changes.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +25,7 @@ class Profile:
     task_prompts: int
     koopman_corpus: int
     koopman_tokens: int
-    koopman_blocks: int
-    koopman_pca: int
-    koopman_dictionaries: tuple[str, ...]
-    koopman_repeats: int
-    koopman_bootstrap: int
+    koopman: KoopmanProtocol  # every scientific choice of the Koopman stage
     ndm_corpus: int
     ndm_tokens: int
     ndm_steps: int
@@ -60,9 +58,7 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         n_layers=3, task_prompts=24,
-        koopman_corpus=48, koopman_tokens=48, koopman_blocks=16, koopman_pca=8,
-        koopman_dictionaries=("identity", "pca", "relu"), koopman_repeats=8,
-        koopman_bootstrap=200,
+        koopman_corpus=48, koopman_tokens=48, koopman=KOOPMAN["smoke"],
         ndm_corpus=64, ndm_tokens=64, ndm_steps=150, ndm_unit=8, ndm_batch=64, ndm_bank=2048,
         ndm_refresh=20, ndm_merge_start=50, ndm_merge_interval=50, ndm_mi_samples=1000,
         patch_prompts=16, baselines=("identity", "random", "pca"), gini_bootstrap=200,
@@ -74,9 +70,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "cpu": Profile(
         n_layers=4, task_prompts=64,
-        koopman_corpus=120, koopman_tokens=64, koopman_blocks=32, koopman_pca=32,
-        koopman_dictionaries=("identity", "pca", "rff", "relu"), koopman_repeats=12,
-        koopman_bootstrap=200,
+        koopman_corpus=120, koopman_tokens=64, koopman=KOOPMAN["paper"],
         # NDM steps at d = 576 are dominated by the backward of the rotation's matrix
         # exponential: 200 steps keep two merge rounds; the report flags non-convergence
         ndm_corpus=160, ndm_tokens=96, ndm_steps=200, ndm_unit=32, ndm_batch=128,
@@ -93,9 +87,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         n_layers=8, task_prompts=100,
-        koopman_corpus=400, koopman_tokens=64, koopman_blocks=64, koopman_pca=32,
-        koopman_dictionaries=("identity", "pca", "rff", "relu", "spectral"),
-        koopman_repeats=20, koopman_bootstrap=1000,
+        koopman_corpus=400, koopman_tokens=64,
+        koopman=KOOPMAN["paper"].replace(split_half_repeats=20, spectrum_bootstrap=1000),
         ndm_corpus=1000, ndm_tokens=128, ndm_steps=10_500, ndm_unit=32, ndm_batch=128,
         ndm_bank=8192, ndm_refresh=50, ndm_merge_start=1000, ndm_merge_interval=500,
         ndm_mi_samples=4096,

@@ -34,7 +34,7 @@ def _stage_settings(cfg: AnalyzeConfig, stage: str, layers: Sequence[int]) -> di
     p = dataclasses.asdict(cfg.settings)
     prefix = {
         "tasks": ("task_",),
-        "koopman": ("koopman_",),
+        "koopman": ("koopman",),
         "ndm": ("ndm_", "patch_", "baselines", "gini_", "browser_"),
         "causal_dim": ("kappa_", "sweep_", "ndm_corpus"),
         "equivalence": ("equiv_",),

@@ -35,7 +35,7 @@ from structlens.errors import InputError
 TASK_NAMES = ("ioi", "greater_than", "knowledge_conflict", "factual_recall")
 MAX_TASK_PROMPTS = 10_000
 DTYPES = ("float32", "fp32", "float64", "bfloat16", "bf16", "float16", "fp16")
-DICTIONARY_NAMES = ("identity", "pca", "rff", "relu", "spectral", "sae")
+DICTIONARY_NAMES = ("identity", "pca", "rff", "rff-features", "relu", "spectral", "sae")
 SAE_ARCHITECTURE_NAMES = ("relu", "topk", "batchtopk", "jumprelu")
 METRIC_NAMES = ("linear_cka", "linear_cka_debiased", "rbf_cka", "svcca", "pwcca", "procrustes",
                 "encoding", "mutual_knn")  # fmt: skip

@@ -13,27 +13,46 @@ import typer
 
 from structlens.cli.checks import Holds, Parsed, at_least
 from structlens.cli.common import Common, common_options, shared_settings
-from structlens.cli.koopman_options import DATA, FLAGS, OUT, REDUCE, ModelOpt, streams
+from structlens.cli.koopman_options import (
+    DATA,
+    FLAGS,
+    OUT,
+    PROTOCOL_OPTIONS,
+    REDUCE,
+    ModelOpt,
+    load_protocol,
+    protocol_help,
+    streams,
+)
 from structlens.cli.options import parse_ints, parse_names
 
 if TYPE_CHECKING:
     from structlens.koopman.experiment import Analysis
 
-# the words of KoopmanExperimentConfig
-SPLITS = "need n_blocks >= 4 and n_repeats >= 2; got {n_blocks}, {n_repeats}."
+# the words of KoopmanProtocol and KoopmanExperimentConfig
+BLOCKS = "split_half_blocks must be an integer >= 4; got {value}."
+REPEATS = "split_half_repeats must be an integer >= 2; got {value}."
 MODES_K = "k must be in [1, size={size}]; got {value}."
 
 app = typer.Typer(help="Koopman spectral analysis of depth dynamics (EDMDc over layers).")
 
 
 def _run(common: Common, model: str, analysis: Analysis, **settings: Any) -> Any:
-    """Build the config from the options and run the experiment; return the report."""
+    """Build the protocol and the config from the options and run the experiment; return the
+    report."""
     from structlens.koopman.experiment import KoopmanExperimentConfig, run
 
     settings["layers"] = parse_ints(settings["layers"], "--layers")
     if "dictionary" in settings:
         settings["dictionaries"] = parse_names(settings.pop("dictionary"))
-    cfg = KoopmanExperimentConfig(analysis=analysis, seed=common.seed, **settings)
+    # the options that name a protocol field, by the option's name
+    given = {PROTOCOL_OPTIONS[o]: settings.pop(o) for o in list(settings) if o in PROTOCOL_OPTIONS}
+    given = {field: value for field, value in given.items() if value is not None}
+    if analysis == "convergence" and "control_rank" in given:
+        # split-half fits are single-block fits: their control rank is the protocol's own
+        given["split_half_control_rank"] = given.pop("control_rank")
+    protocol = load_protocol(settings.pop("protocol")).replace(seed=common.seed, **given)
+    cfg = KoopmanExperimentConfig(analysis=analysis, protocol=protocol, **settings)
     m = common.load_model(model)
     root = common.out / "activations"
     with common.foreign_uses():  # printed here, recorded by run() in the report
@@ -58,10 +77,10 @@ def fit_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
     mom_blocks: Annotated[
-        int,
-        typer.Option("--mom-blocks", help="Also fit median-of-means with this many blocks."),
-        at_least(0, "mom_blocks must be >= 0, got {value}."),
-    ] = 0,
+        int | None,
+        typer.Option("--mom-blocks", help=protocol_help("mom_blocks")),
+        at_least(0, "mom_blocks must be an integer >= 0; got {value}."),
+    ] = None,
     **settings: Any,
 ) -> None:
     """Fit EDMDc per layer (or pooled): spectrum, non-normality, dissociation, tails.
@@ -72,10 +91,9 @@ def fit_cmd(
     report = _run(common, model, "fit", mom_blocks=mom_blocks, **settings)
     for label, per in report.results.items():
         for name, e in per.items():
-            nn = e["non_normality"]
             common.say(
                 f"layer {label} {name}: ρ(A) = {e['spectral_radius']:.3f}, "
-                f"Henrici rel = {nn['henrici_relative']:.3f}, κ(V) = {nn['kappa_V']:.3g}"
+                f"Henrici rel = {e['henrici_relative']:.3f}, κ(V) = {e['kappa_V']:.3g}"
             )
     _write(common, report)
 
@@ -87,11 +105,15 @@ def convergence_cmd(
     common: Common,
     model: ModelOpt = "smollm2-135m",
     n_blocks: Annotated[
-        int, typer.Option("--n-blocks", help="Prompt blocks (>= 4)."), at_least(4, SPLITS)
-    ] = 32,
+        int | None,
+        typer.Option("--n-blocks", help=protocol_help("split_half_blocks")),
+        at_least(4, BLOCKS),
+    ] = None,
     n_repeats: Annotated[
-        int, typer.Option("--n-repeats", help="Half pairs per size."), at_least(2, SPLITS)
-    ] = 10,
+        int | None,
+        typer.Option("--n-repeats", help=protocol_help("split_half_repeats")),
+        at_least(2, REPEATS),
+    ] = None,
     **settings: Any,
 ) -> None:
     """Split-half W∞ distance against M and its log-log slope (claim: −1/2).
@@ -100,8 +122,7 @@ def convergence_cmd(
     """
     report = _run(common, model, "convergence", n_blocks=n_blocks, n_repeats=n_repeats, **settings)
     for label, per in report.results.items():
-        for name, e in per.items():
-            s = e["split_half"]
+        for name, s in per.items():
             common.say(
                 f"layer {label} {name}: slope {s['slope']:.3f} "
                 f"[{s['slope_ci'][0]:.3f}, {s['slope_ci'][1]:.3f}], "
@@ -118,8 +139,7 @@ def invariance_cmd(common: Common, model: ModelOpt = "smollm2-135m", **settings:
     report = _run(common, model, "invariance", **settings)
     for label, per in report.results.items():
         for name, e in per.items():
-            pooled = e["invariance_residual"]["pooled"]
-            common.say(f"layer {label} {name}: pooled 1−R² = {pooled:.4f}")
+            common.say(f"layer {label} {name}: pooled 1−R² = {e['pooled']:.4f}")
     _write(common, report)
 
 
@@ -148,10 +168,8 @@ def modes_cmd(
         n_random=n_random, **settings,
     )  # fmt: skip
     for label, r in report.results.items():
-        common.say(
-            f"layer {label} (dim {r['dimension']}): modes {r['modes']['mean']:+.3f}, "
-            f"pca {r['pca']['mean']:+.3f}, random {r['random']['mean']:+.3f}"
-        )
+        effects = ", ".join(f"{m} {v:+.3f}" for m, v in zip(r["methods"], r["mean"], strict=True))
+        common.say(f"layer {label} (dim {r['dimension']}): {effects}")
     _write(common, report)
 
 

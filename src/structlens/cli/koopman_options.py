@@ -5,13 +5,64 @@ those of ``reduce`` (:data:`REDUCE`), each as ``name: (Annotated type, default)`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.checks import DICTIONARY_NAMES, Holds, Parsed, at_least
+from structlens.cli.checks import DICTIONARY_NAMES, Calls, Holds, Parsed, at_least
 from structlens.cli.options import AllowForeign, parse_ints, parse_names
+from structlens.koopman.protocol import KoopmanProtocol
+
+#: The protocol the options default to; an option's default is its protocol field's.
+PROTOCOL_DEFAULT = KoopmanProtocol()
+
+
+def protocol_help(field: str) -> str:
+    """The protocol field's help text (its metadata) and default: one place for the words."""
+    (f,) = [f for f in dataclasses.fields(KoopmanProtocol) if f.name == field]
+    return f"{f.metadata['help']} (default: the protocol's, {getattr(PROTOCOL_DEFAULT, field)})"
+
+
+def load_protocol(spec: str) -> KoopmanProtocol:
+    """A protocol by profile name (:data:`structlens.koopman.protocol.PROFILES`) or from a
+    JSON file of its fields (as ``settings.protocol`` of a replication or the ``protocol``
+    of a command's JSON holds it)."""
+    from structlens.errors import InputError
+    from structlens.koopman.protocol import PROFILES
+    from structlens.results import read_json_object
+
+    if spec in PROFILES:
+        return PROFILES[spec]
+    if not Path(spec).is_file():
+        raise InputError(
+            f"--protocol {spec!r} is neither a protocol name ({', '.join(PROFILES)}) nor a "
+            "JSON file; pass one of those."
+        )
+    fields = read_json_object(spec, "Koopman protocol (JSON)")
+    known = {f.name for f in dataclasses.fields(KoopmanProtocol)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InputError(
+            f"{spec}: {unknown} are not Koopman protocol fields; known: {sorted(known)}."
+        )
+    return KoopmanProtocol(**fields)
+
+
+def _known_protocol(spec: str) -> None:
+    load_protocol(spec)
+
+
+#: Options that set a protocol field: option (parameter) name -> field name.
+PROTOCOL_OPTIONS = {
+    "alpha": "alpha",
+    "control_energy": "control_energy",
+    "control_rank": "control_rank",
+    "n_blocks": "split_half_blocks",
+    "n_repeats": "split_half_repeats",
+    "mom_blocks": "mom_blocks",
+}
 
 
 def _unknown_dictionary(spec: str) -> str:
@@ -36,7 +87,7 @@ Pooled = Annotated[
 ]
 Dicts = Annotated[
     str,
-    typer.Option("--dictionary", help="Comma list of identity, pca, rff, relu, spectral, sae."),
+    typer.Option("--dictionary", help=f"Comma list of {', '.join(DICTIONARY_NAMES)}."),
     Holds(lambda s: all(d in DICTIONARY_NAMES for d in parse_names(s)), _unknown_dictionary),
     Holds(lambda s: bool(parse_names(s)), "dictionaries names no dictionary."),
 ]
@@ -59,21 +110,35 @@ NTask = Annotated[
     typer.Option("--n-task", help="IOI prompts added to the data (0: none)."),
     Holds(lambda n, n_corpus: n >= 0 and n + n_corpus > 0, DATA_SIZES, uses=("n_corpus",)),
 ]
-Alpha = Annotated[float, typer.Option("--alpha", help="Relative ridge of the EDMDc solve.")]
+Protocol = Annotated[
+    str,
+    typer.Option(
+        "--protocol",
+        help="The Koopman protocol: a name (paper, smoke) or a JSON file of its fields; "
+        "the options below override its fields.",
+    ),
+    Calls(_known_protocol),
+]
+Alpha = Annotated[float | None, typer.Option("--alpha", help=protocol_help("alpha"))]
 Energy = Annotated[
-    float, typer.Option("--control-energy", help="Fraction of Var(attn_out) kept in u.")
+    float | None,
+    typer.Option("--control-energy", help=protocol_help("control_energy")),
 ]
 Rank = Annotated[
     int | None,
-    typer.Option("--control-rank", help="Keep this many PCs of u (overrides --control-energy)."),
+    typer.Option(
+        "--control-rank",
+        help=protocol_help("control_rank") + " In convergence: the split-half fits' control rank.",
+    ),
 ]
 DATA = {
     "layers": (Layers, "8"),
     "n_corpus": (NCorpus, 200),
     "prompt_tokens": (PromptTokens, 64),
     "n_task": (NTask, 50),
-    "alpha": (Alpha, 1e-6),
-    "control_energy": (Energy, 0.99),
+    "protocol": (Protocol, "paper"),
+    "alpha": (Alpha, None),
+    "control_energy": (Energy, None),
     "control_rank": (Rank, None),
 }
 
@@ -103,6 +168,6 @@ OUT = Path("koopman-out")
 FLAGS = {
     "dictionaries": "--dictionary",
     "orders": "--order",
-    "n_blocks": "--n-blocks",
-    "n_repeats": "--n-repeats",
+    "split_half_blocks": "--n-blocks",
+    "split_half_repeats": "--n-repeats",
 }

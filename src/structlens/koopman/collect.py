@@ -1,7 +1,7 @@
 """Model to arrays for the Koopman experiments: prompts, depth-site capture, per-layer streams.
 
 The numerical modules of :mod:`structlens.koopman` only see the ``(X, U, Y, prompt_ids)``
-arrays returned here.
+arrays (:class:`~structlens.koopman.stages.LayerRows`) read here.
 """
 
 from __future__ import annotations
@@ -11,26 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from structlens.koopman.data import capture_depth, depth_prompts, load_layer, load_layers
+from structlens.koopman.data import capture_depth, depth_prompts
+from structlens.koopman.protocol import KoopmanProtocol
+from structlens.koopman.stages import LayerRows, layer_rows
 
 __all__ = ["DepthData", "collect_depth"]
-
-Stream = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
 class DepthData:
-    """Depth streams of one model: ``streams[label] = (X, U, Y, prompt_ids)``.
+    """Depth rows of one model: ``rows[label]`` (:class:`~structlens.koopman.stages.LayerRows`).
 
     ``label`` is the layer (``"8"``) or, pooled, the layer range (``"4-12"``); ``store`` is the
-    activation store the streams were read from (for per-shard statistics).
+    activation store the rows were read from.
     """
 
     layers: list[int]
     pooled: bool
-    streams: dict[str, Stream]
+    rows: dict[str, LayerRows]
     store: Any
 
 
@@ -43,6 +41,7 @@ def check_layers(layers: Sequence[int], n_layers: int) -> list[int]:
 
 
 def collect_depth(
+    protocol: KoopmanProtocol,
     model: Any,
     layers: Sequence[int],
     *,
@@ -57,7 +56,7 @@ def collect_depth(
 ) -> DepthData:
     """Capture ``resid_pre(l)``, ``attn_out(l)``, ``resid_pre(l+1)`` of ``layers`` over
     ``n_corpus`` corpus chunks plus ``n_task`` IOI prompts into a content-hashed store under
-    ``root``, and read the per-layer (or pooled) streams."""
+    ``root``, and read the per-layer (or pooled) rows by the protocol's row rule."""
     layers = check_layers(layers, model.n_layers)
     prompts = depth_prompts(
         model.tokenizer,
@@ -69,8 +68,7 @@ def collect_depth(
     )
     store = capture_depth(model, prompts, layers, root=root, progress=progress, executor=executor)
     if pooled:
-        label = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
-        streams = {label: load_layers(store, layers)}
-    else:
-        streams = {str(layer): load_layer(store, layer) for layer in layers}
-    return DepthData(layers, pooled, streams, store)
+        rows = layer_rows(protocol, store, layers)
+        return DepthData(layers, pooled, {rows.label: rows}, store)
+    per_layer = {str(layer): layer_rows(protocol, store, [layer]) for layer in layers}
+    return DepthData(layers, pooled, per_layer, store)

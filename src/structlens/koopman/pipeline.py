@@ -38,6 +38,11 @@ DICTIONARIES: Registry[DictionaryFactory] = Registry("dictionary")
 DICTIONARIES.register("identity", lambda size, **_: IdentityDictionary())
 DICTIONARIES.register("pca", lambda size, **_: PCADictionary(size))
 DICTIONARIES.register("rff", lambda size, *, seed=0, **_: RandomFourierDictionary(size, seed=seed))
+# random Fourier features without the state (a pure nonlinear lift of size D)
+DICTIONARIES.register(
+    "rff-features",
+    lambda size, *, seed=0, **_: RandomFourierDictionary(size, seed=seed, include_state=False),
+)
 DICTIONARIES.register("relu", lambda size, *, seed=0, **_: RandomReLUDictionary(size, seed=seed))
 DICTIONARIES.register(
     "spectral", lambda size, **_: SpectralDictionary(n_modes=size, k=max(2 * size, 16), q=8)
@@ -75,7 +80,8 @@ def make_dictionary(
     name: str, size: int, *, seed: int = 0, sae_path: str | Path | None = None
 ) -> Dictionary:
     """An unfitted dictionary by its name in :data:`DICTIONARIES` (built in: ``identity``,
-    ``pca``, ``rff``, ``relu``, ``spectral``, ``sae``); ``size`` is k for PCA, D for RFF/ReLU
+    ``pca``, ``rff`` (state and D random Fourier features), ``rff-features`` (the features
+    only), ``relu``, ``spectral``, ``sae``); ``size`` is k for PCA, D for RFF/ReLU
     and the number of modes for spectral."""
     factory = DICTIONARIES.get(name)
     if size < 1:

@@ -23,7 +23,7 @@ VERDICTS = ("reproduced", "partly", "not reproduced", "unidentified", "not testa
 # Method-specific blocks: dotted paths that must be present; "[]" marks
 # a list whose every element must carry the key.
 REQUIRED_BLOCKS: dict[str, tuple[str, ...]] = {
-    "koopman": ("settings.exclude_position0", "settings.dictionary_fit_split"),
+    "koopman": ("settings.protocol.exclude_position0", "settings.protocol.dictionary_fit"),
     "causal-dimension": (
         "sweep.base_width",
         "sweep.d_model",

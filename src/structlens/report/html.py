@@ -238,10 +238,11 @@ def _koopman(sec: dict[str, Any]) -> str:
 
         ax = fig.add_subplot(111)
         r = layers[len(layers) // 2]
-        cloud = np.array(r["bootstrap_eigenvalues"] or [[0.0, 0.0]])
         ev = np.array(r["eigenvalues"])
-        ax.scatter(cloud[:, 0], cloud[:, 1], s=4, alpha=0.25, color="tab:gray",
-                   label="bootstrap resamples")  # fmt: skip
+        if r.get("mom_eigenvalues"):
+            mom = np.array(r["mom_eigenvalues"])
+            ax.scatter(mom[:, 0], mom[:, 1], s=10, marker="x", color="tab:gray",
+                       label="median-of-means fit")  # fmt: skip
         ax.scatter(ev[:, 0], ev[:, 1], s=14, color="tab:blue", label="pooled fit")
         t = np.linspace(0, 2 * np.pi, 200)
         ax.plot(np.cos(t), np.sin(t), "k:", lw=0.8, label="unit circle")
@@ -267,7 +268,7 @@ def _koopman(sec: dict[str, Any]) -> str:
     if layers:
         out += _figure(
             "fig-koopman-spectrum",
-            "Eigenvalues of the lifted layer map with block-bootstrap resamples.",
+            "Eigenvalues of the lifted layer map: the pooled fit and the median-of-means fit.",
             spectrum,
             (4.5, 4.2),
         )

@@ -137,14 +137,12 @@ def plot_report(report: KoopmanReport, out: str | Path) -> Path | None:
     if report.analysis == "convergence":
         curves = {
             k: (np.array(s["n_samples"]), np.array(s["w_inf_mean"]), s["slope"])
-            for k, s in ((k, e["split_half"]) for k, e in per_dict)
+            for k, s in per_dict
         }
         return plot_split_half(curves, out / "split_half.png")
     if report.analysis == "modes":
         rows = []
         for label, r in report.results.items():
-            methods = [m for m, v in r.items() if isinstance(v, dict)]
-            means = np.array([r[m]["mean"] for m in methods])
-            rows.append((f"L{label}", methods, means, np.array([r[m]["ci"] for m in methods])))
+            rows.append((f"L{label}", r["methods"], np.array(r["mean"]), np.array(r["ci"])))
         return plot_ablation(rows, out / "ioi_ablation.png")
     return None

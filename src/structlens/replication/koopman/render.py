@@ -32,11 +32,11 @@ def what_changed(s: dict[str, Any]) -> list[str]:
         "## What changed and why\n",
         "- **Leakage fixed.** Every dictionary (PCA, random lifts, spectral, SAE and its "
         "feature choice) is fitted on the training prompts only and scored on held-out "
-        f"prompts (`dictionary_fit_split = {s['dictionary_fit_split']!r}`); before, the "
+        f"prompts (`dictionary_fit = {s['protocol']['dictionary_fit']!r}`); before, the "
         "spectral dictionary was fitted on all rows and then scored on a split of them.",
         "- **Attention sink left out.** Position 0 is dropped from every fit and never "
-        f"ablated (`exclude_position0 = {s['exclude_position0']}`): at layer 6 PC1 was the "
-        "position-0 offset, so 'ablate PCA' broke the sink at every layer.",
+        f"ablated (`exclude_position0 = {s['protocol']['exclude_position0']}`): at layer 6 "
+        "PC1 was the position-0 offset, so 'ablate PCA' broke the sink at every layer.",
         "- **Equal dictionary size.** The invariance gap compares dictionaries of equal size "
         f"N = {s['invariance_n']}; SAE features come from one wide SAE "
         f"(width {s['invariance_sae_width']}), chosen by variance and by frequency, both "
@@ -86,6 +86,7 @@ def _unfinished(L: list[str], section: int) -> str:
 def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     """The markdown of one run's sections; each verdict is also appended to ``claims``."""
     s = R["settings"]
+    pr = s["protocol"]
     L = []
     L.append("# Replication: Koopman spectral identifiability on SmolLM2-135M-Instruct\n")
     L.append(
@@ -99,11 +100,13 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         f"{s['tokens_per_layer']} token samples per layer, one sample per token; x = "
         "resid_pre(l), u = attn_out(l), y = resid_pre(l+1). Per-layer operators at layers "
         f"{s['probe_layers']}; pooled operator over layers {s['layers'][0]}-{s['layers'][-1]}. "
-        f"Position 0 excluded from fits and ablations: {s['exclude_position0']}; dictionaries "
-        f"fitted on the {s['dictionary_fit_split']} prompts. Ridge α = 1e-6 (relative); control "
-        f"rank = fewest components holding {s['control_energy']:.0%} of Var(u) (the rank "
-        f"picked is in each fit's row; {s['control_rank_split_half']} for split-half, so that "
-        f"one prompt block has more samples than features). Seed {s['seed']}. "
+        f"Position 0 excluded from fits and ablations: {pr['exclude_position0']}; dictionaries "
+        f"fitted on the {pr['dictionary_fit']} prompts. Ridge α = {pr['alpha']:g} (relative); "
+        f"control rank = fewest components holding {pr['control_energy']:.0%} of Var(u) (the "
+        f"rank picked is in each fit's row; {pr['split_half_control_rank']} for split-half, so "
+        f"that one prompt block has more samples than features). Seed {s['seed']}. The "
+        "protocol (`settings.protocol` in the JSON) is the one `structlens koopman` and "
+        "`structlens analyze` run. "
         f"{s['machine']}; wall time "
         f"of the last run {R.get('wall_seconds', float('nan')) / 60:.1f} min (an interrupted or "
         "extended run reuses finished sections from the stage cache; the full run here took "
@@ -136,7 +139,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     )
     L.append(
         f"\n32 hashed prompt blocks (blocks with <= 2(N + r) samples dropped; kept: "
-        f"{[v['n_blocks'] for v in slopes]}), halves of 1, 2, 4, ... blocks, 10 random half "
+        f"{[v['blocks_used'] for v in slopes]}), halves of 1, 2, 4, ... blocks, 10 random half "
         "pairs per size; CI: delete-a-group jackknife over prompt blocks (t). "
         f"−0.5 lies inside {inside} of {len(slopes)} CIs. "
         f"**Verdict: {verdict}.** "
@@ -150,7 +153,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
             first["slope"],
             finite_ci(first["slope_ci"]),
             count_verdict(inside, len(slopes)),
-            {"fits": list(R["split_half"]), "n_blocks": [v["n_blocks"] for v in slopes]},
+            {"fits": list(R["split_half"]), "n_blocks": [v["blocks_used"] for v in slopes]},
             ci_reason=None if finite_ci(first["slope_ci"]) else "no finite jackknife interval",
             note=f"ours is {next(iter(R['split_half']))}; −0.5 lies inside {inside} of "
             f"{len(slopes)} CIs",
@@ -165,32 +168,36 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     )
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for key, v in R["fits"].items():
-        nn, d = v["non_normality"], v.get("dissociation", {})
-        hf = v["henrici_noise_floor"]
         floor = (
             "— | —"
-            if "not_measured" in hf
-            else f"{hf['noise_floor_relative']:.3f} | {hf['henrici_extrapolated_relative']:.3f}"
+            if v["henrici_noise_floor_relative"] is None
+            else f"{v['henrici_noise_floor_relative']:.3f} | "
+            f"{v['henrici_extrapolated_relative']:.3f}"
         )
+        k = v["dissociation_k"]
+        angle, cos2 = v["dissociation_largest_angle_deg"], v["dissociation_mean_cos2"]
         L.append(
             f"| {key} | {v['spectral_radius']:.3f} | {v['control_rank']} "
-            f"({v['control_energy_kept']:.2f}) | {nn['henrici_relative']:.3f} | "
+            f"({v['control_energy_kept']:.2f}) | {v['henrici_relative']:.3f} | "
             f"{floor} | "
-            f"{nn['kappa_V']:.3g} | {nn['eig_condition_max']:.3g} | {d.get('k', '-')} | "
-            f"{d.get('largest_angle_deg', float('nan')):.1f} | "
-            f"{d.get('mean_cos2', float('nan')):.3f} |"
+            f"{v['kappa_V']:.3g} | {v['eig_condition_max']:.3g} | {'-' if k is None else k} | "
+            f"{float('nan') if angle is None else angle:.1f} | "
+            f"{float('nan') if cos2 is None else cos2:.3f} |"
         )
     # Fits whose quarters could not over-determine the operator have no floor: they are
     # judged by their plain relative departure (listed in the claim's settings).
     extrapolated = {
-        k: v["henrici_noise_floor"].get(
-            "henrici_extrapolated_relative", v["non_normality"]["henrici_relative"]
-        )
+        k: v["henrici_relative"]
+        if v["henrici_extrapolated_relative"] is None
+        else v["henrici_extrapolated_relative"]
         for k, v in R["fits"].items()
     }
-    no_floor = [k for k, v in R["fits"].items() if "not_measured" in v["henrici_noise_floor"]]
+    no_floor = [k for k, v in R["fits"].items() if v["henrici_noise_floor_relative"] is None]
     nonnormal = all(h > 0.1 for h in extrapolated.values())
-    dissoc = all(v.get("dissociation", {}).get("mean_cos2", 1) < 0.5 for v in R["fits"].values())
+    dissoc = all(
+        v["dissociation_mean_cos2"] is not None and v["dissociation_mean_cos2"] < 0.5
+        for v in R["fits"].values()
+    )
     verdict = (
         "reproduced"
         if nonnormal and dissoc
@@ -218,7 +225,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     )
     L.append(
         "\nHenrici departure dep_F(Â) relative to ‖Â‖_F; noise floor = the part sampling alone "
-        f"gives (mean dep² over random prompt halves and quarters of {s['henrici_blocks']} "
+        f"gives (mean dep² over random prompt halves and quarters of {pr['henrici_blocks']} "
         "prompt blocks, dep² ≈ D² + c/M); extrapolated = √(dep² − c/M), the M → ∞ value. "
         "Rule: non-normal if the extrapolated relative departure > 0.1 for the full-state "
         "(identity) fit and every truncated one; dissociated if the mean cos² between the top-k "
@@ -394,7 +401,10 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     if "reduction" not in R:
         return _unfinished(L, 6)
     red = R["reduction"]
-    L.append(f"Pooled operator over layers {red['layers']} (PCA-32), horizon {red['horizon']}.\n")
+    L.append(
+        f"Pooled operator over layers {red['layers']} ({red['dictionary']}), "
+        f"horizon {red['horizon']}.\n"
+    )
     L.append(
         "| order | actual error | Enns–Glover | a-posteriori Markov | instance error | instance bound | eff. rank Σ_u | ρ₀ |"  # noqa: E501
     )

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from structlens.koopman.protocol import PROFILES as PROTOCOLS
+from structlens.koopman.protocol import dictionary_label
 from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.results import to_jsonable
 
 METHOD = "koopman"
-CONTROL_ENERGY = 0.9  # share of Var(u) the control basis keeps
-EXCLUDE_POSITION0 = True  # drop the attention-sink rows from fits and ablations
 
 CPU: dict[str, Any] = {
     "profile": "cpu",
@@ -55,6 +56,9 @@ CPU: dict[str, Any] = {
     # the seed replicas and fine-tune come from this profile of the equivalence replication
     "seed_models_profile": "cpu",
     "seed": 0,
+    # every scientific choice of the sections (rows, splits, control basis, block filter,
+    # dictionaries): the protocol the CLI and `analyze` run too
+    "protocol": PROTOCOLS["paper"],
 }
 # On an accelerator: the same sections with a wider SAE for the equal-N invariance comparison.
 GPU = CPU | {"profile": "gpu", "invariance_sae_width": 4096}
@@ -77,6 +81,7 @@ SMOKE = CPU | {
     "split_half_repeats": 3,
     "universality_resamples": 20,
     "seed_models_profile": None,  # no trained replicas: the universality section says so
+    "protocol": PROTOCOLS["smoke"],
 }
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
 # Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
@@ -88,22 +93,23 @@ def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
 
 
-def load_rows(store: Any, layer: int) -> tuple[np.ndarray, ...]:
+def load_rows(store: Any, layer: int, protocol: Any) -> tuple[np.ndarray, ...]:
     """``(X, U, Y, prompt_ids)`` of one layer with the protocol's row rule (position 0 out)."""
-    from structlens.koopman.data import load_layer
+    from structlens.koopman.stages import layer_rows
 
-    return load_layer(store, layer, exclude_position0=EXCLUDE_POSITION0)
+    r = layer_rows(protocol, store, [layer])
+    return r.X, r.U, r.Y, r.prompt_ids
 
 
 class KoopmanReplication:
     """The sections of one profile as cached stages over one activation store."""
 
     def __init__(self, s: dict[str, Any], out: Path, device: str = "cpu") -> None:
-        from structlens.koopman import EDMDcConfig
         from structlens.koopman.data import capture_depth, depth_prompts
         from structlens.models import load_model
 
         self.s, self.out, self.t0 = s, out, time.time()
+        self.protocol = s["protocol"].replace(seed=s["seed"])
         self.cache = StageCache(out / "stages")
         lo, hi = s["layers"]
         self.layers = list(range(lo, hi + 1))
@@ -120,12 +126,10 @@ class KoopmanReplication:
         self.data = data_digest([repr(p) for p in self.prompts])
         self.store = capture_depth(self.model, self.prompts, self.layers, root=out / "activations")
         log(f"captured {self.store.n_tokens} tokens x {len(self.store.sites)} sites", self.t0)
-        # Split-half and universality fit halves of single prompt blocks, which must hold more
-        # samples than features + controls: a fixed small control rank there.  Every other
-        # fit keeps the fewest control components holding 90% of Var(u) (the rank it picked
-        # is reported with each fit).
-        self.cfg_small = EDMDcConfig(alpha=1e-6, control_rank=16)
-        self.cfg = EDMDcConfig(alpha=1e-6, control_energy=CONTROL_ENERGY)
+        # Split-half and universality fit halves of single prompt blocks (the protocol's
+        # fixed small control rank); every other fit keeps the protocol's control energy.
+        self.cfg_small = self.protocol.edmdc(split_half=True)
+        self.cfg = self.protocol.edmdc()
         self.R: dict[str, Any] = {"settings": self.settings()}
 
     def settings(self) -> dict[str, Any]:
@@ -147,20 +151,17 @@ class KoopmanReplication:
             "sae_seeds": s["sae_seeds"],
             "sae_epochs": s["sae_epochs"],
             "sae_penalty": s["sae_penalty"],
-            # Position 0 (the attention sink) is left out of every fit and ablation, and every
-            # dictionary is fitted on the training prompts only (scores on held-out prompts).
-            "exclude_position0": EXCLUDE_POSITION0,
-            "dictionary_fit_split": "train",
-            "control_energy": CONTROL_ENERGY,
-            "control_rank_split_half": 16,
+            "protocol": self.protocol.to_json(),
+            "control_energy": self.protocol.control_energy,
             "invariance_n": s["invariance_n"],
             "invariance_sae_width": s["invariance_sae_width"],
             "henrici_blocks": s["henrici_blocks"],
         }
 
     def stage(self, name: str, config: dict[str, Any]) -> Stage:
-        protocol = {"exclude_position0": EXCLUDE_POSITION0, "dictionary_fit_split": "train"}
-        return Stage(name, config | protocol, model=self.fp, data=self.data)
+        return Stage(
+            name, config | {"protocol": self.protocol.to_json()}, model=self.fp, data=self.data
+        )
 
     def run_stage(self, name: str, config: dict[str, Any], compute: Any) -> Any:
         data = self.cache.run(self.stage(name, config), Record, lambda _: Record.of(compute()))
@@ -169,176 +170,93 @@ class KoopmanReplication:
 
     # 1. split-half rate
     def split_half(self) -> None:
-        from structlens.koopman import EDMDc, PCADictionary, split_half_convergence
-        from structlens.report.koopman import plot_split_half_results
+        from structlens.koopman.stages import layer_rows, split_half
+        from structlens.report.koopman import plot_split_half
 
-        s = self.s
+        p = self.protocol
 
         def compute() -> dict[str, Any]:
-            out, curves = {}, {}
+            out = {}
             for layer in self.probes:
-                X, U, Y, pid = load_rows(self.store, layer)
-                for name, dic in (("pca32", PCADictionary(32)), ("pca8", PCADictionary(8))):
-                    dic.fit(X)
-                    blocks = EDMDc(dic, self.cfg_small).statistics(
-                        X, U, Y, pid, n_blocks=s["split_half_blocks"], seed=s["seed"]
-                    )
-                    # A hashed prompt block can be (nearly) empty; a half built from one block
-                    # must still have more samples than features + controls.
-                    need = 2 * (dic.n_features + 16)
-                    blocks = [b for b in blocks if b.n > need]
-                    sh = split_half_convergence(
-                        blocks,
-                        self.cfg_small,
-                        n_repeats=s["split_half_repeats"],
-                        seed=s["seed"],
-                    )
-                    out[f"L{layer}/{name}"] = {
-                        "slope": sh.slope,
-                        "slope_ci": sh.slope_ci,
-                        "slope_last4": sh.slope_last4,
-                        "slope_w2": sh.slope_w2,
-                        "n_samples": sh.n_samples.tolist(),
-                        "w_inf_mean": sh.w_inf_mean.tolist(),
-                        "eig_condition_max": sh.eig_condition_max,
-                        "eig_condition_median": float(np.median(sh.eig_condition)),
-                        "n_blocks": len(blocks),
-                    }
-                    curves[f"L{layer} {name}"] = sh
-            plot_split_half_results(curves, self.out / "split_half.png")
+                rows = layer_rows(p, self.store, [layer])
+                for spec in p.split_half_dictionaries:
+                    r = split_half(p, rows, spec)
+                    out[f"L{layer}/{r.dictionary}"] = to_jsonable(r)
             return out
 
-        keys = ("split_half_blocks", "split_half_repeats", "seed")
-        config = {"probes": self.probes, **{k: s[k] for k in keys}}
-        self.R["split_half"] = self.run_stage("split-half", config, compute)
+        self.R["split_half"] = self.run_stage("split-half", {"probes": self.probes}, compute)
+        curves = {
+            k.replace("/", " "): (np.array(v["n_samples"]), np.array(v["w_inf_mean"]), v["slope"])
+            for k, v in self.R["split_half"].items()
+        }
+        plot_split_half(curves, self.out / "split_half.png")
 
     # 2. non-normality (with its noise floor) and dissociation; 5. tails before/after lifting
     def fits(self) -> None:
-        from structlens.koopman import (
-            EDMDc,
-            IdentityDictionary,
-            PCADictionary,
-            RandomFourierDictionary,
-            merge_statistics,
-            solve,
-        )
-        from structlens.koopman.diagnostics import (
-            henrici_noise_floor,
-            lifting_tails,
-            tail_statistics,
-        )
-        from structlens.koopman.invariance import prompt_split
-        from structlens.koopman.pipeline import summarise_fit
-        from structlens.report.koopman import plot_fit_spectra
-        from structlens.stats.matching import bottleneck_distance
+        from structlens.koopman.stages import layer_rows, spectrum
+        from structlens.report.koopman import plot_eigenvalues
 
-        s, seed = self.s, self.s["seed"]
+        p = self.protocol
 
         def compute() -> dict[str, Any]:
             fits: dict[str, Any] = {}
             tails: dict[str, Any] = {}
-            spectra = {}
             for layer in self.probes:
-                X, U, Y, pid = load_rows(self.store, layer)
-                train = ~prompt_split(pid, seed)
-                tails[f"L{layer}/state"] = tail_statistics(X, seed=seed)
-                for name, dic in (
-                    ("identity", IdentityDictionary()),
-                    ("pca64", PCADictionary(64)),
-                    ("pca32", PCADictionary(32)),
-                    ("rff256s", RandomFourierDictionary(256, seed=seed, include_state=True)),
-                ):
-                    dic.fit(X[train], U[train], Y[train])
-                    est = EDMDc(dic, self.cfg)
-                    blocks = est.statistics(X, U, Y, pid, n_blocks=s["henrici_blocks"], seed=seed)
-                    res = solve(merge_statistics(blocks), self.cfg, dic)
-                    # A quarter of the prompt blocks must over-determine the fit; the
-                    # smallest quarters bound every quarter from below.
-                    quarter = sum(sorted(b.n for b in blocks)[: len(blocks) // 4])
-                    need = res.A.shape[0] + res.control_rank
-                    floor = (
-                        henrici_noise_floor(blocks, self.cfg, seed=seed).to_json()
-                        if quarter > need
-                        else {"not_measured": f"a quarter holds {quarter} samples, need > {need}"}
-                    )
-                    fits[f"L{layer}/{name}"] = summarise_fit(res, 8) | {
-                        "henrici_noise_floor": floor
-                    }
-                    if name != "identity":
-                        tails[f"L{layer}/{name}_lifted"] = lifting_tails(X, dic, seed=seed)[
-                            "lifted"
-                        ]
-                    if name == "pca32":
-                        mom = est.fit_median_of_means(X, U, Y, pid, n_blocks=10, seed=seed)
-                        tails[f"L{layer}/pca32_mom_vs_mean_winf"] = bottleneck_distance(
-                            mom.eigenvalues, res.eigenvalues
-                        )
-                        spectra[f"L{layer} pca32"] = res
-                rff = RandomFourierDictionary(256, seed=seed, include_state=False).fit(X[train])
-                tails[f"L{layer}/rff256_lifted"] = lifting_tails(X, rff, seed=seed)["lifted"]
-            plot_fit_spectra(spectra, self.out / "eigenvalues.png")
+                rows = layer_rows(p, self.store, [layer])
+                for spec in p.fit_dictionaries:
+                    r = spectrum(p, rows, spec)
+                    key = f"L{layer}/{r.dictionary}"
+                    fits[key] = to_jsonable(r)
+                    tails.setdefault(f"L{layer}/state", r.state_tails)
+                    if r.lifted_tails is not None:
+                        tails[f"{key}_lifted"] = r.lifted_tails
+                    if r.mom_bottleneck is not None:
+                        tails[f"{key}_mom_vs_mean_winf"] = r.mom_bottleneck
             return {"fits": fits, "tails": tails}
 
-        config = {
-            "probes": self.probes,
-            "seed": seed,
-            "control_energy": CONTROL_ENERGY,
-            "henrici_blocks": s["henrici_blocks"],
-        }
-        got = self.run_stage("fits", config, compute)
+        got = self.run_stage("fits", {"probes": self.probes}, compute)
         self.R["fits"], self.R["tails"] = got["fits"], got["tails"]
+        head = dictionary_label(p.headline_dictionary)
+        spectra = {
+            k.replace("/", " "): np.array([complex(*z) for z in v["eigenvalues"]])
+            for k, v in got["fits"].items()
+            if k.endswith("/" + head)
+        }
+        plot_eigenvalues(spectra, self.out / "eigenvalues.png")
 
     # 3. invariance gap at equal dictionary size N
     def invariance(self) -> None:
-        from structlens.koopman import (
-            RandomFourierDictionary,
-            RandomReLUDictionary,
-            SpectralDictionary,
-            invariance_residual_split,
-            select_sae_features,
-            train_sae_dictionary,
-        )
-        from structlens.koopman.invariance import prompt_split
+        from structlens.koopman import select_sae_features, train_sae_dictionary
+        from structlens.koopman.stages import invariance, layer_rows
 
-        s, seed, layer, n = self.s, self.s["seed"], self.probes[0], self.s["invariance_n"]
+        s, p, layer, n = self.s, self.protocol, self.probes[0], self.s["invariance_n"]
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_rows(self.store, layer)
-            # The split invariance_residual_split scores on: the SAE and its feature choice
-            # see the training prompts only.
-            train = ~prompt_split(pid, seed)
+            rows = layer_rows(p, self.store, [layer])
+            # The SAE and its feature choice see the protocol's training prompts only.
+            train = rows.fit_rows(p)
             width = s["invariance_sae_width"]
             sae, sae_info = train_sae_dictionary(
-                X[train], d_sae=width, k=16, epochs=s["sae_epochs"], seed=seed
+                rows.X[train], d_sae=width, k=16, epochs=s["sae_epochs"], seed=p.seed
             )
             info = {k: v for k, v in sae_info.items() if k != "decoder"} | {"d_sae": width}
             log(f"SAE trained {info}", self.t0)
             inv = {}
-            for name, dic in (
-                (f"sae_variance{n}", select_sae_features(sae, X[train], n, "variance")),
-                (f"sae_frequency{n}", select_sae_features(sae, X[train], n, "frequency")),
-                (f"spectral{n}", SpectralDictionary(n_modes=n, k=max(2 * n, 32), q=6)),
-                (f"rff{n}", RandomFourierDictionary(n, seed=seed, include_state=False)),
-                (f"relu{n}", RandomReLUDictionary(n, seed=seed)),
-            ):
-                r = invariance_residual_split(dic, X, U, Y, pid, self.cfg, seed=seed)
-                inv[f"L{layer}/{name}"] = {
-                    "pooled": r.pooled,
-                    "mean": r.mean,
-                    "median": r.median,
-                    "n_dead": r.n_dead,
-                    "n_features": n,
-                    "dictionary_fit_split": r.dictionary_fit_split,
-                }
+            for rule in ("variance", "frequency"):
+                chosen = select_sae_features(sae, rows.X[train], n, rule)
+                label = f"sae_{rule}{n}"
+                r = invariance(p, rows, label, dictionary=chosen, label=label)
+                inv[f"L{layer}/{label}"] = to_jsonable(r)
+            for spec in p.invariance_dictionaries:
+                r = invariance(p, rows, spec)
+                inv[f"L{layer}/{r.dictionary}"] = to_jsonable(r)
             return {"invariance": inv, "sae": info, "n": n}
 
         config = {
             "layer": layer,
             "sae_epochs": s["sae_epochs"],
-            "seed": seed,
             "n": n,
             "sae_width": s["invariance_sae_width"],
-            "control_energy": CONTROL_ENERGY,
         }
         got = self.run_stage("invariance", config, compute)
         self.R["invariance"], self.R["sae"] = got["invariance"], got["sae"]
@@ -347,9 +265,8 @@ class KoopmanReplication:
     # 4. IOI ablation ordering (position 0 never ablated; "all" = every other position)
     def ioi(self) -> None:
         from structlens.data.tasks import make_task
-        from structlens.koopman import EDMDc, PCADictionary
         from structlens.koopman.data import capture_depth
-        from structlens.koopman.interventions import compare_ablations
+        from structlens.koopman.stages import layer_rows, mode_ablation
         from structlens.report.koopman import plot_ablation
 
         s, model = self.s, self.model
@@ -365,30 +282,24 @@ class KoopmanReplication:
             else None
         )
         rows = []
+        p = self.protocol
         for layer in ioi_layers:
 
             def compute(layer: int = layer) -> dict[str, Any]:
-                X, U, Y, pid = load_rows(self.store if layer in self.layers else ioi_store, layer)
-                dic = PCADictionary(32).fit(X)
-                res = EDMDc(dic, self.cfg).fit(X, U, Y)
+                store = self.store if layer in self.layers else ioi_store
+                lr = layer_rows(p, store, [layer])
                 got = {}
                 for positions in ("all", "END"):
-                    c = compare_ablations(
-                        model, task, layer, res, dic, 4, positions=positions, n_random=3,
-                        exclude_position0=EXCLUDE_POSITION0, seed=s["seed"],
+                    c = mode_ablation(
+                        p, model, task, lr, p.headline_dictionary, 4, positions=positions,
+                        n_random=3,
                     )  # fmt: skip
-                    got[positions] = {
-                        "dimension": c.dimension,
-                        "clean_logit_diff": c.clean_metric_mean,
-                        "depth_to_readout": model.n_layers - layer,
-                        **{
-                            m: {"mean": float(c.mean[j]), "ci": c.ci[j].tolist()}
-                            for j, m in enumerate(c.methods)
-                        },
+                    got[positions] = to_jsonable(c) | {
+                        m: {"mean": c.mean[j], "ci": c.ci[j]} for j, m in enumerate(c.methods)
                     }
                 return got
 
-            config = {"layer": layer, "n_ioi": s["n_ioi"], "seed": s["seed"]}
+            config = {"layer": layer, "n_ioi": s["n_ioi"]}
             got = self.run_stage("ioi", config, compute)
             for positions in ("all", "END"):
                 v = got[positions]
@@ -417,7 +328,7 @@ class KoopmanReplication:
         s, layer = self.s, self.probes[0]
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_rows(self.store, layer)
+            X, U, Y, pid = load_rows(self.store, layer, self.protocol)
             train = ~prompt_split(pid, s["seed"])  # the residual is scored on the other half
             runs: dict[str, Any] = {}
             for lam in (0.0, s["sae_penalty"]):
@@ -468,7 +379,7 @@ class KoopmanReplication:
 
         def blocks_of(m: Any, layer: int, pr: list, dic: Any = None, n_blocks: int = 16):
             st = capture_depth(m, pr, [layer], root=self.out / "activations")
-            X, U, Y, pid = load_rows(st, layer)
+            X, U, Y, pid = load_rows(st, layer, self.protocol)
             dic = dic or PCADictionary(8).fit(X)
             return EDMDc(dic, cfg).statistics(X, U, Y, pid, n_blocks=n_blocks, seed=seed), X
 
@@ -545,30 +456,23 @@ class KoopmanReplication:
 
     # 6. reduction bounds on the pooled operator
     def reduction(self) -> None:
-        from structlens.koopman import EDMDc, PCADictionary, balanced_truncation
-        from structlens.koopman.data import load_layers
+        from structlens.koopman.stages import layer_rows, reduction
 
-        layers = self.layers
+        layers, p = self.layers, self.protocol
 
         def compute() -> dict[str, Any]:
-            X, U, Y, pid = load_layers(self.store, layers, exclude_position0=EXCLUDE_POSITION0)
-            dic = PCADictionary(32).fit(X)
-            res = EDMDc(dic, self.cfg).fit(X, U, Y)
-            out: dict[str, Any] = {"layers": f"{layers[0]}-{layers[-1]}", "horizon": len(layers)}
-            for r in (4, 8, 16):
-                red = balanced_truncation(
-                    res.A, res.B, res.C, r, len(layers), input_cov=res.control_cov
-                )
-                out[str(r)] = {
-                    "error": red.error,
-                    "enns_glover": red.enns_glover,
-                    "markov_bound": red.markov_bound,
-                    "instance_error": red.instance_error,
-                    "instance_bound": red.instance_bound,
-                    "effective_rank": red.effective_rank,
-                    "rho0": red.rho0,
-                }
-            return out
+            rows = layer_rows(p, self.store, layers)
+            got = reduction(p, rows, p.reduction_dictionary, (4, 8, 16))
+            out: dict[str, Any] = {
+                "layers": rows.label,
+                "horizon": len(layers),
+                "dictionary": dictionary_label(p.reduction_dictionary),
+            }
+            return out | {
+                str(r.order): to_jsonable(r)
+                | {"bound_ratio": r.bound_ratio, "instance_ratio": r.instance_ratio}
+                for r in got
+            }
 
         self.R["reduction"] = self.run_stage("reduction", {"layers": layers}, compute)
 

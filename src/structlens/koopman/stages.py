@@ -1,0 +1,515 @@
+"""The Koopman stages: the only code that turns depth activations into Koopman numbers.
+
+Each stage is a function ``(protocol, rows, ...) -> Result`` of a frozen, typed result; the
+``koopman`` CLI, ``structlens analyze`` and the replication call these and only render what
+they return, so one :class:`~structlens.koopman.protocol.KoopmanProtocol` gives one answer
+whichever driver runs it.
+
+``rows`` are the ``(X, U, Y, prompt_ids)`` of one layer or of pooled layers
+(:func:`layer_rows`), with the protocol's row rule applied.  Every dictionary is fitted by
+:func:`fit_dictionary` on the protocol's fit rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structlens.koopman.protocol import KoopmanProtocol, dictionary_label, parse_dictionary
+from structlens.results import Result
+
+__all__ = [
+    "LayerRows",
+    "layer_rows",
+    "fit_dictionary",
+    "SplitHalfFit",
+    "split_half",
+    "SpectrumFit",
+    "spectrum",
+    "InvarianceFit",
+    "invariance",
+    "ReductionRow",
+    "reduction",
+    "ModeAblation",
+    "mode_ablation",
+]
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """The samples of the depth map at ``layers``: states ``X``, controls ``U`` (attention
+    writes), successors ``Y`` and the prompt id of every row."""
+
+    layers: tuple[int, ...]
+    X: np.ndarray
+    U: np.ndarray
+    Y: np.ndarray
+    prompt_ids: np.ndarray
+
+    @property
+    def label(self) -> str:
+        """``"8"`` for one layer, ``"4-12"`` for a pooled range."""
+        if len(self.layers) == 1:
+            return str(self.layers[0])
+        return f"{self.layers[0]}-{self.layers[-1]}"
+
+    def fit_rows(self, protocol: KoopmanProtocol) -> np.ndarray:
+        """Boolean mask of the rows dictionaries are fitted on (``protocol.dictionary_fit``)."""
+        from structlens.koopman.invariance import prompt_split
+
+        if protocol.dictionary_fit == "all":
+            return np.ones(len(self.X), dtype=bool)
+        return ~prompt_split(self.prompt_ids, protocol.seed)
+
+
+def layer_rows(protocol: KoopmanProtocol, store: Any, layers: Sequence[int]) -> LayerRows:
+    """The rows of ``layers`` (pooled when several) of a depth store, position 0 left out when
+    ``protocol.exclude_position0``."""
+    from structlens.koopman.data import load_layers
+
+    layers = tuple(int(v) for v in layers)
+    X, U, Y, pid = load_layers(store, layers, exclude_position0=protocol.exclude_position0)
+    return LayerRows(layers, X, U, Y, pid)
+
+
+def fit_dictionary(
+    protocol: KoopmanProtocol,
+    spec: str,
+    rows: LayerRows,
+    *,
+    sae_path: str | Path | None = None,
+    dictionary: Any = None,
+) -> Any:
+    """Dictionary ``spec`` (``"pca:32"``) fitted on the protocol's fit rows of ``rows``.
+
+    A given ``dictionary`` (e.g. SAE features chosen on training prompts) is copied and
+    fitted instead; pre-trained dictionaries fit as a no-op.  Bad data raises ``ValueError``
+    naming the dictionary.
+    """
+    from structlens.koopman.pipeline import make_dictionary
+
+    if dictionary is None:
+        name, size = parse_dictionary(spec)
+        dictionary = make_dictionary(name, size, seed=protocol.seed, sae_path=sae_path)
+    else:
+        dictionary = copy.deepcopy(dictionary)
+    keep = rows.fit_rows(protocol)
+    try:
+        return dictionary.fit(rows.X[keep], rows.U[keep], rows.Y[keep])
+    except ValueError as err:
+        raise ValueError(f"{spec} dictionary at layer {rows.label}: {err}") from err
+
+
+# ---------------------------------------------------------------- split-half convergence
+@dataclass(frozen=True)
+class SplitHalfFit(Result):
+    """Split-half spectral distance against the half size M and its log-log slope (the claim:
+    −1/2) for one dictionary at ``layers``.
+
+    ``blocks_used`` of the ``blocks_requested`` prompt blocks passed the protocol's block
+    filter.  ``slope_ci`` is the delete-a-group jackknife interval over prompt blocks
+    (:class:`structlens.koopman.convergence.SplitHalfResult`).
+    """
+
+    layers: list[int]
+    dictionary: str
+    n_features: int
+    n_samples_total: int
+    blocks_requested: int
+    blocks_used: int
+    slope: float
+    slope_ci: list[float]
+    slope_se: float
+    slope_last4: float
+    slope_w2: float
+    n_samples: np.ndarray
+    w_inf_mean: np.ndarray
+    w2_mean: np.ndarray
+    eig_condition_max: float
+    eig_condition_median: float
+    n_repeats: int
+
+
+def split_half(
+    protocol: KoopmanProtocol, rows: LayerRows, spec: str, *, dictionary: Any = None
+) -> SplitHalfFit:
+    """Split-half convergence of dictionary ``spec`` on ``rows`` (see :class:`SplitHalfFit`)."""
+    from structlens.koopman.convergence import split_half_convergence
+    from structlens.koopman.edmdc import EDMDc
+
+    dic = fit_dictionary(protocol, spec, rows, dictionary=dictionary)
+    cfg = protocol.edmdc(split_half=True)
+    blocks = EDMDc(dic, cfg).statistics(
+        rows.X, rows.U, rows.Y, rows.prompt_ids,
+        n_blocks=protocol.split_half_blocks, seed=protocol.seed,
+    )  # fmt: skip
+    # A half built from one block must still hold more samples than features + controls.
+    need = protocol.block_min_ratio * (dic.n_features + protocol.split_half_control_rank)
+    kept = [b for b in blocks if b.n > need]
+    if len(kept) < 4:
+        raise ValueError(
+            f"layer {rows.label}, {spec}: {len(kept)} of {len(blocks)} prompt blocks hold more "
+            f"than {need:.0f} rows (the split-half filter); pass more prompts or fewer blocks."
+        )
+    sh = split_half_convergence(
+        kept, cfg, n_repeats=protocol.split_half_repeats, seed=protocol.seed
+    )
+    return SplitHalfFit(
+        layers=list(rows.layers),
+        dictionary=dictionary_label(spec),
+        n_features=int(dic.n_features),
+        n_samples_total=int(len(rows.X)),
+        blocks_requested=protocol.split_half_blocks,
+        blocks_used=len(kept),
+        slope=float(sh.slope),
+        slope_ci=[float(v) for v in sh.slope_ci],
+        slope_se=float(sh.slope_se),
+        slope_last4=float(sh.slope_last4),
+        slope_w2=float(sh.slope_w2),
+        n_samples=np.asarray(sh.n_samples, dtype=np.float64),
+        w_inf_mean=np.asarray(sh.w_inf_mean, dtype=np.float64),
+        w2_mean=np.asarray(sh.w2_mean, dtype=np.float64),
+        eig_condition_max=float(sh.eig_condition_max),
+        eig_condition_median=float(np.median(sh.eig_condition)),
+        n_repeats=protocol.split_half_repeats,
+    )
+
+
+# ---------------------------------------------------------------- spectrum and non-normality
+@dataclass(frozen=True)
+class SpectrumFit(Result):
+    """The fitted operator's spectrum and its diagnostics for one dictionary at ``layers``.
+
+    ``spectral_radius_ci``: 95% percentile interval over bootstrap resamples of the prompt
+    blocks (``None`` without resamples).  ``henrici_noise_floor_relative`` and
+    ``henrici_extrapolated_relative``: the sampling part of the relative Henrici departure and
+    its ``M → ∞`` extrapolation (:func:`structlens.koopman.diagnostics.henrici_noise_floor`);
+    ``None`` with ``noise_floor_reason`` when a quarter of the blocks cannot determine a fit.
+    ``state_tails`` / ``lifted_tails``: heavy-tail numbers before and after lifting
+    (:func:`structlens.koopman.diagnostics.tail_statistics`; no lifted tails for identity).
+    ``mom_eigenvalues`` and ``mom_bottleneck``: the median-of-means fit's spectrum and its
+    bottleneck distance to the mean fit's (``None`` with ``mom_reason`` when
+    ``protocol.mom_blocks`` is 0 or a block cannot determine a fit).
+    """
+
+    layers: list[int]
+    dictionary: str
+    n_features: int
+    n_samples: int
+    eigenvalues: np.ndarray
+    spectral_radius: float
+    spectral_radius_ci: list[float] | None
+    henrici_relative: float
+    henrici_noise_floor_relative: float | None
+    henrici_extrapolated_relative: float | None
+    noise_floor_reason: str | None
+    kappa_V: float
+    eig_condition_max: float
+    eig_condition_median: float
+    dissociation_k: int | None
+    dissociation_mean_cos2: float | None
+    dissociation_largest_angle_deg: float | None
+    control_rank: int
+    control_energy_kept: float
+    cond_gram: float
+    state_tails: dict[str, float]
+    lifted_tails: dict[str, float] | None
+    mom_eigenvalues: np.ndarray | None
+    mom_bottleneck: float | None
+    mom_reason: str | None
+
+
+def _radius_bootstrap(
+    blocks: Sequence[Any], cfg: Any, dic: Any, n_boot: int, seed: int
+) -> list[float] | None:
+    from structlens.koopman.edmdc import merge_statistics, solve
+
+    if n_boot == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    radii = np.empty(n_boot)
+    for b in range(n_boot):
+        counts = np.bincount(rng.integers(0, len(blocks), len(blocks)), minlength=len(blocks))
+        ev = solve(merge_statistics(blocks, counts), cfg, dic).eigenvalues
+        radii[b] = float(np.max(np.abs(ev)))
+    return [float(v) for v in np.percentile(radii, [2.5, 97.5])]
+
+
+def spectrum(
+    protocol: KoopmanProtocol,
+    rows: LayerRows,
+    spec: str,
+    *,
+    sae_path: str | Path | None = None,
+    dictionary: Any = None,
+) -> SpectrumFit:
+    """Fit dictionary ``spec`` on ``rows`` and measure its spectrum (see :class:`SpectrumFit`)."""
+    from structlens.koopman.diagnostics import henrici_noise_floor, tail_statistics
+    from structlens.koopman.edmdc import EDMDc, merge_statistics, solve, solve_median_of_means
+    from structlens.koopman.spectral import modal_principal_dissociation, non_normality
+    from structlens.stats.matching import bottleneck_distance
+
+    seed = protocol.seed
+    dic = fit_dictionary(protocol, spec, rows, sae_path=sae_path, dictionary=dictionary)
+    cfg = protocol.edmdc()
+    try:
+        blocks = EDMDc(dic, cfg).statistics(
+            rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=protocol.henrici_blocks, seed=seed
+        )
+        blocks = [b for b in blocks if b.n > 0]  # a hashed block may have received no prompt
+        res = solve(merge_statistics(blocks), cfg, dic)
+    except ValueError as err:
+        raise ValueError(f"layer {rows.label}, {spec}: {err}") from err
+    nn = non_normality(res.A)
+    # A quarter of the prompt blocks must over-determine the fit; the smallest quarters bound
+    # every quarter from below.
+    quarter = sum(sorted(b.n for b in blocks)[: len(blocks) // 4])
+    need = res.A.shape[0] + res.control_rank
+    floor, reason = None, None
+    if len(blocks) >= 4 and quarter > need:
+        floor = henrici_noise_floor(blocks, cfg, seed=seed)
+    else:
+        reason = f"a quarter of the prompt blocks holds {quarter} samples, a fit needs > {need}"
+    k = min(protocol.dissociation_k, res.A.shape[0] - 1, res.state_mean.shape[0] - 1)
+    dis = modal_principal_dissociation(res, k) if k >= 1 else None
+    mom_ev, mom_w, mom_reason = None, None, "mom_blocks is 0"
+    if protocol.mom_blocks:
+        mom_blocks = EDMDc(dic, cfg).statistics(
+            rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=protocol.mom_blocks, seed=seed
+        )
+        smallest = min(b.n for b in mom_blocks)
+        if smallest > need:
+            mom_ev = solve_median_of_means(mom_blocks, cfg, dic).eigenvalues
+            mom_w, mom_reason = float(bottleneck_distance(mom_ev, res.eigenvalues)), None
+        else:
+            mom_reason = (
+                f"the smallest of {protocol.mom_blocks} blocks holds {smallest} samples, a "
+                f"fit needs > {need}"
+            )
+    lifted = None
+    if parse_dictionary(spec)[0] != "identity":
+        lifted = tail_statistics(dic.transform(rows.X), seed=seed)
+    return SpectrumFit(
+        layers=list(rows.layers),
+        dictionary=dictionary_label(spec),
+        n_features=int(res.A.shape[0]),
+        n_samples=int(res.n_samples),
+        eigenvalues=np.asarray(res.eigenvalues),
+        spectral_radius=float(np.max(np.abs(res.eigenvalues))),
+        spectral_radius_ci=_radius_bootstrap(blocks, cfg, dic, protocol.spectrum_bootstrap, seed),
+        henrici_relative=float(nn.henrici_relative),
+        henrici_noise_floor_relative=floor.noise_floor_relative if floor else None,
+        henrici_extrapolated_relative=floor.henrici_extrapolated_relative if floor else None,
+        noise_floor_reason=reason,
+        kappa_V=float(nn.kappa_V),
+        eig_condition_max=float(np.max(nn.eig_condition)),
+        eig_condition_median=float(np.median(nn.eig_condition)),
+        dissociation_k=int(dis.dimension) if dis else None,
+        dissociation_mean_cos2=float(dis.mean_cos2) if dis else None,
+        dissociation_largest_angle_deg=float(np.degrees(dis.largest_angle)) if dis else None,
+        control_rank=int(res.control_rank),
+        control_energy_kept=float(res.control_energy_kept),
+        cond_gram=float(res.cond_gram),
+        state_tails=tail_statistics(rows.X, seed=seed),
+        lifted_tails=lifted,
+        mom_eigenvalues=None if mom_ev is None else np.asarray(mom_ev),
+        mom_bottleneck=mom_w,
+        mom_reason=mom_reason,
+    )
+
+
+# ---------------------------------------------------------------- invariance residual
+@dataclass(frozen=True)
+class InvarianceFit(Result):
+    """Held-out one-step invariance residual (1 − R² of ``Ψ(y)`` from ``[Ψ(x), u]``) of one
+    dictionary, fitted (dictionary and operator) on training prompts, scored on the others."""
+
+    layers: list[int]
+    dictionary: str
+    n_features: int
+    pooled: float
+    mean: float
+    median: float
+    n_dead: int
+    dictionary_fit_split: str
+    n_train_prompts: int
+    n_test_prompts: int
+
+
+def invariance(
+    protocol: KoopmanProtocol,
+    rows: LayerRows,
+    spec: str,
+    *,
+    sae_path: str | Path | None = None,
+    dictionary: Any = None,
+    label: str | None = None,
+) -> InvarianceFit:
+    """Invariance residual of dictionary ``spec`` on ``rows`` by the protocol's prompt split.
+
+    ``dictionary`` (with ``label``) passes a pre-built one, e.g. SAE features chosen on the
+    training prompts.
+    """
+    from structlens.koopman.invariance import invariance_residual_split
+    from structlens.koopman.pipeline import make_dictionary
+
+    if dictionary is None:
+        name, size = parse_dictionary(spec)
+        dictionary = make_dictionary(name, size, seed=protocol.seed, sae_path=sae_path)
+    try:
+        r = invariance_residual_split(
+            dictionary, rows.X, rows.U, rows.Y, rows.prompt_ids, protocol.edmdc(),
+            seed=protocol.seed,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"layer {rows.label}, {spec}: {err}") from err
+    return InvarianceFit(
+        layers=list(rows.layers),
+        dictionary=label or dictionary_label(spec),
+        n_features=int(len(r.per_feature)),
+        pooled=float(r.pooled),
+        mean=float(r.mean),
+        median=float(r.median),
+        n_dead=int(r.n_dead),
+        dictionary_fit_split=str(r.dictionary_fit_split),
+        n_train_prompts=int(r.n_train_prompts),
+        n_test_prompts=int(r.n_test_prompts),
+    )
+
+
+# ---------------------------------------------------------------- model reduction
+@dataclass(frozen=True)
+class ReductionRow(Result):
+    """Balanced truncation of the pooled operator to ``order``: the error and the bounds that
+    certify it (Enns–Glover for the worst-case input; the instance bound for inputs with the
+    attention writes' covariance), and ``error / bound`` in the norm each bound certifies."""
+
+    layers: list[int]
+    dictionary: str
+    order: int
+    horizon: int
+    error: float
+    enns_glover: float
+    certified: bool
+    markov_bound: float
+    instance_error: float
+    instance_bound: float
+    effective_rank: float
+    rho0: float
+
+    @property
+    def bound_ratio(self) -> float:
+        """``enns_glover / error``: how loose the worst-case certificate is (>= 1 when it holds)."""
+        return self.enns_glover / self.error if self.error > 0 else float("inf")
+
+    @property
+    def instance_ratio(self) -> float:
+        """``instance_bound / instance_error`` (>= 1 when the instance certificate holds)."""
+        if self.instance_error <= 0:
+            return float("inf")
+        return self.instance_bound / self.instance_error
+
+
+def reduction(
+    protocol: KoopmanProtocol,
+    rows: LayerRows,
+    spec: str,
+    orders: Sequence[int],
+    *,
+    sae_path: str | Path | None = None,
+) -> list[ReductionRow]:
+    """Balanced truncation of the operator fitted on the pooled ``rows`` (horizon = number of
+    pooled layers) to each of ``orders``."""
+    from structlens.koopman.edmdc import EDMDc
+    from structlens.koopman.reduction import balanced_truncation
+
+    dic = fit_dictionary(protocol, spec, rows, sae_path=sae_path)
+    res = EDMDc(dic, protocol.edmdc()).fit(rows.X, rows.U, rows.Y)
+    n = res.A.shape[0]
+    if any(not 1 <= r < n for r in orders):
+        raise ValueError(f"orders must be in [1, {n - 1}]; got {list(orders)}.")
+    horizon = len(rows.layers)
+    out = []
+    for r in orders:
+        red = balanced_truncation(res.A, res.B, res.C, r, horizon, input_cov=res.control_cov)
+        out.append(
+            ReductionRow(
+                layers=list(rows.layers),
+                dictionary=dictionary_label(spec),
+                order=int(r),
+                horizon=horizon,
+                error=float(red.error),
+                enns_glover=float(red.enns_glover),
+                certified=bool(red.certified),
+                markov_bound=float(red.markov_bound),
+                instance_error=float(red.instance_error),
+                instance_bound=float(red.instance_bound),
+                effective_rank=float(red.effective_rank),
+                rho0=float(red.rho0),
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- IOI mode ablation
+@dataclass(frozen=True)
+class ModeAblation(Result):
+    """Effect on the task metric of ablating ``dimension`` real directions at
+    ``resid_pre(layer)``: Koopman modes vs PCA vs random directions (``mean`` and 95% ``ci``
+    per method, in ``methods`` order)."""
+
+    layer: int
+    dictionary: str
+    positions: str
+    dimension: int
+    clean_metric: float
+    depth_to_readout: int
+    methods: list[str]
+    mean: list[float]
+    ci: list[list[float]]
+    mode_eigenvalues: np.ndarray
+
+
+def mode_ablation(
+    protocol: KoopmanProtocol,
+    model: Any,
+    task: Any,
+    rows: LayerRows,
+    spec: str,
+    k: int,
+    *,
+    positions: str = "all",
+    n_random: int = 5,
+) -> ModeAblation:
+    """Fit an affine dictionary ``spec`` (identity or PCA) on ``rows`` of one layer and ablate
+    ``k`` modes, ``k`` PCA and ``k`` random directions in ``model`` on ``task``."""
+    from structlens.koopman.edmdc import EDMDc
+    from structlens.koopman.interventions import compare_ablations
+
+    (layer,) = rows.layers
+    dic = fit_dictionary(protocol, spec, rows)
+    try:
+        res = EDMDc(dic, protocol.edmdc()).fit(rows.X, rows.U, rows.Y)
+        c = compare_ablations(
+            model, task, layer, res, dic, k, positions=positions, n_random=n_random,
+            exclude_position0=protocol.exclude_position0, seed=protocol.seed,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"layer {layer}: {err}") from err
+    return ModeAblation(
+        layer=layer,
+        dictionary=dictionary_label(spec),
+        positions=positions,
+        dimension=int(c.dimension),
+        clean_metric=float(c.clean_metric_mean),
+        depth_to_readout=int(model.n_layers - layer),
+        methods=list(c.methods),
+        mean=[float(v) for v in c.mean],
+        ci=[[float(a), float(b)] for a, b in c.ci],
+        mode_eigenvalues=np.asarray(c.mode_eigenvalues),
+    )
