@@ -157,7 +157,8 @@ def test_checks_say_what_the_configs_say():
     )
     assert message(lambda: SAEExperimentConfig(k=0)) == "d_sae and k must be positive."
     assert message(lambda: KoopmanExperimentConfig(dictionaries=("nope",))) == (
-        "unknown dictionary 'nope'; choose from identity, pca, rff, relu, spectral, sae."
+        "unknown dictionary 'nope'; choose from identity, pca, rff, rff-features, relu, "
+        "spectral, sae."
     )
     assert message(lambda: KoopmanExperimentConfig(analysis="modes", k=40, size=32)) == (
         "k must be in [1, size=32]; got 40."

@@ -97,5 +97,8 @@ def test_cli_koopman_convergence_grid_on_ray_equals_local(ray_cluster, tmp_path)
         assert r.exit_code == 0, r.output
         docs[name] = json.loads((tmp_path / "convergence.json").read_text())["results"]
     # one grid point per layer, each identical whichever executor ran it
-    assert {(k, d) for k in docs["local"] for d in docs["local"][k]} == {("1", "pca"), ("2", "pca")}
+    assert {(k, d) for k in docs["local"] for d in docs["local"][k]} == {
+        ("1", "pca4"),
+        ("2", "pca4"),
+    }
     assert docs["ray"] == docs["local"]

@@ -47,23 +47,23 @@ def test_value_errors_from_inside_the_code_are_bugs():
 
 
 def test_a_validation_error_passing_on_a_bug_is_a_bug(monkeypatch):
-    import structlens.koopman.experiment as experiment
-    from structlens.koopman.experiment import KoopmanExperimentConfig, _fitted
+    import structlens.koopman.pipeline as pipeline
+    from structlens.koopman.protocol import KoopmanProtocol
+    from structlens.koopman.stages import LayerRows, fit_dictionary
 
     def broken(*a, **k):
         raise ValueError("Unknown format code 'f' for object of type 'str'")
 
-    monkeypatch.setattr(experiment, "make_dictionary", lambda *a, **k: _Fits(broken))
-    cfg = KoopmanExperimentConfig(dictionaries=("pca",), size=2)
-    # _fitted re-raises every ValueError of the fit as "pca dictionary: ..." from it
-    err = _caught(lambda: _fitted(cfg, "pca", None, None, None))
-    assert type(err) is ValueError and str(err).startswith("pca dictionary")
+    monkeypatch.setattr(pipeline, "make_dictionary", lambda *a, **k: _Fits(broken))
+    protocol = KoopmanProtocol(dictionary_fit="all")
+    rows = LayerRows((1,), *(np.zeros((4, 2)) for _ in range(3)), np.arange(4))
+    # fit_dictionary re-raises every ValueError of the fit as "pca:2 dictionary ..." from it
+    err = _caught(lambda: fit_dictionary(protocol, "pca:2", rows))
+    assert type(err) is ValueError and str(err).startswith("pca:2 dictionary")
     assert not is_user_error(err)
     # the same wrapper around a validation error stays a user error
-    monkeypatch.setattr(
-        experiment, "make_dictionary", lambda *a, **k: _Fits(lambda *a: check_rows())
-    )
-    assert is_user_error(_caught(lambda: _fitted(cfg, "pca", None, None, None)))
+    monkeypatch.setattr(pipeline, "make_dictionary", lambda *a, **k: _Fits(lambda *a: check_rows()))
+    assert is_user_error(_caught(lambda: fit_dictionary(protocol, "pca:2", rows)))
 
 
 def check_rows():

@@ -17,11 +17,10 @@ from structlens.cli.koopman_options import (
     DATA,
     FLAGS,
     OUT,
-    PROTOCOL_OPTIONS,
     REDUCE,
     ModelOpt,
-    load_protocol,
     protocol_help,
+    protocol_of,
     streams,
 )
 from structlens.cli.options import parse_ints, parse_names
@@ -45,13 +44,7 @@ def _run(common: Common, model: str, analysis: Analysis, **settings: Any) -> Any
     settings["layers"] = parse_ints(settings["layers"], "--layers")
     if "dictionary" in settings:
         settings["dictionaries"] = parse_names(settings.pop("dictionary"))
-    # the options that name a protocol field, by the option's name
-    given = {PROTOCOL_OPTIONS[o]: settings.pop(o) for o in list(settings) if o in PROTOCOL_OPTIONS}
-    given = {field: value for field, value in given.items() if value is not None}
-    if analysis == "convergence" and "control_rank" in given:
-        # split-half fits are single-block fits: their control rank is the protocol's own
-        given["split_half_control_rank"] = given.pop("control_rank")
-    protocol = load_protocol(settings.pop("protocol")).replace(seed=common.seed, **given)
+    protocol = protocol_of(settings, analysis, common.seed)
     cfg = KoopmanExperimentConfig(analysis=analysis, protocol=protocol, **settings)
     m = common.load_model(model)
     root = common.out / "activations"

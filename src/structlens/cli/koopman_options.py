@@ -50,6 +50,17 @@ def load_protocol(spec: str) -> KoopmanProtocol:
     return KoopmanProtocol(**fields)
 
 
+def protocol_of(settings: dict[str, Any], analysis: str, seed: int) -> KoopmanProtocol:
+    """The protocol a command runs: ``--protocol`` with the protocol options that were given
+    (popped from ``settings``) and ``seed``."""
+    given = {PROTOCOL_OPTIONS[o]: settings.pop(o) for o in list(settings) if o in PROTOCOL_OPTIONS}
+    given = {field: value for field, value in given.items() if value is not None}
+    if analysis == "convergence" and "control_rank" in given:
+        # split-half fits are single-block fits: their control rank is the protocol's own
+        given["split_half_control_rank"] = given.pop("control_rank")
+    return load_protocol(settings.pop("protocol")).replace(seed=seed, **given)
+
+
 def _known_protocol(spec: str) -> None:
     load_protocol(spec)
 

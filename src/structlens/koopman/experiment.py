@@ -15,8 +15,7 @@ Example
 >>> KoopmanExperimentConfig(dictionaries=("pca", "bogus"))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-structlens.errors.InputError: unknown dictionary 'bogus' in 'bogus:64'; choose from identity, \
-pca, rff, rff-features, relu, spectral, sae.
+ValueError: unknown dictionary 'bogus'; choose from identity, pca, rff, rff-features, ...
 """
 
 from __future__ import annotations
@@ -72,6 +71,13 @@ class KoopmanExperimentConfig:
     protocol: KoopmanProtocol = dataclasses.field(default_factory=KoopmanProtocol)
 
     def __post_init__(self) -> None:
+        from structlens.koopman.pipeline import DICTIONARIES
+
+        unknown = [d for d in self.dictionaries if d not in DICTIONARIES]
+        if unknown:
+            raise ValueError(
+                f"unknown dictionary {unknown[0]!r}; choose from {', '.join(DICTIONARIES)}."
+            )
         check_choices(self)
         if not self.layers or min(self.layers) < 0:
             raise ValueError(f"layers must name at least one layer >= 0; got {self.layers}.")

@@ -277,7 +277,8 @@ def spectrum(
         reason = f"a quarter of the prompt blocks holds {quarter} samples, a fit needs > {need}"
     k = min(protocol.dissociation_k, res.A.shape[0] - 1, res.state_mean.shape[0] - 1)
     dis = modal_principal_dissociation(res, k) if k >= 1 else None
-    mom_ev, mom_w, mom_reason = None, None, "mom_blocks is 0"
+    mom_ev, mom_w = None, None
+    mom_reason: str | None = "mom_blocks is 0"
     if protocol.mom_blocks:
         mom_blocks = EDMDc(dic, cfg).statistics(
             rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=protocol.mom_blocks, seed=seed
