@@ -43,7 +43,7 @@ def test_tests_block_is_the_runs_screen(smoke):
         assert (t["gini_dimension"] == "no signal") == (not t["screened"])
     claim = next(c for c in doc.claims if c.id == "mean_gini_ndm_vs_baselines")
     if not any(t["screened"] for t in tests):
-        assert claim.verdict == "not testable here" and claim.ours is None
+        assert claim.verdict == "not tested" and claim.ours is None
 
 
 def test_restarts_and_sae_settings_reach_the_run(smoke):

@@ -46,7 +46,9 @@ def test_smoke_profile_writes_markdown_and_valid_claims(method, tmp_path):
 def _check_claims(raw):
     """Every claim has the acceptance fields; a null interval carries its reason."""
     for c in raw["claims"]:
-        assert {"id", "paper", "ours", "ci", "verdict", "settings"} <= set(c)
+        assert {"id", "paper", "ours", "ci", "verdict", "kind", "settings", "per_setting"} <= set(c)
+        assert c["kind"] in ("replication", "check")
+        assert c["kind"] == "replication" or c["positive_control"]["passed"] is True
         assert c["verdict"] in VERDICTS
         assert (c["ci"] is None) == bool(c.get("ci_reason"))
         assert c["ci"] is None or (len(c["ci"]) == 2 and c["ci"][0] <= c["ci"][1])
@@ -65,6 +67,9 @@ def _check_koopman(raw, md):
     by_id = {c["id"]: c for c in raw["claims"]}
     ranks = by_id["non_normal_dissociated"]["settings"]["control_rank"]
     assert ranks and all(1 <= r for r in ranks.values())  # the rank the 90% rule picked
+    headline = by_id["non_normal_dissociated"]
+    assert set(headline["settings"]["fits"]) < set(headline["per_setting"])  # others listed
+    assert all(k.endswith("/pca8") for k in headline["settings"]["fits"])  # smoke's headline
     n = st["invariance_n"]
     dics = by_id["invariance_gap"]["settings"]["dictionaries"]
     assert {f"sae_variance{n}", f"sae_frequency{n}", f"spectral{n}", f"relu{n}"} <= set(dics)

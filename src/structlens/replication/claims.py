@@ -18,12 +18,17 @@ from typing import Any
 
 from structlens.results import atomic_write_json, to_jsonable
 
-VERDICTS = ("reproduced", "partly", "not reproduced", "unidentified", "not testable here")
+#: The one verdict vocabulary (JSON, markdown, README, report).  "not tested" always comes
+#: with its reason (the claim's ``note`` or ``ci_reason``).
+VERDICTS = ("reproduced", "partly", "not reproduced", "unidentified", "not tested")
+#: A ``replication`` tests a claim of the paper; a ``check`` holds by construction when the
+#: code is right, so it is reported beside a positive control that must pass.
+KINDS = ("replication", "check")
 
 # Method-specific blocks: dotted paths that must be present; "[]" marks
 # a list whose every element must carry the key.
 REQUIRED_BLOCKS: dict[str, tuple[str, ...]] = {
-    "koopman": ("settings.protocol.exclude_position0", "settings.protocol.dictionary_fit"),
+    "koopman": ("settings.exclude_position0", "settings.dictionary_fit_split"),
     "causal-dimension": (
         "sweep.base_width",
         "sweep.d_model",
@@ -49,9 +54,12 @@ def _finite(x: Any) -> bool:
 class Claim:
     """One claim of a paper against our measurement.
 
-    ``ours`` is the measured value (a number, or a short text where the measurement is a
-    set of numbers); ``ci`` a 95% interval ``(low, high)`` or ``None``, in which case
-    ``ci_reason`` says why there is none.  ``settings`` records how the number was obtained.
+    ``ours`` is the measured value at the headline setting fixed in advance (a number, or a
+    short text where the measurement is a set of numbers); ``ci`` a 95% interval
+    ``(low, high)`` or ``None``, in which case ``ci_reason`` says why there is none.
+    ``settings`` records how the number was obtained; ``per_setting`` the value at every other
+    setting that was run (never the source of the headline).  ``kind`` is one of
+    :data:`KINDS`; a ``check`` carries ``positive_control``, a dict with a boolean ``passed``.
     """
 
     id: str
@@ -62,10 +70,21 @@ class Claim:
     settings: dict[str, Any]
     ci_reason: str | None = None
     note: str | None = None
+    kind: str = "replication"
+    per_setting: dict[str, Any] = dataclasses.field(default_factory=dict)
+    positive_control: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("a claim needs a non-empty id.")
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.id!r}: kind {self.kind!r} is not one of {KINDS}.")
+        if self.kind == "check" and not isinstance(
+            (self.positive_control or {}).get("passed"), bool
+        ):
+            raise ValueError(
+                f"claim {self.id!r}: a check needs a positive_control with a boolean 'passed'."
+            )
         if self.verdict not in VERDICTS:
             raise ValueError(
                 f"claim {self.id!r}: verdict {self.verdict!r} is not one of {list(VERDICTS)}."
@@ -91,8 +110,12 @@ class Claim:
             "ours": self.ours,
             "ci": list(self.ci) if self.ci is not None else None,
             "verdict": self.verdict,
+            "kind": self.kind,
             "settings": self.settings,
+            "per_setting": self.per_setting,
         }
+        if self.positive_control is not None:
+            out["positive_control"] = self.positive_control
         if self.ci_reason is not None:
             out["ci_reason"] = self.ci_reason
         if self.note is not None:

@@ -152,6 +152,9 @@ class KoopmanReplication:
             "sae_epochs": s["sae_epochs"],
             "sae_penalty": s["sae_penalty"],
             "protocol": self.protocol.to_json(),
+            # the protocol's row and split rules, also at the top (the claims schema's keys)
+            "exclude_position0": self.protocol.exclude_position0,
+            "dictionary_fit_split": self.protocol.dictionary_fit,
             "control_energy": self.protocol.control_energy,
             "invariance_n": s["invariance_n"],
             "invariance_sae_width": s["invariance_sae_width"],

@@ -74,7 +74,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     gini_settings = {"methods": methods, "n_prompts": ev["n_prompts"], "n_boot": ev["n_boot"],
                      "screened_tests": screened, "min_share": ev["min_share"]}  # fmt: skip
     if not screened:
-        verdict_gini = "not testable here"
+        verdict_gini = "not tested"
         gini_cell = (
             f"no signal: none of the {n_tests} tests passes the screen (whole-space effect "
             f"≥ {ev['min_share']:.0%} of the clean metric), so no Gini is reported"
