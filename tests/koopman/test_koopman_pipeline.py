@@ -246,6 +246,10 @@ def test_cli_end_to_end(tmp_path):
     for v in red.values():
         assert v["error"] <= v["enns_glover"] * (1 + 1e-9)
         assert v["instance_error"] <= v["instance_bound"] * (1 + 1e-9)
+        # the positive control: a reduced model known to be wrong is rejected by the same check
+        assert v["control_flagged"] is True and v["control_error"] > 2 * v["enns_glover"] * (
+            1 - 1e-9
+        )
 
 
 @pytest.mark.parametrize(

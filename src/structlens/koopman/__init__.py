@@ -51,6 +51,7 @@ from structlens.koopman.reduction import (
     ReductionResult,
     balanced_truncation,
     markov_parameters,
+    operator_distance,
     toeplitz_operator,
 )
 from structlens.koopman.spectral import (
@@ -99,6 +100,7 @@ __all__ = [
     "ReductionResult",
     "balanced_truncation",
     "markov_parameters",
+    "operator_distance",
     "toeplitz_operator",
     "Dissociation",
     "Eigendecomposition",

@@ -57,6 +57,20 @@ def toeplitz_operator(markov: list[np.ndarray]) -> np.ndarray:
     return T
 
 
+def operator_distance(
+    a: tuple[np.ndarray, np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray, np.ndarray],
+    horizon: int,
+) -> float:
+    """``‖T_L(a) − T_L(b)‖₂`` of two realisations ``(A, B, C)`` with equal input and output
+    sizes over ``horizon`` layers (the norm ``balanced_truncation``'s ``error`` is in)."""
+    diffs = [
+        x - y
+        for x, y in zip(markov_parameters(*a, horizon), markov_parameters(*b, horizon), strict=True)
+    ]
+    return _spectral_norm(toeplitz_operator(diffs))
+
+
 def _spectral_norm(M: np.ndarray) -> float:
     small = M.T @ M if M.shape[0] >= M.shape[1] else M @ M.T
     return float(np.sqrt(max(np.linalg.eigvalsh(small)[-1], 0.0)))

@@ -35,7 +35,7 @@ __all__ = [
     "invariance",
     "ReductionRow",
     "reduction",
-    "ModeAblation",
+    "AblationEffects",
     "mode_ablation",
 ]
 
@@ -388,7 +388,15 @@ def invariance(
 class ReductionRow(Result):
     """Balanced truncation of the pooled operator to ``order``: the error and the bounds that
     certify it (Enns–Glover for the worst-case input; the instance bound for inputs with the
-    attention writes' covariance), and ``error / bound`` in the norm each bound certifies."""
+    attention writes' covariance), with :attr:`bound_ratio` and :attr:`instance_ratio` in the
+    norm each bound certifies.
+
+    ``error <= enns_glover`` holds by construction when the code is right, so it is a check;
+    its positive control is a reduced model known to be wrong: the output map scaled so that,
+    by the triangle inequality, its error must exceed ``2 · enns_glover``.
+    ``control_error`` is that model's error through the same error computation and
+    ``control_flagged`` whether the comparison rejects it (it must).
+    """
 
     layers: list[int]
     dictionary: str
@@ -402,6 +410,8 @@ class ReductionRow(Result):
     instance_bound: float
     effective_rank: float
     rho0: float
+    control_error: float
+    control_flagged: bool
 
     @property
     def bound_ratio(self) -> float:
@@ -427,7 +437,7 @@ def reduction(
     """Balanced truncation of the operator fitted on the pooled ``rows`` (horizon = number of
     pooled layers) to each of ``orders``."""
     from structlens.koopman.edmdc import EDMDc
-    from structlens.koopman.reduction import balanced_truncation
+    from structlens.koopman.reduction import balanced_truncation, operator_distance
 
     dic = fit_dictionary(protocol, spec, rows, sae_path=sae_path)
     res = EDMDc(dic, protocol.edmdc()).fit(rows.X, rows.U, rows.Y)
@@ -438,6 +448,13 @@ def reduction(
     out = []
     for r in orders:
         red = balanced_truncation(res.A, res.B, res.C, r, horizon, input_cov=res.control_cov)
+        reduced = (red.A_r, red.B_r, red.C_r)
+        # scale C_r by 1 + c with c·‖T_r‖ ≥ 2·bound + 2·error: then ‖T − T'_r‖ ≥ 2·bound
+        size = operator_distance(reduced, (red.A_r, red.B_r, np.zeros_like(red.C_r)), horizon)
+        c = 2.0 * (red.enns_glover + red.error) / size if size > 0 else 0.0
+        control = operator_distance(
+            (res.A, res.B, res.C), (red.A_r, red.B_r, (1.0 + c) * red.C_r), horizon
+        )
         out.append(
             ReductionRow(
                 layers=list(rows.layers),
@@ -452,6 +469,8 @@ def reduction(
                 instance_bound=float(red.instance_bound),
                 effective_rank=float(red.effective_rank),
                 rho0=float(red.rho0),
+                control_error=float(control),
+                control_flagged=bool(control > red.enns_glover),
             )
         )
     return out
@@ -459,7 +478,7 @@ def reduction(
 
 # ---------------------------------------------------------------- IOI mode ablation
 @dataclass(frozen=True)
-class ModeAblation(Result):
+class AblationEffects(Result):
     """Effect on the task metric of ablating ``dimension`` real directions at
     ``resid_pre(layer)``: Koopman modes vs PCA vs random directions (``mean`` and 95% ``ci``
     per method, in ``methods`` order)."""
@@ -486,7 +505,7 @@ def mode_ablation(
     *,
     positions: str = "all",
     n_random: int = 5,
-) -> ModeAblation:
+) -> AblationEffects:
     """Fit an affine dictionary ``spec`` (identity or PCA) on ``rows`` of one layer and ablate
     ``k`` modes, ``k`` PCA and ``k`` random directions in ``model`` on ``task``."""
     from structlens.koopman.edmdc import EDMDc
@@ -502,7 +521,7 @@ def mode_ablation(
         )  # fmt: skip
     except ValueError as err:
         raise ValueError(f"layer {layer}: {err}") from err
-    return ModeAblation(
+    return AblationEffects(
         layer=layer,
         dictionary=dictionary_label(spec),
         positions=positions,
