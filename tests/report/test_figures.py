@@ -118,7 +118,8 @@ def test_effect_heatmap_takes_patch_runs(tmp_path, rng):
             top1_full=np.zeros(n, dtype=np.int64),
         )
         assert runs[method].normalized_effects().sum() == pytest.approx(1.0)
-    out = plot_effect_heatmap(runs, partition, "synthetic", tmp_path / "e.png")
+    effects = {m: r.normalized_effects() for m, r in runs.items()}
+    out = plot_effect_heatmap(effects, partition, "synthetic", tmp_path / "e.png")
     assert_drawn(out, tmp_path / "e.png")
 
 

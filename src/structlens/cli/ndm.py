@@ -175,6 +175,9 @@ def evaluate(
             cfg, model, train, out=common.out, executor=runner, log=common.say,
             allow_foreign=allow_foreign,
         )  # fmt: skip
+    from structlens.report.ndm import plot_evaluation
+
+    plot_evaluation(report.meta, common.out)
     payload = report.payload() | {"foreign": foreign}
     path = common.write("ndm_evaluate", payload, command="ndm evaluate")
     for row in report.meta["screen"]:

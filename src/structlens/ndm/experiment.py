@@ -422,7 +422,6 @@ def evaluate(
         screened_summary,
         whole_space_run,
     )
-    from structlens.report.ndm import plot_effect_heatmap
     from structlens.sites import site_name
 
     meta, store, _ = train_context(model, train)
@@ -529,13 +528,6 @@ def evaluate(
                 if m != "whole"
             },
         }
-        if screened["screened"]:
-            plot_effect_heatmap(
-                {m: r for m, r in runs[test.name].items() if m != "whole"},
-                partitions[layer],
-                f"{test.name} (layer {layer}, {test.corruption})",
-                out / f"effects-{test.name}.png",
-            )
         if log is not None:
             share = screened["whole_space_share"]
             verdict = "screened" if screened["screened"] else "no signal"

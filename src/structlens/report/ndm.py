@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from structlens.ndm.evaluate import PatchRun
 from structlens.ndm.ndm import NDMResult
 from structlens.report import save_figure
 
@@ -24,14 +24,15 @@ def _plt():
 
 
 def plot_effect_heatmap(
-    runs: Mapping[str, PatchRun], partition: Sequence[int], title: str, path: str | Path
+    effects: Mapping[str, Sequence[float]], partition: Sequence[int], title: str, path: str | Path
 ) -> Path:
     """Heat map of the normalised effects of patching each subspace (method rows, subspace
-    columns; 1 = the whole-space effect), one :class:`PatchRun` per method (``runs[method]``),
-    columns labelled with the subspace dimensions of ``partition``."""
+    columns; 1 = the whole-space effect), ``effects[method]`` one value per subspace (e.g.
+    :meth:`PatchRun.normalized_effects`), columns labelled with the subspace dimensions of
+    ``partition``."""
     plt = _plt()
-    methods = list(runs)
-    data = np.array([runs[m].normalized_effects() for m in methods], dtype=float)
+    methods = list(effects)
+    data = np.array([effects[m] for m in methods], dtype=float)
     bound = max(1.0, float(np.nanmax(np.abs(data)))) if data.size else 1.0
     fig, ax = plt.subplots(figsize=(1.0 + 0.45 * data.shape[1], 0.6 + 0.45 * len(methods)))
     im = ax.imshow(data, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
@@ -67,3 +68,20 @@ def plot_merge_history(runs: Mapping[str, NDMResult], path: str | Path) -> Path:
     b.set_title("NDM loss")
     a.legend(fontsize=7)
     return save_figure(fig, path)
+
+
+def plot_evaluation(doc: Mapping[str, Any], out: str | Path) -> list[Path]:
+    """The effect heat map of every screened test of an ``ndm evaluate`` document (its
+    ``effects`` and ``partition``), as ``out/effects-<test>.png``."""
+    paths = []
+    for test, e in doc["effects"].items():
+        if e["screened"]:
+            paths.append(
+                plot_effect_heatmap(
+                    {m: v["normalized"] for m, v in e["methods"].items()},
+                    doc["partition"][str(e["layer"])],
+                    f"{test} (layer {e['layer']}, {e['corruption']})",
+                    Path(out) / f"effects-{test}.png",
+                )
+            )
+    return paths

@@ -231,6 +231,7 @@ class NDMReplication:
     def evaluate(self, train_stage: Stage) -> Record:
         from structlens.ndm.experiment import NDMEvaluationConfig
         from structlens.ndm.experiment import evaluate as run_evaluation
+        from structlens.report.ndm import plot_evaluation
 
         s = self.s
 
@@ -239,6 +240,7 @@ class NDMReplication:
             # on --device: the gpu profile patches 512 prompts per test
             model = self._model(self.device)
             report = run_evaluation(cfg, model, self.cache.path(train_stage), out=folder)
+            plot_evaluation(report.meta, folder)
             write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 
