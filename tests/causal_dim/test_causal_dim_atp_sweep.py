@@ -104,9 +104,10 @@ def test_saturating_fits_recover_noiseless_curves():
     assert h["K"] == pytest.approx(800, rel=1e-4) and h["n"] == pytest.approx(1.5, rel=1e-4)
 
 
-def _stats_for(sae, acts, grads, n_blocks=8):
+def _stats_for(sae, acts, grads, start=0, n_blocks=8):
+    # synthetic tokens are independent draws: each is its own prompt
     s = FeatureStats(sae.d_sae, n_blocks)
-    s.update(sae, acts, grads)
+    s.update(sae, acts, grads, torch.arange(start, start + acts.shape[0]))
     return s
 
 
@@ -119,7 +120,7 @@ def test_width_sweep_analysis_end_to_end():
     for m in (50, 100, 200, 400):
         sae = TopKSAE(16, m, k=4, seed=m)
         stats[m] = _stats_for(sae, acts[:200], grads[:200]).merge(
-            _stats_for(sae, acts[200:], grads[200:])
+            _stats_for(sae, acts[200:], grads[200:], start=200)
         )
     kappa = CausalDimension().fit(model, acts[:64]).erank
     res = analyze_width_sweep(stats, WidthSweepConfig(n_bootstrap=30), exact_erank=kappa)
@@ -138,8 +139,16 @@ def test_width_sweep_analysis_end_to_end():
     assert res.n_repr_growth_ci.shape == (2, 4)
     np.testing.assert_allclose(res.n_repr_growth_ci[:, 0], 1.0)
     assert np.all(res.n_repr_growth_ci[0] <= res.n_repr_growth_ci[1])
+    # distinct counts: jackknife intervals around the observed values contain them
+    assert np.all(res.n_repr_ci[0] <= res.n_repr) and np.all(res.n_repr <= res.n_repr_ci[1])
+    assert np.all(res.n_repr_growth_ci[0] <= res.n_repr_growth)
+    assert np.all(res.n_repr_growth <= res.n_repr_growth_ci[1])
+    assert res.n_blocks_filled == 8 and res.n_prompts == 400
     if np.isfinite(res.wedge):
-        assert res.wedge_ci[0] <= res.wedge_ci[1]
+        if np.all(np.isfinite(res.wedge_ci)):
+            assert res.wedge_ci[0] <= res.wedge <= res.wedge_ci[1]
+        else:  # N_causal hits 0 at the widest SAE without some block: no interval, a reason
+            assert "wedge" in res.distinct_ci_reason
     # Merging split accumulators equals one pass over all tokens.
     one = _stats_for(TopKSAE(16, 50, k=4, seed=50), acts, grads)
     np.testing.assert_allclose(one.scores()[0], stats[50].scores()[0], rtol=1e-12)

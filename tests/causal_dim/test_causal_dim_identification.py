@@ -72,7 +72,7 @@ def _sweep_stats(d=16, widths=(64, 128, 256)):
     stats = {}
     for m in widths:
         s = FeatureStats(m, 8)
-        s.update(TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads)
+        s.update(TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads, torch.arange(300))
         stats[m] = s
     return stats
 

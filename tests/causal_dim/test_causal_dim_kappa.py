@@ -38,8 +38,9 @@ def _rank_one_basis(n: int, d: int) -> np.ndarray:
 def test_identical_grams_have_exact_rank_and_zero_spread():
     g = np.stack([np.diag([1.0, 1.0, 1.0, 0.0, 0.0])] * 6)
     res = kappa_from_grams(g)
-    assert res.erank == pytest.approx(3.0)
+    assert res.erank == pytest.approx(3.0) and res.erank_plugin == pytest.approx(3.0)
     assert res.participation_ratio == pytest.approx(3.0)
+    assert res.participation_ratio_plugin == pytest.approx(3.0)
     assert res.erank_se == pytest.approx(0.0, abs=1e-9)
     assert res.erank_ci == pytest.approx([3.0, 3.0])
     assert res.ratio_last_doubling == pytest.approx(1.0)
@@ -47,25 +48,36 @@ def test_identical_grams_have_exact_rank_and_zero_spread():
     assert res.n_vectors == 6 and res.d == 5
 
 
-def test_mean_gram_ranks_and_jackknife_match_direct_computation():
+@pytest.mark.parametrize(("n", "d"), [(9, 7), (9, 30)])
+def test_mean_gram_ranks_and_jackknife_match_direct_computation(n, d):
     rng = np.random.default_rng(0)
-    a = rng.normal(size=(9, 3, 7))
+    a = rng.normal(size=(n, 3, d))
     g = np.einsum("nki,nkj->nij", a, a)  # rank-3 PSD Grams
     res = kappa_from_grams(g)
     ref = effective_ranks(matrix=g.mean(0))
-    assert res.erank == pytest.approx(ref.entropy_effective_rank)
-    assert res.participation_ratio == pytest.approx(ref.participation_ratio)
+    assert res.erank_plugin == pytest.approx(ref.entropy_effective_rank)
+    assert res.participation_ratio_plugin == pytest.approx(ref.participation_ratio)
     loo = np.array(
         [
             effective_ranks(matrix=np.delete(g, i, 0).mean(0)).entropy_effective_rank
-            for i in range(9)
+            for i in range(n)
         ]
     )
-    assert res.erank_se == pytest.approx(np.sqrt(8 / 9 * np.sum((loo - loo.mean()) ** 2)))
-    assert res.erank_jackknife == pytest.approx(9 * res.erank - 8 * loo.mean())
-    half = (res.erank_ci[1] - res.erank_ci[0]) / 2
-    assert sum(res.erank_ci) / 2 == pytest.approx(res.erank_jackknife)
-    assert half == pytest.approx(scipy.stats.t.ppf(0.975, 8) * res.erank_se)
+    se = np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2))
+    assert res.erank_se == pytest.approx(se)
+    # the point is the bias-corrected estimate, the centre of its interval, within [1, d]
+    raw = n * res.erank_plugin - (n - 1) * loo.mean()
+    half = scipy.stats.t.ppf(0.975, n - 1) * res.erank_se
+    assert res.erank == pytest.approx(np.clip(raw, 1, d))
+    assert res.erank_ci == pytest.approx(list(np.clip([raw - half, raw + half], 1, d)))
+    assert res.kappa_over_d == pytest.approx(res.erank / d)
+    assert ("clipped to [1, d]" in res.ci_method) == (not 1 <= raw <= d)
+    if d == 30:  # 9 rank-3 Grams in 30 dimensions: no clipping, a centred interval
+        assert 1 <= raw <= d
+        assert sum(res.erank_ci) / 2 == pytest.approx(res.erank)
+        assert (res.erank_ci[1] - res.erank_ci[0]) / 2 == pytest.approx(half)
+    else:  # in 7 dimensions the correction overshoots d: projected onto [1, d]
+        assert raw > d and res.erank == pytest.approx(7.0)
 
 
 def _gaussian_grams(rng, lam, n, k):
@@ -85,13 +97,15 @@ def test_jackknife_interval_covers_the_known_erank_where_the_bootstrap_did_not()
         g = _gaussian_grams(rng, lam, 60, 2)
         res = kappa_from_grams(g)
         covered += res.erank_ci[0] <= truth <= res.erank_ci[1]
-        below += res.erank < truth
+        below += res.erank_plugin < truth
+        # point and interval are of one estimand: the point is the interval's centre
+        assert sum(res.erank_ci) / 2 == pytest.approx(res.erank)
         # the duplicated-vector bootstrap of the old interval sits below the plug-in
         boot = [
             effective_ranks(matrix=g[rng.integers(0, 60, 60)].mean(0)).entropy_effective_rank
             for _ in range(20)
         ]
-        assert np.mean(boot) < res.erank
+        assert np.mean(boot) < res.erank_plugin
     assert below == 30  # the plug-in is biased low
     assert covered >= 26  # nominal 95%
 
@@ -149,8 +163,8 @@ def test_vector_grams_average_to_model_sigma(model):
     ref = model_causal_dimension(model, 1, PROMPTS, cfg)
     np.testing.assert_allclose(grams.mean(0).numpy(), ref.sigma, rtol=1e-6, atol=1e-9)
     res = kappa_from_grams(grams)
-    assert res.erank == pytest.approx(ref.erank, rel=1e-6)
-    assert res.erank_ci[0] <= res.erank_jackknife <= res.erank_ci[1]
+    assert res.erank_plugin == pytest.approx(ref.erank, rel=1e-6)
+    assert res.erank_ci[0] <= res.erank <= res.erank_ci[1]
 
 
 def test_multi_layer_captures_match_single_layer(model):
@@ -175,7 +189,9 @@ def test_kappa_by_layer_reports_bootstrap_ci(model):
     res = kappa_by_layer(model, [1], PROMPTS, cfg, n_bootstrap=20)
     e = res["layers"][0]
     ref = model_causal_dimension(model, 1, PROMPTS, cfg)
-    assert e["erank"] == pytest.approx(ref.erank, rel=1e-6)
+    assert e["erank_plugin"] == pytest.approx(ref.erank, rel=1e-6)
     assert e["n_vectors"] == 3 and len(e["erank_ci"]) == 2 and e["erank_se"] >= 0
+    assert e["erank_ci"][0] <= e["erank"] <= e["erank_ci"][1]  # one estimand
     one = kappa_by_layer(model, [1], PROMPTS[:1], cfg)["layers"][0]
     assert one["erank_ci"] is None and one["n_vectors"] == 1
+    assert one["erank"] == one["erank_plugin"]  # no correction without a jackknife

@@ -41,7 +41,8 @@ def _gram(fn, h: torch.Tensor, output: str) -> torch.Tensor:
 
 def test_estimator_equals_kappa_from_grams_when_every_vector_is_its_own_group():
     chunks = [(f, H[:6]), (g, H[6:])]
-    res = KappaEstimator(KappaConfig(output="log_probs", n_groups=12, ci=0.9)).fit(chunks)
+    cfg = KappaConfig(output="log_probs", n_groups=12, ci=0.9, unit="vector")
+    res = KappaEstimator(cfg).fit(chunks)
     grams = [_gram(fn, hs[i : i + 1], "log_probs") for fn, hs in chunks for i in range(6)]
     ref = kappa_from_grams(torch.stack(grams), ci=0.9)
     for field in dataclasses.fields(ref):
@@ -51,11 +52,37 @@ def test_estimator_equals_kappa_from_grams_when_every_vector_is_its_own_group():
         else:
             assert a == b, field.name
     assert res.ci_method == "delete-one jackknife, bias-corrected, t interval"
-    assert res.n_vectors == 12 and res.erank_ci[0] < res.erank_jackknife < res.erank_ci[1]
+    assert res.n_vectors == 12 and res.erank_ci[0] < res.erank < res.erank_ci[1]
+
+
+def test_estimator_groups_by_chunk_by_default_as_kappa_from_grams_groups():
+    """A chunk's vectors share its map (one prompt's context): one jackknife group each."""
+    chunks = [(f, H[:4]), (g, H[4:8]), (f, H[8:])]
+    res = KappaEstimator(KappaConfig(output="log_probs", n_groups=12, ci=0.9)).fit(chunks)
+    grams = [_gram(fn, hs[i : i + 1], "log_probs") for fn, hs in chunks for i in range(4)]
+    ref = kappa_from_grams(torch.stack(grams), ci=0.9, groups=[0] * 4 + [1] * 4 + [2] * 4)
+    for field in dataclasses.fields(ref):
+        a, b = getattr(res, field.name), getattr(ref, field.name)
+        if isinstance(a, np.ndarray):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, rel=1e-12), field.name
+        elif isinstance(a, list):
+            assert a == pytest.approx(b, rel=1e-12), field.name
+        else:
+            assert a == b, field.name
+    assert res.n_groups == 3 and res.n_vectors == 12
+    assert res.ci_method.startswith("delete-a-group jackknife over 3 groups")
+    per_vector = kappa_from_grams(torch.stack(grams), ci=0.9)
+    assert per_vector.n_groups == 12 and per_vector.erank_plugin == pytest.approx(res.erank_plugin)
+    with pytest.raises(InputError, match="one group"):
+        kappa_from_grams(torch.stack(grams), groups=[0] * 12)
+    with pytest.raises(InputError, match="one per vector"):
+        kappa_from_grams(torch.stack(grams), groups=[0, 1])
 
 
 def test_statistics_merge_in_place_pickle_and_equal_one_pass():
-    cfg = KappaConfig(n_groups=4)
+    cfg = KappaConfig(n_groups=4, unit="vector")
     one_pass = KappaEstimator(cfg).partial_fit((f, H)).statistics
     # each worker deals its vectors round-robin over all 4 groups (8 as pairs, 4 singly)
     a = KappaEstimator(cfg).partial_fit((f, H[:8])).statistics

@@ -64,8 +64,18 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
     assert res.informative["n_passed"] == res.informative["n_heads"]
     assert res.head_groups == {}
-    # the decision is calibrated: equivalent only when the score beats the null's interval
-    want = "equivalent" if res.score_ci[0] > res.null_score_ci[1] else "undecided"
+    # the decision is calibrated by the paired test on the same heads: McNemar exact on the
+    # heads where only the partner or only the null passes
+    from structlens.stats.intervals import mcnemar_exact
+
+    partner = [r["passed"] for r in res.validation]
+    null = [r["passed"] for r in res.null_validation]
+    b = sum(p and not q for p, q in zip(partner, null))
+    c = sum(q and not p for p, q in zip(partner, null))
+    test = res.verdicts["matching_test"]
+    assert (test["partner_only"], test["null_only"]) == (b, c)
+    assert test["p_value"] == mcnemar_exact(b, c)
+    want = "equivalent" if b > c and mcnemar_exact(b, c) < 0.05 else "undecided"
     assert res.verdicts["matching"] == want
 
 
@@ -81,6 +91,8 @@ def test_head_groups_replace_whole_layers(tiny, rotated) -> None:
     assert max(r["kl"] for r in g["validation"]) < 1e-3
     assert g["null_score"] == 0.0
     assert g["informative"]["n_heads"] == tiny.n_layers == g["informative"]["n_passed"]
+    t = g["paired_test"]  # every layer: partner passes, null fails
+    assert (t["partner_only"], t["null_only"], t["n_heads"]) == (tiny.n_layers, 0, tiny.n_layers)
 
 
 def test_compare_two_seeds_end_to_end(tiny) -> None:

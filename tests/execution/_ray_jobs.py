@@ -28,7 +28,9 @@ def shard_data(seed: int, i: int) -> dict[str, np.ndarray]:
     x = rng.standard_t(5, size=(n, D_X)) @ rng.normal(size=(D_X, D_X)) + 300.0 + i
     y = np.tanh(x[:, :D_Y] / 50.0) + 0.1 * rng.normal(size=(n, D_Y)) - 7.0
     u = rng.normal(size=(n, D_U))
-    return {"x": x, "y": y, "u": u}
+    # one prompt per row, ids fixed by (shard, row) so blocks match however shards are fed
+    prompt_ids = 1000 * i + np.arange(n)
+    return {"x": x, "y": y, "u": u, "prompt_ids": prompt_ids}
 
 
 def _ejop_map(h: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,8 @@ class ShardStat:
             acc = FeatureStats(self.extra.d_sae, n_blocks=8)
             for s in shards:
                 acts = torch.from_numpy(s["x"]).float() - 300.0
-                acc.update(self.extra, acts, torch.from_numpy(np.sin(s["x"])).float())
+                grads = torch.from_numpy(np.sin(s["x"])).float()
+                acc.update(self.extra, acts, grads, torch.from_numpy(s["prompt_ids"]))
         else:
             raise ValueError(f"unknown statistic {k!r}")
         return acc

@@ -15,8 +15,12 @@ SETTINGS = {"profile": "smoke", "k": 4, "jacobian_prompt_tokens": 8, "n_ce_promp
 def test_render_from_kappa_and_four_cell(tmp_path):
     g = np.zeros((8, 10, 10))
     for i in range(8):
-        g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: κ = κ_PR = 8
+        g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: plug-in κ = κ_PR = 8
     res = kappa_from_grams(g)
+    # without a vector κ = 7, so the jackknife's bias-corrected κ = 8·8 − 7·7 = 15, projected
+    # onto [1, d = 10]: the reported κ (and κ_PR) is 10, the plug-in 8 beside it
+    assert (res.erank, res.participation_ratio) == (10.0, 10.0)
+    assert abs(res.erank_plugin - 8.0) < 1e-9
     entry = to_jsonable(res) | {"layer": 3, "curve": to_jsonable(kappa_curve(g, [1, 8], n_draws=3))}
     cell = {
         "width": 64,
@@ -32,8 +36,10 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     four = {"width": 64, "layer": 1, "architectures": {"topk": topk, "relu": cell}}
     run = Run(settings=SETTINGS, out=tmp_path, kappa={"d": 10, "layers": [entry]}, fourcell=four)
     doc = render_markdown(run, "test")
-    assert "L3: κ = 8 " in doc and "κ/d = 0.800" in doc
-    assert "L3: κ_PR = 8.0" in doc and "reproduced (PR ≤ erank" in doc
+    assert "L3: κ = 10 " in doc and "κ/d = 1.000" in doc
+    assert "L3: κ_PR = 10.0" in doc and "(plug-in 8.0 vs 8.0)" in doc
+    assert "reproduced (PR ≤ erank" in doc
+    assert "| 3 | 8 | 8 | — | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
     assert "topk: 1.00×, relu: 3.00× (random enc/learned dec" in doc
     assert "reproduced (direction)" in doc
     assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell
@@ -48,8 +54,8 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     assert by_id["random_encoder_inflation"].verdict == "reproduced"
     assert by_id["random_encoder_inflation"].settings["architecture"] == "relu"
     assert by_id["kappa_pr_lower_bound"].verdict == "reproduced"
-    assert abs(by_id["exact_kappa"].ours - 8.0) < 1e-9
-    assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 0.8) < 1e-12
+    assert abs(by_id["exact_kappa"].ours - 10.0) < 1e-9
+    assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 1.0) < 1e-12
     # κ(8) = 8 over the mean erank of the two disjoint halves (4 each): ratio 2
     doc_json = claims(run, "test").to_json()
     assert list(doc_json["kappa"]["ratio_last_doubling"]) == ["3"]

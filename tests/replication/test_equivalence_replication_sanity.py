@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from structlens.equivalence import decide_with_null
 from structlens.replication.claims import ClaimsDocument
 from structlens.replication.equivalence import run as eq_run
+from structlens.stats.intervals import mcnemar_exact
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +37,17 @@ def test_rows_carry_null_interval_and_null_calibrated_verdict(claims):
         lo, hi = r["score_ci"]
         assert 0.0 <= lo <= r["score"] <= hi <= 1.0
         assert 0.0 <= r["null_score"] <= 1.0
-        expected = decide_with_null(r["score"], r["score_ci"], r["null_score_ci"])
-        assert (r["verdict"], r["verdict_reason"]) == expected
+        # the verdict is the paired test's: McNemar exact on the discordant heads
+        t = r["paired_test"]
+        assert t["p_value"] == mcnemar_exact(t["partner_only"], t["null_only"])
+        assert t["partner_only"] + t["null_only"] + t["both"] + t["neither"] == t["n_heads"]
+        passed = t["partner_only"] > t["null_only"] and t["p_value"] < t["alpha"]
+        assert (r["verdict"] == "equivalent") == (passed and r["score"] >= 0.5)
+        assert (r["verdict"], r["verdict_reason"]) == (t["verdict"], t["reason"])
         rlo, rhi = r["representational_score_ci"]
         assert rlo <= r["representational_score"] <= rhi
     sanity = rows["sanity-tiny"]
     # identical heads up to a rotation/permutation: aligned representations, and the
     # partner passes where mean ablation fails, so the verdict is decided
     assert sanity["representational_score"] == 1.0
-    assert sanity["verdict"] == "equivalent" and sanity["score_ci"][0] > sanity["null_score_ci"][1]
+    assert sanity["verdict"] == "equivalent" and sanity["paired_test"]["p_value"] < 0.05

@@ -50,7 +50,9 @@ def test_width_sweep_takes_the_sweep_result(tmp_path):
     stats = {}
     for m in (64, 128, 256):
         stats[m] = FeatureStats(m, 8)
-        stats[m].update(TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads)
+        stats[m].update(
+            TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads, torch.arange(300)
+        )
     sweep = analyze_width_sweep(stats, WidthSweepConfig(n_bootstrap=5))
     assert_drawn(plot_width_sweep(sweep, tmp_path / "w.png"), tmp_path / "w.png")
     # the JSON form a command or a stage record holds rebuilds the same result

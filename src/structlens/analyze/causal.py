@@ -24,8 +24,8 @@ def run(
     executor: ExecutorView,
 ) -> dict[str, Any]:
     """Exact κ = erank(E[JᵀJ]) of the same-position log-probs at each layer (one vector per
-    prompt, bootstrap CI) with the κ(n)/κ(n/2) convergence check; the SAE width-sweep wedge
-    at the middle layer."""
+    prompt; the bias-corrected jackknife estimate with its interval, the plug-in beside it)
+    with the κ(n)/κ(n/2) convergence check; the SAE width-sweep wedge at the middle layer."""
     from structlens.causal_dim import WidthSweepConfig
     from structlens.causal_dim.experiment import (
         collect_residuals,
@@ -34,7 +34,7 @@ def run(
     )
     from structlens.causal_dim.jacobian import JacobianConfig
     from structlens.causal_dim.kappa import kappa_from_grams
-    from structlens.causal_dim.model import residual_grads, vector_grams
+    from structlens.causal_dim.model import residual_grads, token_prompt_ids, vector_grams
     from structlens.ndm.data import training_prompts
     from structlens.sae import SAETrainConfig, evaluate_sae
 
@@ -60,13 +60,17 @@ def run(
         rows.append(
             {
                 "layer": int(layer),
+                # point and interval are both the bias-corrected jackknife's
                 "kappa": k.erank,
                 "kappa_ci": list(k.erank_ci),
                 "kappa_ci_method": k.ci_method,
+                "kappa_plugin": k.erank_plugin,
                 "kappa_pr": k.participation_ratio,
                 "kappa_pr_ci": list(k.participation_ratio_ci),
+                "kappa_pr_plugin": k.participation_ratio_plugin,
                 "n_vectors": int(n),
-                "kappa_half": k.erank / ratio,  # mean κ of the two disjoint halves
+                # the doubling ratio is the plug-in's, so is this mean of the two halves
+                "kappa_half": k.erank_plugin / ratio,
                 "convergence_ratio": ratio,
                 "eigenvalues": np.asarray(k.eigenvalues).tolist(),
             }
@@ -76,8 +80,9 @@ def run(
             caveats.append(
                 caveat(
                     "too_few_vectors",
-                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}); κ is "
-                    "biased low at small n and its interval covers vector sampling only.",
+                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}); the "
+                    "plug-in is biased low at small n, the jackknife removes only the first-order "
+                    "bias, and the interval covers vector sampling only.",
                 )
             )
         if ratio > 1.05:
@@ -118,6 +123,7 @@ def run(
             {m: r.sae for m, r in saes.items()},
             list(residual_grads(model, mid, eval_p)),
             WidthSweepConfig(n_bootstrap=p.sweep_bootstrap, seed=cfg.seed),
+            prompt_ids=token_prompt_ids(eval_p),
             n_blocks=16,
             exact_erank=exact,
             heldout_fvu=fvu,
@@ -132,6 +138,8 @@ def run(
             "n_causal_ci": res.n_causal_ci.tolist(),
             "wedge": res.wedge,
             "wedge_ci": list(res.wedge_ci),
+            "distinct_ci_method": res.distinct_ci_method,
+            "distinct_ci_reason": res.distinct_ci_reason,
             "fit_model": res.fit_model,
             "kappa_hat": res.kappa_hat,
             "kappa_hat_ci": list(res.kappa_hat_ci) if identified else None,

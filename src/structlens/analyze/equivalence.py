@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,21 @@ from structlens.analyze.runtime import StageProgress
 from structlens.errors import InputError
 
 
+def _paired_test(result: Any) -> Any:
+    """The paired test of partner against null on the validated heads (None without a null)."""
+    from structlens.equivalence.score import decide_paired_null
+
+    if not result.null_validation:
+        return None
+    return decide_paired_null(
+        [v["passed"] for v in result.validation],
+        [v["passed"] for v in result.null_validation],
+        alpha=result.config.get("null_alpha", 0.05),
+    )
+
+
 def _equivalence_row(result: Any, name: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    test = _paired_test(result)
     row = {
         "pair": name,
         "model_b": result.model_b,
@@ -26,18 +39,20 @@ def _equivalence_row(result: Any, name: str) -> tuple[dict[str, Any], list[dict[
         "layer_score_ci": list(result.layer_score_ci),
         "informative": result.informative,
         "verdicts": result.verdicts,
+        "paired_test": test.to_json() if test is not None else None,
         "layer_similarity": np.asarray(result.layer_similarity).tolist(),
     }
     caveats = []
-    if math.isfinite(result.null_score) and result.null_score_ci[1] >= result.score_ci[0]:
+    # partner and null are measured on the same heads: only the paired test can tell them apart
+    if test is not None and not (test.partner_only > test.null_only and test.p_value < test.alpha):
         caveats.append(
             caveat(
                 "null_passes",
                 f"{name}: mean-ablating B's heads passes the criterion about as often as the "
-                f"matched partners (null {result.null_score:.2f} "
-                f"[{result.null_score_ci[0]:.2f}, {result.null_score_ci[1]:.2f}] vs "
-                f"{result.score:.2f} [{result.score_ci[0]:.2f}, {result.score_ci[1]:.2f}]); "
-                "the score does not show that the partners carry the mechanism.",
+                f"matched partners (partner only on {test.partner_only} heads, null only on "
+                f"{test.null_only}, McNemar exact p = {test.p_value:.3g}; null "
+                f"{result.null_score:.2f} vs score {result.score:.2f}); the score does not "
+                "show that the partners carry the mechanism.",
             )
         )
     return row, caveats

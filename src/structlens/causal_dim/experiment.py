@@ -27,6 +27,7 @@ from structlens.causal_dim.model import (
     residual_function,
     residual_grads,
     sae_splice_writer,
+    token_prompt_ids,
     vector_grams,
 )
 from structlens.causal_dim.sweep import FeatureStats, WidthSweepConfig, analyze_width_sweep
@@ -59,8 +60,11 @@ def kappa_by_layer(
     """Exact κ (erank), κ_PR, stable and numerical rank of Σ at each layer, with spectra.
 
     One exact Gram per prompt (:func:`~structlens.causal_dim.model.vector_grams`); with ≥ 2
-    prompts the SEs are jackknife and the CIs bootstrap over prompts
-    (:func:`~structlens.causal_dim.kappa.kappa_from_grams`), else they are ``None``.
+    prompts ``erank``/``participation_ratio`` are the bias-corrected jackknife estimates with
+    their SEs and t intervals over prompts (each prompt its own group:
+    :func:`~structlens.causal_dim.kappa.kappa_from_grams`), and ``erank_plugin`` /
+    ``participation_ratio_plugin`` the plug-in values; with one prompt the point is the
+    plug-in and the errors are ``None``.
     """
     cfg = config or JacobianConfig(output="log_probs")
     if not prompts:
@@ -80,6 +84,11 @@ def kappa_by_layer(
             }
             lam = res.eigenvalues
             erank, pr = res.erank, res.participation_ratio
+            plugin = {
+                "erank_plugin": res.erank_plugin,
+                "participation_ratio_plugin": res.participation_ratio_plugin,
+                "ci_method": res.ci_method,
+            }
             stable, numerical = res.stable_rank, res.numerical_rank
         else:
             lam = np.linalg.eigvalsh(grams[0].numpy())[::-1]
@@ -88,12 +97,14 @@ def kappa_by_layer(
                 ("erank_se", "participation_ratio_se", "erank_ci", "participation_ratio_ci")
             )
             erank, pr = r.entropy_effective_rank, r.participation_ratio
+            plugin = {"erank_plugin": erank, "participation_ratio_plugin": pr, "ci_method": None}
             stable, numerical = r.stable_rank, r.numerical_rank
         out["layers"].append(
             {
                 "layer": int(layer),
                 "erank": erank,
                 "participation_ratio": pr,
+                **plugin,
                 "stable_rank": stable,
                 "numerical_rank": numerical,
                 "kappa_over_d": erank / model.d_model,
@@ -177,16 +188,38 @@ def sweep_analysis(
     acts_grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
     config: WidthSweepConfig | None = None,
     *,
+    prompt_ids: Sequence[torch.Tensor] | None = None,
     n_blocks: int = 64,
     exact_erank: float | None = None,
     heldout_fvu: dict[int, float] | None = None,
 ) -> tuple[Any, dict[int, FeatureStats]]:
     """FeatureStats for every width from the SAME cached ``(acts, grads)``, then the analysis
-    (``heldout_fvu``: width → held-out FVU, for the sweep's FVU gate)."""
+    (``heldout_fvu``: width → held-out FVU, for the sweep's FVU gate).
+
+    ``prompt_ids`` holds, per batch of ``acts_grads``, the prompt of every row
+    (:func:`~structlens.causal_dim.model.token_prompt_ids`): the bootstrap and jackknife
+    resample whole prompts.  Required unless ``n_blocks == 1``.
+    """
+    batches = list(acts_grads)
+    if prompt_ids is None:
+        if n_blocks != 1:
+            raise ValueError(
+                "sweep_analysis needs prompt_ids (one tensor per batch, the prompt of each "
+                "token; see structlens.causal_dim.model.token_prompt_ids): the intervals "
+                "resample whole prompts."
+            )
+        ids: list[torch.Tensor | None] = [None] * len(batches)
+    else:
+        ids = list(prompt_ids)
+        if len(ids) != len(batches):
+            raise ValueError(
+                f"prompt_ids has {len(ids)} batches but acts_grads {len(batches)}; give one "
+                "tensor of prompt ids per (acts, grads) batch."
+            )
     stats = {m: FeatureStats(m, n_blocks) for m in saes}
-    for acts, grads in acts_grads:
+    for (acts, grads), pid in zip(batches, ids, strict=True):
         for m, sae in saes.items():
-            stats[m].update(sae, acts, grads)
+            stats[m].update(sae, acts, grads, pid)
     res = analyze_width_sweep(stats, config, exact_erank=exact_erank, heldout_fvu=heldout_fvu)
     return res, stats
 
@@ -327,7 +360,7 @@ class CausalDimExperimentConfig:
     ``jacobian_prompts`` corpus windows of ``jacobian_tokens`` tokens, of the ``output``
     (``log_probs`` or ``raw`` logits) at the ``same`` (last) or ``downstream`` positions.
     ``sweep``: SAEs of ``sae_config.widths`` (≥ 2) at ``sae_config.layer``, AtP on the LM
-    loss over the held-out windows in ``n_blocks`` token blocks, N_repr/N_causal at
+    loss over the held-out windows in ``n_blocks`` prompt blocks, N_repr/N_causal at
     ε = ``percentile``, κ̂ with ``n_bootstrap`` resamples, and the exact κ at that layer.
     ``ablate``: the four-cell encoder/decoder ablation of a given SAE at ``sae_config.layer``
     on its held-out windows.
@@ -430,7 +463,10 @@ def run(
     kappa = _kappa(dataclasses.replace(cfg, output="log_probs", positions="same"), model, [layer])
     erank = kappa["layers"][0]["erank"]
     pairs = list(residual_grads(model, layer, ev))
-    res, _ = sweep_analysis(saes, pairs, cfg.width_sweep, n_blocks=cfg.n_blocks, exact_erank=erank)
+    res, _ = sweep_analysis(
+        saes, pairs, cfg.width_sweep, prompt_ids=token_prompt_ids(ev), n_blocks=cfg.n_blocks,
+        exact_erank=erank,
+    )  # fmt: skip
     # Every array as a list (to_json keeps only shapes), so the document holds the whole
     # result and WidthSweepResult.from_dict rebuilds it.
     fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(res)}

@@ -47,8 +47,9 @@ class EJOPAccumulator:
     """Mergeable float64 sums of ``JᵀJ`` in ``n_groups`` independent groups.
 
     The ``statistics`` of :class:`CausalDimension` and
-    :class:`~structlens.causal_dim.kappa.KappaEstimator`.  Batches are assigned to groups
-    round-robin; the between-group spread gives the jackknife errors.  ``merge`` adds sums and
+    :class:`~structlens.causal_dim.kappa.KappaEstimator`.  Batches (or whole chunks, see
+    ``JacobianConfig.group_unit``) are assigned to groups round-robin; the between-group
+    spread gives the jackknife errors.  ``merge`` adds sums and
     counts in place, so partial results from several workers combine into exactly what one
     pass would give.  Memory is ``n_groups · d²`` float64 whatever the number of vectors; the
     object pickles (for Ray workers and saving).
@@ -87,15 +88,27 @@ class EJOPAccumulator:
         out._next = sums.shape[0]
         return out
 
-    def add(self, gram: torch.Tensor, count: int) -> None:
-        """Add ``gram`` = ``Σ_rows JᵀJ`` over ``count`` residual vectors to the next group."""
+    def add(self, gram: torch.Tensor, count: int, group: int | None = None) -> None:
+        """Add ``gram`` = ``Σ_rows JᵀJ`` over ``count`` residual vectors to the next group
+        (round-robin), or to ``group`` when given (the round-robin position then stays)."""
         if gram.shape != (self.d, self.d):
             raise InputError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
-        g = self._next % self.n_groups
+        if group is None:
+            g = self._next % self.n_groups
+            self._next += 1
+        elif 0 <= group < self.n_groups:
+            g = int(group)
+        else:
+            raise InputError(f"group {group} outside [0, {self.n_groups}).")
         # Sums live on the CPU whatever device the Jacobians were computed on.
         self.sums[g] += gram.to(device=self.sums.device, dtype=torch.float64)
         self.counts[g] += count
+
+    def next_group(self) -> int:
+        """Claim the next group of the round-robin for a unit (e.g. one chunk) of vectors."""
+        g = self._next % self.n_groups
         self._next += 1
+        return g
 
     def merge(self, other: EJOPAccumulator) -> EJOPAccumulator:
         """Fold ``other`` into ``self`` in place and return ``self`` (``other`` is unchanged)."""
@@ -278,6 +291,11 @@ class JacobianConfig:
     projection : {"rademacher", "gaussian"}
     n_groups : int
         Independent groups for the standard error / jackknife (≥ 2 for an error estimate).
+    group_unit : {"vector", "chunk"}
+        What is dealt round-robin over the groups: residual vectors (each batch split so that
+        every group gets some; right when the rows are independent draws under one ``f``) or
+        whole chunks (every vector of one ``(f, residuals)`` chunk in one group; right when a
+        chunk's vectors share a prompt's context and so are correlated).
     gram_dtype : torch.dtype
         Precision of the per-batch ``JᵀJ`` product (the running sum is always float64).
     rank_rtol : float | None
@@ -294,8 +312,11 @@ class JacobianConfig:
     gram_dtype: torch.dtype = torch.float64
     rank_rtol: float | None = None
     seed: int = 0
+    group_unit: Literal["vector", "chunk"] = "vector"
 
     def __post_init__(self) -> None:
+        if self.group_unit not in ("vector", "chunk"):
+            raise ValueError(f"group_unit must be 'vector' or 'chunk', got {self.group_unit!r}.")
         if self.method not in ("exact", "sketch"):
             raise ValueError(f"method must be 'exact' or 'sketch', got {self.method!r}.")
         if self.output not in ("raw", "log_probs"):
@@ -387,10 +408,11 @@ class CausalDimension:
     def partial_fit(self, chunk: Chunk) -> CausalDimension:
         """Fold the Grams ``JᵀJ`` of one chunk ``(f, residuals)`` into ``statistics``.
 
-        Each batch is split so that every group receives vectors even from a single batch.
-        The sketch draws its projections from a generator seeded with ``config.seed`` at every
-        call, so a chunk contributes the same statistics whichever chunks came before it (on
-        this worker or another).
+        With ``group_unit="vector"`` each batch is split so that every group receives
+        vectors even from a single batch; with ``"chunk"`` the whole chunk goes to the next
+        group of the round-robin.  The sketch draws its projections from a generator seeded
+        with ``config.seed`` at every call, so a chunk contributes the same statistics
+        whichever chunks came before it (on this worker or another).
         """
         if not (isinstance(chunk, tuple) and len(chunk) == 2 and callable(chunk[0])):
             raise InputError("a chunk is a pair (f, residuals): a batched callable and [n, d].")
@@ -399,12 +421,15 @@ class CausalDimension:
         gen = torch.Generator().manual_seed(cfg.seed)
         acc = self.statistics
         d = acc.d if acc is not None else None
+        group: int | None = None
         for h in _as_batches(residuals):
             h = _checked(h, d)
             d = h.shape[1]
             if acc is None:
                 acc = EJOPAccumulator(d, cfg.n_groups)
-            step = max(1, -(-h.shape[0] // cfg.n_groups))
+            if cfg.group_unit == "chunk" and group is None:
+                group = acc.next_group()
+            step = max(1, -(-h.shape[0] // cfg.n_groups)) if group is None else h.shape[0]
             if cfg.method == "exact":
                 step = min(step, max(1, cfg.max_rows // d))
             else:
@@ -413,7 +438,7 @@ class CausalDimension:
                 part = h[s : s + step]
                 if cfg.method == "exact":
                     jt = jacobians_forward(f, part, max_rows=cfg.max_rows, output=cfg.output)
-                    acc.add(_gram(jt.detach(), cfg.gram_dtype), part.shape[0])
+                    acc.add(_gram(jt.detach(), cfg.gram_dtype), part.shape[0], group)
                 else:
                     g = vjp_sketch_grads(
                         f,
@@ -427,7 +452,7 @@ class CausalDimension:
                     ga = g[:, :half].reshape(-1, d).to(cfg.gram_dtype)
                     gb = g[:, half:].reshape(-1, d).to(cfg.gram_dtype)
                     sa, sb = ga.T @ ga, gb.T @ gb
-                    acc.add((sa + sb) / cfg.n_projections, part.shape[0])
+                    acc.add((sa + sb) / cfg.n_projections, part.shape[0], group)
                     if half > 0:
                         diff = (sa / half - sb / (cfg.n_projections - half)) / 2
                         acc.split_diff = diff if acc.split_diff is None else acc.split_diff + diff

@@ -5,7 +5,8 @@ curve and the doubling convergence rule.
 exact Grams ``G_i = J(x_i)ᵀ J(x_i)`` into an :class:`~structlens.causal_dim.EJOPAccumulator`
 (its ``statistics``: float64 sums in groups, merged in place), and ``fit_from_statistics``
 gives a :class:`KappaResult`.  :func:`kappa_from_grams` does the same for a stack ``G``
-[n, d, d] of per-vector Grams already computed (each vector its own group).
+[n, d, d] of per-vector Grams already computed (each vector its own group, or the groups
+given).
 
 ``Σ̂ = mean_i G_i``; κ is the entropy effective rank (Roy–Vetterli, ``exp`` of the Shannon
 entropy in nats of the normalised eigenvalues of ``Σ̂``), κ_PR the participation ratio
@@ -22,17 +23,27 @@ functions of a mean; over ``n`` groups (single vectors: delete-one):
 * bias-corrected estimate ``κ_J = n·κ − (n−1)·κ̄`` (removes the O(1/n) bias);
 * interval ``κ_J ± t_{n−1, (1+ci)/2} · SE``.
 
-The interval targets κ(Σ), so when the plug-in bias exceeds the sampling error the plug-in κ
-lies below it: the signal to add vectors.  :func:`doubling_ratio` /
-:func:`kappa_until_converged` implement the rule "add vectors until κ(n)/κ(n/2) < 1.05";
-:func:`kappa_curve` measures the bias curve by subsampling ``n' ≤ n`` vectors without
-replacement.
+Point and interval refer to one estimand, κ(Σ): the reported ``erank`` (and
+``participation_ratio``) is the bias-corrected ``κ_J``, the centre of its interval, projected
+onto the range ``[1, d]`` that κ(Σ) lies in (interval ends too); the plug-in κ(Σ̂) is
+``erank_plugin``.  When the plug-in bias exceeds the sampling error the plug-in lies below
+the interval: the signal to add vectors.
+
+**Jackknife unit.**  The jackknife assumes independent groups.  Vectors that share context
+(windows cut from one corpus chunk, positions of one prompt) are correlated, and dealing them
+into different groups understates the SE; so the groups are whole chunks: ``groups=`` of
+:func:`kappa_from_grams` (one label per vector, e.g. its chunk's index) and
+``KappaConfig.unit="chunk"`` (every vector of one ``(f, residuals)`` chunk in one group).
+
+:func:`doubling_ratio` / :func:`kappa_until_converged` implement the rule "add vectors
+until κ(n)/κ(n/2) < 1.05" (on the plug-in); :func:`kappa_curve` measures the bias curve by
+subsampling ``n' ≤ n`` vectors without replacement.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -66,25 +77,28 @@ def _ranks(sigma: np.ndarray) -> tuple[float, float]:
 class KappaResult(Result):
     """κ (erank) and κ_PR of ``Σ̂ = mean_i G_i`` with jackknife SEs and intervals.
 
-    ``n_vectors`` counts residual vectors; the jackknife runs over the groups of the
-    statistics (``ci_method`` says which: delete-one when every vector is its own group).
+    ``n_vectors`` counts residual vectors; the jackknife runs over the ``n_groups`` filled
+    groups of the statistics (``ci_method`` says which: delete-one when every vector is its
+    own group).
 
-    ``erank``/``participation_ratio`` are the plug-in values of ``Σ̂``;
-    ``erank_jackknife``/``participation_ratio_jackknife`` the bias-corrected estimates the
-    intervals (``*_ci``, level ``ci``) are centred on (see the module docstring).
-    ``ratio_last_doubling`` is ``κ(n) / κ(n/2)`` (:func:`doubling_ratio`); ``eigenvalues`` are
-    those of ``Σ̂``, descending.
+    ``erank``/``participation_ratio`` are the bias-corrected jackknife estimates of κ(Σ) and
+    κ_PR(Σ), the centres of their intervals (``*_ci``, level ``ci``), both within ``[1, d]``
+    (see the module docstring); ``kappa_over_d`` is ``erank / d``.
+    ``erank_plugin``/``participation_ratio_plugin`` are the plug-in values of ``Σ̂`` (biased
+    low), as are ``stable_rank`` and ``numerical_rank``.  ``ratio_last_doubling`` is
+    ``κ(n) / κ(n/2)`` of the plug-in (:func:`doubling_ratio`); ``eigenvalues`` are those of
+    ``Σ̂``, descending.
     """
 
     erank: float
     participation_ratio: float
+    erank_plugin: float
+    participation_ratio_plugin: float
     stable_rank: float
     numerical_rank: int
     kappa_over_d: float
     erank_se: float
     participation_ratio_se: float
-    erank_jackknife: float
-    participation_ratio_jackknife: float
     erank_ci: list
     participation_ratio_ci: list
     ratio_last_doubling: float
@@ -94,6 +108,7 @@ class KappaResult(Result):
     ci: float
     ci_method: str
     convention: str
+    n_groups: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +120,12 @@ class KappaConfig:
     output : {"raw", "log_probs"}
         Jacobians of ``f``'s output as is (e.g. logits) or of its ``log_softmax``.
     n_groups : int
-        Groups of residual vectors for the jackknife (≥ 2); vectors are dealt round-robin, so
-        with at least as many groups as vectors each vector is its own group (delete-one).
+        Groups for the jackknife (≥ 2), filled round-robin one ``unit`` at a time.
+    unit : {"chunk", "vector"}
+        What one group receives at a time: every vector of one chunk (the default: a chunk's
+        vectors share its prompt and are correlated, so the chunk is the independent unit) or
+        single vectors (only for vectors drawn independently under one ``f``; then with at
+        least as many groups as vectors each vector is its own group, delete-one).
     ci : float
         Two-sided level of the intervals, in (0, 1).
     max_rows : int
@@ -117,6 +136,7 @@ class KappaConfig:
     n_groups: int = 8
     ci: float = 0.95
     max_rows: int = 2048
+    unit: Literal["chunk", "vector"] = "chunk"
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -137,14 +157,16 @@ class KappaEstimator:
 
     Examples
     --------
-    A linear map ``f(h) = W h`` has ``JᵀJ = WᵀW`` at every vector:
+    A linear map ``f(h) = W h`` has ``JᵀJ = WᵀW`` at every vector (so no spread and no
+    bias); four chunks of two vectors fill four groups:
 
     >>> W = torch.diag(torch.tensor([3.0, 2.0, 1.0, 0.0], dtype=torch.float64))
     >>> est = KappaEstimator(KappaConfig(n_groups=4))
-    >>> stats = est.partial_fit((lambda h: h @ W.T, torch.randn(8, 4).double())).statistics
-    >>> res = est.fit_from_statistics(stats)
-    >>> res.participation_ratio, res.n_vectors  # (Σλ)² / Σλ² = 14² / 98 for λ = 9, 4, 1, 0
-    (2.0, 8)
+    >>> for h in torch.randn(4, 2, 4).double():
+    ...     _ = est.partial_fit((lambda h: h @ W.T, h))
+    >>> res = est.fit_from_statistics(est.statistics)
+    >>> round(res.participation_ratio, 9), res.n_vectors, res.n_groups  # 14² / 98
+    (2.0, 8, 4)
     """
 
     def __init__(self, config: KappaConfig | None = None) -> None:
@@ -152,7 +174,11 @@ class KappaEstimator:
         cfg = self.config
         self._jacobians = CausalDimension(
             JacobianConfig(
-                method="exact", output=cfg.output, max_rows=cfg.max_rows, n_groups=cfg.n_groups
+                method="exact",
+                output=cfg.output,
+                max_rows=cfg.max_rows,
+                n_groups=cfg.n_groups,
+                group_unit=cfg.unit,
             )
         )
 
@@ -176,8 +202,8 @@ class KappaEstimator:
         return self.fit_from_statistics(self.statistics)
 
     def fit_from_statistics(self, stats: EJOPAccumulator) -> KappaResult:
-        """Effective ranks of ``Σ̂`` with jackknife SEs and bias-corrected t intervals over
-        the groups of ``stats`` (at least 2 must hold vectors)."""
+        """Bias-corrected effective ranks of ``Σ̂`` with jackknife SEs and t intervals over
+        the groups of ``stats`` (at least 2 must hold vectors), plus the plug-in values."""
         sums, counts = stats.sums.numpy(), stats.counts.numpy()
         loo = leave_one_group_out_means(sums, counts)
         if not loo:
@@ -192,22 +218,27 @@ class KappaEstimator:
         plug = np.array([full.entropy_effective_rank, full.participation_ratio])
         jack = group_jackknife(plug, np.array([_ranks(s) for s in loo]))
         lo, hi = jack.interval(self.config.ci, distribution="t")
+        point = np.asarray(jack.bias_corrected, dtype=np.float64)
+        # κ(Σ) and κ_PR(Σ) lie in [1, d]; projecting onto that range keeps every covered value
+        clipped = bool(np.any((point < 1) | (point > d)))
+        point, lo, hi = (np.clip(v, 1.0, float(d)) for v in (point, lo, hi))
         filled = counts[counts > 0]
         method = (
             "delete-one jackknife"
             if np.all(filled == 1)
             else f"delete-a-group jackknife over {filled.size} groups of vectors"
         )
+        method += ", bias-corrected, t interval" + (", clipped to [1, d]" if clipped else "")
         return KappaResult(
-            erank=full.entropy_effective_rank,
-            participation_ratio=full.participation_ratio,
+            erank=float(point[0]),
+            participation_ratio=float(point[1]),
+            erank_plugin=full.entropy_effective_rank,
+            participation_ratio_plugin=full.participation_ratio,
             stable_rank=full.stable_rank,
             numerical_rank=full.numerical_rank,
-            kappa_over_d=full.entropy_effective_rank / d,
+            kappa_over_d=float(point[0]) / d,
             erank_se=float(jack.se[0]),
             participation_ratio_se=float(jack.se[1]),
-            erank_jackknife=float(jack.bias_corrected[0]),
-            participation_ratio_jackknife=float(jack.bias_corrected[1]),
             erank_ci=[float(lo[0]), float(hi[0])],
             participation_ratio_ci=[float(lo[1]), float(hi[1])],
             ratio_last_doubling=_doubling_ratio(sums, counts),
@@ -215,18 +246,21 @@ class KappaEstimator:
             d=d,
             n_vectors=stats.n,
             ci=self.config.ci,
-            ci_method=f"{method}, bias-corrected, t interval",
+            ci_method=method,
             convention=CONVENTION,
+            n_groups=int(filled.size),
         )
 
 
 def kappa_from_grams(
-    grams: np.ndarray | torch.Tensor | Sequence[np.ndarray], *, ci: float = 0.95
+    grams: np.ndarray | torch.Tensor | Sequence[np.ndarray],
+    *,
+    ci: float = 0.95,
+    groups: Sequence[Hashable] | np.ndarray | None = None,
 ) -> KappaResult:
-    """Effective ranks of the mean Gram with jackknife SEs and bias-corrected intervals.
+    """Bias-corrected effective ranks of the mean Gram with jackknife SEs and intervals.
 
-    :meth:`KappaEstimator.fit_from_statistics` on per-vector Grams, each vector its own group
-    (delete-one jackknife).
+    :meth:`KappaEstimator.fit_from_statistics` on per-vector Grams summed per group.
 
     Parameters
     ----------
@@ -234,13 +268,44 @@ def kappa_from_grams(
         Per-vector ``JᵀJ`` (symmetric PSD), n ≥ 2.
     ci : float
         Two-sided interval level in (0, 1).
+    groups : sequence of hashable, length n, optional
+        The independent unit of each vector, e.g. the index of the corpus chunk its window
+        was cut from: vectors with one label form one group of the delete-a-group jackknife
+        (at least 2 groups).  ``None``: every vector its own group (delete-one), valid only
+        when the vectors were drawn independently.
+
+    Examples
+    --------
+    Two windows from each of three chunks, grouped by chunk:
+
+    >>> g = np.stack([np.diag([1.0, 1.0, 0.0])] * 6)
+    >>> res = kappa_from_grams(g, groups=[0, 0, 1, 1, 2, 2])
+    >>> round(res.erank, 6), res.n_groups, res.ci_method.split(",")[0]
+    (2.0, 3, 'delete-a-group jackknife over 3 groups of vectors')
     """
     g = _stack(grams)
     n = g.shape[0]
     if n < 2:
         raise InputError(f"need at least 2 vectors for an error estimate, got {n}.")
-    stats = EJOPAccumulator.from_grams(g)
-    return KappaEstimator(KappaConfig(n_groups=n, ci=ci)).fit_from_statistics(stats)
+    if groups is None:
+        stats = EJOPAccumulator.from_grams(g)
+        return KappaEstimator(KappaConfig(n_groups=n, ci=ci)).fit_from_statistics(stats)
+    labels = list(groups)
+    if len(labels) != n:
+        raise InputError(f"groups has {len(labels)} labels for {n} Grams; give one per vector.")
+    index: dict[Hashable, int] = {}
+    idx = np.array([index.setdefault(x, len(index)) for x in labels])
+    if len(index) < 2:
+        raise InputError(
+            f"all {n} vectors share one group; the jackknife needs at least 2 independent "
+            "groups (vectors from more chunks)."
+        )
+    stats = EJOPAccumulator(g.shape[1], len(index))
+    stats.sums = torch.from_numpy(np.stack([g[idx == k].sum(0) for k in range(len(index))]))
+    stats.counts = torch.from_numpy(np.bincount(idx, minlength=len(index)).astype(np.float64))
+    stats._next = len(index)
+    cfg = KappaConfig(n_groups=max(2, len(index)), ci=ci)
+    return KappaEstimator(cfg).fit_from_statistics(stats)
 
 
 def _doubling_ratio(sums: np.ndarray, counts: np.ndarray) -> float:
@@ -273,8 +338,9 @@ def doubling_ratio(grams: np.ndarray | torch.Tensor | Sequence[np.ndarray]) -> f
 
 @dataclasses.dataclass(frozen=True)
 class KappaConvergence(Result):
-    """Outcome of :func:`kappa_until_converged`: the Grams used, the erank and doubling ratio
-    after each doubling (``n_vectors``), and whether the last ratio fell below ``tolerance``."""
+    """Outcome of :func:`kappa_until_converged`: the Grams used, the plug-in erank and doubling
+    ratio after each doubling (``n_vectors``), and whether the last ratio fell below
+    ``tolerance``."""
 
     grams: np.ndarray
     n_vectors: list

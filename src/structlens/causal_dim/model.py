@@ -25,6 +25,8 @@ Gradients and splices
 :func:`residual_grads` runs a metric backward once per batch and yields ``(acts, grads)`` at
 a residual site over chosen positions: the input of :class:`structlens.causal_dim.FeatureStats`
 and :func:`structlens.causal_dim.four_cell_ablation` for every SAE of a sweep.
+:func:`token_prompt_ids` gives, batch by batch, the prompt each of those rows came from (the
+resampling unit of the sweep's intervals).
 :func:`sae_splice_writer` writes ``x̂(h) + (h − x̂(h))`` (error term), which leaves the model
 unchanged; :func:`ce_runner` gives the ``run_with_replacement`` of
 :func:`structlens.sae.ce_loss_recovered`.
@@ -260,6 +262,34 @@ def next_token_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) 
     nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
     return (nll * valid).sum(1)
+
+
+def token_prompt_ids(
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 8,
+    skip_first: bool = True,
+    offset: int = 0,
+) -> list[torch.Tensor]:
+    """The prompt index of every row that :func:`residual_grads` (and
+    :func:`residual_batches`) yield for ``prompts``: one ``[n_tokens]`` int64 tensor per batch.
+
+    Built from the same padding mask and row selection as those functions, so row ``r`` of
+    batch ``j`` came from prompt ``ids[j][r] − offset`` of ``prompts``.  ``offset`` shifts the
+    ids, e.g. to keep them distinct across several prompt lists fed to one accumulator.
+    """
+    from structlens.data.tasks import pad_batch
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    out = []
+    for s in range(0, len(prompts), batch_size):
+        batch = list(prompts[s : s + batch_size])
+        _, mask = pad_batch(batch, 0)
+        sel = _select(mask, skip_first)
+        rows = torch.arange(s, s + len(batch), dtype=torch.long)[:, None].expand_as(sel)
+        out.append(rows[sel] + offset)
+    return out
 
 
 def residual_grads(

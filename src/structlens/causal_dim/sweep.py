@@ -2,8 +2,16 @@
 
 Per SAE width ``m`` a :class:`FeatureStats` accumulator collects, over the evaluation tokens,
 how often each feature fires and the sum of ``|AtP|`` (see :mod:`structlens.causal_dim.atp`),
-split into ``n_blocks`` token blocks (token ``t`` goes to block ``t mod n_blocks``) so the
-bootstrap can resample tokens without keeping per-token data.  Accumulators merge by addition.
+split into ``n_blocks`` prompt blocks (every token of prompt ``p`` goes to block
+``p mod n_blocks``) so the resampling can work on whole prompts without keeping per-token
+data.  Accumulators merge by addition.
+
+Resampling unit
+---------------
+Tokens of one prompt share its context, so their firings and ``|AtP|`` are correlated; a
+token-level resample treats them as independent and its intervals are too narrow.  Every
+interval here resamples or deletes whole prompt blocks, and the caller must say which prompt
+each token came from (:func:`structlens.causal_dim.model.token_prompt_ids`).
 
 Definitions (choices the paper leaves open are fixed here and recorded in the result)
 -------------------------------------------------------------------------------------
@@ -19,7 +27,17 @@ Definitions (choices the paper leaves open are fixed here and recorded in the re
 * Fits of ``N_causal(m)``: Michaelis–Menten ``K m/(m + m½)``, exponential ``K(1 − e^{−m/m₀})``,
   Hill ``K mⁿ/(mⁿ + m½ⁿ)``; least squares on ``log N`` (relative error, i.e. fitted in log
   width/log count space), parameters in log space.  κ̂ = ``K``; 95% CIs by bootstrap over
-  token blocks (ε recomputed in every replicate) and by profile likelihood of the curve fit.
+  prompt blocks (ε recomputed in every replicate) and by profile likelihood of the curve fit.
+* **Distinct counts** (``N_repr``, its growth ratios and the wedge) get no bootstrap
+  interval: a resample holds fewer distinct prompts, so fewer features fire in it and the
+  percentile interval sits below the count it is meant to cover (it can exclude its own
+  point estimate).  Their estimand is the expected value on an evaluation set of as many
+  prompts from the same distribution, for which the observed count is unbiased; the
+  interval is ``estimate ± t_{B−1} · SE`` with the delete-one-block jackknife SE over the
+  ``B`` filled prompt blocks, cut to the statistic's range (counts in ``[0, m]``, ratios
+  ``≥ 0``).  The jackknife's bias correction is not applied: for a
+  distinct count it extrapolates to an unlimited evaluation set by a first-order rule that
+  species-count problems do not obey, and on planted data it covers neither target.
 * **Identification** (:func:`kappa_identification`).  The fits bound ``K`` below by
   ``max N_causal``; a ``K`` on a bound, or ``m½`` outside the measured widths, means the curve
   has not bent over inside the data and ``K`` is not determined by it.  Such a κ̂ is reported
@@ -45,6 +63,7 @@ import torch
 from structlens.causal_dim.atp import sparse_feature_atp
 from structlens.results import Result
 from structlens.sae.models import SparseAutoencoder
+from structlens.stats.intervals import group_jackknife
 
 FIT_MODELS = ("michaelis_menten", "exponential", "hill")
 # K ranges over [max N_causal, max N_causal · e^25] in the fits
@@ -52,7 +71,11 @@ _LOG_K_SPAN = 25.0
 
 
 class FeatureStats:
-    """Mergeable per-feature firing counts and ``|AtP|`` sums in token blocks (float64)."""
+    """Mergeable per-feature firing counts and ``|AtP|`` sums in prompt blocks (float64).
+
+    Every token of prompt ``p`` is added to block ``p mod n_blocks``, so each block holds
+    whole prompts (see the module docstring).  ``prompt_ids`` is the set of prompt ids seen.
+    """
 
     def __init__(self, d_sae: int, n_blocks: int = 64) -> None:
         if d_sae < 1 or n_blocks < 1:
@@ -64,14 +87,63 @@ class FeatureStats:
         self.fires = torch.zeros(n_blocks, d_sae, dtype=torch.float64)
         self.tokens = torch.zeros(n_blocks, dtype=torch.float64)
         self.n_seen = 0
+        self.prompt_ids: set[int] = set()
 
-    def update(self, sae: SparseAutoencoder, acts: torch.Tensor, grads: torch.Tensor) -> None:
-        """Add tokens ``acts`` [n, d_in] with metric gradients ``grads`` [n, d_in]."""
+    def _blocks(
+        self, prompt_ids: torch.Tensor | np.ndarray | Sequence[int] | None, n: int
+    ) -> torch.Tensor:
+        if prompt_ids is None:
+            if self.n_blocks == 1:  # nothing is resampled, so no unit is needed
+                return torch.zeros(n, dtype=torch.long)
+            raise ValueError(
+                f"FeatureStats with n_blocks = {self.n_blocks} needs the prompt id of every "
+                "token (update(sae, acts, grads, prompt_ids)): blocks must hold whole prompts; "
+                "see structlens.causal_dim.model.token_prompt_ids."
+            )
+        ids = prompt_ids if torch.is_tensor(prompt_ids) else torch.as_tensor(np.asarray(prompt_ids))
+        if ids.shape != (n,):
+            raise ValueError(
+                f"prompt_ids must hold one prompt id per token, shape ({n},); got "
+                f"{tuple(ids.shape)}."
+            )
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise ValueError(f"prompt_ids must be integers, got dtype {ids.dtype}.")
+        ids = ids.to(torch.long).cpu()
+        if n and int(ids.min()) < 0:
+            raise ValueError("prompt_ids must be non-negative.")
+        self.prompt_ids.update(torch.unique(ids).tolist())
+        return ids % self.n_blocks
+
+    def update(
+        self,
+        sae: SparseAutoencoder,
+        acts: torch.Tensor,
+        grads: torch.Tensor,
+        prompt_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    ) -> None:
+        """Add tokens ``acts`` [n, d_in] with metric gradients ``grads`` [n, d_in].
+
+        Parameters
+        ----------
+        sae : SparseAutoencoder
+            The SAE whose features are scored (``d_sae`` must match).
+        acts, grads : torch.Tensor
+            ``[n, d_in]`` residuals and gradients of the metric at the same rows.
+        prompt_ids : array_like of int, shape (n,)
+            The prompt each token came from (non-negative; ids must be unique across the
+            prompts of one evaluation set, e.g. the prompt's index).  Required unless
+            ``n_blocks == 1``.
+
+        Raises
+        ------
+        ValueError
+            On a missing, mis-shaped, non-integer or negative ``prompt_ids``.
+        """
         if sae.d_sae != self.d_sae:
             raise ValueError(f"SAE has {sae.d_sae} features, the accumulator {self.d_sae}.")
-        tok, feat, atp = sparse_feature_atp(sae, acts, grads)
         n = acts.shape[0]
-        block_of_token = (torch.arange(n) + self.n_seen) % self.n_blocks
+        block_of_token = self._blocks(prompt_ids, n)
+        tok, feat, atp = sparse_feature_atp(sae, acts, grads)
         blk = block_of_token[tok]
         flat = blk * self.d_sae + feat
         atp = atp.double()
@@ -81,6 +153,11 @@ class FeatureStats:
         self.tokens.index_add_(0, block_of_token, torch.ones(n, dtype=torch.float64))
         self.n_seen += n
 
+    @property
+    def n_prompts(self) -> int:
+        """Distinct prompts seen (0 when updated without prompt ids)."""
+        return len(self.prompt_ids)
+
     def merge(self, other: FeatureStats) -> FeatureStats:
         if (other.d_sae, other.n_blocks) != (self.d_sae, self.n_blocks):
             raise ValueError("can only merge FeatureStats with equal d_sae and n_blocks.")
@@ -88,10 +165,11 @@ class FeatureStats:
         for name in ("abs_atp", "signed_atp", "fires", "tokens"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.n_seen = self.n_seen + other.n_seen
+        out.prompt_ids = self.prompt_ids | other.prompt_ids
         return out
 
     def scores(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(AtP_i, fire_count_i)`` with optional bootstrap block weights."""
+        """``(AtP_i, fire_count_i)`` with optional block weights (resamples, deletions)."""
         w = np.ones(self.n_blocks) if weights is None else weights
         tokens = float(w @ self.tokens.numpy())
         if tokens <= 0:
@@ -240,9 +318,10 @@ class WidthSweepConfig:
 
     ``percentile`` defines ε (98 → top 2% at the base width); ``min_count`` defines firing
     for N_repr; ``fit_model`` picks which fit gives ``kappa_hat``; ``n_bootstrap`` replicates
-    over token blocks give the CIs (``ci`` level).  ``d_model`` (when given) enables the
-    base-width check: the smallest width must be at least ``min_base_width_ratio · d_model``
-    (see the module docstring).
+    over prompt blocks give the CIs of ε, N_causal and ``K`` (``ci`` level; the distinct
+    counts use the delete-one-block jackknife instead, see the module docstring).
+    ``d_model`` (when given) enables the base-width check: the smallest width must be at
+    least ``min_base_width_ratio · d_model`` (see the module docstring).
     """
 
     percentile: float = 98.0
@@ -272,11 +351,19 @@ class WidthSweepResult(Result):
     """N_repr, N_causal, growth ratios, fits and κ̂ for one width sweep.
 
     Array attributes are aligned with ``widths`` (ascending); ``*_ci`` are ``[2, n_widths]``
-    (lower, upper) bootstrap percentile intervals, growth CIs are of the per-replicate ratios
-    to the base width (replicates with a zero base count are dropped).  ``fits`` maps each
-    model name to its parameters on the full data plus ``K_ci``; ``kappa_hat``/``kappa_hat_ci``
-    come from ``fit_model``.  ``exact_erank`` / ``kappa_hat_over_erank`` are filled when the exact
-    effective rank of Σ was supplied.  ``definitions`` records every convention used.
+    (lower, upper).  ``epsilon_ci``, ``n_causal_ci``, ``n_causal_growth_ci`` and ``K_ci`` are
+    bootstrap percentile intervals over prompt blocks (growth CIs of the per-replicate ratios
+    to the base width; replicates with a zero base count are dropped).  ``n_repr_ci``,
+    ``n_repr_growth_ci`` and ``wedge_ci`` are delete-one-block jackknife t intervals centred on
+    the observed ``n_repr``, ``n_repr_growth`` and ``wedge`` (the estimand: their expected
+    value on an evaluation set of ``n_prompts`` prompts); ``n_repr_se``/``wedge_se`` are their
+    jackknife SEs, ``distinct_ci_method`` says how they were made and ``distinct_ci_reason``
+    why there is none (NaN intervals), e.g. when fewer than 2 prompt blocks hold tokens.
+    ``n_blocks_filled`` counts the prompt blocks that hold tokens (the resampling units).
+    ``fits`` maps each model name to its parameters on the full data plus ``K_ci``;
+    ``kappa_hat``/``kappa_hat_ci`` come from ``fit_model``.  ``exact_erank`` /
+    ``kappa_hat_over_erank`` are filled when the exact effective rank of Σ was supplied.
+    ``definitions`` records every convention used.
 
     ``kappa_hat_status`` is ``"identified"``, ``"unidentified"`` (``kappa_hat`` NaN, reason in
     ``kappa_hat_reason``, raw fit still in ``fits``), ``"no fit"`` or ``"not interpretable"``
@@ -317,6 +404,12 @@ class WidthSweepResult(Result):
     d_model: int | None = None
     heldout_fvu: list | None = None
     fvu_monotone: bool | None = None
+    n_prompts: int = 0
+    n_blocks_filled: int = 0
+    n_repr_se: np.ndarray | None = None
+    wedge_se: float = float("nan")
+    distinct_ci_method: str = ""
+    distinct_ci_reason: str = ""
 
 
 def _counts(
@@ -353,6 +446,116 @@ def fvu_gate(widths: Sequence[int], heldout_fvu: Sequence[float]) -> tuple[bool,
     return True, ""
 
 
+def block_bootstrap_weights(
+    tokens: np.ndarray | torch.Tensor, n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``[n_boot, n_blocks]`` bootstrap weights over the blocks that hold tokens.
+
+    Each row draws the filled blocks with replacement (multinomial counts; empty blocks
+    weigh 0, as they are no units), for :meth:`FeatureStats.scores`.  With fewer than 2
+    filled blocks there is nothing to resample and the array has no rows.
+    """
+    t = np.asarray(tokens, dtype=np.float64)
+    filled = np.flatnonzero(t > 0)
+    out = np.zeros((n_boot if filled.size >= 2 else 0, t.size))
+    for row in out:
+        row[filled] = rng.multinomial(filled.size, np.full(filled.size, 1 / filled.size))
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else float("nan")
+
+
+def _distinct(n_repr: np.ndarray, n_causal: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(N_repr, N_repr growth, wedge)`` of one set of counts (NaN where a base is 0)."""
+    growth = n_repr / n_repr[0] if n_repr[0] > 0 else np.full_like(n_repr, np.nan)
+    wedge = _ratio(_ratio(n_repr[-1], n_repr[0]), _ratio(n_causal[-1], n_causal[0]))
+    if not (n_causal[0] > 0 and n_causal[-1] > 0):
+        wedge = float("nan")
+    return n_repr, growth, wedge
+
+
+def distinct_count_jackknife(
+    stats: Sequence[FeatureStats], cfg: WidthSweepConfig
+) -> dict[str, Any]:
+    """Delete-one-block jackknife intervals of ``N_repr``, its growth and the wedge.
+
+    Each replicate drops one filled prompt block from every width (ε recomputed, so the
+    wedge's ``N_causal`` follows the same rule as on all data).  The intervals are
+    ``estimate ± t_{B−1} · SE`` around the observed values (module docstring: the
+    estimand is the expected count on an evaluation set of the same size), cut to the range
+    of the statistic (counts in ``[0, m]``, ratios ``≥ 0``).
+
+    Returns
+    -------
+    dict
+        ``n_repr_ci``, ``n_repr_growth_ci`` (``[2, n_widths]``), ``wedge_ci`` (``[lo, hi]``),
+        ``n_repr_se`` (``[n_widths]``), ``wedge_se``, ``method``, ``reason`` (why N_repr or its
+        growth has no interval: fewer than 2 blocks hold tokens, or a zero base count) and
+        ``wedge_reason`` (why the wedge has none, e.g. N_causal is 0 at a width without some
+        block); empty strings where the interval exists.
+    """
+    n_widths = len(stats)
+    filled = np.flatnonzero(stats[0].tokens.numpy() > 0)
+    nan2 = np.full((2, n_widths), np.nan)
+    out: dict[str, Any] = {
+        "n_repr_ci": nan2.copy(),
+        "n_repr_growth_ci": nan2.copy(),
+        "wedge_ci": [float("nan")] * 2,
+        "n_repr_se": np.full(n_widths, np.nan),
+        "wedge_se": float("nan"),
+        "method": (
+            f"delete-one-block jackknife over {filled.size} prompt blocks, t interval around "
+            "the observed value (no bias correction)"
+        ),
+        "reason": "",
+        "wedge_reason": "",
+    }
+    if filled.size < 2:
+        out["reason"] = out["wedge_reason"] = (
+            f"{filled.size} prompt block(s) hold tokens: a jackknife needs at least 2 (give "
+            "more prompts or more blocks)"
+        )
+        return out
+    r, c, _ = _counts(stats, cfg, None)
+    est_r, est_g, est_w = _distinct(r, c)
+    reps_r, reps_g, reps_w = [], [], []
+    for b in filled:
+        w = np.ones(stats[0].n_blocks)
+        w[b] = 0.0
+        rr, rg, rw = _distinct(*_counts(stats, cfg, w)[:2])
+        reps_r.append(rr)
+        reps_g.append(rg)
+        reps_w.append(rw)
+
+    def interval(est: Any, reps: list) -> tuple[Any, Any, Any]:
+        jack = group_jackknife(est, np.asarray(reps, dtype=np.float64))
+        lo, hi = jack.interval(cfg.ci, distribution="t", centre="estimate")
+        return lo, hi, jack.se
+
+    # Counts lie in [0, m] and ratios of counts above 0: the t interval is projected onto
+    # that range (covered values stay covered, the observed value stays inside).
+    widths = np.array([s.d_sae for s in stats], dtype=np.float64)
+    lo, hi, se = interval(est_r, reps_r)
+    out["n_repr_ci"] = np.stack([np.clip(lo, 0, widths), np.clip(hi, 0, widths)])
+    out["n_repr_se"] = np.asarray(se)
+    if np.all(np.isfinite(reps_g)) and np.all(np.isfinite(est_g)):
+        lo, hi, _ = interval(est_g, reps_g)
+        out["n_repr_growth_ci"] = np.stack([np.maximum(lo, 0.0), hi])
+    else:
+        out["reason"] = "N_repr is 0 at the base width on all data or without some block"
+    if np.isfinite(est_w) and np.all(np.isfinite(reps_w)):
+        lo, hi, se = interval(est_w, reps_w)
+        out["wedge_ci"], out["wedge_se"] = [max(float(lo), 0.0), float(hi)], float(se)
+    else:
+        out["wedge_reason"] = (
+            "the wedge is undefined (N_repr or N_causal is 0 at the base or widest width) on "
+            "all data or without some block"
+        )
+    return out
+
+
 def analyze_width_sweep(
     stats: Mapping[int, FeatureStats],
     config: WidthSweepConfig | None = None,
@@ -364,6 +567,8 @@ def analyze_width_sweep(
 
     ``heldout_fvu`` (width → FVU on held-out activations) enables the FVU gate; with
     ``config.d_model`` set, a base width below ``min_base_width_ratio · d_model`` raises.
+    The bootstrap resamples the filled prompt blocks (blocks without tokens are no units);
+    the distinct counts get :func:`distinct_count_jackknife` intervals.
     """
     cfg = config or WidthSweepConfig()
     if len(stats) < 2:
@@ -373,8 +578,12 @@ def analyze_width_sweep(
     for m, s in zip(widths, ordered, strict=True):
         if s.d_sae != int(m):
             raise ValueError(f"stats for width {int(m)} have d_sae = {s.d_sae}.")
-    if len({(s.n_blocks, tuple(s.tokens.tolist())) for s in ordered}) != 1:
-        raise ValueError("all widths must be evaluated on the same tokens (same block counts).")
+    if len({(s.n_blocks, tuple(s.tokens.tolist())) for s in ordered}) != 1 or any(
+        s.prompt_ids != ordered[0].prompt_ids for s in ordered
+    ):
+        raise ValueError(
+            "all widths must be evaluated on the same tokens (same prompts and block counts)."
+        )
     base = int(widths[0])
     if cfg.d_model is not None and base < cfg.min_base_width_ratio * cfg.d_model:
         raise ValueError(
@@ -397,12 +606,11 @@ def analyze_width_sweep(
         fit["status"], fit["reason"] = kappa_identification(widths, n_causal, fit, name)
     rng = np.random.default_rng(cfg.seed)
     n_blocks = ordered[0].n_blocks
-    boot_r, boot_c, boot_eps = [], [], []
+    filled = np.flatnonzero(ordered[0].tokens.numpy() > 0)
+    boot_c, boot_eps = [], []
     boot_k: dict[str, list[float]] = {name: [] for name in fits}
-    for _ in range(cfg.n_bootstrap):
-        w = rng.multinomial(n_blocks, np.full(n_blocks, 1 / n_blocks)).astype(np.float64)
-        r, c, e = _counts(ordered, cfg, w)
-        boot_r.append(r)
+    for w in block_bootstrap_weights(ordered[0].tokens, cfg.n_bootstrap, rng):
+        _, c, e = _counts(ordered, cfg, w)
         boot_c.append(c)
         boot_eps.append(e)
         if np.all(c > 0):
@@ -433,11 +641,8 @@ def analyze_width_sweep(
         ok = [b / b[0] for b in boot if b[0] > 0]
         return np.asarray(ci(ok)) if len(ok) >= 2 else np.full((2, widths.size), np.nan)
 
-    wedges = [
-        (r[-1] / r[0]) / (c[-1] / c[0])
-        for r, c in zip(boot_r, boot_c, strict=True)
-        if r[0] > 0 and c[0] > 0 and c[-1] > 0
-    ]
+    jack = distinct_count_jackknife(ordered, cfg)
+    _, repr_growth, wedge = _distinct(n_repr, n_causal)
     chosen = fits.get(cfg.fit_model)
     if not interpretable:
         status, reason = "not interpretable", sweep_reason
@@ -453,20 +658,18 @@ def analyze_width_sweep(
         widths=widths.astype(np.int64),
         n_repr=n_repr,
         n_causal=n_causal,
-        n_repr_growth=n_repr / n_repr[0] if n_repr[0] > 0 else np.full_like(n_repr, np.nan),
+        n_repr_growth=repr_growth,
         n_causal_growth=n_causal / n_causal[0]
         if n_causal[0] > 0
         else np.full_like(n_causal, np.nan),
-        wedge=float((n_repr[-1] / n_repr[0]) / (n_causal[-1] / n_causal[0]))
-        if n_repr[0] > 0 and n_causal[0] > 0 and n_causal[-1] > 0
-        else float("nan"),
+        wedge=float(wedge),
         epsilon=eps,
         epsilon_ci=ci(boot_eps),
         n_causal_ci=np.asarray(ci(boot_c)) if boot_c else empty,
-        n_repr_ci=np.asarray(ci(boot_r)) if boot_r else empty,
-        n_repr_growth_ci=growth_ci(boot_r),
+        n_repr_ci=jack["n_repr_ci"],
+        n_repr_growth_ci=jack["n_repr_growth_ci"],
         n_causal_growth_ci=growth_ci(boot_c),
-        wedge_ci=ci(wedges),
+        wedge_ci=jack["wedge_ci"],
         fits=fits,
         fit_model=cfg.fit_model,
         kappa_hat=float(kappa),
@@ -484,7 +687,14 @@ def analyze_width_sweep(
             ),
             "n_causal": "features with AtP > epsilon",
             "fits": "least squares on log N_causal; kappa_hat = asymptote K",
-            "bootstrap": f"{cfg.n_bootstrap} resamples of {n_blocks} token blocks",
+            "bootstrap": (
+                f"{cfg.n_bootstrap} resamples of the {filled.size} filled prompt blocks "
+                f"(prompt id mod {n_blocks}; whole prompts) for epsilon, N_causal and K"
+            ),
+            "distinct_counts": (
+                "N_repr, its growth and the wedge: " + jack["method"] + "; estimand: the "
+                "expected value on an evaluation set of as many prompts"
+            ),
             "identification": (
                 "unidentified when K sits on a bound or m_half lies outside the widths"
             ),
@@ -498,4 +708,12 @@ def analyze_width_sweep(
         d_model=cfg.d_model,
         heldout_fvu=fvu_list,
         fvu_monotone=fvu_ok,
+        n_prompts=ordered[0].n_prompts,
+        n_blocks_filled=int(filled.size),
+        n_repr_se=jack["n_repr_se"],
+        wedge_se=jack["wedge_se"],
+        distinct_ci_method=jack["method"],
+        distinct_ci_reason="; ".join(
+            dict.fromkeys(r for r in (jack["reason"], jack["wedge_reason"]) if r)
+        ),
     )

@@ -104,7 +104,7 @@ def sweep(
     percentile: Annotated[float, typer.Option("--percentile", help="ε percentile.")] = 98.0,
     min_count: Annotated[int, typer.Option("--min-count", help="Firings for N_repr.")] = 1,
     n_bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 200,
-    n_blocks: Annotated[int, typer.Option("--blocks", help="Token blocks for bootstrap.")] = 64,
+    n_blocks: Annotated[int, typer.Option("--blocks", help="Prompt blocks to resample.")] = 64,
     jacobian_prompts: JacPrompts = 2,
     jacobian_tokens: JacTokens = 24,
     **settings: Any,

@@ -71,8 +71,10 @@ from .matching import (
 from .preprocess import Preprocess, prepare
 from .score import (
     EquivalenceScore,
+    PairedNullDecision,
     ValidationCriterion,
     bootstrap_interval,
+    decide_paired_null,
     decide_with_null,
     equivalence_score,
     informative_heads,
@@ -106,7 +108,9 @@ __all__ = [
     "representational_score",
     "fit_linear_map",
     "fit_layer_map",
+    "decide_paired_null",
     "decide_with_null",
+    "PairedNullDecision",
     "informative_heads",
     "gram_linear",
     "gram_rbf",

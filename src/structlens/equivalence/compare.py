@@ -57,7 +57,7 @@ from .probes import Probe, corpus_probe, task_probe
 from .score import (
     ValidationCriterion,
     bootstrap_interval,
-    decide_with_null,
+    decide_paired_null,
     equivalence_score,
     informative_heads,
     wilson_interval,
@@ -125,7 +125,9 @@ class CompareConfig:
         Point-test triples and bootstrap repetitions (reference: 20 and 40).
     equivalent_at : float
         Matched-component verdict: "equivalent" when ``score >= equivalent_at`` and the
-        score's interval lies above the null's (:func:`decide_with_null`), else "undecided".
+        paired test against the null passes (:func:`decide_paired_null`), else "undecided".
+    null_alpha : float
+        Level of that paired test (McNemar exact, two-sided, on the validated heads).
     batch_size, seed, ci
     """
 
@@ -150,6 +152,7 @@ class CompareConfig:
     point_n: int = 20
     straps: int = 40
     equivalent_at: float = 0.5
+    null_alpha: float = 0.05
     batch_size: int = 8
     seed: int = 0
     ci: Literal["wilson", "bootstrap"] = "wilson"
@@ -160,6 +163,8 @@ class CompareConfig:
             raise ValueError(f"heldout_fraction must lie in (0, 1), got {self.heldout_fraction}.")
         if self.congruity_top_k < 1 or self.batch_size < 1:
             raise ValueError("congruity_top_k and batch_size must be positive.")
+        if not 0.0 < self.null_alpha < 1.0:
+            raise ValueError(f"null_alpha must lie in (0, 1), got {self.null_alpha}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,10 +254,12 @@ class ComparisonResult(Result):
     ``score_ci``; score NaN when there are none, i.e. the criterion cannot tell a partner
     from no information on any validated head); ``congruity``: point-test decision rates and
     p-values in both directions, selectivity scores, the top heads; ``verdicts``: each
-    estimator's verdict and whether they agree; ``head_groups`` (with
-    ``validate_head_groups``): per layer of B, all heads replaced at once (``pairs`` are B's
-    layers; ``score``, ``score_ci``, ``validation``, and the same for the all-heads mean
-    ablation as ``null_*``, plus ``informative``), empty otherwise.
+    estimator's verdict and whether they agree, with ``matching_test`` the paired test
+    behind the matched verdict (:class:`~structlens.equivalence.score.PairedNullDecision`);
+    ``head_groups`` (with ``validate_head_groups``): per layer of B, all heads replaced at
+    once (``pairs`` are B's layers; ``score``, ``score_ci``, ``validation``, and the same for
+    the all-heads mean ablation as ``null_*``, plus ``informative`` and ``paired_test``),
+    empty otherwise.  ``score_ci``/``null_score_ci`` are descriptive Wilson intervals.
     """
 
     model_a: str
@@ -423,6 +430,12 @@ def compare(
                 "null_score_ci": group_null.score_ci,
                 "null_validation": group_null.validation,
                 "informative": _informative(group.validation, group_null.validation, cfg.ci),
+                "paired_test": decide_paired_null(
+                    [v["passed"] for v in group.validation],
+                    [v["passed"] for v in group_null.validation],
+                    alpha=cfg.null_alpha,
+                    min_score=cfg.equivalent_at,
+                ).to_json(),
             }
     head_score, method = _score(head_pairs, head_sims, head_records, cfg)
     informative: dict[str, Any] = {}
@@ -437,10 +450,19 @@ def compare(
         l_score, l_ci, l_val = layer_score.score, layer_score.score_ci, layer_score.validation
     else:
         l_score, l_ci, l_val = float("nan"), [float("nan"), float("nan")], []
-    matching_verdict, reason = decide_with_null(
-        head_score.score, head_score.score_ci, n_ci, cfg.equivalent_at
+    # partner and null outcomes are paired by head: the verdict is the paired test's
+    paired = decide_paired_null(
+        [v["passed"] for v in head_score.validation],
+        [v["passed"] for v in n_val] if n_val else None,
+        alpha=cfg.null_alpha,
+        min_score=cfg.equivalent_at,
     )
-    verdicts: dict[str, Any] = {"matching": matching_verdict, "matching_reason": reason}
+    verdicts: dict[str, Any] = {
+        "matching": paired.verdict,
+        "matching_reason": paired.reason,
+        "matching_test": paired.to_json(),
+    }
+    matching_verdict = paired.verdict
     if cong:
         # no detected difference is not evidence of equivalence: the point test has no null
         verdicts["congruity"] = "different" if cong["different"] else "undecided"

@@ -28,10 +28,18 @@ publishes no threshold, so this one is our documented choice).  It needs no patc
 says nothing about whether B *uses* what the aligned representation carries: that is the
 behavioural condition's job.
 
-**Decisions need a null** (:func:`decide_with_null`).  A component whose mean ablation
-already passes says nothing about its partner, so a score alone decides nothing: the verdict
-is ``"equivalent"`` only when the score's interval lies entirely above the null's (the same
-components mean-ablated instead of replaced), ``"undecided"`` with the reason otherwise.
+**Decisions need a null** (:func:`decide_paired_null`).  A component whose mean ablation
+already passes says nothing about its partner, so a score alone decides nothing.  The null
+is the same components mean-ablated instead of replaced, so partner and null outcomes come in
+pairs, one per component, and are dependent (a head that is easy to replace is easy to
+ablate).  Comparing the two Wilson intervals as if independent is no test of that paired
+design; the verdict comes from McNemar's exact test on the discordant components (partner
+passes and null fails, ``b``; the reverse, ``c``): ``"equivalent"`` when ``b > c`` with
+two-sided ``p < alpha`` (and the score reaches ``min_score``), ``"undecided"`` with the
+reason otherwise.  The Wilson intervals stay as descriptive numbers.  Scores pooled over
+several model pairs resample whole pairs
+(:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`): heads of one pair are
+not independent of each other.
 :func:`informative_heads` picks the components worth validating: those whose mean ablation
 changes B's output most (top-KL), where the null fails.
 """
@@ -43,7 +51,7 @@ import dataclasses
 import numpy as np
 
 from ..results import Result
-from ..stats.intervals import bootstrap_interval, wilson_interval
+from ..stats.intervals import bootstrap_interval, mcnemar_exact, wilson_interval
 from ._checks import to_numpy
 
 __all__ = [
@@ -54,6 +62,8 @@ __all__ = [
     "equivalence_score",
     "representational_score",
     "decide_with_null",
+    "decide_paired_null",
+    "PairedNullDecision",
     "informative_heads",
 ]
 
@@ -220,11 +230,129 @@ def representational_score(
     return equivalence_score(pairs, crit, similarity=similarity, ci=ci, confidence=confidence)
 
 
+@dataclasses.dataclass(frozen=True)
+class PairedNullDecision(Result):
+    """Verdict of :func:`decide_paired_null` and the paired test behind it.
+
+    ``partner_only`` (``b``): components where the partner passes and the null fails;
+    ``null_only`` (``c``): the reverse; ``both``/``neither``: the concordant ones.
+    ``p_value`` is McNemar's exact two-sided p-value (NaN without a null), ``alpha`` its level;
+    ``score``/``null_score`` the two pass rates over the ``n_heads`` components.
+    """
+
+    verdict: str
+    reason: str
+    n_heads: int
+    partner_only: int
+    null_only: int
+    both: int
+    neither: int
+    p_value: float
+    alpha: float
+    score: float
+    null_score: float
+    test: str = "McNemar exact, two-sided, on the discordant components"
+
+
+def _bools(values: object, name: str) -> np.ndarray:
+    a = np.asarray(values)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(
+            f"{name} must be a non-empty 1-D sequence of booleans, got shape {a.shape}."
+        )
+    if a.dtype != bool:
+        if not np.all(np.isin(a, (0, 1))):
+            raise ValueError(f"{name} must hold booleans (pass/fail per component).")
+        a = a.astype(bool)
+    return a
+
+
+def decide_paired_null(
+    partner_passed: object,
+    null_passed: object | None,
+    *,
+    alpha: float = 0.05,
+    min_score: float = 0.0,
+) -> PairedNullDecision:
+    """Decide equivalence from per-component pass/fail of the partner and of the null.
+
+    Parameters
+    ----------
+    partner_passed : sequence of bool
+        Per validated component: does replacing it by its matched partner pass?
+    null_passed : sequence of bool or None
+        The same components, in the same order, mean-ablated instead.  ``None`` (no null
+        measured, e.g. validation by similarity only) gives ``"undecided"``.
+    alpha : float
+        Level of the two-sided exact McNemar test, in (0, 1).
+    min_score : float
+        Smallest partner pass rate that may be called equivalent.
+
+    Returns
+    -------
+    PairedNullDecision
+        ``verdict`` is ``"equivalent"`` when more components pass with their partner only
+        than with the null only (``b > c``), McNemar's exact ``p < alpha`` and the score is at
+        least ``min_score``; else ``"undecided"``; ``reason`` says why.
+
+    Examples
+    --------
+    >>> partner = [True] * 10 + [False] * 2
+    >>> null = [False] * 9 + [True, False, False]
+    >>> d = decide_paired_null(partner, null)
+    >>> d.verdict, d.partner_only, d.null_only, round(d.p_value, 4)
+    ('equivalent', 9, 0, 0.0039)
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}.")
+    partner = _bools(partner_passed, "partner_passed")
+    score = float(partner.mean())
+    nan = float("nan")
+    if null_passed is None or np.asarray(null_passed).size == 0:
+        return PairedNullDecision(
+            "undecided", "no null score to calibrate against (validation without patching)",
+            int(partner.size), 0, 0, 0, 0, nan, alpha, score, nan,
+        )  # fmt: skip
+    null = _bools(null_passed, "null_passed")
+    if null.shape != partner.shape:
+        raise ValueError(
+            f"null_passed has {null.size} components, partner_passed {partner.size}; give the "
+            "null of every validated component, in the same order."
+        )
+    b, c = int(np.sum(partner & ~null)), int(np.sum(~partner & null))
+    both, neither = int(np.sum(partner & null)), int(np.sum(~partner & ~null))
+    p = mcnemar_exact(b, c)
+    counts = (
+        f"partner passes where the null fails on {b} of {partner.size} components, the null "
+        f"where the partner fails on {c} (McNemar exact p = {p:.3g})"
+    )
+    if not (b > c and p < alpha):
+        verdict, reason = (
+            "undecided",
+            (
+                f"{counts}, not below α = {alpha:g} with b > c: partners do no better than mean "
+                "ablation"
+            ),
+        )
+    elif score < min_score:
+        verdict, reason = "undecided", f"score {score:.3f} is below the required {min_score:.3f}"
+    else:
+        verdict, reason = "equivalent", f"{counts} < α = {alpha:g}"
+    return PairedNullDecision(
+        verdict, reason, int(partner.size), b, c, both, neither, p, alpha, score,
+        float(null.mean()),
+    )  # fmt: skip
+
+
 def decide_with_null(
     score: float, score_ci: object, null_ci: object | None, min_score: float = 0.0
 ) -> tuple[str, str]:
     """``("equivalent", reason)`` when ``score >= min_score`` and the score's interval lies
     above the null's, else ``("undecided", reason)``.
+
+    Descriptive only: the two intervals come from the same components, so their overlap is
+    not a test of the paired design (it is both conservative and blind to the pairing).
+    Verdicts use :func:`decide_paired_null`; this reads documents that hold intervals only.
 
     ``score_ci``/``null_ci`` are ``[lo, hi]`` intervals of the pass rates of the partners and
     of the null (mean ablation) on the same components.  Without a null (``None`` or NaN) no

@@ -1,5 +1,5 @@
-"""Every confidence interval of the project: Wilson, bootstrap (percentile, BCa, paired), jackknife
-(delete-one and delete-a-group, normal or t).
+"""Every confidence interval of the project: Wilson, bootstrap (percentile, BCa, paired, cluster),
+jackknife (delete-one and delete-a-group, normal or t), and McNemar's exact paired test.
 
 Conventions: ``confidence`` is the two-sided coverage in (0, 1); intervals are returned as
 ``(low, high)`` floats (arrays for vector statistics).  Bootstrap resampling draws the rows of
@@ -24,9 +24,11 @@ __all__ = [
     "JackknifeResult",
     "bootstrap_distribution",
     "bootstrap_interval",
+    "cluster_bootstrap_ratio_interval",
     "group_jackknife",
     "jackknife",
     "leave_one_group_out_means",
+    "mcnemar_exact",
     "paired_bootstrap_interval",
     "percentile_interval",
     "t_interval",
@@ -365,3 +367,98 @@ def jackknife(
     return group_jackknife(
         _evaluate(statistic, arrays, vectorized), _leave_one_out(statistic, arrays, vectorized)
     )
+
+
+def mcnemar_exact(
+    b: int, c: int, alternative: Literal["two-sided", "greater", "less"] = "two-sided"
+) -> float:
+    """Exact McNemar test on the discordant pairs of a paired binary comparison.
+
+    Of ``b + c`` discordant units, ``b`` succeed under condition 1 only and ``c`` under
+    condition 2 only; under the null of equal success rates ``b ~ Binomial(b + c, 1/2)``
+    given ``b + c``.  Concordant units carry no information on the difference and do not
+    enter.  The test is exact, so its size is at most the nominal level for any number of
+    discordant pairs (a chi-square McNemar is not at small ``b + c``).
+
+    Parameters
+    ----------
+    b, c : int
+        Discordant counts (non-negative).
+    alternative : {"two-sided", "greater", "less"}
+        ``"greater"``: condition 1 succeeds more often (``P(X >= b)``); ``"less"``:
+        ``P(X <= b)``; ``"two-sided"``: ``min(1, 2 · P(X <= min(b, c)))``, which for the
+        symmetric binomial equals :func:`scipy.stats.binomtest`'s two-sided p-value.
+
+    Returns
+    -------
+    float
+        The p-value; 1 when there is no discordant pair.
+
+    Examples
+    --------
+    >>> round(mcnemar_exact(9, 1), 5)  # 2 · (1 + 10) / 2**10
+    0.02148
+    >>> mcnemar_exact(0, 0)
+    1.0
+    """
+    from scipy.stats import binom
+
+    b, c = int(b), int(c)
+    if b < 0 or c < 0:
+        raise InputError(f"discordant counts must be non-negative, got b={b}, c={c}.")
+    n = b + c
+    if n == 0:
+        return 1.0
+    if alternative == "greater":
+        return float(binom.sf(b - 1, n, 0.5))
+    if alternative == "less":
+        return float(binom.cdf(b, n, 0.5))
+    if alternative != "two-sided":
+        raise InputError(
+            f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}."
+        )
+    return float(min(1.0, 2.0 * binom.cdf(min(b, c), n, 0.5)))
+
+
+def cluster_bootstrap_ratio_interval(
+    successes: Any,
+    totals: Any,
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int | np.random.Generator = 0,
+) -> tuple[float, float]:
+    """Percentile interval of a pooled rate ``Σ k_g / Σ n_g`` resampling whole clusters.
+
+    Units inside one cluster (the heads of one model pair, the tokens of one prompt) are
+    not independent, so pooling them as if they were gives an interval as narrow as the
+    number of units allows, not as the number of independent clusters does.  Resampling
+    clusters with replacement keeps every within-cluster dependence.  With few clusters
+    the percentile interval is itself too narrow (with ``G`` clusters it takes at most
+    ``C(2G − 1, G)`` values); report ``G`` next to it.
+
+    Parameters
+    ----------
+    successes, totals : array_like [G]
+        Per-cluster numerator ``k_g`` and denominator ``n_g > 0``; ``G ≥ 2``.
+    confidence, n_boot, seed
+        As for :func:`bootstrap_interval`.
+
+    Examples
+    --------
+    >>> cluster_bootstrap_ratio_interval([5, 5], [10, 10])  # equal clusters: no spread
+    (0.5, 0.5)
+    """
+    k = np.asarray(successes, dtype=np.float64).ravel()
+    n = np.asarray(totals, dtype=np.float64).ravel()
+    if k.shape != n.shape:
+        raise InputError(f"successes ({k.size}) and totals ({n.size}) must align per cluster.")
+    if k.size < 2:
+        raise InputError(f"a cluster bootstrap needs at least 2 clusters, got {k.size}.")
+    if np.any(n <= 0) or np.any(k < 0) or np.any(k > n):
+        raise InputError("every cluster needs totals > 0 and 0 <= successes <= totals.")
+    if n_boot < 1:
+        raise InputError(f"n_boot must be positive, got {n_boot}.")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, k.size, size=(n_boot, k.size))
+    lo, hi = percentile_interval(k[idx].sum(1) / n[idx].sum(1), confidence)
+    return float(lo), float(hi)

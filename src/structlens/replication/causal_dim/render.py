@@ -42,8 +42,17 @@ WHAT_CHANGED = [
     "sits on its bound K = max N_causal or m½ lies outside the measured widths; intervals "
     "only for identified fits.",
     "- **Exact κ convergence and CI.** Vectors are doubled until κ(n)/κ(n/2) < 1.05 (or a "
-    "cap); the interval is the bias-corrected delete-one jackknife, valid for this "
-    "statistic (the percentile bootstrap sat below the point estimate).",
+    "cap); the interval is the bias-corrected jackknife, valid for this statistic (the "
+    "percentile bootstrap sat below the point estimate).",
+    "- **κ: one estimand for point and interval, chunks as the jackknife unit.** The "
+    "plug-in erank used to stand beside the interval of the bias-corrected estimate; κ is "
+    "now the bias-corrected estimate (the plug-in has its own column). Windows cut from one "
+    "128-token chunk share text, so they form one jackknife group instead of one each.",
+    "- **Sweep intervals over prompts.** Tokens went to bootstrap block t mod 64, so every "
+    "block held tokens of every prompt (a token-level bootstrap, too narrow for correlated "
+    "tokens); a block now holds whole prompts. N_repr, its growth and the wedge, counts of "
+    "distinct features that a bootstrap biases low (its interval could exclude its own "
+    "point), get a delete-one-block jackknife interval around the observed value.",
     "- **Massive activations out of SAE training.** Besides position 0, SmolLM2 has a few "
     "tokens whose residual norm is far above the rest (position 0 is the known case); rows "
     f"above {MASSIVE_NORM_FACTOR:g}× the median norm are left out of SAE training, as the "
@@ -301,14 +310,21 @@ def _claims(
                 },
             ),
         )
-        # Equal for flat spectra, so compare with a rounding tolerance.
-        lower = all(e["participation_ratio"] <= e["erank"] * (1 + 1e-9) for e in kappa["layers"])
+        # An identity of each spectrum, so it is checked on the plug-in values (the
+        # bias-corrected estimates need not keep it); equal for flat spectra, hence the
+        # rounding tolerance.
+        lower = all(
+            e["participation_ratio_plugin"] <= e["erank_plugin"] * (1 + 1e-9)
+            for e in kappa["layers"]
+        )
         row(
             "κ_PR is a lower bound on κ",
             "κ_PR ≈ 280 ≪ κ̂ ≈ 1990",
             "; ".join(
                 f"L{e['layer']}: κ_PR = {e['participation_ratio']:.1f} "
-                f"{ci(e['participation_ratio_ci'], 1)} vs κ = {e['erank']:.1f}"
+                f"{ci(e['participation_ratio_ci'], 1)} vs κ = {e['erank']:.1f} "
+                f"{ci(e['erank_ci'], 1)} (plug-in {e['participation_ratio_plugin']:.1f} vs "
+                f"{e['erank_plugin']:.1f})"
                 for e in kappa["layers"]
             ),
             "reproduced (PR ≤ erank holds for every spectrum: exp H₂ ≤ exp H₁)"
@@ -318,7 +334,8 @@ def _claims(
                 "kappa_pr_lower_bound",
                 "κ_PR ≈ 280 ≪ κ̂ ≈ 1990",
                 "; ".join(
-                    f"L{e['layer']}: κ_PR = {e['participation_ratio']:.1f} vs κ = {e['erank']:.1f}"
+                    f"L{e['layer']}: plug-in κ_PR = {e['participation_ratio_plugin']:.1f} vs "
+                    f"κ = {e['erank_plugin']:.1f}"
                     for e in kappa["layers"]
                 ),
                 None,
@@ -541,8 +558,10 @@ def render_markdown(run: Run, source: str) -> str:
         "`sigma_spectrum.png`, `kappa_vs_n.png` there). Paper: Sarkar & Deka, arXiv "
         "2605.08740 (Gemma-2-2B, d = 2304, Gemma Scope SAEs 16k–1M trained on 4–16B tokens). "
         f"Here: SmolLM2-135M-Instruct (d = {d}), a 2-core CPU shared with other jobs, "
-        "self-trained SAEs on the bundled Austen corpus (~10⁵ tokens). All CIs are 95% bootstrap "
-        "percentile intervals (token blocks for the sweep, residual vectors for κ).",
+        "self-trained SAEs on the bundled Austen corpus (~10⁵ tokens). All CIs are 95%: "
+        "bootstrap percentile intervals over prompt blocks for ε, N_causal and κ̂; "
+        "delete-one-block jackknife t intervals for N_repr, its growth and the wedge; the "
+        "bias-corrected jackknife over corpus chunks for exact κ.",
         "",
         "## Claims vs measurements",
         "",
@@ -582,7 +601,10 @@ def render_markdown(run: Run, source: str) -> str:
             "every width. ε = 98th percentile of base-width AtP over all base features "
             f"(ε = {num(sweep['epsilon']):.3g} nats, CI {ci(sweep['epsilon_ci'], 5)}); "
             "N_repr = features firing on ≥ 1 evaluation token; N_causal = features with "
-            "AtP > ε. Σ AtP / max AtP: sum and largest of the per-feature scores (nats per "
+            "AtP > ε. Intervals resample whole evaluation prompts (prompt blocks): the "
+            "N_causal and ε CIs by bootstrap, the N_repr CIs (a distinct count, which a "
+            "bootstrap biases low) by the delete-one-block jackknife around the observed "
+            "count. Σ AtP / max AtP: sum and largest of the per-feature scores (nats per "
             "token). Quality on the evaluation tokens; dead = never fires on them.",
             "",
             "| width | N_repr (CI) | N_causal (CI) | N_repr growth | N_causal growth | Σ AtP | "
@@ -627,7 +649,7 @@ def render_markdown(run: Run, source: str) -> str:
             lines += [
                 "",
                 "Saturating fits of N_causal(m) (least squares on log N; K = asymptote = κ̂; CI "
-                f"over {sweep['n_bootstrap']} bootstrap resamples of token blocks, ε recomputed "
+                f"over {sweep['n_bootstrap']} bootstrap resamples of prompt blocks, ε recomputed "
                 "in each; raw fits, whatever κ̂'s status):",
                 "",
                 "| fit | K = κ̂ | 95% CI | m½ | RMS log residual | replicates fitted |",
@@ -659,24 +681,27 @@ def render_markdown(run: Run, source: str) -> str:
             "unembedding enters through an exact d × d factor of its Gram), one vector per "
             f"window: the last token of a {s['jacobian_prompt_tokens']}-token window of "
             "Austen text (held-out chunks first, then the others), windows from different "
-            "128-token chunks first. SE = "
-            "jackknife over vectors; CI = bias-corrected jackknife interval. Both cover vector "
-            "sampling only: the Jacobians are exact.",
+            "128-token chunks first. κ = the bias-corrected jackknife estimate (the centre of "
+            "its CI; the plug-in erank(Σ̂), biased low, in its own column); SE and CI = "
+            "delete-a-group jackknife with the windows of one corpus chunk as one group (they "
+            "share text, so they are not independent). Both cover vector sampling only: the "
+            "Jacobians are exact.",
             "",
             "Vectors are added by doubling until κ(n)/κ(n/2) (two disjoint halves) falls below "
             f"{_tolerance(kappa['layers'][0]) if kappa['layers'] else TOLERANCE} or the cap "
             "(`kappa_until_converged`); `converged` says which.",
             "",
-            "| layer | vectors | converged | κ = erank | SE | 95% CI | κ/d | κ(n)/κ(n/2) | κ_PR | "
-            "κ_PR CI | stable rank |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| layer | vectors | chunks | converged | κ = erank | SE | 95% CI | plug-in κ | κ/d | "
+            "κ(n)/κ(n/2) | κ_PR | κ_PR CI | stable rank |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in kappa["layers"]:
             conv = e.get("convergence", {}).get("converged")
             lines.append(
-                f"| {e['layer']} | {e['n_vectors']} | {'—' if conv is None else conv} | "
-                f"{e['erank']:.1f} | {e['erank_se']:.1f} | "
-                f"{ci(e['erank_ci'], 1)} | {e['kappa_over_d']:.3f} | {fmt(_rise(e))} | "
+                f"| {e['layer']} | {e['n_vectors']} | {e.get('n_groups', '—')} | "
+                f"{'—' if conv is None else conv} | {e['erank']:.1f} | {e['erank_se']:.1f} | "
+                f"{ci(e['erank_ci'], 1)} | {e['erank_plugin']:.1f} | {e['kappa_over_d']:.3f} | "
+                f"{fmt(_rise(e))} | "
                 f"{e['participation_ratio']:.1f} | {ci(e['participation_ratio_ci'], 1)} | "
                 f"{e['stable_rank']:.2f} |"
             )
@@ -849,8 +874,10 @@ def render_markdown(run: Run, source: str) -> str:
         "so N_causal(base) = ⌈0.02·m_base⌉ up to ties, by construction: hence the base-width "
         "table.",
         "- Percentile bootstrap intervals of counts of distinct things (N_repr) sit partly "
-        "below the point estimate: a resample holds fewer distinct tokens. κ uses the "
-        "bias-corrected jackknife instead.",
+        "below the point estimate: a resample holds fewer distinct prompts. N_repr, its "
+        "growth and the wedge use the delete-one-block jackknife instead (their estimand: "
+        "the value on another evaluation set of as many prompts), κ the bias-corrected "
+        "jackknife.",
         "- The GPU profile (`--profile gpu --device cuda`: widths "
         "2304–147456, batch 4096, up to 100 epochs, up to 2048 vectors per layer, ε at ten "
         "depths) runs end to end in the tests on a tiny model; it was not run on SmolLM2 "

@@ -178,19 +178,27 @@ def prompts_split(model: Any, s: dict) -> tuple[list, list, list]:
     return other[:n_tr], evalp, held[n_ev : n_ev + s["n_ce_prompts"]]
 
 
-def jacobian_prompts(model: Any, s: dict) -> list[list[int]]:
+def jacobian_windows(model: Any, s: dict) -> tuple[list[list[int]], list[int]]:
     """Windows of ``jacobian_prompt_tokens`` tokens, chunk-major within a window index (the
     first vectors all come from different chunks): the held-out chunks first, then the
     others, so the vector cap of the convergence rule is not bounded by the held-out pool
-    (κ involves no SAE, so the SAE training chunks may serve)."""
+    (κ involves no SAE, so the SAE training chunks may serve).  Returns the windows and the
+    corpus chunk each was cut from (the jackknife's unit: windows of one chunk share text)."""
     from structlens.data.corpus import chunk_documents, load_texts
 
     chunks = chunk_documents(load_texts(None), model.tokenizer, max_tokens=s["prompt_tokens"])
     full = [list(c.token_ids) for c in chunks if len(c.token_ids) == s["prompt_tokens"]]
-    held, other = full[::20], [c for i, c in enumerate(full) if i % 20]
+    index = list(range(len(full)))
+    held, other = index[::20], [i for i in index if i % 20]
     n = s["jacobian_prompt_tokens"]
     starts = range(0, s["prompt_tokens"] - n + 1, n + 2)
-    return [c[a : a + n] for pool in (held, other) for a in starts for c in pool]
+    order = [(i, a) for pool in (held, other) for a in starts for i in pool]
+    return [full[i][a : a + n] for i, a in order], [i for i, _ in order]
+
+
+def jacobian_prompts(model: Any, s: dict) -> list[list[int]]:
+    """The windows of :func:`jacobian_windows` without their chunk indices."""
+    return jacobian_windows(model, s)[0]
 
 
 def sae_jobs(s: dict) -> list[tuple[str, dict, int]]:
@@ -373,7 +381,7 @@ class CausalReplication:
         )
 
         s = self.s
-        prompts = jacobian_prompts(self.model, s)
+        prompts, chunk_of = jacobian_windows(self.model, s)
         cfg = JacobianConfig(output="log_probs", max_rows=self.model.d_model)
         cap = min(s["kappa_max_vectors"], len(prompts))
         used: list[Stage] = []
@@ -383,9 +391,12 @@ class CausalReplication:
             conv[layer] = kappa_until_converged(
                 draw, min(s["kappa_start"], cap), tolerance=s["kappa_tolerance"], max_vectors=cap
             )
+        # the point is the bias-corrected jackknife estimate over corpus chunks; results of
+        # the per-vector jackknife with the plug-in as point live under another key
+        point = {"kappa_point": "bias-corrected", "jackknife_unit": "corpus chunk"}
         stage = Stage(
             "kappa",
-            {k: s[k] for k in ("kappa_curve_draws", "kappa_tolerance", "seed")},
+            {k: s[k] for k in ("kappa_curve_draws", "kappa_tolerance", "seed")} | point,
             inputs=tuple(st.key for st in used),
         )
 
@@ -393,7 +404,7 @@ class CausalReplication:
             layers = []
             for layer, c in conv.items():
                 g = c.grams
-                res = kappa_from_grams(g)
+                res = kappa_from_grams(g, groups=chunk_of[: len(g)])
                 sizes = sorted(
                     {n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if n < len(g)} | {len(g)}
                 )
@@ -418,6 +429,7 @@ class CausalReplication:
                 "position": "last token of each window",
                 "prompt_tokens": s["jacobian_prompt_tokens"],
                 "rule": f"double n until κ(n)/κ(n/2) < {s['kappa_tolerance']} or n = {cap}",
+                "jackknife_unit": "corpus chunk (windows of one chunk form one group)",
             }
             d = layers[0]["d"] if layers else None
             return Record.of({"d": d, "settings": settings, "layers": layers})
@@ -517,7 +529,7 @@ class CausalReplication:
             sae_quality,
             sweep_analysis,
         )
-        from structlens.causal_dim.model import residual_grads_multi
+        from structlens.causal_dim.model import residual_grads_multi, token_prompt_ids
         from structlens.causal_dim.sweep import WidthSweepConfig, analyze_width_sweep
         from structlens.sae import load_sae
 
@@ -546,6 +558,14 @@ class CausalReplication:
 
         ev = self.cache.run(grads_stage, LayerActivations, capture)
         pairs = {layer: ev.pairs(layer) for layer in layers}
+        # residual_grads_multi's batches and row selection, so row r of batch j is prompt
+        # prompt_ids[j][r] of evalp: the resampling unit of the sweep's intervals
+        prompt_ids = token_prompt_ids(evalp)
+        if [len(p) for p in prompt_ids] != list(ev.batch_sizes or []):
+            raise ValueError(
+                "the cached eval-grads batches do not match the evaluation prompts' token "
+                "counts; delete the eval-grads stage and rerun."
+            )
         eval_acts = {layer: ev.of(layer) for layer in layers}
         exact = None
         for e in (R.kappa or {}).get("layers", []):
@@ -569,8 +589,8 @@ class CausalReplication:
                 quality = {w: sae_quality(sae, eval_acts[L]) for w, sae in topk.items()}
                 fvu = {w: q["fvu"] for w, q in quality.items()}
                 res, stats = sweep_analysis(
-                    topk, pairs[L], cfg, n_blocks=s["n_blocks"], exact_erank=exact,
-                    heldout_fvu=fvu,
+                    topk, pairs[L], cfg, prompt_ids=prompt_ids, n_blocks=s["n_blocks"],
+                    exact_erank=exact, heldout_fvu=fvu,
                 )  # fmt: skip
                 # Total and largest AtP per width: does a wider SAE split the same causal mass?
                 atp = {str(w): st.scores()[0] for w, st in stats.items()}
@@ -608,7 +628,13 @@ class CausalReplication:
                     )
                 )
 
-            config = {"n_bootstrap": s["n_bootstrap"], "n_blocks": s["n_blocks"], "seed": s["seed"]}
+            config = {
+                "n_bootstrap": s["n_bootstrap"],
+                "n_blocks": s["n_blocks"],
+                "seed": s["seed"],
+                "resampling_unit": "prompt",  # blocks hold whole prompts
+                "distinct_count_ci": "jackknife",
+            }
             st = stage("sweep", config, sweep_names, kappa_key)
             R.sweep = self.cache.run(st, Record, compute).data
             self.sweep_stage = st
@@ -682,7 +708,7 @@ class CausalReplication:
                     fvu = {w: q["fvu"] for w, q in quality.items()}
                     res, _stats = sweep_analysis(
                         by_width, pairs[L], dataclasses.replace(cfg, n_bootstrap=0),
-                        n_blocks=s["n_blocks"], heldout_fvu=fvu,
+                        prompt_ids=prompt_ids, n_blocks=s["n_blocks"], heldout_fvu=fvu,
                     )  # fmt: skip
                     rows[a] = {
                         "n_repr": res.n_repr.tolist(),

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from structlens.equivalence.compare import CompareConfig, ComparisonResult
-from structlens.equivalence.score import EquivalenceScore, representational_score, wilson_interval
+from structlens.equivalence.score import (
+    EquivalenceScore,
+    PairedNullDecision,
+    decide_paired_null,
+    representational_score,
+    wilson_interval,
+)
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.equivalence.run import (
     ENC_CFG,
@@ -34,6 +40,7 @@ from structlens.replication.equivalence.run import (
     Scenario,
 )
 from structlens.replication.markdown import ci, finite_ci, num, write_text
+from structlens.stats.intervals import cluster_bootstrap_ratio_interval
 
 
 def _nan(x: float | str) -> bool:
@@ -41,12 +48,46 @@ def _nan(x: float | str) -> bool:
     return bool(np.isnan(float(x)))
 
 
+def paired(r: ComparisonResult) -> PairedNullDecision | None:
+    """The paired test of partner against null on the row's validated heads (McNemar exact on
+    the discordant heads), recomputed from the per-head records; None without patching."""
+    if _nan(r.null_score) or not r.null_validation:
+        return None
+    return decide_paired_null(
+        [v["passed"] for v in r.validation],
+        [v["passed"] for v in r.null_validation],
+        alpha=r.config.get("null_alpha", 0.05),
+    )
+
+
+def verdicts(r: ComparisonResult) -> dict[str, Any]:
+    """The row's verdicts with the matched one decided by the paired test, recomputed from
+    the per-head records (a comparison cached before the test existed still carries the
+    verdict of the interval comparison)."""
+    out = dict(r.verdicts)
+    t = paired(r)
+    if t is not None:
+        d = decide_paired_null(
+            [v["passed"] for v in r.validation],
+            [v["passed"] for v in r.null_validation],
+            alpha=t.alpha,
+            min_score=r.config.get("equivalent_at", 0.0),
+        )
+        out |= {"matching": d.verdict, "matching_reason": d.reason, "matching_test": d.to_json()}
+        if "congruity" in out:
+            out["agree"] = out["congruity"] == d.verdict
+    return out
+
+
 def informative(r: ComparisonResult) -> bool | None:
     """Whether the patching criterion separates partners from no information on this row:
-    the 95 % intervals of score and null do not overlap (None without patching)."""
-    if _nan(r.null_score):
+    more heads pass with their partner only than with the null only, McNemar exact p < α
+    (None without patching).  The score and null come from the same heads, so their Wilson
+    intervals are not compared."""
+    t = paired(r)
+    if t is None:
         return None
-    return bool(r.score_ci[0] > r.null_score_ci[1])
+    return bool(t.partner_only > t.null_only and t.p_value < t.alpha)
 
 
 def _vs_paper(group: str, ci: list | tuple) -> str:
@@ -83,10 +124,14 @@ def _row(sc: Scenario, r: ComparisonResult, seconds: dict[str, float]) -> str:
         if cg
         else "—"
     )
-    if _nan(r.null_score):
+    t = paired(r)
+    if _nan(r.null_score) or t is None:
         null = inf = "— (no patching)"
     else:
-        null = f"{r.null_score:.2f} {ci(r.null_score_ci)}"
+        null = (
+            f"{r.null_score:.2f} {ci(r.null_score_ci)}; paired: {t.partner_only} vs "
+            f"{t.null_only} discordant heads, p = {t.p_value:.2g}"
+        )
         i = r.informative
         inf = (
             f"{i['n_passed']}/{i['n_heads']} = {i['score']:.2f} {ci(i['score_ci'])}"
@@ -96,12 +141,13 @@ def _row(sc: Scenario, r: ComparisonResult, seconds: dict[str, float]) -> str:
     layer = "—" if _nan(r.layer_score) else f"{r.layer_score:.2f}"
     g = r.head_groups
     groups = f"{g['score']:.2f} / {g['null_score']:.2f} ({len(g['pairs'])} layers)" if g else "—"
-    agree = {True: "yes", False: "**no**", None: "—"}[r.verdicts.get("agree")]
+    vs = verdicts(r)
+    agree = {True: "yes", False: "**no**", None: "—"}[vs.get("agree")]
     return (
         f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | **{r.score:.2f}** "
         f"{ci(r.score_ci)} ({r.validation_method}) | {len(r.validation)} | {null} | "
-        f"{inf} | {groups} | {layer} | {rate} | {r.verdicts['matching']} / "
-        f"{r.verdicts.get('congruity', '—')} | {agree} | {verdict(sc.group, r)} | "
+        f"{inf} | {groups} | {layer} | {rate} | {vs['matching']} / "
+        f"{vs.get('congruity', '—')} | {agree} | {verdict(sc.group, r)} | "
         f"{f'{seconds[sc.name]:.0f}' if sc.name in seconds else '?'} |"
     )
 
@@ -144,7 +190,7 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
         now = (r.score, None if _nan(r.null_score) else r.null_score, r.layer_score)
         rows.append(
             f"| {sc.name} | {' / '.join(num_or_dash(x) for x in old[:3])} | {old[3]} / "
-            f"{old[4]} | {' / '.join(num_or_dash(x) for x in now)} | {r.verdicts['matching']} "
+            f"{old[4]} | {' / '.join(num_or_dash(x) for x in now)} | {verdicts(r)['matching']} "
             f"/ {r.verdicts.get('congruity', '—')} |"
         )
     small = [c for n, c in rep.small_info.items() if c.get("held_out_loss")]
@@ -182,6 +228,11 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
             "the null; it is now printed only when the score's 95 % interval lies above the "
             'mean-ablation null\'s (otherwise "undecided" with the reason), for CONGRUITY too '
             '(a decision rate of 0.00 no longer reads as "equivalent").',
+            "* **A paired test against the null.** Score and null come from the same heads, "
+            "yet the verdict compared their Wilson intervals as if independent; it now comes "
+            "from McNemar's exact test on the heads where only one of the two passes. Pooled "
+            "group scores resample whole model pairs instead of treating the heads of pairs "
+            "that share a model as independent.",
             "* **Calibrated single-head score.** Next to the score over all validated heads: "
             "the score on the heads whose mean ablation fails (the only heads on which a "
             "passing partner is evidence), whole-layer head groups against an all-heads "
@@ -325,10 +376,27 @@ def render_markdown(
     )
 
 
-def _pooled(k: int, n: int, group: str | None = None) -> str:
-    """``k/n = rate [Wilson CI]``, and the verdict against the paper when ``group`` is given."""
-    lo, hi = wilson_interval(k, n)
-    text = f"{k}/{n} = {k / n:.2f} {ci((lo, hi))}"
+def pooled_interval(ks: list[int], ns: list[int]) -> tuple[tuple[float, float], str]:
+    """Interval of a pass rate pooled over model pairs and how it was made.
+
+    Heads of one pair share both models (and pairs of a group share models too), so the
+    heads are no independent sample: with two or more pairs the interval resamples whole
+    pairs (cluster bootstrap), with one pair it is that pair's Wilson interval.
+    """
+    keep = [(k, n) for k, n in zip(ks, ns, strict=True) if n > 0]
+    k, n = sum(k for k, _ in keep), sum(n for _, n in keep)
+    if len(keep) < 2:
+        return wilson_interval(k, n), "Wilson, one pair"
+    lo, hi = cluster_bootstrap_ratio_interval([k for k, _ in keep], [n for _, n in keep])
+    return (lo, hi), f"cluster bootstrap over {len(keep)} pairs"
+
+
+def _pooled(ks: list[int], ns: list[int], group: str | None = None) -> str:
+    """``k/n = rate [CI] (method)`` pooled over pairs (:func:`pooled_interval`), and the
+    verdict against the paper when ``group`` is given."""
+    k, n = sum(ks), sum(ns)
+    (lo, hi), how = pooled_interval(ks, ns)
+    text = f"{k}/{n} = {k / n:.2f} {ci((lo, hi))} ({how})"
     return text + (f" ({_vs_paper(group, (lo, hi))} vs paper)" if group else "")
 
 
@@ -340,47 +408,45 @@ def discussion(results: dict[str, ComparisonResult]) -> str:
         rs = [results[sc.name] for sc in SCENARIOS if sc.group == group and sc.name in results]
         if not rs:
             continue
-        k = sum(sum(v["passed"] for v in r.validation) for r in rs)
-        n = sum(len(r.validation) for r in rs)
+        k = [sum(v["passed"] for v in r.validation) for r in rs]
+        n = [len(r.validation) for r in rs]
         line = (
             f"* **{group}** ({len(rs)} pair(s), paper {claim}): pooled score {_pooled(k, n)} "
             f"({rs[0].validation_method})"
         )
         patched = [r for r in rs if not _nan(r.null_score)]
         if patched:
-            kn = sum(sum(v["passed"] for v in r.null_validation) for r in patched)
-            nn = sum(len(r.null_validation) for r in patched)
-            ki = sum(r.informative["n_passed"] for r in patched)
-            ni = sum(r.informative["n_heads"] for r in patched)
+            kn = [sum(v["passed"] for v in r.null_validation) for r in patched]
+            nn = [len(r.null_validation) for r in patched]
+            ki = [r.informative["n_passed"] for r in patched]
+            ni = [r.informative["n_heads"] for r in patched]
             line += f"; pooled null {_pooled(kn, nn)}; "
             line += (
                 f"partner passes on {_pooled(ki, ni, group)} of the heads whose null fails"
-                if ni
+                if sum(ni)
                 else "no validated head fails under mean ablation, so the patching "
                 "criterion cannot tell a partner from no information here"
             )
             grouped = [r for r in patched if r.head_groups]
             if grouped:
-                kg = sum(sum(v["passed"] for v in r.head_groups["validation"]) for r in grouped)
-                kgn = sum(
-                    sum(v["passed"] for v in r.head_groups["null_validation"]) for r in grouped
-                )
-                ng = sum(len(r.head_groups["pairs"]) for r in grouped)
-                kgi = sum(r.head_groups["informative"]["n_passed"] for r in grouped)
-                ngi = sum(r.head_groups["informative"]["n_heads"] for r in grouped)
+                kg = [sum(v["passed"] for v in r.head_groups["validation"]) for r in grouped]
+                kgn = [sum(v["passed"] for v in r.head_groups["null_validation"]) for r in grouped]
+                ng = [len(r.head_groups["pairs"]) for r in grouped]
+                kgi = [r.head_groups["informative"]["n_passed"] for r in grouped]
+                ngi = [r.head_groups["informative"]["n_heads"] for r in grouped]
                 line += (
                     f"; whole-layer head groups {_pooled(kg, ng)} against their all-heads null "
                     f"{_pooled(kgn, ng)}"
                 )
-                if ngi:
+                if sum(ngi):
                     line += (
                         f", partner groups pass on {_pooled(kgi, ngi, group)} of the layers "
                         "whose null fails"
                     )
             flags = [bool(informative(r)) for r in patched]  # never None on patched rows
             line += (
-                f"; score and null intervals disjoint (score claimed) in {sum(flags)} of "
-                f"{len(flags)} row(s)"
+                f"; partner beats the null in the paired test (score claimed) in {sum(flags)} "
+                f"of {len(flags)} row(s)"
             )
         verdicts = sorted({verdict(group, r) for r in rs})
         line += f"; verdict vs paper: {', '.join(verdicts)}."
@@ -412,7 +478,7 @@ def disagreements(results: dict[str, ComparisonResult]) -> str:
         cg = r.congruity
         inf = r.informative
         lines.append(
-            f"* `{name}`: matched score {r.score:.2f} → {r.verdicts['matching']} (null "
+            f"* `{name}`: matched score {r.score:.2f} → {verdicts(r)['matching']} (null "
             f"{r.null_score:.2f}; partner passes on {inf.get('n_passed', 0)} of "
             f"{inf.get('n_heads', 0)} heads whose null fails); CONGRUITY decision rates "
             f"{cg['point_test_ab']['decision_rate']:.2f} (A→B) / "
@@ -426,7 +492,7 @@ def disagreements(results: dict[str, ComparisonResult]) -> str:
 
 
 def _agree(r: ComparisonResult) -> bool:
-    return r.verdicts.get("agree", True)
+    return verdicts(r).get("agree", True)
 
 
 def _cfg_text(cfg: CompareConfig) -> str:
@@ -453,22 +519,26 @@ monotone (depth-preserving) assignment, heads by one global Hungarian assignment
 head of B is replaced, on the held-out half, by its partner's activations in A mapped through a
 ridge map fitted on the fit half; it **passes** when mean KL(B ‖ patched B) ≤ 0.1 nats and
 top-1 agreement ≥ 0.9 at the evaluated positions (all tokens for corpus probes; the IOI END
-token for IOI probes). Score = passed / validated heads, Wilson 95 % interval. The **null
-score** replaces the same heads by their mean activation instead: where it is close to the
-score, the criterion does not distinguish a partner from no information. We call a row's score
-*claimed* only when the 95 % intervals of score and null do not overlap; otherwise the
-verdict column says "uninformative". The column "partner passes where the null fails" restricts the
-score to the heads whose mean ablation fails the criterion, the only heads on which a passing
-partner shows that it carries what B needs. Because single heads are often redundant, the
-*whole-layer head groups* column replaces all heads of one layer of B at once (each by its
-own matched partner through its own map) against a null that mean-ablates all of them; one
-record per layer of B. The layer score replaces `resid_post` of matched layers the same way.
-The encoder–decoder trained on the same bytes (`enc-dec-same-data`) reads each probe as a
-language model over its decoder (the encoder sees only the start token), so its decoder's
-layers and heads are matched and patched into B like any decoder's. For MiniLM against
-SmolLM2 the tokenizers differ, so rows are sentences (mean over tokens), no patching is
-possible and the score is the share of matched heads with CKA ≥ 0.5 ("similarity"); no null
-exists for it.
+token for IOI probes). Score = passed / validated heads, Wilson 95 % interval (descriptive).
+The **null score** replaces the same heads by their mean activation instead: where it is close
+to the score, the criterion does not distinguish a partner from no information. Score and null
+are measured on the same heads, so they are compared by a paired test, not by their intervals:
+McNemar's exact test on the discordant heads (partner passes and null fails vs the reverse). We
+call a row's score *claimed* only when more heads pass with their partner only than with the
+null only at two-sided p < 0.05; otherwise the verdict column says "uninformative". Pooled
+scores of a group resample whole model pairs (cluster bootstrap; a single pair keeps its Wilson
+interval), since heads of one pair are not independent; with two or three pairs that interval
+is coarse. The column "partner passes where the null fails" restricts the score to the heads
+whose mean ablation fails the criterion, the only heads on which a passing partner shows that
+it carries what B needs. Because single heads are often redundant, the *whole-layer head
+groups* column replaces all heads of one layer of B at once (each by its own matched partner
+through its own map) against a null that mean-ablates all of them; one record per layer of B.
+The layer score replaces `resid_post` of matched layers the same way. The encoder–decoder
+trained on the same bytes (`enc-dec-same-data`) reads each probe as a language model over its
+decoder (the encoder sees only the start token), so its decoder's layers and heads are matched
+and patched into B like any decoder's. For MiniLM against SmolLM2 the tokenizers differ, so
+rows are sentences (mean over tokens), no patching is possible and the score is the share of
+matched heads with CKA ≥ 0.5 ("similarity"); no null exists for it.
 
 CONGRUITY (reference-code statistics): accumulated residual stream (last token for IOI, mean
 over tokens for corpus probes), implementations = clean run + runs with one of the top-KL
@@ -476,7 +546,7 @@ heads patched (IOI: from the `abc` corrupted prompt; corpus: mean-ablated), enco
 (ridge, fixed folds), bootstrapped point test (20 triples, 40 straps); the table gives the
 share of straps declaring the two models different in each direction; the verdict is
 "different" when either exceeds 0.5. The matched-component verdict is "equivalent" when the
-score ≥ 0.5.
+score ≥ 0.5 and the paired test above finds the partners better than the null.
 
 ## Results
 
@@ -516,13 +586,13 @@ Function-preserving fold check: {fold}
 
 {discussion}
 
-**How to read the rows.** A score is a claim only where its 95 % interval lies above the
-mean-ablation null's (the matched verdict says so). Where single heads are redundant, the null
-passes about as often as the partner and the single-head score says nothing; the evidence is
-then in the heads and whole layers whose mean ablation does break B (the "partner passes where
-the null fails" and head-group columns, pooled per group above). The sanity rows bound the
-method: an exact copy must pass everywhere, so a failure there is the method's, not the
-models'.
+**How to read the rows.** A score is a claim only where the paired test finds the partners
+better than the mean-ablation null on the same heads (the matched verdict says so). Where
+single heads are redundant, the null passes about as often as the partner and the single-head
+score says nothing; the evidence is then in the heads and whole layers whose mean ablation does
+break B (the "partner passes where the null fails" and head-group columns, pooled per group
+above). The sanity rows bound the method: an exact copy must pass everywhere, so a failure
+there is the method's, not the models'.
 
 ## Where the two estimators disagree
 
@@ -606,17 +676,23 @@ def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
         if not names:
             continue
         rs = [results[n] for n in names]
-        k = sum(sum(v["passed"] for v in r.validation) for r in rs)
-        n = sum(len(r.validation) for r in rs)
+        ks = [sum(v["passed"] for v in r.validation) for r in rs]
+        ns = [len(r.validation) for r in rs]
+        k, n = sum(ks), sum(ns)
+        interval, how = pooled_interval(ks, ns) if n else (None, None)
         rows = [verdict(group, r) for r in rs]
         found.append(
             Claim(
                 id=f"{group}_score",
                 paper=claim,
                 ours=k / n if n else None,
-                ci=finite_ci(wilson_interval(k, n)) if n else None,
+                ci=finite_ci(interval) if interval is not None else None,
                 verdict=_group_verdict(rows),
-                settings={"rows": names, "validation": rs[0].validation_method},
+                settings={
+                    "rows": names,
+                    "validation": rs[0].validation_method,
+                    "interval": how,
+                },
                 ci_reason=None if n else "no head was validated",
                 note="row verdicts: " + ", ".join(f"{a} {b}" for a, b in zip(names, rows)),
             )
@@ -639,11 +715,12 @@ def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
                 "null_score": _finite(r.null_score),
                 "null_score_ci": finite_ci(r.null_score_ci),
                 "layer_score": _finite(r.layer_score),
-                # null-calibrated (decide_with_null): "equivalent" only above the null's CI
-                "verdict": r.verdicts["matching"],
-                "verdict_reason": r.verdicts["matching_reason"],
+                # null-calibrated by the paired test (decide_paired_null)
+                "verdict": verdicts(r)["matching"],
+                "verdict_reason": verdicts(r)["matching_reason"],
+                "paired_test": verdicts(r).get("matching_test"),
                 **_representational_block(representational(r)),
-                "verdicts": r.verdicts,
+                "verdicts": verdicts(r),
                 "verdict_vs_paper": verdict(sc.group, r),
             }
             for sc in SCENARIOS
