@@ -49,11 +49,11 @@ from typing import Any
 import torch
 
 from structlens.capture import capture
-from structlens.causal_dim.experiment import train_width_sweep
 from structlens.data.corpus import chunk_documents, load_texts
 from structlens.execution import get_executor
 from structlens.models import load_model
 from structlens.sae import SAETrainConfig
+from structlens.sae.sweep import train_width_sweep
 
 HERE = Path(__file__).parent
 

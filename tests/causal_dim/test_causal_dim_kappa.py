@@ -8,6 +8,7 @@ import pytest
 import scipy.stats
 import torch
 
+from structlens.capture.residuals import residual_batches, residual_batches_multi
 from structlens.causal_dim import JacobianConfig
 from structlens.causal_dim.kappa import (
     doubling_ratio,
@@ -17,8 +18,6 @@ from structlens.causal_dim.kappa import (
 )
 from structlens.causal_dim.model import (
     model_causal_dimension,
-    residual_batches,
-    residual_batches_multi,
     residual_grads,
     residual_grads_multi,
     vector_grams,

@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from structlens.capture.residuals import ce_runner, residual_batches
 from structlens.causal_dim import JacobianConfig, jacobians_forward
 from structlens.causal_dim.model import (
-    ce_runner,
     eager_attention,
     exact_feature_effects,
     model_causal_dimension,
-    residual_batches,
     residual_function,
     residual_grads,
     sae_splice_writer,

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from structlens.causal_dim.experiment import shuffled_batches, train_width_sweep
 from structlens.execution import get_executor
 from structlens.sae import SAETrainConfig, train_sweep
+from structlens.sae.sweep import shuffled_batches, train_width_sweep
 
 WIDTHS = [16, 32, 48]
 BASE = SAETrainConfig(architecture="topk", k=3, lr=3e-3, seed=5)

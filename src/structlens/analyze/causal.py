@@ -26,17 +26,15 @@ def run(
     """Exact κ = erank(E[JᵀJ]) of the same-position log-probs at each layer (one vector per
     prompt; the bias-corrected jackknife estimate with its interval, the plug-in beside it)
     with the κ(n)/κ(n/2) convergence check; the SAE width-sweep wedge at the middle layer."""
+    from structlens.capture.residuals import collect_residuals
     from structlens.causal_dim import WidthSweepConfig
-    from structlens.causal_dim.experiment import (
-        collect_residuals,
-        sweep_analysis,
-        train_width_sweep,
-    )
+    from structlens.causal_dim.experiment import sweep_analysis
     from structlens.causal_dim.jacobian import JacobianConfig
     from structlens.causal_dim.kappa import kappa_from_grams
     from structlens.causal_dim.model import residual_grads, token_prompt_ids, vector_grams
     from structlens.ndm.data import training_prompts
     from structlens.sae import SAETrainConfig, evaluate_sae
+    from structlens.sae.sweep import train_width_sweep
 
     p = cfg.settings
     d = model.d_model

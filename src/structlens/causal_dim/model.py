@@ -42,6 +42,7 @@ from typing import Literal
 
 import torch
 
+from structlens.capture.residuals import next_token_nll, select_rows
 from structlens.causal_dim.jacobian import (
     CausalDimension,
     CausalDimensionResult,
@@ -248,22 +249,6 @@ def vector_grams(
             yield stats.sums[0].clone()
 
 
-def _select(mask: torch.Tensor, skip_first: bool) -> torch.Tensor:
-    sel = mask.bool().clone()
-    if skip_first:
-        # Position 0 is an attention sink with a residual norm far above the rest.
-        sel[:, 0] = False
-    return sel
-
-
-def next_token_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-prompt summed next-token negative log-likelihood (nats), pads excluded: ``[b]``."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
-    return (nll * valid).sum(1)
-
-
 def token_prompt_ids(
     prompts: Sequence[Sequence[int]],
     *,
@@ -286,7 +271,7 @@ def token_prompt_ids(
     for s in range(0, len(prompts), batch_size):
         batch = list(prompts[s : s + batch_size])
         _, mask = pad_batch(batch, 0)
-        sel = _select(mask, skip_first)
+        sel = select_rows(mask, skip_first)
         rows = torch.arange(s, s + len(batch), dtype=torch.long)[:, None].expand_as(sel)
         out.append(rows[sel] + offset)
     return out
@@ -341,7 +326,7 @@ def residual_grads_multi(
             list(sites.values()),
             lambda out, i=ids, m=mask: metric(out, i, m),  # type: ignore[misc]
         )
-        sel = _select(mask, skip_first)
+        sel = select_rows(mask, skip_first)
         yield {
             layer: (acts[site][sel].float().cpu(), grads[site][sel].float().cpu())
             for layer, site in sites.items()
@@ -368,50 +353,6 @@ def sae_splice_writer(
         return out
 
     return write
-
-
-def ce_runner(
-    model: Model,
-    layer: int,
-    prompts: Sequence[Sequence[int]],
-    *,
-    batch_size: int = 8,
-    skip_first: bool = True,
-) -> Callable[[Callable[[torch.Tensor], torch.Tensor] | None], float]:
-    """``run_with_replacement(fn)`` for :func:`structlens.sae.ce_loss_recovered`.
-
-    Runs the prompts with ``blocks.{layer}.hook_resid_pre`` replaced by ``fn`` applied to the
-    ``[b, seq, d]`` activation (position 0 kept clean with ``skip_first``) and returns the
-    mean next-token cross-entropy in nats over all predicted tokens.
-    """
-    from structlens.data.tasks import pad_batch
-
-    site = site_name("resid_pre", layer, n_layers=model.n_layers)
-    pad = int(model.tokenizer.pad_token_id)
-
-    def run(fn: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
-        total, count = 0.0, 0
-        for s in range(0, len(prompts), batch_size):
-            ids, mask = (
-                t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad)
-            )
-            writes = {}
-            if fn is not None:
-
-                def write(a: torch.Tensor) -> torch.Tensor:
-                    out = fn(a)
-                    return torch.cat([a[:, :1], out[:, 1:]], dim=1) if skip_first else out
-
-                writes = {site: write}
-            with torch.no_grad(), hooked(model, writes=writes):
-                logits = model.forward(ids, mask)
-            total += float(next_token_nll(logits, ids, mask).sum())
-            count += int((mask[:, 1:] * mask[:, :-1]).sum())
-        if count == 0:
-            raise ValueError("the prompts contain no predicted tokens (need ≥ 2 tokens each).")
-        return total / count
-
-    return run
 
 
 @torch.no_grad()
@@ -454,66 +395,3 @@ def exact_feature_effects(
             logits = model.hf(input_ids=ids, use_cache=False).logits
         out.append(metric(logits) - base)
     return torch.cat(out)
-
-
-class _Stop(Exception):
-    """Raised from a hook to end a forward pass once the needed site has been read."""
-
-
-def residual_batches(
-    model: Model,
-    layer: int,
-    prompts: Sequence[Sequence[int]],
-    *,
-    batch_size: int = 8,
-    skip_first: bool = True,
-) -> Iterator[torch.Tensor]:
-    """Yield ``[n_tokens, d]`` float32 residuals at ``blocks.{layer}.hook_resid_pre``.
-
-    The forward pass stops at ``layer`` (layers above it and the unembedding never run), so
-    streaming SAE training data costs ``layer/n_layers`` of a full forward.  Pads (and
-    position 0 with ``skip_first``) are dropped.
-    """
-    for out in residual_batches_multi(
-        model, [layer], prompts, batch_size=batch_size, skip_first=skip_first
-    ):
-        yield out[layer]
-
-
-@torch.no_grad()
-def residual_batches_multi(
-    model: Model,
-    layers: Sequence[int],
-    prompts: Sequence[Sequence[int]],
-    *,
-    batch_size: int = 8,
-    skip_first: bool = True,
-) -> Iterator[dict[int, torch.Tensor]]:
-    """:func:`residual_batches` at several layers from one forward pass per batch (which
-    stops at the deepest of them): yields ``{layer: [n_tokens, d]}``."""
-    from structlens.data.tasks import pad_batch
-
-    if not layers:
-        raise ValueError("layers is empty; pass at least one layer.")
-    sites = {layer: site_name("resid_pre", layer, n_layers=model.n_layers) for layer in layers}
-    last = sites[max(sites)]
-    pad = int(model.tokenizer.pad_token_id)
-
-    def stop(a: torch.Tensor) -> torch.Tensor:
-        raise _Stop(a)
-
-    for s in range(0, len(prompts), batch_size):
-        ids, mask = (t.to(model.device) for t in pad_batch(list(prompts[s : s + batch_size]), pad))
-        sel = _select(mask, skip_first)
-        reads: dict[str, Callable[..., torch.Tensor]] = {
-            site: (lambda a, sel=sel: a[sel].float().cpu()) for site in sites.values()
-        }
-        reads[last] = stop
-        try:
-            with hooked(model, reads=reads) as cache:
-                model.forward(ids, mask)
-        except _Stop as done:
-            cache[last] = done.args[0][sel].float().cpu()
-        else:  # pragma: no cover - the read hook always fires
-            raise AssertionError(last)
-        yield {layer: cache[site] for layer, site in sites.items()}

@@ -36,7 +36,7 @@ def corpus_windows(
 
 def residuals(model: Any, layer: int, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
     """``blocks.{layer}.hook_resid_pre`` at every position but the first: ``[n_tokens, d]``."""
-    from structlens.causal_dim.experiment import collect_residuals
+    from structlens.capture.residuals import collect_residuals
     from structlens.sites import site_name
 
     site_name("resid_pre", layer, n_layers=model.n_layers)  # a clear error for a bad layer

@@ -104,7 +104,7 @@ def train_saes(
 ) -> tuple[dict[int, Any], Any, list[list[int]]]:
     """Train one SAE per width on the training windows' residuals; returns the training
     results by width, the training activations and the held-out windows."""
-    from structlens.causal_dim.experiment import train_width_sweep
+    from structlens.sae.sweep import train_width_sweep
 
     tr, ev = corpus_windows(model.tokenizer, cfg.prompt_tokens, cfg.prompts, cfg.eval_prompts)
     acts = residuals(model, cfg.layer, tr)
@@ -123,9 +123,9 @@ def run(cfg: SAEExperimentConfig, model: Any, *, out: Path, executor: Any = None
 
     ``executor`` trains the widths in parallel (same SAEs as in-process).
     """
-    from structlens.causal_dim.experiment import ce_recovered_by_width, sae_quality
     from structlens.provenance import provenance
     from structlens.sae import save_sae
+    from structlens.sae.sweep import ce_recovered_by_width, sae_quality
     from structlens.sites import site_name
 
     site = site_name("resid_pre", cfg.layer, n_layers=model.n_layers)
@@ -162,7 +162,7 @@ def run(cfg: SAEExperimentConfig, model: Any, *, out: Path, executor: Any = None
 
 def evaluate(cfg: SAEEvaluationConfig, model: Any, sae: Any, *, path: Path) -> SAEReport:
     """FVU, L0, dead fraction and CE loss recovered of ``sae`` (saved at ``path``)."""
-    from structlens.causal_dim.experiment import ce_recovered_by_width, sae_quality
+    from structlens.sae.sweep import ce_recovered_by_width, sae_quality
 
     check_sae_fits(sae, model)
     _, ev = corpus_windows(model.tokenizer, cfg.prompt_tokens, 1, cfg.eval_prompts)

@@ -269,8 +269,8 @@ def train_to_convergence(
     the FVU on the last tenth (other prompts: rows are prompt-contiguous) improves by less
     than ``tol`` (relative) or ``max_epochs`` is reached.  Returns the training result and
     the held-out FVU after each epoch."""
-    from structlens.causal_dim.experiment import shuffled_batches
     from structlens.sae import evaluate_sae
+    from structlens.sae.sweep import shuffled_batches
     from structlens.sae.train import SAETrainer
 
     n_val = max(batch_size, x.shape[0] // 10)
@@ -441,7 +441,7 @@ class CausalReplication:
     # -- SAE training ---------------------------------------------------------------------
     def train(self) -> dict[str, tuple[Stage, Path]]:
         """Capture the training residuals once, then every SAE on that one stream."""
-        from structlens.causal_dim.model import residual_batches_multi
+        from structlens.capture.residuals import residual_batches_multi
         from structlens.sae import SAETrainConfig, save_sae
 
         s, device = self.s, self.device
@@ -522,16 +522,11 @@ class CausalReplication:
     # -- analysis -------------------------------------------------------------------------
     def analyze(self, trained: dict[str, tuple[Stage, Path]]) -> None:
         from structlens.causal_dim import FeatureStats, calibrate_epsilon
-        from structlens.causal_dim.experiment import (
-            ce_recovered_by_width,
-            four_cell,
-            ioi_recovery,
-            sae_quality,
-            sweep_analysis,
-        )
+        from structlens.causal_dim.experiment import four_cell, ioi_recovery, sweep_analysis
         from structlens.causal_dim.model import residual_grads_multi, token_prompt_ids
         from structlens.causal_dim.sweep import WidthSweepConfig, analyze_width_sweep
         from structlens.sae import load_sae
+        from structlens.sae.sweep import ce_recovered_by_width, sae_quality
 
         s, model, R = self.s, self.model, self.run_
         torch.manual_seed(s["seed"])

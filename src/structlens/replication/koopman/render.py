@@ -448,8 +448,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
             note="ours = the smallest Enns–Glover bound / error over the orders (>= 1 holds)",
             kind="check",
             per_setting={
-                r: {"error": red[r]["error"], "enns_glover": red[r]["enns_glover"]}
-                for r in orders
+                r: {"error": red[r]["error"], "enns_glover": red[r]["enns_glover"]} for r in orders
             },
             positive_control={
                 "passed": all(flagged),
