@@ -14,6 +14,7 @@ from structlens.equivalence import (
     rank_heads,
     selectivity_test,
 )
+from structlens.equivalence.encoding import supported_width
 
 
 def test_accumulated_representation_last_and_mean_with_padding(rng):
@@ -102,3 +103,29 @@ def test_point_test_p_values_equal_fresh_encoding_scores(rng):
             i, j, k = (int(draw.integers(3)) for _ in range(3))
             wins += encoding_score(g1[i], g1[j], CFG) > encoding_score(g1[i], g2[k], CFG)
         assert p == wins / trials
+
+
+def test_wide_accumulated_representations_are_reduced_and_the_results_say_so(rng):
+    # accumulated residual streams are much wider than a probe set has prompts
+    n, width = 60, 300
+    latent_a, latent_b = rng.normal(size=(n, 3)), rng.normal(size=(n, 3))
+
+    def wide(latent, k):
+        return [
+            latent @ rng.normal(size=(3, width)) + 0.05 * rng.normal(size=(n, width))
+            for _ in range(k)
+        ]
+
+    g1, g2 = wide(latent_a, 3), wide(latent_b, 3)
+    kept = supported_width(n, CFG)
+    pt = bootstrap_point_test(g1, g2, n=10, straps=3, seed=0, config=CFG)
+    sel = selectivity_test(g1, [rng.normal(size=(n, width)) for _ in g1], g1, config=CFG)
+    for res in (pt, sel):
+        assert res.reduced_to == kept < width
+        assert f"{width} features" in res.caveat
+    # the reduction keeps what the implementations share: the groups still separate
+    assert pt.decision_rate == 1.0 and sel.score == 1.0
+    narrow = bootstrap_point_test(
+        [g[:, :kept] for g in g1], [g[:, :kept] for g in g2], n=10, straps=3, config=CFG
+    )
+    assert narrow.reduced_to is None and narrow.caveat is None

@@ -14,6 +14,8 @@ from structlens.equivalence import (
     encoding_scores,
     fit_linear_map,
 )
+from structlens.equivalence.encoding import MIN_REDUCED_WIDTH, supported_width
+from structlens.errors import DegenerateInputError, is_user_error
 
 
 def test_score_is_one_for_exact_linear_map_and_near_zero_for_independent(rng):
@@ -78,3 +80,80 @@ def test_linear_maps_recover_exact_relations(rng, tmp_path):
     assert p.r2_train == pytest.approx(1.0)
     back = LinearMap.load(p.save(tmp_path / "map"))
     np.testing.assert_allclose(back.weight, p.weight)
+
+
+def _split_rows(n, cfg):
+    perm = np.random.default_rng(cfg.seed).permutation(n)
+    n_test = math.ceil(cfg.test_fraction * n)
+    return perm[n_test:], perm[:n_test]
+
+
+def test_wide_predictor_is_reduced_by_a_pca_of_each_fits_own_rows(rng):
+    from sklearn.decomposition import PCA
+
+    n, d, cfg = 60, 200, EncodingConfig(alphas=(0.01, 1.0, 100.0), n_folds=4, seed=2)
+    x = rng.normal(size=(n, 8)) @ rng.normal(size=(8, d)) + 0.3 * rng.normal(size=(n, d))
+    y = x[:, :4] + rng.normal(size=(n, 4))
+    width = supported_width(n, cfg)
+    train, test = _split_rows(n, cfg)
+    assert width == (train.size - math.ceil(train.size / 4)) // 2 < d
+    r2, alpha = encoding_r2(x, y, cfg)
+    # the same protocol by hand: PCA fitted on the rows of each fit only, then ridge
+    folds = np.array_split(np.arange(train.size), 4)
+    xt, yt = x[train], y[train]
+    errs = []
+    for a in cfg.alphas:
+        e = 0.0
+        for val in folds:
+            tr = np.setdiff1d(np.arange(train.size), val)
+            pca = PCA(width).fit(xt[tr])
+            m = Ridge(alpha=a).fit(pca.transform(xt[tr]), yt[tr])
+            e += np.sum((m.predict(pca.transform(xt[val])) - yt[val]) ** 2)
+        errs.append(e)
+    assert alpha == cfg.alphas[int(np.argmin(errs))]
+    pca = PCA(width).fit(xt)
+    m = Ridge(alpha=alpha).fit(pca.transform(xt), yt)
+    assert r2 == pytest.approx(r2_score(y[test], m.predict(pca.transform(x[test]))), abs=1e-8)
+    s = encoding_scores(x, y, cfg)
+    assert (s.reduced_to_xy, s.reduced_to_yx) == (width, None)
+    assert f"{d} features" in s.caveat and f"top {width} principal components" in s.caveat
+
+
+def test_held_out_rows_do_not_shape_the_reduction(rng):
+    n, d = 80, 150
+    cfg = EncodingConfig()
+    x = rng.normal(size=(n, 6)) @ rng.normal(size=(6, d)) + 0.1 * rng.normal(size=(n, d))
+    y = x[:, :3] @ rng.normal(size=(3, 2))
+    train, test = _split_rows(n, cfg)
+    xt = x[train] - x[train].mean(0)
+    top = np.linalg.svd(xt, full_matrices=False)[2][: supported_width(n, cfg)]
+    # a huge held-out-only direction outside the fit half's components: a PCA that saw the
+    # held-out rows would make it the first component; one fitted on the fit half ignores it
+    v = rng.normal(size=d)
+    v -= top.T @ (top @ v)
+    moved = x.copy()
+    moved[test] += 1e3 * rng.normal(size=(test.size, 1)) * v / np.linalg.norm(v)
+    assert encoding_r2(moved, y, cfg) == pytest.approx(encoding_r2(x, y, cfg), abs=1e-9)
+
+
+def test_reduction_keeps_a_planted_low_rank_encoding(rng):
+    n, d = 100, 400
+    latent = rng.normal(size=(n, 5))
+    x = latent @ rng.normal(size=(5, d)) + 0.01 * rng.normal(size=(n, d))
+    y = latent @ rng.normal(size=(5, 3))
+    s = encoding_scores(x, y)
+    assert s.reduced_to_xy == supported_width(n) and s.reduced_to_yx is None
+    assert s.score_xy > 0.99  # x's leading components are the latent y is made of
+    narrow = encoding_scores(latent, y)
+    assert narrow.reduced_to_xy is None and narrow.caveat is None
+
+
+def test_too_few_rows_for_any_reduction_is_refused(rng):
+    cfg = EncodingConfig(n_folds=2)
+    x, y = rng.normal(size=(12, 50)), rng.normal(size=(12, 2))
+    assert supported_width(12, cfg) < MIN_REDUCED_WIDTH
+    with pytest.raises(DegenerateInputError, match="principal components") as err:
+        encoding_score(x, y, cfg)
+    assert is_user_error(err.value)
+    # a predictor the rows do support needs no reduction and is scored as before
+    assert np.isfinite(encoding_score(x[:, :2], y, cfg))

@@ -11,9 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from structlens.equivalence import linear_cka, procrustes_similarity, pwcca, svcca
+from structlens.equivalence import (
+    EncodingConfig,
+    encoding_scores,
+    linear_cka,
+    procrustes_similarity,
+    pwcca,
+    svcca,
+)
+from structlens.equivalence.encoding import supported_width
 from structlens.errors import DegenerateInputError
-from structlens.sae import SAETrainConfig, SAETrainer
+from structlens.sae import SAETrainConfig, SAETrainer, TopKSAE, ce_loss_recovered, evaluate_sae
 from structlens.stats.gini import gini
 from structlens.stats.mutual_info import mutual_information
 
@@ -101,6 +109,17 @@ CASES = [
         lambda: svcca(X.astype(np.float16), Y.astype(np.float16)),
         lambda v: abs(v - svcca(X, Y)) < 1e-3,
     ),
+    # encoding scores: predictors wider than the fit rows support
+    (
+        "encoding-wide-reduced",
+        lambda: encoding_scores(R.standard_normal((40, 120)), Y[:40]),
+        lambda s: s.reduced_to_xy == supported_width(40) and "principal components" in s.caveat,
+    ),
+    (
+        "encoding-too-few-rows",
+        lambda: encoding_scores(R.standard_normal((12, 40)), Y[:12], EncodingConfig(n_folds=2)),
+        (DegenerateInputError, "principal components"),
+    ),
     # SAE training
     (
         "sae-1-row-batch",
@@ -109,9 +128,19 @@ CASES = [
     ),
     ("sae-nan-batch", lambda: _sae_steps(torch.full((8, 6), float("nan"))), (ValueError, "NaN")),
     (
-        "sae-constant-batch-fvu-nan",
-        lambda: _sae_steps(torch.ones(16, 6)).final_fvu,
-        lambda v: np.isnan(v),
+        "sae-constant-batch",
+        lambda: _sae_steps(torch.ones(16, 6)),
+        (DegenerateInputError, "constant .*zero variance"),
+    ),
+    (
+        "sae-eval-constant",
+        lambda: evaluate_sae(TopKSAE(6, 8, k=2), torch.ones(16, 6)),
+        (DegenerateInputError, "zero variance"),
+    ),
+    (
+        "sae-ce-recovered-tie",
+        lambda: ce_loss_recovered(TopKSAE(6, 8, k=2), lambda fn: 3.0),
+        lambda r: np.isnan(r.ce_loss_recovered) and "unchanged" in r.undefined_reason,
     ),
     (
         "sae-fvu-in-range",

@@ -95,7 +95,8 @@ def _train(common: Common, model: str, name: str, **settings: Any) -> None:
     report = run(cfg, common.load_model(model), out=common.out, executor=runner)
     common.write(name, report.payload(), command=name.replace("_", " "))
     for w, v in report.results.items():
-        ce = v["ce"]["ce_loss_recovered"] if v["ce"] else float("nan")
+        # float(): an undefined CE recovered is the JSON string "nan" (its reason is saved)
+        ce = float(v["ce"]["ce_loss_recovered"]) if v["ce"] else float("nan")
         common.say(
             f"width {w}: FVU {v['eval']['fvu']:.3f}, L0 {v['eval']['l0']:.1f}, "
             f"dead {v['eval']['dead_fraction']:.3f}, CE recovered {ce:.3f}"

@@ -8,7 +8,10 @@ holds the array side; the caller runs the models and the patching.
   the input to block 0 followed by the output of every block, ``L + 1`` arrays -- at the last
   token (IOI) or averaged over positions (toy tasks), concatenated layer-major into one
   ``[batch, (L + 1) d]`` row per prompt.
-* Similarity: the encoding score of :mod:`~structlens.equivalence.encoding`.
+* Similarity: the encoding score of :mod:`~structlens.equivalence.encoding`. Accumulated
+  residual streams are far wider than a probe set has prompts, so predictors are reduced to
+  the principal components the fit rows support (fitted on the fit half only); the results
+  record it in ``reduced_to`` and ``caveat``.
 * Interventions: a head's ``attn.hook_z`` patched from another run; heads are ranked by the
   KL divergence they cause (:func:`kl_from_logits`, :func:`rank_heads`).
 * Selectivity test (:func:`selectivity_test`): for each target implementation, is the base
@@ -136,6 +139,19 @@ class _Encoder:
         self.cache: dict[tuple[int, int], float] = {}
         self.predictors: dict[int, _XEncoder] = {}
 
+    @property
+    def reduced_to(self) -> int | None:
+        """Components the reduced predictors kept (one number: it depends on the row count
+        only, which all implementations share); ``None`` when no predictor was reduced."""
+        widths = {p.reduced_to for p in self.predictors.values() if p.reduced_to is not None}
+        return max(widths) if widths else None
+
+    @property
+    def caveat(self) -> str | None:
+        """What the reduction means, for the predictors it applied to; ``None`` if none."""
+        notes = sorted({p.caveat for p in self.predictors.values() if p.caveat})
+        return "; ".join(notes) + "." if notes else None
+
     def __call__(self, x: np.ndarray, y: np.ndarray) -> float:
         key = (id(x), id(y))
         if key not in self.cache:
@@ -166,7 +182,9 @@ class SelectivityResult(Result):
 
     ``score``: share of targets for which ``encoding(base -> target)`` exceeds
     ``encoding(intervened -> target)``; ``base_scores``/``intervened_scores``: the two
-    encoding scores per target; ``pair_index``: which (base, intervened) pair each target used.
+    encoding scores per target; ``pair_index``: which (base, intervened) pair each target used;
+    ``reduced_to``/``caveat``: the principal-component reduction of too-wide predictors
+    (:mod:`~structlens.equivalence.encoding`), ``None`` when there was none.
     """
 
     score: float
@@ -175,6 +193,8 @@ class SelectivityResult(Result):
     intervened_scores: np.ndarray
     pair_index: np.ndarray
     seed: int
+    reduced_to: int | None = None
+    caveat: str | None = None
 
 
 def selectivity_test(
@@ -218,6 +238,8 @@ def selectivity_test(
         intervened_scores=second,
         pair_index=idx,
         seed=seed,
+        reduced_to=enc.reduced_to,
+        caveat=enc.caveat,
     )
 
 
@@ -272,7 +294,8 @@ def point_test(
 class PointTestResult(Result):
     """Bootstrapped point test: ``decision_rate`` is the share of the ``straps`` repetitions
     declaring the two groups different (the reference's ``grid[alg1, alg2]``); ``p_values``
-    holds each repetition's ``p`` (share of within-group wins), ``decisions`` its verdict."""
+    holds each repetition's ``p`` (share of within-group wins), ``decisions`` its verdict;
+    ``reduced_to``/``caveat`` as in :class:`SelectivityResult`."""
 
     decision_rate: float
     p_values: np.ndarray
@@ -282,6 +305,8 @@ class PointTestResult(Result):
     crit: float
     allow_same: bool
     seed: int
+    reduced_to: int | None = None
+    caveat: str | None = None
 
 
 def bootstrap_point_test(
@@ -313,4 +338,6 @@ def bootstrap_point_test(
         crit=crit,
         allow_same=allow_same,
         seed=seed,
+        reduced_to=enc.reduced_to,
+        caveat=enc.caveat,
     )

@@ -13,6 +13,18 @@ cross-validation over fixed, seeded, contiguous folds (the reference's ``RidgeCV
 leave-one-out instead; K-fold keeps the folds explicit); the model is refitted on all
 training rows and scored on the test rows with scikit-learn's ``R^2`` convention (mean of
 per-target ``R^2``, or variance-weighted). Everything is deterministic under ``seed``.
+
+Wide predictors: a linear map from ``d`` features fitted on ``m`` centred rows is not
+determined once ``d ≥ m - 1`` (any target is interpolated exactly), and the held-out ``R^2``
+then measures the ridge penalty more than the representations. The accumulated residual
+streams of CONGRUITY (``(L + 1) d`` features from a few hundred prompts) are always in that
+regime. A predictor wider than :func:`supported_width` -- half the rows of the smallest fit
+the protocol makes, a cross-validation fold's training part -- is therefore reduced to that
+many principal components, computed in every fit from that fit's own training rows (the
+training half for the reported fit, never the test rows). The outcome records it
+(``reduced_to``, ``caveat``). Below :data:`MIN_REDUCED_WIDTH` components the score is refused
+(:class:`~structlens.errors.DegenerateInputError`). Targets are never reduced: each target
+column is a separate regression whose determinacy depends on the predictor's width only.
 """
 
 from __future__ import annotations
@@ -23,20 +35,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import DegenerateInputError
 from ..results import Result
-from ._checks import check_matrix, check_pair
+from ._checks import check_pair
 
 __all__ = [
     "EncodingConfig",
     "EncodingScores",
     "LinearMap",
+    "MIN_REDUCED_WIDTH",
     "encoding_r2",
     "encoding_score",
     "encoding_scores",
     "fit_linear_map",
+    "supported_width",
 ]
 
 DEFAULT_ALPHAS = (0.1, 1.0, 10.0)
+
+#: Fewest principal components a wide predictor may be reduced to; fewer rows than this
+#: supports give no meaningful encoding score.
+MIN_REDUCED_WIDTH = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +96,24 @@ class EncodingConfig:
             )
 
 
-def _x_factors(x_tr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _x_factors(
+    x_tr: np.ndarray, width: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Centre the training rows; return ``(mean_x, V^T, s, U^T)`` of their thin SVD.
 
     With ``U^T (y - mean_y)`` (:func:`_y_factor`) predictions for any penalty follow without
     forming the ``[d_x, d_y]`` coefficients (:func:`_ridge_predict`), which matters when both
     widths are large (accumulated residual streams have ``(L + 1) d`` features) and ``n`` is
     small. The SVD depends on ``x`` only, so it is shared by every target ``y``.
+
+    ``width`` keeps the top ``width`` singular triplets: ridge on the truncated factors is
+    ridge on the rows' first ``width`` principal components (fitted on these rows), and new
+    rows are projected onto the same components by ``xc @ V^T.T``.
     """
     mx = x_tr.mean(0)
     u, s, vt = np.linalg.svd(x_tr - mx, full_matrices=False)
+    if width is not None:
+        u, s, vt = u[:, :width], s[:width], vt[:width]
     return mx, vt, s, u.T
 
 
@@ -140,21 +167,35 @@ def _split(n: int, cfg: EncodingConfig) -> tuple[np.ndarray, np.ndarray]:
     return perm[n_test:], perm[:n_test]
 
 
+def supported_width(n_samples: int, config: EncodingConfig | None = None) -> int:
+    """The widest predictor that ``n_samples`` rows support under ``config``'s protocol.
+
+    Half the rows of the smallest fit the protocol makes (a cross-validation fold's training
+    part within the training split), so every fit has at least as many residual degrees of
+    freedom as coefficients per target; wider predictors are reduced to this many principal
+    components.
+    """
+    cfg = config or EncodingConfig()
+    n_train = n_samples - math.ceil(cfg.test_fraction * n_samples)
+    smallest_fit = n_train - math.ceil(n_train / cfg.n_folds)
+    return max(smallest_fit // 2, 0)
+
+
 class _Predictor:
     """One predictor ``x`` factorised for every fit the protocol makes: the K cross-validation
     folds of its rows and all its rows. Encoding the same ``x`` into many targets (the
     CONGRUITY point test draws dozens of pairs from a few implementations) then costs one set
     of SVDs instead of one per target; the numbers are those of a fresh fit."""
 
-    def __init__(self, x: np.ndarray, cfg: EncodingConfig) -> None:
+    def __init__(self, x: np.ndarray, cfg: EncodingConfig, width: int | None = None) -> None:
         self.x = x
         self.cfg = cfg
         rows = np.arange(x.shape[0])
         self.folds = []
         for val in np.array_split(rows, cfg.n_folds):
             tr = np.setdiff1d(rows, val, assume_unique=True)
-            self.folds.append((tr, val, _x_factors(x[tr])))
-        self.full = _x_factors(x)
+            self.folds.append((tr, val, _x_factors(x[tr], width)))
+        self.full = _x_factors(x, width)
 
     def choose_alpha(self, y: np.ndarray) -> float:
         """The penalty of the grid with the least K-fold validation error."""
@@ -173,13 +214,35 @@ def _choose_alpha(x: np.ndarray, y: np.ndarray, cfg: EncodingConfig) -> float:
 
 class _XEncoder:
     """Encoding scores from one predictor ``x`` (rows already checked, float64) into any
-    number of targets, factorising ``x`` once (train/test split, folds, full training fit)."""
+    number of targets, factorising ``x`` once (train/test split, folds, full training fit).
+
+    ``reduced_to`` is the number of principal components a too-wide ``x`` was reduced to
+    (``None``: used as is) and ``caveat`` says so in words (module doc)."""
 
     def __init__(self, x: np.ndarray, cfg: EncodingConfig) -> None:
         self.cfg = cfg
-        self.train, self.test = _split(x.shape[0], cfg)
+        n, d = x.shape
+        self.train, self.test = _split(n, cfg)
         self.x_test = x[self.test]
-        self.predictor = _Predictor(x[self.train], cfg)
+        width = supported_width(n, cfg)
+        self.reduced_to: int | None = None
+        self.caveat: str | None = None
+        if d > width:
+            if width < MIN_REDUCED_WIDTH:
+                raise DegenerateInputError(
+                    f"a {d}-feature representation cannot be encoded from {n} samples: the "
+                    f"smallest fit of the {cfg.n_folds}-fold protocol supports only {width} "
+                    f"features, fewer than the {MIN_REDUCED_WIDTH} principal components it "
+                    "could be reduced to; use more probe prompts or fewer folds."
+                )
+            self.reduced_to = width
+            self.caveat = (
+                f"the predictor has {d} features but the fit half only {self.train.size} "
+                f"rows, too few to determine a linear encoding map, so it was reduced to its "
+                f"top {width} principal components (fitted on the fit half only); the score "
+                "is that of those components"
+            )
+        self.predictor = _Predictor(x[self.train], cfg, self.reduced_to)
 
     def r2(self, y: np.ndarray) -> tuple[float, float]:
         """``(held-out R^2, chosen alpha)`` of the encoding ``x -> y``."""
@@ -199,7 +262,9 @@ class _XEncoder:
 def encoding_r2(x: object, y: object, config: EncodingConfig | None = None) -> tuple[float, float]:
     """Held-out ``R^2`` of the ridge encoding ``x -> y`` and the penalty chosen.
 
-    Returns ``(r2, alpha)``; ``r2`` can be negative (worse than predicting the mean).
+    Returns ``(r2, alpha)``; ``r2`` can be negative (worse than predicting the mean). A
+    predictor wider than :func:`supported_width` is reduced first (module doc);
+    :func:`encoding_scores` reports when that happened.
     """
     cfg = config or EncodingConfig()
     a, b = check_pair(x, y)
@@ -224,7 +289,12 @@ def encoding_score(x: object, y: object, config: EncodingConfig | None = None) -
 
 @dataclasses.dataclass(frozen=True)
 class EncodingScores(Result):
-    """Encoding similarities in both directions, with their ``R^2`` and chosen penalties."""
+    """Encoding similarities in both directions, with their ``R^2`` and chosen penalties.
+
+    ``reduced_to_xy`` / ``reduced_to_yx``: principal components the predictor of that
+    direction (``x``, resp. ``y``) was reduced to, ``None`` when it was used whole;
+    ``caveat``: what the reduction means, ``None`` when there was none (module doc).
+    """
 
     score_xy: float
     score_yx: float
@@ -234,6 +304,9 @@ class EncodingScores(Result):
     alpha_yx: float
     n_samples: int
     config: dict
+    reduced_to_xy: int | None = None
+    reduced_to_yx: int | None = None
+    caveat: str | None = None
 
     @property
     def symmetric(self) -> float:
@@ -244,8 +317,13 @@ class EncodingScores(Result):
 def encoding_scores(x: object, y: object, config: EncodingConfig | None = None) -> EncodingScores:
     """Encoding scores ``x -> y`` and ``y -> x`` with the same split, folds and grid."""
     cfg = config or EncodingConfig()
-    r_xy, a_xy = encoding_r2(x, y, cfg)
-    r_yx, a_yx = encoding_r2(y, x, cfg)
+    a, b = check_pair(x, y)
+    a = a.astype(np.float64, copy=False)
+    b = b.astype(np.float64, copy=False)
+    enc_x, enc_y = _XEncoder(a, cfg), _XEncoder(b, cfg)
+    r_xy, a_xy = enc_x.r2(b)
+    r_yx, a_yx = enc_y.r2(a)
+    notes = [f"{k}: {e.caveat}" for k, e in (("x -> y", enc_x), ("y -> x", enc_y)) if e.caveat]
     return EncodingScores(
         score_xy=float(np.sqrt(max(r_xy, 0.0))),
         score_yx=float(np.sqrt(max(r_yx, 0.0))),
@@ -253,8 +331,11 @@ def encoding_scores(x: object, y: object, config: EncodingConfig | None = None) 
         r2_yx=r_yx,
         alpha_xy=a_xy,
         alpha_yx=a_yx,
-        n_samples=int(check_matrix(x, "X").shape[0]),
+        n_samples=int(a.shape[0]),
         config=dataclasses.asdict(cfg),
+        reduced_to_xy=enc_x.reduced_to,
+        reduced_to_yx=enc_y.reduced_to,
+        caveat="; ".join(notes) + "." if notes else None,
     )
 
 

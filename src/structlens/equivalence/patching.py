@@ -233,17 +233,27 @@ def congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfi
         "kl_grid_a": ga["kl_grid"].tolist(),
         "kl_grid_b": gb["kl_grid"].tolist(),
     }
+    reduced: list[int] = []
+    caveats: list[str] = []
     for tag, g1, g2, grp in (("ab", group_a, group_b, ga), ("ba", group_b, group_a, gb)):
         pt = bootstrap_point_test(g1, g2, n=config.point_n, straps=config.straps, seed=config.seed)
         sel = selectivity_test(
             [grp["base"]] * len(grp["intervened"]), grp["intervened"], g2, seed=config.seed
         )
+        for res in (pt, sel):
+            if res.reduced_to is not None:
+                reduced.append(res.reduced_to)
+            if res.caveat and res.caveat not in caveats:
+                caveats.append(res.caveat)
         out[f"point_test_{tag}"] = {
             "decision_rate": pt.decision_rate,
             "p_values": pt.p_values.tolist(),
             "mean_p": float(pt.p_values.mean()),
         }
         out[f"selectivity_{tag}"] = sel.score
+    # the encoding scores behind every statistic above, if their predictors were too wide
+    out["reduced_to"] = max(reduced) if reduced else None
+    out["caveat"] = "CONGRUITY encodings: " + " ".join(caveats) if caveats else None
     rate = max(out["point_test_ab"]["decision_rate"], out["point_test_ba"]["decision_rate"])
     out["different"] = bool(rate > 0.5)
     return out

@@ -10,7 +10,14 @@ Conventions
   (``min_count = 1``: never fires); the per-feature counts are kept for N_repr.
 * CE loss recovered (SAELens ``ce_loss_score``):
   ``(CE_ablated − CE_sae) / (CE_ablated − CE_clean)``; 1 = as good as the clean model,
-  0 = as bad as zero-ablating the site.
+  0 = as bad as zero-ablating the site.  When ablating the site does not change the loss
+  (``|CE_ablated − CE_clean|`` within :data:`CE_TIE_TOLERANCE` of the losses' size) the
+  ratio is undefined: it is NaN and ``undefined_reason`` says why, rather than an error,
+  because width sweeps compute it for every SAE after the expensive part is done and the
+  other metrics remain valid.
+* Constant evaluation data (zero variance in every column) has no variance to explain, so
+  FVU is undefined: :meth:`SAEEvalAccumulator.result` raises
+  :class:`~structlens.errors.DegenerateInputError`.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from structlens.errors import DegenerateInputError
 from structlens.results import Result
 from structlens.sae.models import SparseAutoencoder
+from structlens.sae.train import CONSTANT_SPREAD
 from structlens.stats.moments import ColumnMoments
 
 
@@ -95,7 +104,14 @@ class SAEEvalAccumulator:
         if min_count < 1:
             raise ValueError("min_count must be ≥ 1.")
         m2 = float(self.inputs.m2.sum())
-        fvu = self.sse / m2 if m2 > 0 else float("nan")
+        size = m2 + self.n * float(np.square(self.inputs.mean).sum())  # Σ‖x‖²
+        if not m2 > CONSTANT_SPREAD**2 * size:  # rows identical up to float64 rounding
+            raise DegenerateInputError(
+                f"the {self.n} evaluation tokens are constant (every column has zero "
+                "variance), so the fraction of variance unexplained is undefined: evaluate on "
+                "more varied prompts or another site."
+            )
+        fvu = self.sse / m2
         return SAEEvalResult(
             fvu=fvu,
             explained_variance=1 - fvu,
@@ -118,15 +134,26 @@ def evaluate_sae(
     return acc.result(min_count)
 
 
+#: Relative size (of ``max(|CE_clean|, |CE_ablated|, 1)``) below which the clean and ablated
+#: losses count as equal and CE loss recovered as undefined: float32 means over a few
+#: thousand tokens differ by ~1e-7 relative from rounding alone.
+CE_TIE_TOLERANCE = 1e-6
+
+
 @dataclasses.dataclass(frozen=True)
 class CELossResult(Result):
-    """Cross-entropy with the site clean, replaced by the SAE, and zero-ablated."""
+    """Cross-entropy with the site clean, replaced by the SAE, and zero-ablated.
+
+    ``ce_loss_recovered`` is NaN exactly when ``undefined_reason`` is set: the ablation did
+    not change the loss, so there is no gap for the SAE to recover.
+    """
 
     ce_clean: float
     ce_sae: float
     ce_ablated: float
     ce_loss_recovered: float
     ablation: str
+    undefined_reason: str | None = None
 
 
 def ce_loss_recovered(
@@ -166,10 +193,19 @@ def ce_loss_recovered(
     if not all(np.isfinite([clean, with_sae, ablated])):
         raise ValueError("run_with_replacement returned a non-finite loss.")
     denom = ablated - clean
+    reason = None
+    if abs(denom) <= CE_TIE_TOLERANCE * max(abs(clean), abs(ablated), 1.0):
+        reason = (
+            f"{ablation}-ablating the site leaves the loss unchanged (clean {clean:.6g}, "
+            f"ablated {ablated:.6g} nats), so there is no loss gap for the SAE to recover; "
+            "the site does not affect these tokens' predictions: evaluate on other tokens "
+            "or another site."
+        )
     return CELossResult(
         ce_clean=clean,
         ce_sae=with_sae,
         ce_ablated=ablated,
-        ce_loss_recovered=(ablated - with_sae) / denom if denom != 0 else float("nan"),
+        ce_loss_recovered=float("nan") if reason else (ablated - with_sae) / denom,
         ablation=ablation,
+        undefined_reason=reason,
     )

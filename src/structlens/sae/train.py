@@ -21,15 +21,39 @@ Dead features
 A feature is *dead* once it has not fired for ``dead_tokens`` consecutive training tokens.
 TopK/BatchTopK SAEs feed dead features to the AuxK loss (coefficient ``aux_k_coefficient``).
 
+Scale
+-----
+The penalties of ReLU (L1, linear in the activations) and JumpReLU (L0, independent of them)
+do not scale like the squared reconstruction error, and Adam moves every parameter by about
+``lr`` per step in its own units, so a fixed coefficient, learning rate or threshold suits one
+activation scale only.  For these two architectures the trainer measures the scale ``σ`` of
+the first batch (its RMS deviation from the mean per dimension) and trains in the data's own
+units exactly as it would train on ``x / σ``: the sparsity coefficient is multiplied by ``σ``
+(ReLU) or ``σ²`` (JumpReLU), the biases ``b_enc``, ``b_dec`` step at ``lr·σ``, and JumpReLU's
+bandwidth and initial threshold are multiplied by ``σ``.  ``sparsity_coefficient`` and
+``final_coefficient`` are therefore in the units of inputs with unit scale per dimension.
+
 Matched L0
 ----------
 For TopK/BatchTopK the L0 is ``k`` by construction (``target_l0`` sets ``k``).  For ReLU and
 JumpReLU, ``target_l0`` turns on a multiplicative controller on the sparsity coefficient,
-``λ ← λ·exp(controller_rate·clip(log(L0_batch/target), −1, 1))``, and at the end (unless
-``calibrate_l0=False``) one scalar is calibrated by bisection on the last ``tail_tokens``
-training tokens so the L0 lands on the target: a common shift of ``b_enc`` (ReLU) or of
-``log θ`` (JumpReLU).  The result records the L0 before and after, and whether the final L0
-is within ``l0_tolerance`` of the target.
+``λ ← λ·exp(controller_rate·clip(log(L0_batch/target), −1, 1))``.  JumpReLU also holds its L0
+at the target during training: its thresholds start at the per-latent quantile of the first
+batch's pre-activations at which every latent fires on a ``target/d_sae`` share of the rows,
+and after every step all of them move by one common factor,
+``log θ ← log θ + threshold_rate·clip(log(L0_batch/target), −1, 1)``.  (Thresholds learned by
+the pseudo-gradient alone move ~``lr`` per step in ``log θ``: far too slowly to reach the
+target, which left the final calibration to shift them by a large factor after training, and
+that silenced most latents.)  At the end (unless ``calibrate_l0=False``) one scalar is
+calibrated by bisection on the last ``tail_tokens`` training tokens so the L0 lands on the
+target: a common shift of ``b_enc`` (ReLU) or of ``log θ`` (JumpReLU).  The result records the
+L0 and FVU before and after, the share of latents silent on those tokens afterwards, and
+whether the final L0 is within ``l0_tolerance`` of the target.
+
+Degenerate input
+----------------
+The first batch sets ``b_dec`` and the scale; a constant first batch (every column with zero
+variance) cannot, and raises :class:`~structlens.errors.DegenerateInputError`.
 """
 
 from __future__ import annotations
@@ -56,6 +80,10 @@ from structlens.sae.models import (
     TopKSAE,
 )
 
+#: Relative spread (RMS deviation from the mean over RMS size) at or below which a batch
+#: counts as constant: far above float64 rounding, far below any float32 variation.
+CONSTANT_SPREAD = 1e-12
+
 
 @dataclasses.dataclass(frozen=True)
 class SAETrainConfig:
@@ -76,10 +104,16 @@ class SAETrainConfig:
     l0_tolerance : float
         Relative tolerance for ``l0_matched`` in the result.
     sparsity_coefficient : float | None
-        L1 coefficient (ReLU) or L0 coefficient (JumpReLU); default 5.0 and 1e-3 respectively
-        (for inputs of unit-order norm per dimension).
+        L1 coefficient (ReLU) or L0 coefficient (JumpReLU); default 5.0 and 1e-3 respectively,
+        in the units of inputs with unit scale per dimension (the trainer rescales it to the
+        data's scale, see the module doc).
     controller_rate : float
         Step size of the L0 controller in log-coefficient space.
+    threshold_rate : float
+        Step size of the JumpReLU threshold controller in ``log θ`` per step, per unit of the
+        clipped log-ratio of batch L0 to ``target_l0`` (0 turns it off; also the quantile
+        initialisation of the thresholds then gives way to ``jumprelu_init_threshold``).
+        At 0.05 a batch with twice the target L0 raises every threshold by ~3.5 %.
     calibrate_l0 : bool
         Calibrate the final L0 onto ``target_l0`` (ReLU/JumpReLU, see module doc).
     lr : float | None
@@ -94,7 +128,9 @@ class SAETrainConfig:
         ``None``: ``"free"`` for ReLU (its L1 penalty is weighted by decoder norms, as in
         SAELens's standard SAE), ``"unit"`` otherwise.
     jumprelu_bandwidth, jumprelu_init_threshold : float
-        JumpReLU pseudo-gradient kernel width and initial threshold.
+        JumpReLU pseudo-gradient kernel width and initial threshold (in units of the data's
+        scale).  With ``target_l0`` the thresholds start at the quantile that gives the
+        target instead, and ``jumprelu_init_threshold`` is only their floor.
     seed : int
         Seeds the initialisation.
     """
@@ -106,6 +142,7 @@ class SAETrainConfig:
     l0_tolerance: float = 0.1
     sparsity_coefficient: float | None = None
     controller_rate: float = 0.01
+    threshold_rate: float = 0.05
     calibrate_l0: bool = True
     lr: float | None = None
     lr_base: float = 2e-4
@@ -126,6 +163,8 @@ class SAETrainConfig:
             raise ValueError("decoder_norm must be 'unit', 'free' or None.")
         if self.dead_tokens < 1 or self.l0_tolerance <= 0:
             raise ValueError("dead_tokens and l0_tolerance must be positive.")
+        if not self.threshold_rate >= 0:
+            raise ValueError(f"threshold_rate must be >= 0, got {self.threshold_rate}.")
         if arch.requires_unit_decoder and self.decoder_norm == "free":
             raise ValueError(
                 f"{self.architecture} needs decoder_norm='unit' (one global threshold)."
@@ -286,9 +325,19 @@ class SAETrainingResult(Result):
     l0_matched : bool | None
         Whether ``final_l0`` is within ``l0_tolerance`` of ``target_l0`` (None: no target).
     dead_fraction : float
-        Fraction of features dead at the end (``dead_tokens`` rule).
+        Fraction of features dead at the end (``dead_tokens`` rule, counted during training,
+        so it cannot see what the calibration did).
     loss_history, l0_history : np.ndarray
         Per-step total loss and L0.
+    fvu_before_calibration : float
+        ``final_fvu`` before calibration (equal to it when none was done).
+    tail_dead_fraction : float | None
+        Fraction of features that fire on none of the tail's tokens with the final weights
+        (after calibration); ``None`` when no calibration was done (then ``dead_fraction``
+        describes the final weights).
+    scale : float
+        The first batch's scale ``σ`` the penalised architectures were trained at (1.0 for
+        TopK/BatchTopK, which do not use it).
     """
 
     sae: Any
@@ -305,6 +354,10 @@ class SAETrainingResult(Result):
     dead_fraction: float
     loss_history: np.ndarray
     l0_history: np.ndarray
+    # defaults: results saved before these fields existed still load
+    fvu_before_calibration: float = float("nan")
+    tail_dead_fraction: float | None = None
+    scale: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
@@ -341,7 +394,7 @@ class SAETrainingResult(Result):
         return cls(**kw)
 
 
-def _adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def _adam(params: list[Any], lr: float) -> torch.optim.Optimizer:
     """Adam with the fused kernel where the device supports it (one pass per tensor instead of
     about six; the update is the same algorithm)."""
     try:
@@ -390,7 +443,15 @@ class SAETrainer:
         self.coefficient = (
             config.initial_coefficient if self._penalized else config.aux_k_coefficient
         )
-        self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
+        if self._penalized:
+            # the biases get their own group so _initialize can scale their rate by σ
+            biases = [self.sae.b_enc, self.sae.b_dec]
+            rest = [p for p in self.sae.parameters() if all(p is not b for b in biases)]
+            self.optimizer = _adam([{"params": rest}, {"params": biases}], config.learning_rate)
+        else:
+            self.optimizer = _adam(list(self.sae.parameters()), config.learning_rate)
+        self.scale = 1.0  # σ of the first batch (penalised architectures), see the module doc
+        self._penalty_scale = 1.0  # σ (ReLU) or σ² (JumpReLU)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64, device=self.device)
         self.tokens = 0
         self.steps = 0
@@ -407,8 +468,45 @@ class SAETrainer:
     @torch.no_grad()
     def _initialize(self, x: torch.Tensor) -> None:
         # b_dec starts at the data mean so the encoder sees centred inputs from step one.
-        self.sae.b_dec.copy_(x.mean(0).to(self.sae.b_dec.dtype))
+        mean = x.mean(0)
+        self.sae.b_dec.copy_(mean.to(self.sae.b_dec.dtype))
+        xd = x.double()
+        scale = float((xd - xd.mean(0)).pow(2).mean().sqrt())
+        if not math.isfinite(scale):
+            raise ValueError("activation batch contains NaN or inf.")
+        # identical rows leave a spread of float64 rounding (~1e-16 of their size), not 0
+        if scale <= CONSTANT_SPREAD * float(xd.pow(2).mean().sqrt()):
+            raise DegenerateInputError(
+                f"the first activation batch ({x.shape[0]} rows) is constant (every column "
+                "has zero variance), so there is nothing to reconstruct and no scale to start "
+                "from: capture more varied prompts or another site, or shuffle the stream if "
+                "only its first rows are identical."
+            )
+        if self._penalized:
+            self._scale_to(scale, x)
         self._initialized = True
+
+    @torch.no_grad()
+    def _scale_to(self, scale: float, x: torch.Tensor) -> None:
+        """Make training in the data's units equal training on ``x / scale`` (module doc)."""
+        self.scale = scale
+        self._penalty_scale = scale if isinstance(self.sae, ReLUSAE) else scale**2
+        self.optimizer.param_groups[1]["lr"] = self.config.learning_rate * scale
+        if isinstance(self.sae, JumpReLUSAE):
+            cfg = self.config
+            self.sae.bandwidth = cfg.jumprelu_bandwidth * scale
+            floor = cfg.jumprelu_init_threshold * scale
+            theta = torch.full_like(self.sae.log_threshold, floor)
+            if cfg.target_l0 is not None and cfg.threshold_rate > 0:
+                # start at the L0 the controller is to hold: each latent fires on a
+                # target/d_sae share of the first batch, so none starts silent
+                pre = self.sae.preacts(x)
+                b = pre.shape[0]
+                fire = min(b - 1, round(b * cfg.target_l0 / cfg.d_sae))  # rows above θ
+                # kthvalue, not torch.quantile, which refuses inputs over 2**24 elements
+                kth = torch.kthvalue(pre, b - fire, dim=0).values
+                theta = kth.to(theta.dtype).clamp_min(floor)
+            self.sae.log_threshold.copy_(theta.log())
 
     def _dead_mask(self) -> torch.Tensor | None:
         """Dead features, or ``None`` while none can be dead (exact; reads the device rarely).
@@ -446,7 +544,7 @@ class SAETrainer:
         x = x.to(device=self.device, dtype=self.sae.W_dec.dtype)
         if not self._initialized:
             self._initialize(x)
-        out = self.sae.training_output(x, self._dead_mask(), self.coefficient)
+        out = self.sae.training_output(x, self._dead_mask(), self.coefficient * self._penalty_scale)
         total = out.loss if extra_loss is None else out.loss + extra_loss(self.sae)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -466,6 +564,9 @@ class SAETrainer:
             # Log-ratio error, clipped, so one odd batch cannot blow the coefficient up.
             err = max(-1.0, min(1.0, math.log(max(float(out.l0), 1e-3) / target)))
             self.coefficient *= math.exp(self.config.controller_rate * err)
+            if isinstance(self.sae, JumpReLUSAE) and self.config.threshold_rate > 0:
+                with torch.no_grad():
+                    self.sae.log_threshold.add_(self.config.threshold_rate * err)
         with torch.no_grad():
             sst = (x - x.mean(0)).pow(2).sum()
         mse, loss = out.mse.detach(), total.detach()
@@ -496,13 +597,15 @@ class SAETrainer:
         sse = sum(v * b for b, v in zip(sizes, mses.tolist()))
         fvu = sse / sst if sst > 0 else float("nan")
         target = self.config.target_l0
-        l0_before = l0
+        l0_before, fvu_before, tail_dead = l0, fvu, None
         if target is not None and self.config.calibrate_l0 and self._penalized:
             x = torch.cat(self._tail_x)
             l0 = calibrate_l0(self.sae, x, target)
             with torch.no_grad():
-                recon = self.sae(x)
+                f = self.sae.encode(x)
+                recon = self.sae.decode(f)
                 fvu = float((recon - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+                tail_dead = float(((f > 0).sum(0) == 0).double().mean())
         matched = None if target is None else abs(l0 - target) <= self.config.l0_tolerance * target
         dead = self.tokens_since_fired >= self.config.dead_tokens
         return SAETrainingResult(
@@ -520,6 +623,9 @@ class SAETrainer:
             dead_fraction=float(dead.float().mean()),
             loss_history=_stacked(self._losses, self.device),
             l0_history=_stacked(self._l0s, self.device),
+            fvu_before_calibration=float(fvu_before),
+            tail_dead_fraction=tail_dead,
+            scale=float(self.scale),
         )
 
 
