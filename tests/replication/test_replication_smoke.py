@@ -137,6 +137,8 @@ def _check_causal(raw, md):
     assert set(cells["l0"]) == {"topk", "jumprelu", "relu"}
     assert all(len(v) == 4 for v in cells["l0"].values())  # L0 of every cell
     assert by_id["synthetic_atp_recall"]["settings"]["readout"] == "rotated"
+    for check in ("synthetic_atp_recall", "kappa_pr_lower_bound"):  # true by construction
+        assert by_id[check]["kind"] == "check" and by_id[check]["positive_control"]["passed"]
     growth = by_id["architecture_invariance_of_growth"]["settings"]
     assert set(growth["growth"]) == {"topk", "jumprelu", "relu"}
     if not growth["matched"]:  # growth across unmatched SAEs is not evidence either way

@@ -146,3 +146,36 @@ def effective_ranks(
         rank_rtol=tol,
         dim=int(lam.size),
     )
+
+
+def rank_ordering_control(d: int = 16) -> dict[str, Any]:
+    """Positive control of the check ``participation ratio <= entropy effective rank``.
+
+    That inequality holds for every spectrum (``exp H₂ ≤ exp H₁``), so finding it on a model
+    says nothing unless the estimators are right.  On two planted spectra with closed forms,
+    ``r`` equal eigenvalues (both ranks are ``r``) and one eigenvalue 1 with ``d − 1``
+    eigenvalues ``ε`` (the ranks differ), :func:`effective_ranks` must return the closed forms
+    and order them strictly on the second.  Returns the numbers and ``passed``.
+    """
+    r, eps = d // 2, 0.01
+    flat = effective_ranks(np.r_[np.ones(r), np.zeros(d - r)])
+    lam = np.r_[1.0, np.full(d - 1, eps)]
+    p = lam / lam.sum()
+    want_h1 = float(np.exp(-(p * np.log(p)).sum()))
+    want_pr = float(lam.sum() ** 2 / (lam**2).sum())
+    skew = effective_ranks(lam)
+    ok = (
+        abs(flat.entropy_effective_rank - r) < 1e-9 * r
+        and abs(flat.participation_ratio - r) < 1e-9 * r
+        and abs(skew.entropy_effective_rank - want_h1) < 1e-9 * want_h1
+        and abs(skew.participation_ratio - want_pr) < 1e-9 * want_pr
+        and skew.participation_ratio < skew.entropy_effective_rank
+    )
+    return {
+        "passed": bool(ok),
+        "what": f"closed forms on planted spectra (d = {d}): {r} equal eigenvalues, and 1 with "
+        f"{d - 1} eigenvalues {eps}",
+        "entropy_effective_rank": [flat.entropy_effective_rank, skew.entropy_effective_rank],
+        "participation_ratio": [flat.participation_ratio, skew.participation_ratio],
+        "expected": [[float(r), want_h1], [float(r), want_pr]],
+    }

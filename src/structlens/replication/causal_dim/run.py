@@ -122,7 +122,7 @@ SMOKE = CPU | {
     "depth_layers": [0, 2],
     "depth_width": 256,
     "ioi_prompts": 0,  # the byte-level test tokenizer has no single-token names
-    "synthetic_steps": 60,
+    "synthetic_steps": 600,  # fewer leave the atoms control untrained (recall 0)
 }
 # Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
 # tiny model at the smoke sizes, so the gpu profile runs end to end on the CPU in the tests.
@@ -807,24 +807,29 @@ class CausalReplication:
             "vocab": 64,
             "active": 4,
         }
-        model_kw |= {"seed": 0, "readout": "rotated"}
+        model_kw |= {"seed": 0}
 
-        def compute(_: Path) -> Record:
-            model = SyntheticCausalModel(**model_kw)
+        def recall(readout: str) -> dict[int, Any]:
+            model = SyntheticCausalModel(**model_kw, readout=readout)
             sae = train_sae(
                 SAETrainConfig(architecture="topk", d_sae=512, k=4, lr=2e-3),
                 (model.sample(512) for _ in range(steps)),
             ).sae
             acts = model.sample(4000)
             grads = model.metric_grads(acts)
-            return Record.of(
-                {
-                    k: atp_recall(sae, model.causal, acts, grads, top_k=k).to_json()
-                    for k in (8, 11, 26)
-                }
-            )
+            return {
+                k: atp_recall(sae, model.causal, acts, grads, top_k=k).to_json()
+                for k in (8, 11, 26)
+            }
 
-        config = {"steps": steps, "d_sae": 512, "k": 4, "lr": 2e-3, "model": model_kw}
+        def compute(_: Path) -> Record:
+            # "atoms" is the positive control: read-out directions an SAE can learn
+            return Record.of({"rotated": recall("rotated"), "atoms": recall("atoms")})
+
+        config = {
+            "steps": steps, "d_sae": 512, "k": 4, "lr": 2e-3, "model": model_kw,
+            "readouts": ["rotated", "atoms"],
+        }  # fmt: skip
         self.run_.synthetic = self.cache.run(Stage("synthetic", config), Record, compute).data
 
 
