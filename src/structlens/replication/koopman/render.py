@@ -84,6 +84,26 @@ def _unfinished(L: list[str], section: int) -> str:
     return "\n".join(L) + "\n"
 
 
+def _abs_interval(ci: list[float]) -> tuple[float, float]:
+    """The interval of ``|x|`` for ``x`` in ``[lo, hi]``."""
+    lo, hi = ci
+    if lo <= 0 <= hi:
+        return 0.0, max(-lo, hi)
+    return min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+
+
+def _ordering(v: dict[str, Any]) -> str:
+    """``holds`` when |PCA| > |modes| > |random| with separated intervals in both pairs,
+    ``reversed`` when a pair separates the other way, else ``tie``."""
+    iv = {m: _abs_interval(v[m]["ci"]) for m in ("pca", "modes", "random")}
+    pairs = [("pca", "modes"), ("modes", "random")]
+    if all(iv[a][0] > iv[b][1] for a, b in pairs):
+        return "holds"
+    if any(iv[b][0] > iv[a][1] for a, b in pairs):
+        return "reversed"
+    return "tie"
+
+
 def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     """The markdown of one run's sections; each verdict is also appended to ``claims``."""
     s = R["settings"]
@@ -305,18 +325,35 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
                 f"| {key} | {v['depth_to_readout']} | {v['modes']['mean']:+.3f} {ci3(v['modes']['ci'])} | "  # noqa: E501
                 f"{v['pca']['mean']:+.3f} {ci3(v['pca']['ci'])} | {v['random']['mean']:+.3f} {ci3(v['random']['ci'])} |"  # noqa: E501
             )
-            eff = {m: abs(v[m]["mean"]) for m in ("modes", "pca", "random")}
-            orders.append(eff["pca"] > eff["modes"] > eff["random"])
-        verdict = "reproduced" if all(orders) else "partly" if any(orders) else "not reproduced"
+            orders.append(_ordering(v))
+        n_holds = sum(o == "holds" for o in orders)
+        n_reversed = sum(o == "reversed" for o in orders)
+        # an ordering counts only where the intervals separate; ties decide nothing
+        verdict = (
+            "reproduced"
+            if n_holds == len(orders)
+            else "partly"
+            if n_holds
+            else "not reproduced"
+            if n_reversed
+            else "unidentified"
+        )
         claims.append(
             Claim(
                 "ioi_ablation_ordering",
                 "IOI ablation effect |PCA| > |modes| > |random|",
-                f"{sum(orders)} of {len(orders)} settings",
+                f"{n_holds} of {len(orders)} settings",
                 None,
-                count_verdict(sum(orders), len(orders)),
-                {"settings": list(R["ioi"]), "k": 4, "ablation": "mean, resid_pre"},
+                verdict,
+                {
+                    "settings": list(R["ioi"]),
+                    "k": 4,
+                    "ablation": "mean, resid_pre",
+                    "rule": "an ordering holds where the 95% CIs of |effect| separate in both "
+                    "pairs, is reversed where one pair separates the other way, else a tie",
+                },
                 ci_reason="a count of settings; per-setting CIs are in the markdown",
+                per_setting=dict(zip(R["ioi"], orders, strict=True)),
             )
         )
         trend = "; ".join(
@@ -329,8 +366,10 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
             for pos in ("all", "END")
         )
         L.append(
-            f"\nOrdering by |effect| PCA > modes > random holds in {sum(orders)} of {len(orders)} "
-            f"settings. **Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
+            f"\nOrdering by |effect| PCA > modes > random, counted only where the 95% intervals "
+            f"of |effect| separate: holds in {n_holds}, reversed in {n_reversed}, tied in "
+            f"{len(orders) - n_holds - n_reversed} of {len(orders)} settings. "
+            f"**Verdict: {verdict}.** Gap |PCA| − |modes| by distance to the read-out "
             f"(layers to read-out → gap): {trend}.\n"
         )
     L.append("## 5. Heavy tails removed by lifting?\n")
