@@ -268,3 +268,28 @@ def test_cli_bad_input(tmp_path, args, message):
     r = _invoke([*args, "--out", str(tmp_path)])
     assert r.exit_code == 2, r.output
     assert message in r.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"seed": "1"}', "seed must be int"),
+        ('{"fit_dictionaries": "pca:8"}', "must be a list of strings"),
+        ('{"bogus_field": 1}', "not Koopman protocol fields"),
+        ('{"seed": 1', "damaged"),
+        ("[1, 2]", "JSON object"),
+    ],
+)
+def test_cli_bad_protocol_file(tmp_path, content, message):
+    path = tmp_path / "protocol.json"
+    path.write_text(content)
+    out = tmp_path / "out"
+    r = _invoke(["fit", *COMMON, "--layers", "1", "--protocol", str(path), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert not (out / "fit.json").exists()
+
+
+def test_cli_unknown_protocol_name(tmp_path):
+    r = _invoke(["fit", *COMMON, "--layers", "1", "--protocol", "papr", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "neither a protocol name (paper, smoke)" in r.output

@@ -84,9 +84,11 @@ def fit_cmd(
     report = _run(common, model, "fit", mom_blocks=mom_blocks, **settings)
     for label, per in report.results.items():
         for name, e in per.items():
+            floor = e["henrici_noise_floor_relative"]
+            noise = "no noise floor" if floor is None else f"noise floor {floor:.3f}"
             common.say(
                 f"layer {label} {name}: ρ(A) = {e['spectral_radius']:.3f}, "
-                f"Henrici rel = {e['henrici_relative']:.3f}, κ(V) = {e['kappa_V']:.3g}"
+                f"Henrici rel = {e['henrici_relative']:.3f} ({noise}), κ(V) = {e['kappa_V']:.3g}"
             )
     _write(common, report)
 

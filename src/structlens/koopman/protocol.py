@@ -151,6 +151,7 @@ class KoopmanProtocol:
     seed: int = field(default=0, metadata={"help": "Seed of splits, blocks and random lifts."})
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.dictionary_fit not in ("train", "all"):
             raise InputError(
                 f"dictionary_fit must be 'train' or 'all'; got {self.dictionary_fit!r}."
@@ -183,6 +184,31 @@ class KoopmanProtocol:
                 parse_dictionary(spec)
         parse_dictionary(self.headline_dictionary)
         parse_dictionary(self.reduction_dictionary)
+
+    def _check_types(self) -> None:
+        """Each field holds its default's type (a protocol read from JSON may not): a clear
+        error instead of a comparison failing deep inside validation."""
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default
+            if default is None:  # control_rank: an integer or None
+                ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+            elif isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif isinstance(default, float):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif isinstance(default, tuple):
+                ok = isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value)
+            else:
+                ok = isinstance(value, type(default))
+            if not ok:
+                want = (
+                    "a list of strings"
+                    if isinstance(default, tuple)
+                    else ("an integer or null" if default is None else type(default).__name__)
+                )
+                raise InputError(f"{f.name} must be {want}; got {value!r}.")
 
     def edmdc(self, *, split_half: bool = False) -> Any:
         """The solver settings of a fit (``split_half``: of a single-block split-half fit)."""

@@ -47,11 +47,7 @@ CPU: dict[str, Any] = {
     "sae_penalty": 10.0,  # λ of the invariance run
     # Invariance at equal dictionary size N: SAE features chosen from a wide SAE (by variance
     # and by frequency), spectral modes, random lifts, all with N features.
-    "invariance_n": 64,
     "invariance_sae_width": 1024,
-    "henrici_blocks": 16,  # prompt blocks of the Henrici noise floor (halves and quarters)
-    "split_half_blocks": 32,
-    "split_half_repeats": 10,
     "universality_resamples": 200,
     # the seed replicas and fine-tune come from this profile of the equivalence replication
     "seed_models_profile": "cpu",
@@ -74,11 +70,7 @@ SMOKE = CPU | {
     "ioi_layers": [],
     "sae_seeds": 2,
     "sae_epochs": 1,
-    "invariance_n": 16,
     "invariance_sae_width": 64,
-    "henrici_blocks": 8,
-    "split_half_blocks": 8,
-    "split_half_repeats": 3,
     "universality_resamples": 20,
     "seed_models_profile": None,  # no trained replicas: the universality section says so
     "protocol": PROTOCOLS["smoke"],
@@ -91,6 +83,20 @@ TINY_TEST_SIZES = {k: v for k, v in SMOKE.items() if k != "profile"}
 
 def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
+
+
+def invariance_size(protocol: Any) -> int:
+    """The one size N of the protocol's invariance dictionaries (the gap is compared at equal
+    N); ``ValueError`` if they differ."""
+    from structlens.koopman.protocol import parse_dictionary
+
+    sizes = {parse_dictionary(spec)[1] for spec in protocol.invariance_dictionaries}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"the invariance gap compares dictionaries of equal size; the protocol's "
+            f"invariance_dictionaries have sizes {sorted(sizes)}."
+        )
+    return sizes.pop()
 
 
 def load_rows(store: Any, layer: int, protocol: Any) -> tuple[np.ndarray, ...]:
@@ -156,9 +162,9 @@ class KoopmanReplication:
             "exclude_position0": self.protocol.exclude_position0,
             "dictionary_fit_split": self.protocol.dictionary_fit,
             "control_energy": self.protocol.control_energy,
-            "invariance_n": s["invariance_n"],
+            "invariance_n": invariance_size(self.protocol),
             "invariance_sae_width": s["invariance_sae_width"],
-            "henrici_blocks": s["henrici_blocks"],
+            "henrici_blocks": self.protocol.henrici_blocks,
         }
 
     def stage(self, name: str, config: dict[str, Any]) -> Stage:
@@ -232,7 +238,8 @@ class KoopmanReplication:
         from structlens.koopman import select_sae_features, train_sae_dictionary
         from structlens.koopman.stages import invariance, layer_rows
 
-        s, p, layer, n = self.s, self.protocol, self.probes[0], self.s["invariance_n"]
+        s, p, layer = self.s, self.protocol, self.probes[0]
+        n = invariance_size(p)  # SAE features are chosen at the protocol dictionaries' size
 
         def compute() -> dict[str, Any]:
             rows = layer_rows(p, self.store, [layer])
