@@ -75,8 +75,9 @@ def test_train_writes_rotations_and_json(trained):
 def test_evaluate_writes_documented_keys(tiny_dir, trained):
     out = trained / "eval"
     args = [
-        "evaluate", tiny_dir, "--train", str(trained / "train"), "-n", "4", "--n-boot", "20",
-        "--sae-width", "64", "--sae-k", "4", "--sae-epochs", "3", "--conflict-n", "4",
+        "evaluate", tiny_dir, "--train", str(trained / "train"), "--patch-prompts", "4",
+        "--gini-bootstrap", "20", "--baselines", "identity,random,pca,sae", "--sae-width", "64",
+        "--sae-k", "4", "--sae-epochs", "3", "--conflict-prompts", "4",
         "--toy-steps", "30", "--toy-ae-steps", "50", "--batch-size", "4", "--out", str(out), "-q",
         "--min-share", "0",  # a random model has no behaviour: a zero screen still splits it
     ]  # fmt: skip
@@ -140,12 +141,13 @@ def test_bad_input_exits_with_a_message(tiny_dir, trained, tmp_path):
     cases = [
         (["evaluate", tiny_dir, "--train", str(tmp_path)], "not found"),
         (["evaluate", tiny_dir, "--train", train, "--tests", "nope"], "unknown tests"),
-        (["evaluate", tiny_dir, "--train", train, "--methods", "pca"], "--methods"),
-        (["evaluate", tiny_dir, "--train", train, "-n", "1"], "at least 2"),
+        (["evaluate", tiny_dir, "--train", train, "--baselines", "ica"], "--baselines: unknown"),
+        (["evaluate", tiny_dir, "--train", train, "--patch-prompts", "1"], "--patch-prompts"),
+        (["evaluate", tiny_dir, "--train", train, "--protocol", "nope"], "neither a protocol"),
         (["evaluate", tiny_dir, "--train", train, "--tests", "previous_token"], "do not suit"),
-        (["evaluate", tiny_dir, "--train", train, "--min-share", "2"], "min_share"),
+        (["evaluate", tiny_dir, "--train", train, "--min-share", "2"], "--min-share"),
         (["train", tiny_dir, "--layers", "7", "--out", str(tmp_path)], "--layers"),
-        (["train", tiny_dir, "--unit-size", "0", "--out", str(tmp_path)], "unit_size"),
+        (["train", tiny_dir, "--unit-size", "0", "--out", str(tmp_path)], "--unit-size"),
         (["browse", tiny_dir, "--train", train], "--prompt"),
         (["browse", tiny_dir, "--train", train, "--prompt", "a b", "--subspace", "99"], "subspace"),
     ]

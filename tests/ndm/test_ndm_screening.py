@@ -18,14 +18,13 @@ from structlens.ndm.evaluate import (
     patch_positions,
     patch_subspaces,
     patch_tests_for,
-    screen_table,
-    screened_patch_test,
-    screened_summary,
     summarize_gini,
     uses_rope,
     whole_space_run,
     whole_space_share,
 )
+from structlens.ndm.protocol import PROFILES
+from structlens.ndm.stages import Decomposition, Screen, gini, screen
 
 
 @pytest.fixture(scope="module")
@@ -79,28 +78,37 @@ def _run(clean, full, n_sub=3, rng=None):
     return PatchRun(clean, clean - full, effects, full, np.zeros((len(clean), n_sub), int), z, z)
 
 
-def test_screen_table_and_no_signal_tests():
+def test_screen_and_no_signal_tests():
     runs = {
         "strong": {"ndm": _run([5.0, 5.0, 5.0], [2.0, 2.0, 2.0])},  # 40% of clean
         "weak": {"ndm": _run([5.0, 5.0, 5.0], [0.5, 0.4, 0.6])},  # 10% of clean
         "no_task": {"ndm": _run([-1.0, 0.5, 0.0], [0.1, 0.1, 0.1])},  # mean clean <= 0
     }
     layers = {"strong": 3, "weak": 3, "no_task": 5}
-    table = screen_table({t: r["ndm"] for t, r in runs.items()}, layers)
-    assert [row["screened"] for row in table] == [True, False, False]
-    assert table[0]["whole_space_share"] == pytest.approx(0.4)
-    assert table[1]["whole_space_share"] == pytest.approx(0.1)
-    assert np.isnan(table[2]["whole_space_share"]) and table[2]["layer"] == 5
-    assert [r["screened"] for r in screen_table({"weak": runs["weak"]["ndm"]}, layers, 0.05)]
-    dims = {t: [1, 1, 1] for t in runs}
-    var = {t: {"ndm": [1.0] * 3} for t in runs}
-    out = screened_summary(runs, dims, var, layers, n_boot=50)
-    assert out["gini"]["weak"] == "no signal" and out["gini"]["no_task"] == "no signal"
-    alone = summarize_gini({"strong": runs["strong"]}, dims, var, n_boot=50)
-    assert out["gini"]["strong"] == alone["gini"]["strong"]
+    protocol = PROFILES["smoke"].replace(gini_bootstrap=50)
+    assert protocol.min_share == 0.3
+
+    def screens(p):
+        return [Screen.of(p, PAPER_TESTS[i], layers[t], r["ndm"]) for i, (t, r) in
+                enumerate(runs.items())]  # fmt: skip
+
+    table = screens(protocol)
+    assert [row.screened for row in table] == [True, False, False]
+    assert table[0].whole_space_share == pytest.approx(0.4)
+    assert table[1].whole_space_share == pytest.approx(0.1)
+    assert np.isnan(table[2].whole_space_share) and table[2].layer == 5
+    assert screens(protocol.replace(min_share=0.05))[1].screened
+    part = Decomposition(3, (1, 1, 1), {"ndm": np.eye(3)}, {"ndm": [1.0] * 3})
+    named = {s.name: runs[t] for s, t in zip(table, runs, strict=True)}
+    out = gini(protocol, table, named, {3: part, 5: part}).to_json()
+    strong, weak, no_task = (s.name for s in table)
+    assert out["gini"][weak] == "no signal" and out["gini"][no_task] == "no signal"
+    dims, var = {strong: [1, 1, 1]}, {strong: {"ndm": [1.0] * 3}}
+    alone = summarize_gini({strong: named[strong]}, dims, var, n_boot=50)
+    assert out["gini"][strong] == alone["gini"][strong]
     assert out["gini_mean"] == alone["gini_mean"]  # the mean covers screened tests only
-    none = screened_summary({"weak": runs["weak"]}, dims, var, layers, n_boot=50)
-    assert none["gini"] == {"weak": "no signal"} and none["gini_mean"] == "no signal"
+    none = gini(protocol, table[1:2], named, {3: part}).to_json()
+    assert none["gini"] == {weak: "no signal"} and none["gini_mean"] == "no signal"
 
 
 def test_whole_space_run_agrees_with_patching(tiny, induction):
@@ -140,21 +148,18 @@ def test_rope_models_get_transferable_tests(tiny, tok):
         assert all(p is not None for p in patch_positions(task, test.positions))
 
 
-def test_screened_patch_test_skips_tests_without_signal(tiny, induction):
+def test_screen_is_the_whole_space_run_against_min_share(tiny, tok):
     test = ROPE_TESTS[1]
-    R = np.linalg.qr(np.random.default_rng(2).standard_normal((32, 32)))[0]
-    bases = {"r": [R[:, :16], R[:, 16:]]}
+    protocol = PROFILES["smoke"].replace(patch_prompts=6)
+    task = make_test_task(test, tok, n=6, seed=protocol.seed)
     whole = whole_space_run(
-        tiny, induction, corrupted_prompts(induction, test.corruption), 2,
-        patch_positions(induction, test.positions), batch_size=6,
+        tiny, task, corrupted_prompts(task, test.corruption), 2,
+        patch_positions(task, test.positions), batch_size=6,
     )  # fmt: skip
     share = whole_space_share(whole)
-    for min_share, expect in ((np.inf, False), (share - 1e-9, bool(np.isfinite(share)))):
-        row, runs = screened_patch_test(
-            tiny, induction, test, 2, bases, min_share=min_share, batch_size=6
-        )
-        assert row["screened"] is expect and row["layer"] == 2
-        assert row["whole_space_share"] == pytest.approx(share, nan_ok=True)
-        assert (runs is None) is (not expect)
-        if runs is not None:
-            np.testing.assert_allclose(runs["r"].full_effect, whole.full_effect, atol=1e-6)
+    for min_share in (0.0, 1.0):
+        row = screen(protocol.replace(min_share=min_share), tiny, test, 2, batch_size=6)
+        assert row.screened is bool(np.isfinite(share) and share >= min_share)
+        assert row.layer == 2 and row.run.effects.shape == (6, 0)  # no subspace patched
+        assert row.whole_space_share == pytest.approx(share, nan_ok=True)
+        np.testing.assert_allclose(row.run.full_effect, whole.full_effect, atol=1e-6)

@@ -50,9 +50,9 @@ def test_restarts_and_sae_settings_reach_the_run(smoke):
     R, docs = smoke
     for layer in map(str, ndm_run.SMOKE["layers"]):
         table = R["train"]["results"][layer]["restarts"]
-        assert len(table) == ndm_run.SMOKE["train"]["restarts"] == 2
+        assert len(table) == ndm_run.SMOKE["protocol"].restarts == 2
     sae = R["evaluate"]["baselines"]["0"]["sae"]
-    assert sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.SMOKE["evaluate"]["sae_epochs"]
+    assert sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.SMOKE["protocol"].sae_epochs
     assert len(sae["fvu_history"]) == sae["epochs"]
     md = (docs / "ndm.md").read_text()
     assert "## What changed and why" in md and "| test | layer | positions |" in md
@@ -65,9 +65,9 @@ def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():
 
     g = ndm_run.GPU
     cfg = DEVICE_CONFIG | g["device_config"]
-    assert g["train"]["corpus_prompts"] * 100 >= 100_000  # windows of <= 128 tokens (~117)
+    assert g["protocol"].corpus_prompts * 100 >= 100_000  # windows of <= 128 tokens (~117)
     assert g["device_rows"] >= 100_000
     # the packed rows are exactly the bank plus one refresh cycle of queries
     assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g["device_rows"]
     assert (cfg["merge_start"], cfg["merge_interval"]) == (20_000, 8_000)  # the paper's
-    assert g["evaluate"]["n"] >= 500 and g["train"]["restarts"] > 1
+    assert g["protocol"].patch_prompts >= 500 and g["protocol"].restarts > 1

@@ -7,7 +7,7 @@ import pytest
 from structlens.analyze.config import AnalyzeConfig
 from structlens.analyze.run import run_analysis
 from structlens.models import load_model
-from structlens.ndm.evaluate import DEFAULT_MIN_SHARE
+from structlens.ndm.protocol import PROFILES
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def test_gini_only_for_tests_that_pass_the_screen(ndm):
     flagged = [c["message"] for c in ndm["caveats"] if c["kind"] == "null_effect"]
     for t in tests:
         share = float(t["whole_space_share"])  # NaN (written "nan") when the clean metric <= 0
-        assert t["screened"] == (share >= DEFAULT_MIN_SHARE)
+        assert t["screened"] == (share >= PROFILES["smoke"].min_share)
         if t["screened"]:
             assert "normalized" in t and set(gini["per_test"][t["test"]]) == set(gini["mean"])
         else:

@@ -38,7 +38,7 @@ def run(
 
     p = cfg.settings
     d = model.d_model
-    offset = p.ndm_corpus  # prompts disjoint from the NDM training windows
+    offset = p.ndm.corpus_prompts  # prompts disjoint from the NDM training windows
     prompts = [
         t
         for _, t in training_prompts(

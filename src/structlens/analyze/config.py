@@ -10,11 +10,13 @@ from typing import Any
 
 from structlens.koopman.protocol import PROFILES as KOOPMAN
 from structlens.koopman.protocol import KoopmanProtocol
+from structlens.ndm.protocol import PROFILES as NDM
+from structlens.ndm.protocol import NDMProtocol
 from structlens.results import atomic_write_json, to_jsonable
 
 STAGES = ("tasks", "koopman", "ndm", "causal_dim", "equivalence")
 # Part of every cache key and of analysis.json; bump it when a stage's output changes.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,22 +28,7 @@ class Profile:
     koopman_corpus: int
     koopman_tokens: int
     koopman: KoopmanProtocol  # every scientific choice of the Koopman stage
-    ndm_corpus: int
-    ndm_tokens: int
-    ndm_steps: int
-    ndm_unit: int  # initial subspace size (the gcd with d when it does not divide d)
-    ndm_batch: int
-    ndm_bank: int
-    ndm_refresh: int
-    ndm_merge_start: int
-    ndm_merge_interval: int
-    ndm_mi_samples: int
-    patch_prompts: int
-    baselines: tuple[str, ...]
-    gini_bootstrap: int
-    browser_top: int
-    browser_pool: int
-    browser_neighbours: int
+    ndm: NDMProtocol  # every scientific choice of the NDM stage
     kappa_layers: int  # κ at this many of the analysis layers (the middle one always)
     kappa_vectors: int
     kappa_tokens: int
@@ -59,10 +46,7 @@ PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         n_layers=3, task_prompts=24,
         koopman_corpus=48, koopman_tokens=48, koopman=KOOPMAN["smoke"],
-        ndm_corpus=64, ndm_tokens=64, ndm_steps=150, ndm_unit=8, ndm_batch=64, ndm_bank=2048,
-        ndm_refresh=20, ndm_merge_start=50, ndm_merge_interval=50, ndm_mi_samples=1000,
-        patch_prompts=16, baselines=("identity", "random", "pca"), gini_bootstrap=200,
-        browser_top=6, browser_pool=96, browser_neighbours=5,
+        ndm=NDM["smoke"],
         kappa_layers=3, kappa_vectors=24, kappa_tokens=24,
         sweep_widths=(64, 128, 256, 512), sweep_k=8, sweep_train_prompts=48,
         sweep_eval_prompts=16, sweep_bootstrap=50,
@@ -71,13 +55,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         n_layers=4, task_prompts=64,
         koopman_corpus=120, koopman_tokens=64, koopman=KOOPMAN["paper"],
-        # NDM steps at d = 576 are dominated by the backward of the rotation's matrix
-        # exponential: 200 steps keep two merge rounds; the report flags non-convergence
-        ndm_corpus=160, ndm_tokens=96, ndm_steps=200, ndm_unit=32, ndm_batch=128,
-        ndm_bank=8192, ndm_refresh=25, ndm_merge_start=100, ndm_merge_interval=100,
-        ndm_mi_samples=2000,
-        patch_prompts=24, baselines=("identity", "random", "pca"), gini_bootstrap=500,
-        browser_top=8, browser_pool=240, browser_neighbours=8,
+        ndm=NDM["cpu"],
         # one exact Jacobian costs 15-40 CPU-seconds on SmolLM2 at 32 tokens (measured)
         kappa_layers=2, kappa_vectors=24, kappa_tokens=16,
         sweep_widths=(1024, 2048, 4096, 8192), sweep_k=32, sweep_train_prompts=160,
@@ -89,11 +67,12 @@ PROFILES: dict[str, Profile] = {
         n_layers=8, task_prompts=100,
         koopman_corpus=400, koopman_tokens=64,
         koopman=KOOPMAN["paper"].replace(split_half_repeats=20, spectrum_bootstrap=1000),
-        ndm_corpus=1000, ndm_tokens=128, ndm_steps=10_500, ndm_unit=32, ndm_batch=128,
-        ndm_bank=8192, ndm_refresh=50, ndm_merge_start=1000, ndm_merge_interval=500,
-        ndm_mi_samples=4096,
-        patch_prompts=48, baselines=("identity", "random", "pca", "sae"), gini_bootstrap=1000,
-        browser_top=10, browser_pool=400, browser_neighbours=10,
+        ndm=NDM["cpu"].replace(
+            corpus_prompts=1000, corpus_tokens=128, steps=10_500, refresh_interval=50,
+            merge_start=1000, merge_interval=500, mi_samples=4096, patch_prompts=48,
+            baselines=("identity", "random", "pca", "sae"), gini_bootstrap=1000,
+            browser_top=10, browser_pool=400, browser_neighbours=10,
+        ),
         kappa_layers=8, kappa_vectors=128, kappa_tokens=64,
         sweep_widths=(512, 1024, 2048, 4096, 8192, 16384, 32768), sweep_k=32,
         sweep_train_prompts=800, sweep_eval_prompts=96, sweep_bootstrap=200,

@@ -5,7 +5,6 @@ those of ``reduce`` (:data:`REDUCE`), each as ``name: (Annotated type, default)`
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,39 +14,19 @@ from structlens.cli.checks import DICTIONARY_NAMES, Calls, Holds, Parsed, at_lea
 from structlens.cli.options import AllowForeign, parse_ints, parse_names
 from structlens.koopman.protocol import KoopmanProtocol
 
-#: The protocol the options default to; an option's default is its protocol field's.
-PROTOCOL_DEFAULT = KoopmanProtocol()
-
 
 def protocol_help(field: str) -> str:
     """The protocol field's help text (its metadata) and default: one place for the words."""
-    (f,) = [f for f in dataclasses.fields(KoopmanProtocol) if f.name == field]
-    return f"{f.metadata['help']} (default: the protocol's, {getattr(PROTOCOL_DEFAULT, field)})"
+    return KoopmanProtocol.field_help(field)
 
 
 def load_protocol(spec: str) -> KoopmanProtocol:
     """A protocol by profile name (:data:`structlens.koopman.protocol.PROFILES`) or from a
     JSON file of its fields (as ``settings.protocol`` of a replication or the ``protocol``
     of a command's JSON holds it)."""
-    from structlens.errors import InputError
     from structlens.koopman.protocol import PROFILES
-    from structlens.results import read_json_object
 
-    if spec in PROFILES:
-        return PROFILES[spec]
-    if not Path(spec).is_file():
-        raise InputError(
-            f"--protocol {spec!r} is neither a protocol name ({', '.join(PROFILES)}) nor a "
-            "JSON file; pass one of those."
-        )
-    fields = read_json_object(spec, "Koopman protocol (JSON)")
-    known = {f.name for f in dataclasses.fields(KoopmanProtocol)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise InputError(
-            f"{spec}: {unknown} are not Koopman protocol fields; known: {sorted(known)}."
-        )
-    return KoopmanProtocol(**fields)
+    return KoopmanProtocol.load(spec, PROFILES, "Koopman")
 
 
 def protocol_of(settings: dict[str, Any], analysis: str, seed: int) -> KoopmanProtocol:

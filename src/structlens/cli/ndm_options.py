@@ -23,4 +23,4 @@ TrainDir = Annotated[
 Activations = Annotated[Path, typer.Option(help="Root of the activation store cache.")]
 OUT = Path("results/ndm")
 # config fields as the options that set them, in the messages of configs' errors
-FLAGS = {"layers": "--layers", "capture_layers": "--capture-layers", "methods": "--methods"}
+FLAGS = {"layers": "--layers", "capture_layers": "--capture-layers"}

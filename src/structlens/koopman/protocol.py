@@ -36,12 +36,10 @@ structlens.errors.InputError: control_energy must be in (0, 1]; got 1.5.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from structlens.config import Protocol
 from structlens.errors import InputError
 
 __all__ = ["KoopmanProtocol", "PROFILES", "parse_dictionary", "dictionary_label"]
@@ -79,12 +77,8 @@ def dictionary_label(spec: str, default_size: int = 32) -> str:
     return "identity" if name == "identity" else f"{name}{n}"
 
 
-def _help(text: str) -> Any:
-    return field(metadata={"help": text})
-
-
 @dataclass(frozen=True)
-class KoopmanProtocol:
+class KoopmanProtocol(Protocol):
     """Every scientific choice of the Koopman analysis (see the module docstring).
 
     Each field's ``metadata["help"]`` says what it sets; :meth:`key` is a digest of the
@@ -151,7 +145,7 @@ class KoopmanProtocol:
     seed: int = field(default=0, metadata={"help": "Seed of splits, blocks and random lifts."})
 
     def __post_init__(self) -> None:
-        self._check_types()
+        self.check_types()
         if self.dictionary_fit not in ("train", "all"):
             raise InputError(
                 f"dictionary_fit must be 'train' or 'all'; got {self.dictionary_fit!r}."
@@ -160,55 +154,22 @@ class KoopmanProtocol:
             raise InputError(f"control_energy must be in (0, 1]; got {self.control_energy}.")
         if self.alpha < 0:
             raise InputError(f"alpha must be >= 0; got {self.alpha}.")
-        checks = {
-            "split_half_control_rank": (self.split_half_control_rank, 1),
-            "split_half_blocks": (self.split_half_blocks, 4),
-            "split_half_repeats": (self.split_half_repeats, 2),
-            "henrici_blocks": (self.henrici_blocks, 4),
-            "spectrum_bootstrap": (self.spectrum_bootstrap, 0),
-            "mom_blocks": (self.mom_blocks, 0),
-            "dissociation_k": (self.dissociation_k, 1),
-            "seed": (self.seed, 0),
-        }
-        for name, (value, least) in checks.items():
-            if int(value) != value or value < least:
-                raise InputError(f"{name} must be an integer >= {least}; got {value}.")
+        self.check_counts(
+            {
+                "split_half_control_rank": 1, "split_half_blocks": 4, "split_half_repeats": 2,
+                "henrici_blocks": 4, "spectrum_bootstrap": 0, "mom_blocks": 0,
+                "dissociation_k": 1, "seed": 0,
+            }
+        )  # fmt: skip
         if self.control_rank is not None and self.control_rank < 1:
             raise InputError(f"control_rank must be >= 1 or None; got {self.control_rank}.")
         if self.block_min_ratio < 1:
             raise InputError(f"block_min_ratio must be >= 1; got {self.block_min_ratio}.")
         for name in ("split_half_dictionaries", "fit_dictionaries", "invariance_dictionaries"):
-            specs = getattr(self, name)
-            object.__setattr__(self, name, tuple(specs))
-            for spec in specs:
+            for spec in getattr(self, name):
                 parse_dictionary(spec)
         parse_dictionary(self.headline_dictionary)
         parse_dictionary(self.reduction_dictionary)
-
-    def _check_types(self) -> None:
-        """Each field holds its default's type (a protocol read from JSON may not): a clear
-        error instead of a comparison failing deep inside validation."""
-        for f in dataclasses.fields(self):
-            value, default = getattr(self, f.name), f.default
-            if default is None:  # control_rank: an integer or None
-                ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
-            elif isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, int):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            elif isinstance(default, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            elif isinstance(default, tuple):
-                ok = isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value)
-            else:
-                ok = isinstance(value, type(default))
-            if not ok:
-                want = (
-                    "a list of strings"
-                    if isinstance(default, tuple)
-                    else ("an integer or null" if default is None else type(default).__name__)
-                )
-                raise InputError(f"{f.name} must be {want}; got {value!r}.")
 
     def edmdc(self, *, split_half: bool = False) -> Any:
         """The solver settings of a fit (``split_half``: of a single-block split-half fit)."""
@@ -219,23 +180,6 @@ class KoopmanProtocol:
         if self.control_rank is not None:
             return EDMDcConfig(alpha=self.alpha, control_rank=self.control_rank)
         return EDMDcConfig(alpha=self.alpha, control_energy=self.control_energy)
-
-    def to_json(self) -> dict[str, Any]:
-        """The protocol as JSON (tuples as lists), as written beside every result."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    def key(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_json`."""
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-    def replace(self, **changes: Any) -> KoopmanProtocol:
-        """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
-
-
-def _jsonable(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
 
 
 #: The protocol instances the drivers start from.  ``paper`` follows the paper's protocol at

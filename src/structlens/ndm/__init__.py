@@ -1,33 +1,70 @@
-"""NDM subspace decomposition: trainer, neighbour search, toy model, baselines, preimage index."""
+"""NDM subspace decomposition: trainer, neighbour search, toy model, baselines, preimage index.
 
-from structlens.ndm.baselines import (
-    decoder_directions,
-    identity_rotation,
-    pca_rotation,
-    random_rotation,
-    sae_cluster_rotation,
-)
-from structlens.ndm.ndm import (
-    NDM,
-    MergePlan,
-    NDMConfig,
-    NDMResult,
-    TrainState,
-    plan_merges,
-    subspace_variances,
-)
-from structlens.ndm.preimage import SubspaceIndex
-from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
-from structlens.ndm.toy import (
-    PlantedPartition,
-    ToyConfig,
-    ToyModel,
-    planted_partition,
-    principal_angles,
-    recovery_report,
-    subspace_overlap,
-    train_toy_model,
-)
+The names below load their submodule on first use, so that ``structlens.ndm.protocol`` (which
+the command line reads to build its options) imports neither torch nor the trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, typed, for mypy
+    from structlens.ndm.baselines import (
+        decoder_directions,
+        identity_rotation,
+        pca_rotation,
+        random_rotation,
+        sae_cluster_rotation,
+    )
+    from structlens.ndm.ndm import (
+        NDM,
+        MergePlan,
+        NDMConfig,
+        NDMResult,
+        TrainState,
+        plan_merges,
+        subspace_variances,
+    )
+    from structlens.ndm.preimage import SubspaceIndex
+    from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
+    from structlens.ndm.toy import (
+        PlantedPartition,
+        ToyConfig,
+        ToyModel,
+        planted_partition,
+        principal_angles,
+        recovery_report,
+        subspace_overlap,
+        train_toy_model,
+    )
+
+#: Each public name and the submodule that defines it.
+_HOME = {
+    "decoder_directions": "baselines",
+    "identity_rotation": "baselines",
+    "pca_rotation": "baselines",
+    "random_rotation": "baselines",
+    "sae_cluster_rotation": "baselines",
+    "NDM": "ndm",
+    "MergePlan": "ndm",
+    "NDMConfig": "ndm",
+    "NDMResult": "ndm",
+    "TrainState": "ndm",
+    "plan_merges": "ndm",
+    "subspace_variances": "ndm",
+    "SubspaceIndex": "preimage",
+    "RotatedKeys": "search",
+    "neighbor_distance_loss": "search",
+    "PlantedPartition": "toy",
+    "ToyConfig": "toy",
+    "ToyModel": "toy",
+    "planted_partition": "toy",
+    "principal_angles": "toy",
+    "recovery_report": "toy",
+    "subspace_overlap": "toy",
+    "train_toy_model": "toy",
+}
 
 __all__ = [
     "NDM",
@@ -54,3 +91,11 @@ __all__ = [
     "subspace_variances",
     "train_toy_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'structlens.ndm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"structlens.ndm.{_HOME[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

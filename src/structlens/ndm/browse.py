@@ -24,17 +24,32 @@ from structlens.ndm.preimage import SubspaceIndex
 HIGHLIGHT = ("[[", "]]")
 
 
+def context_parts(
+    tokenizer: Any, token_ids: Sequence[int], position: int, left: int = 12, right: int = 4
+) -> tuple[str, str, str]:
+    """``(before, token, after)``: the decoded ``left`` tokens before ``position``, the token
+    at it and the ``right`` tokens after, kept apart (for escaping and highlighting), line
+    breaks shown as ``↵`` so that a context stays on one line."""
+    if not 0 <= position < len(token_ids):
+        raise ValueError(f"position {position} outside a prompt of {len(token_ids)} tokens.")
+
+    def text(ids: Sequence[int]) -> str:
+        out: str = tokenizer.decode(list(ids))
+        return out.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵")
+
+    return (
+        text(token_ids[max(0, position - left) : position]),
+        text([token_ids[position]]),
+        text(token_ids[position + 1 : position + 1 + right]),
+    )
+
+
 def highlight_context(
     tokenizer: Any, token_ids: Sequence[int], position: int, left: int = 12, right: int = 4
 ) -> str:
-    """Decoded text of ``token_ids[position - left : position + right + 1]`` with the token at
-    ``position`` wrapped in ``[[ ]]``."""
-    if not 0 <= position < len(token_ids):
-        raise ValueError(f"position {position} outside a prompt of {len(token_ids)} tokens.")
-    before = tokenizer.decode(list(token_ids[max(0, position - left) : position]))
-    tok = tokenizer.decode([token_ids[position]])
-    after = tokenizer.decode(list(token_ids[position + 1 : position + 1 + right]))
-    return f"{before}{HIGHLIGHT[0]}{tok}{HIGHLIGHT[1]}{after}".replace("\n", "\\n")
+    """:func:`context_parts` as one string, the token at ``position`` wrapped in ``[[ ]]``."""
+    before, token, after = context_parts(tokenizer, token_ids, position, left, right)
+    return f"{before}{HIGHLIGHT[0]}{token}{HIGHLIGHT[1]}{after}"
 
 
 class PreimageBrowser:

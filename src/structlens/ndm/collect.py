@@ -18,12 +18,16 @@ from safetensors import SafetensorError
 
 from structlens.capture.store import ActivationStore, StoreError
 from structlens.errors import InputError
+from structlens.ndm import stages
 from structlens.ndm.browse import PreimageBrowser
 from structlens.ndm.data import capture_residuals, training_prompts
+from structlens.ndm.protocol import NDMProtocol
 from structlens.results import read_json_object
 from structlens.sites import site_name
 
-__all__ = ["load_train_meta", "train_context", "browse_index", "query_activation"]
+__all__ = [
+    "load_train_meta", "train_protocol", "train_context", "browse_index", "query_activation"
+]  # fmt: skip
 
 
 def load_train_meta(train: Path) -> dict[str, Any]:
@@ -32,8 +36,11 @@ def load_train_meta(train: Path) -> dict[str, Any]:
     if not meta.exists():
         raise InputError(f"{meta} not found; run `structlens ndm train ... --out {train}` first")
     doc = read_json_object(meta, "`ndm train` record (JSON)")
-    if not isinstance(doc.get("data"), dict) or "store" not in doc:
-        raise InputError(f"{meta} lacks the 'store' and 'data' records `ndm train` writes.")
+    if not isinstance(doc.get("protocol"), dict) or "store" not in doc:
+        raise InputError(
+            f"{meta} lacks the 'store' and 'protocol' records `ndm train` writes (a run of an "
+            "older structlens: train it again)."
+        )
     return doc
 
 
@@ -51,14 +58,13 @@ def _open_store(train: Path, meta: dict[str, Any]) -> ActivationStore:
         raise InputError(f"activation store of {train} unavailable: {err}") from err
 
 
+def train_protocol(meta: dict[str, Any]) -> NDMProtocol:
+    """The protocol an ``ndm train`` run recorded."""
+    return NDMProtocol(**meta["protocol"])
+
+
 def _training_prompts(model: Any, meta: dict[str, Any]) -> list[tuple[str, list[int]]]:
-    data = meta["data"]
-    return training_prompts(
-        model,
-        corpus_prompts=data["corpus_prompts"],
-        task_prompts=data["task_prompts"],
-        seed=data["seed"],
-    )
+    return stages.training_prompts(train_protocol(meta), model)
 
 
 def browse_index(
@@ -84,9 +90,11 @@ def browse_index(
     """
     meta = load_train_meta(train)
     prompts = _training_prompts(model, meta)
+    protocol = train_protocol(meta)
     extra = training_prompts(
-        model, corpus_prompts=extra_corpus_prompts, corpus_offset=meta["data"]["corpus_prompts"]
-    )
+        model, corpus_prompts=extra_corpus_prompts, corpus_offset=protocol.corpus_prompts,
+        max_tokens=protocol.corpus_tokens,
+    )  # fmt: skip
     corpus = hashlib.sha256(json.dumps(prompts + extra).encode()).hexdigest()
     run = {
         "store": str(meta["store"]),

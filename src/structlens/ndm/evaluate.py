@@ -79,8 +79,6 @@ ROPE_TESTS: tuple[PatchTest, ...] = (
     PatchTest("induction", "induction", "resample_first", 6, ("END",)),
 )
 
-DEFAULT_MIN_SHARE = 0.3
-
 
 def uses_rope(model: Model) -> bool:
     """Whether the model encodes positions by rotary embeddings (no absolute-position
@@ -322,91 +320,6 @@ def whole_space_share(run: PatchRun) -> float:
     """
     clean = float(np.mean(run.clean_metric))
     return float(np.mean(run.full_effect)) / clean if clean > 0 else float("nan")
-
-
-def screen_table(
-    runs: Mapping[str, PatchRun],
-    layers: Mapping[str, int],
-    min_share: float = DEFAULT_MIN_SHARE,
-) -> list[dict[str, Any]]:
-    """One row per test: ``test``, ``layer``, ``whole_space_share`` and ``screened``.
-
-    A test passes the screen at its layer when patching the whole space removes at least
-    ``min_share`` of the clean metric; below that the per-subspace effects are mostly noise
-    and their Gini says nothing about the decomposition (noise alone gives a Gini near 0.41).
-    ``runs[test]`` is any :class:`PatchRun` of the test (the whole-space effect does not depend
-    on the method), e.g. from :func:`whole_space_run`.
-    """
-    rows = []
-    for test, run in runs.items():
-        share = whole_space_share(run)
-        rows.append(
-            {
-                "test": test,
-                "layer": int(layers[test]),
-                "whole_space_share": share,
-                "screened": bool(np.isfinite(share) and share >= min_share),
-            }
-        )
-    return rows
-
-
-def screened_patch_test(
-    model: Model,
-    task: TaskDataset,
-    test: PatchTest,
-    layer: int,
-    bases: Mapping[str, Sequence[np.ndarray | torch.Tensor]],
-    *,
-    min_share: float = DEFAULT_MIN_SHARE,
-    batch_size: int = 16,
-) -> tuple[dict[str, Any], dict[str, PatchRun] | None]:
-    """Screen ``test`` at ``layer``, then patch every subspace only if it passes.
-
-    Returns the test's :func:`screen_table` row and the :func:`patch_subspaces` runs, or
-    ``None`` for a test without signal at this layer (its subspaces are never patched).
-    """
-    corrupted = corrupted_prompts(task, test.corruption)
-    positions = patch_positions(task, test.positions)
-    whole = whole_space_run(model, task, corrupted, layer, positions, batch_size=batch_size)
-    row = screen_table({test.name: whole}, {test.name: layer}, min_share)[0]
-    if not row["screened"]:
-        return row, None
-    runs = patch_subspaces(model, task, corrupted, layer, positions, bases, batch_size=batch_size)
-    return row, runs
-
-
-def screened_summary(
-    runs: Mapping[str, Mapping[str, PatchRun]],
-    dims: Mapping[str, Sequence[int]],
-    variances: Mapping[str, Mapping[str, Sequence[float]]],
-    layers: Mapping[str, int],
-    *,
-    min_share: float = DEFAULT_MIN_SHARE,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """:func:`summarize_gini` over the tests that pass the screen (:func:`screen_table`).
-
-    Returns ``screen`` (the table), ``min_share``, and ``gini`` with every test: the
-    :func:`summarize_gini` entry for a screened test, the string ``"no signal"`` for the
-    others.  ``gini_mean`` (and ``gini_mean_diff``) average the screened tests only; when none
-    passes they are ``"no signal"`` too.  Bootstrap seeds follow the screened tests' order.
-    """
-    table = screen_table({t: next(iter(r.values())) for t, r in runs.items()}, layers, min_share)
-    passed = [row["test"] for row in table if row["screened"]]
-    out: dict[str, Any] = {"screen": table, "min_share": min_share}
-    if passed:
-        summary = summarize_gini(
-            {t: runs[t] for t in passed}, dims, variances, n_boot=n_boot, seed=seed
-        )
-    else:
-        summary = {"gini": {}, "gini_mean": "no signal"}
-        if any("ndm" in r for r in runs.values()):
-            summary["gini_mean_diff"] = "no signal"
-    out.update(summary)
-    out["gini"] = {t: summary["gini"].get(t, "no signal") for t in runs}
-    return out
 
 
 def gini_variants(

@@ -1,48 +1,36 @@
 """NDM experiments on a model: train NDM per layer on residual activations (:func:`run`), and
-evaluate the decompositions by subspace patching (:func:`evaluate`).
+evaluate the decompositions by subspace patching (:func:`evaluate`), both under an
+:class:`~structlens.ndm.protocol.NDMProtocol` and through the stages of
+:mod:`structlens.ndm.stages`.
 
-``run(NDMExperimentConfig(...), model, out=..., activations=...)`` captures ``resid_post`` at
-the chosen layers over corpus windows and task prompts (cached store), trains NDM per layer,
-writes ``ndm-L{layer}/`` (the full :class:`~structlens.ndm.NDMResult`) and
-``R-L{layer}.safetensors`` to ``out``, and returns the ``ndm_train`` report.
-``evaluate(NDMEvaluationConfig(...), model, train_dir, out=...)`` screens the patching tests
-(the paper's, with RoPE-transferable ones on rotary models) by their whole-space effect, runs
-the screened ones for NDM and the baselines with NDM's partition, reports Gini coefficients
-with bootstrap CIs for those (``"no signal"`` for the others), knowledge-conflict routing and
-the toy recovery, and returns the ``ndm_evaluate`` report.
-
-Example
--------
->>> from structlens.ndm.experiment import NDMEvaluationConfig
->>> NDMEvaluationConfig(methods=("ndm", "pca")).methods
-('ndm', 'pca')
->>> NDMEvaluationConfig(n=1)
-Traceback (most recent call last):
-...
-ValueError: n must be at least 2 (bootstrap over prompts), got 1
+``run(protocol, model, layers=..., out=..., activations=...)`` captures ``resid_post`` at the
+layers over the protocol's training prompts (cached store), trains NDM per layer, writes
+``ndm-L{layer}/`` (the full :class:`~structlens.ndm.NDMResult`) and ``R-L{layer}.safetensors``
+to ``out``, and returns the ``ndm_train`` report.  ``evaluate(protocol, model, train_dir,
+out=...)`` screens the patching tests (the paper's, with RoPE-transferable ones on rotary
+models) by their whole-space effect, patches the screened ones for NDM and the baselines with
+NDM's partition, reports Gini coefficients with bootstrap CIs for those (``"no signal"`` for
+the others), knowledge-conflict routing and the toy recovery, and returns the
+``ndm_evaluate`` report.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
-from structlens.config import ExperimentReport, check_choices
-from structlens.ndm.ndm import NDM, NDMConfig
-from structlens.results import atomic_write_bytes, atomic_write_json
+from structlens.config import ExperimentReport
+from structlens.ndm.protocol import NDMProtocol
+from structlens.results import atomic_write_bytes
 
 __all__ = [
-    "NDMExperimentConfig",
-    "NDMEvaluationConfig",
     "NDMReport",
     "run",
     "evaluate",
@@ -50,11 +38,11 @@ __all__ = [
     "browse_queries",
     "save_rotation",
     "load_rotation",
+    "chosen_layers",
     "DEFAULT_GPT2_LAYERS",
 ]
 
 DEFAULT_GPT2_LAYERS = (4, 6, 8, 9)
-Method = Literal["ndm", "identity", "random", "pca", "sae"]
 
 
 def save_rotation(
@@ -94,64 +82,25 @@ def load_rotation(
     return R, partition
 
 
-@dataclass(frozen=True)
-class NDMExperimentConfig:
-    """Data and NDM settings of ``ndm train``.
+def chosen_layers(layers: Sequence[int], n_layers: int, capture: Sequence[int] = ()) -> list[int]:
+    """The trained layers of an ``n_layers`` model: ``layers``, or (empty) the paper's GPT-2
+    layers 4, 6, 8, 9 mapped to the same relative depth.
 
-    ``layers`` (``resid_post``; empty: the paper's GPT-2 layers 4, 6, 8, 9 mapped to the same
-    relative depth) are trained; ``capture_layers`` (a superset) are captured, so parallel
-    runs naming the same set share one cached store.  Data: ``corpus_prompts`` windows of 128
-    tokens plus ``task_prompts`` clean prompts of each of the three tasks.  The other fields
-    are those of :class:`~structlens.ndm.NDMConfig` (``steps`` is ``max_steps``; ``restarts``
-    independent runs per layer, the best kept).
+    Raises
+    ------
+    InputError
+        A layer (of ``layers`` or ``capture``) is outside ``[0, n_layers)``.
     """
+    from structlens.errors import InputError
+    from structlens.ndm.evaluate import map_layer
 
-    layers: tuple[int, ...] = ()
-    capture_layers: tuple[int, ...] = ()
-    corpus_prompts: int = 150
-    task_prompts: int = 40
-    unit_size: int = 48
-    steps: int = 600
-    bank_size: int = 8192
-    batch_size: int = 128
-    refresh_interval: int = 20
-    lr: float = 1e-3
-    merge_start: int = 200
-    merge_interval: int = 200
-    merge_threshold: float = 0.04
-    mi_samples: int = 2048
-    restarts: int = 1
-    seed: int = 0
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.corpus_prompts < 0 or self.task_prompts < 0:
-            raise ValueError("corpus_prompts and task_prompts must be >= 0.")
-        self.ndm.validate()
-
-    @property
-    def ndm(self) -> NDMConfig:
-        """The :class:`NDMConfig` every layer is trained with."""
-        return NDMConfig(
-            unit_size=self.unit_size, lr=self.lr, batch_size=self.batch_size,
-            max_steps=self.steps, bank_size=self.bank_size,
-            refresh_interval=self.refresh_interval, merge_start=self.merge_start,
-            merge_interval=self.merge_interval, merge_threshold=self.merge_threshold,
-            mi_samples=self.mi_samples, restarts=self.restarts,
-            log_interval=min(50, self.steps), seed=self.seed, device=self.device,
-        )  # fmt: skip
-
-    def chosen_layers(self, n_layers: int) -> list[int]:
-        """The trained layers of an ``n_layers`` model (``ValueError`` if out of range)."""
-        from structlens.ndm.evaluate import map_layer
-
-        chosen = list(self.layers) or sorted({map_layer(g, n_layers) for g in DEFAULT_GPT2_LAYERS})
-        if any(not 0 <= layer < n_layers for layer in (*chosen, *self.capture_layers)):
-            raise ValueError(
-                f"layers and capture_layers must lie in [0, {n_layers}), got "
-                f"{chosen} and {list(self.capture_layers)}"
-            )
-        return chosen
+    chosen = list(layers) or sorted({map_layer(g, n_layers) for g in DEFAULT_GPT2_LAYERS})
+    if any(not 0 <= layer < n_layers for layer in (*chosen, *capture)):
+        raise InputError(
+            f"layers and capture_layers must lie in [0, {n_layers}), got {chosen} and "
+            f"{list(capture)}"
+        )
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -164,45 +113,47 @@ class NDMReport(ExperimentReport):
 
 
 def run(
-    cfg: NDMExperimentConfig,
+    protocol: NDMProtocol,
     model: Any,
     *,
     out: Path,
     activations: Path,
+    layers: Sequence[int] = (),
+    capture_layers: Sequence[int] = (),
     checkpoints: Path | None = None,
+    device: str = "cpu",
     progress: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> NDMReport:
-    """Capture the residual stream and train NDM at each layer of ``cfg`` (see module doc).
+    """Capture the residual stream and train NDM at each layer (see module doc).
 
-    Checkpoints go to ``checkpoints/L{layer}`` (default ``out/checkpoints``); a finished
-    checkpoint is reused, so layers can be trained by parallel runs and collected by one.
+    ``capture_layers`` (a superset of ``layers``) are captured, so parallel runs naming the
+    same set share one cached store.  Checkpoints go to ``checkpoints/L{layer}`` (default
+    ``out/checkpoints``); a finished checkpoint is reused, so layers can be trained by
+    parallel runs and collected by one.
     """
-    from structlens.ndm.data import capture_residuals, training_prompts
+    from structlens.ndm import stages
+    from structlens.ndm.data import capture_residuals
     from structlens.provenance import provenance
     from structlens.sites import site_name
 
-    chosen = cfg.chosen_layers(model.n_layers)
-    ndm_cfg = cfg.ndm
-    prompts = training_prompts(
-        model, corpus_prompts=cfg.corpus_prompts, task_prompts=cfg.task_prompts, seed=cfg.seed
-    )
+    chosen = chosen_layers(layers, model.n_layers, capture_layers)
+    prompts = stages.training_prompts(protocol, model)
     t0 = time.perf_counter()
-    captured = sorted(set(cfg.capture_layers) | set(chosen))
+    captured = sorted(set(capture_layers) | set(chosen))
     store = capture_residuals(model, prompts, captured, activations, progress=progress)
     capture_s = time.perf_counter() - t0
     results: dict[str, Any] = {}
     for layer in chosen:
-        h = store.load(site_name("resid_post", layer)).float()
+        site = site_name("resid_post", layer)
+        h = store.load(site).float()
         t1 = time.perf_counter()
-        try:
-            ckpt = (checkpoints or out / "checkpoints") / f"L{layer}"
-            res = NDM(ndm_cfg).fit(h, checkpoint_dir=ckpt, model_digest=model.fingerprint())
-        except ValueError as err:
-            raise ValueError(f"layer {layer}: {err}") from err
+        ckpt = (checkpoints or out / "checkpoints") / f"L{layer}"
+        res = stages.train(
+            protocol, h, checkpoint_dir=ckpt, model_digest=model.fingerprint(), device=device
+        )
         seconds = time.perf_counter() - t1
         res.save(out / f"ndm-L{layer}")
-        site = site_name("resid_post", layer)
         save_rotation(
             out / f"R-L{layer}.safetensors", res.rotation, res.partition, provenance(model, site)
         )
@@ -216,185 +167,43 @@ def run(
         "layers": chosen,
         "partition": {k: v["partition"] for k, v in results.items()},
         "store": str(store.path),
+        "protocol": protocol.to_json(),
         "data": {
-            "corpus_prompts": cfg.corpus_prompts,
-            "task_prompts": cfg.task_prompts,
-            "seed": cfg.seed,
             "n_prompts": len(prompts),
             "n_tokens_captured": int(store.load_index()["position"].numel()),
             "positions": "skip-first",
         },
-        "config": ndm_cfg.to_dict(),
         "capture_seconds": capture_s,
     }
     return NDMReport(analysis="ndm_train", model=model.name, results=results, meta=meta)
 
 
-@dataclass(frozen=True)
-class NDMEvaluationConfig:
-    """Settings of ``ndm evaluate``.
+def _check_held_out(protocol: NDMProtocol, model: Any, trained_on: Sequence[Any]) -> None:
+    """Refuse an evaluation whose prompts NDM was trained on."""
+    from structlens.errors import InputError
+    from structlens.ndm.stages import evaluation_prompts
 
-    ``tests`` are names of :data:`~structlens.ndm.evaluate.PAPER_TESTS` or
-    :data:`~structlens.ndm.evaluate.ROPE_TESTS` (empty: those that suit the model, see
-    :func:`~structlens.ndm.evaluate.patch_tests_for`), run on ``n`` prompts each; a test
-    whose whole-space effect is below ``min_share`` of the clean metric at its layer is
-    reported as ``"no signal"`` instead of a Gini.  ``methods`` must include ``ndm``; the SAE
-    baseline trains a TopK SAE of ``sae_width``/``sae_k`` until its epoch FVU improves by
-    less than ``sae_tol`` (relative), at most ``sae_epochs`` epochs.  ``conflict`` adds
-    knowledge-conflict routing at ``conflict_layer`` (default: the first trained), ``toy``
-    the toy recovery.
-    """
-
-    n: int = 24
-    tests: tuple[str, ...] = ()
-    min_share: float = 0.3
-    methods: tuple[Method, ...] = ("ndm", "identity", "random", "pca", "sae")
-    batch_size: int = 12
-    n_boot: int = 1000
-    sae_width: int = 2048
-    sae_k: int = 32
-    sae_epochs: int = 50
-    sae_tol: float = 0.01
-    conflict: bool = True
-    conflict_n: int = 24
-    conflict_layer: int | None = None
-    toy: bool = True
-    toy_steps: int = 3000
-    toy_ae_steps: int = 10000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        from structlens.ndm.evaluate import PAPER_TESTS, ROPE_TESTS
-
-        if "ndm" not in self.methods or any(m not in get_args(Method) for m in self.methods):
-            raise ValueError(
-                f"methods must include ndm and only name {list(get_args(Method))}, "
-                f"got {list(self.methods)}"
-            )
-        check_choices(self)
-        known = [t.name for t in (*PAPER_TESTS, *ROPE_TESTS)]
-        unknown = [t for t in self.tests if t not in known]
-        if unknown:
-            raise ValueError(f"unknown tests {unknown}; choose from {known} or 'all'")
-        if self.n < 2:
-            raise ValueError(f"n must be at least 2 (bootstrap over prompts), got {self.n}")
-        if not 0.0 <= self.min_share <= 1.0:
-            raise ValueError(f"min_share must be in [0, 1], got {self.min_share}")
-        if self.sae_epochs < 1 or self.sae_tol < 0:
-            raise ValueError("sae_epochs must be >= 1 and sae_tol >= 0.")
-
-
-def _cache_key(**parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _digest(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
-
-
-def _load_npz(path: Path, key: str) -> dict[str, np.ndarray] | None:
-    """Arrays cached at ``path`` if they were computed under ``key`` (else None)."""
-    if not path.exists():
-        return None
-    with np.load(path, allow_pickle=False) as f:
-        if str(f["key"]) != key:
-            return None
-        return {k: f[k] for k in f.files if k != "key"}
-
-
-def _save_npz(path: Path, key: str, arrays: dict[str, Any]) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, key=np.asarray(key), **arrays)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _cached_runs(path: Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Per-method :class:`PatchRun` s, from ``path`` when computed under ``key``."""
-    from structlens.ndm.evaluate import PatchRun
-
-    fields = [f.name for f in dataclasses.fields(PatchRun)]
-    cached = _load_npz(path, key)
-    if cached is not None:
-        methods = sorted({k.split("/")[0] for k in cached})
-        return {m: PatchRun(**{f: cached[f"{m}/{f}"] for f in fields}) for m in methods}
-    runs = compute()
-    _save_npz(path, key, {f"{m}/{f}": getattr(r, f) for m, r in runs.items() for f in fields})
-    return runs
-
-
-def _baselines(
-    cfg: NDMEvaluationConfig,
-    meta: dict[str, Any],
-    store: Any,
-    train: Path,
-    out: Path,
-    layers: list[int],
-    executor: Any,
-) -> tuple[dict[int, Any], dict[int, list[int]], dict[int, Any], dict[str, Any]]:
-    """Rotations (NDM's and the baselines' with its partition), partitions, per-subspace
-    variances and baseline diagnostics of every layer; baselines cached under ``out/cache``."""
-    from structlens.ndm import subspace_variances
-    from structlens.ndm.pipeline import SAEBaselineConfig, baseline_rotations
-    from structlens.sites import site_name
-
-    rotations, partitions, variances, info_out = {}, {}, {}, {}
-    sae_cfg = SAEBaselineConfig(
-        width=cfg.sae_width, k=cfg.sae_k, epochs=cfg.sae_epochs, tol=cfg.sae_tol, seed=cfg.seed
-    )
-    others = [m for m in cfg.methods if m != "ndm"]
-    for layer in layers:
-        R, partition = load_rotation(train / f"R-L{layer}.safetensors")
-        h = store.load(site_name("resid_post", layer)).double().numpy()
-        key = _cache_key(
-            store=meta["store"], layer=layer, partition=partition, methods=others, seed=cfg.seed,
-            sae=dataclasses.asdict(sae_cfg), with_info=True,  # older caches lack the SAE fit
-        )  # fmt: skip
-        cached = _load_npz(out / "cache" / f"baselines-L{layer}.npz", key)
-        if cached is None:
-            base, info = baseline_rotations(
-                h, partition, others, seed=cfg.seed, sae=sae_cfg, executor=executor
-            )
-            info_json = np.asarray(json.dumps(info))
-            _save_npz(out / "cache" / f"baselines-L{layer}.npz", key, base | {"info": info_json})
-        else:
-            base = {m: cached[m] for m in others}
-            info = json.loads(str(cached["info"]))
-        rotations[layer] = {"ndm": R, **base}
-        partitions[layer] = partition
-        variances[layer] = {
-            m: subspace_variances(h, r, partition) for m, r in rotations[layer].items()
-        }
-        info_out[str(layer)] = info
-    return rotations, partitions, variances, info_out
-
-
-def _toy(cfg: NDMEvaluationConfig, out: Path) -> dict[str, Any]:
-    """The toy recovery run, cached in ``out/cache/toy.json`` under its settings."""
-    from structlens.ndm import ToyConfig
-    from structlens.ndm.pipeline import toy_recovery
-
-    toy_cfg = ToyConfig(steps=cfg.toy_ae_steps, seed=cfg.seed)
-    toy_ndm = NDMConfig(
-        unit_size=2, lr=1e-3, max_steps=cfg.toy_steps, bank_size=8192, refresh_interval=50,
-        merge_start=max(1, cfg.toy_steps // 3), merge_interval=max(1, cfg.toy_steps // 6),
-        mi_samples=2000, seed=cfg.seed,
-    )  # fmt: skip
-    toy_key = _cache_key(toy=dataclasses.asdict(toy_cfg), ndm=toy_ndm.to_dict())
-    toy_path = out / "cache" / "toy.json"
-    cached = json.loads(toy_path.read_text()) if toy_path.exists() else {}
-    if cached.get("key") == toy_key:
-        return cached["toy"]
-    toy_out = toy_recovery(toy_cfg, toy_ndm, seed=cfg.seed)
-    atomic_write_json(toy_path, {"key": toy_key, "toy": toy_out})
-    return toy_out
+    seen = {tuple(t) for _, t in trained_on}
+    leaked = {task: len(p & seen) for task, p in evaluation_prompts(protocol, model).items()}
+    leaked = {task: n for task, n in leaked.items() if n}
+    if leaked:
+        raise InputError(
+            f"{leaked} evaluation prompts (by task) are among the training prompts of this "
+            "run; evaluate with the run's own protocol or retrain with this one."
+        )
 
 
 def evaluate(
-    cfg: NDMEvaluationConfig,
+    protocol: NDMProtocol,
     model: Any,
     train: Path,
     *,
     out: Path,
+    tests: Sequence[str] = (),
+    conflict: bool = True,
+    conflict_layer: int | None = None,
+    toy: bool = True,
+    batch_size: int = 16,
     executor: Any = None,
     log: Callable[[str], None] | None = None,
     allow_foreign: bool = False,
@@ -402,202 +211,120 @@ def evaluate(
     """Subspace-patching Gini table (NDM vs baselines), knowledge conflict and toy recovery
     for the decompositions of the ``ndm train`` run in ``train`` (see module doc).
 
-    The run must have been trained on ``model`` (its recorded digest), unless
-    ``allow_foreign`` (a :class:`~structlens.provenance.ForeignResultWarning` then).
-
-    Baselines, patching runs and the toy are cached under ``out/cache`` by content keys;
-    ``executor`` computes the baseline rotations (SAE training among them) in parallel.
+    ``tests`` names tests of :func:`structlens.ndm.stages.plan_tests` (empty: all that suit
+    the model).  The run must have been trained on ``model`` (its recorded digest), unless
+    ``allow_foreign`` (a :class:`~structlens.provenance.ForeignResultWarning` then), and none
+    of the evaluation prompts may be among its training prompts.  ``executor`` computes the
+    baseline rotations (SAE training among them) in parallel.
     """
-    from structlens.data.tasks import make_task
+    from structlens.errors import InputError
+    from structlens.ndm import stages
     from structlens.ndm.collect import train_context
-    from structlens.ndm.evaluate import (
-        corrupted_prompts,
-        make_test_task,
-        map_layer,
-        patch_positions,
-        patch_subspaces,
-        patch_tests_for,
-        routing_rates,
-        screen_table,
-        screened_summary,
-        whole_space_run,
-    )
     from structlens.sites import site_name
 
-    meta, store, _ = train_context(model, train)
+    meta, store, trained_on = train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
     for layer in trained:  # before any work: every rotation must be this model's own
         load_rotation(
             Path(train) / f"R-L{layer}.safetensors", model=model,
             site=site_name("resid_post", layer), allow_foreign=allow_foreign,
         )  # fmt: skip
-    suitable = patch_tests_for(model)
-    unsuitable = sorted(set(cfg.tests) - {t.name for t in suitable})
-    if unsuitable:
-        raise ValueError(
-            f"tests {unsuitable} do not suit {model.name} (rotary position embeddings have no "
-            f"absolute-position subspace); choose from {[t.name for t in suitable]}"
-        )
-    chosen_tests = [t for t in suitable if not cfg.tests or t.name in cfg.tests]
-    layer_of = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in chosen_tests}
-    missing = sorted(set(layer_of.values()) - set(trained))
+    _check_held_out(protocol, model, trained_on)
+    plan = stages.plan_tests(protocol, model, tests)
+    missing = sorted(set(plan.layers.values()) - set(trained))
     if missing:
-        raise ValueError(f"the tests use untrained layer(s) {missing} (trained: {trained}); "
+        raise InputError(f"the tests use untrained layer(s) {missing} (trained: {trained}); "
                          "rerun `ndm train`")  # fmt: skip
-    conflict_layer = cfg.conflict_layer or trained[0]
-    needed = sorted(set(layer_of.values()) | ({conflict_layer} if cfg.conflict else set()))
+    conflict_layer = trained[0] if conflict_layer is None else conflict_layer
+    if conflict and conflict_layer not in trained:
+        raise InputError(f"--conflict-layer {conflict_layer} was not trained (trained: {trained})")
+    needed = sorted(set(plan.layers.values()) | ({conflict_layer} if conflict else set()))
     t0 = time.perf_counter()
-    rotations, partitions, variances, baseline_info = _baselines(
-        cfg, meta, store, train, out, needed, executor
-    )
+    decompositions = {}
+    for layer in needed:
+        R, partition = load_rotation(Path(train) / f"R-L{layer}.safetensors")
+        h = store.load(site_name("resid_post", layer)).double().numpy()
+        decompositions[layer] = stages.decompose(
+            protocol, h, layer, R, partition, executor=executor
+        )
     timings: dict[str, float] = {"baselines": time.perf_counter() - t0}
 
-    def bases(layer: int, which: Sequence[str]) -> dict[str, list[np.ndarray]]:
-        bounds = np.concatenate([[0], np.cumsum(partitions[layer])])
-        return {
-            m: [rotations[layer][m][:, bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
-            for m in which
-        }
-
-    methods = list(cfg.methods)
-    tasks: dict[str, Any] = {}
-    runs: dict[str, Any] = {}
-    effects_out: dict[str, Any] = {}
-    for test in chosen_tests:
-        if test.task not in tasks:
-            tasks[test.task] = make_test_task(test, model.tokenizer, n=cfg.n, seed=cfg.seed)
-        task = tasks[test.task]
-        layer = layer_of[test.name]
-        corrupted = corrupted_prompts(task, test.corruption)
-        positions = patch_positions(task, test.positions)
-        key = dict(test=dataclasses.asdict(test), layer=layer, n=cfg.n, seed=cfg.seed,
-                   model=model.name)  # fmt: skip
+    screens, runs, effects = [], {}, {}
+    for test in plan.tests:
         t1 = time.perf_counter()
-        # The screen first (three forward passes per batch): a test without signal at its
-        # layer never has its subspaces patched.
-        whole = _cached_runs(
-            out / "cache" / f"whole-{test.name}.npz",
-            _cache_key(**key),
-            # mypy cannot infer a lambda whose defaults bind loop variables
-            lambda task=task, corrupted=corrupted, positions=positions, layer=layer: {  # type: ignore[misc]
-                "whole": whole_space_run(
-                    model, task, corrupted, layer, positions, batch_size=cfg.batch_size
-                )
-            },
-        )["whole"]
-        screened = screen_table({test.name: whole}, {test.name: layer}, cfg.min_share)[0]
-        if screened["screened"]:
-            runs[test.name] = _cached_runs(
-                out / "cache" / f"run-{test.name}.npz",
-                _cache_key(
-                    **key,
-                    rotations={m: _digest(rotations[layer][m]) for m in methods},
-                    partition=partitions[layer],
-                ),
-                # mypy cannot infer a lambda whose defaults bind loop variables
-                lambda task=task, corrupted=corrupted, positions=positions, layer=layer: (  # type: ignore[misc]
-                    patch_subspaces(
-                        model,
-                        task,
-                        corrupted,
-                        layer,
-                        positions,
-                        bases(layer, methods),
-                        batch_size=cfg.batch_size,
-                    )  # fmt: skip
-                ),
-            )
-        else:
-            runs[test.name] = {"whole": whole}
+        layer = plan.layers[test.name]
+        sc = stages.screen(protocol, model, test, layer, batch_size=batch_size)
+        screens.append(sc)
+        patched = (
+            stages.patch(protocol, model, test, decompositions[layer], batch_size=batch_size)
+            if sc.screened
+            else {}
+        )
+        runs[test.name] = patched or {"whole": sc.run}
         timings[test.name] = time.perf_counter() - t1
-        effects_out[test.name] = {
-            "layer": layer,
-            "positions": list(test.positions),
-            "corruption": test.corruption,
-            "clean_metric_mean": float(whole.clean_metric.mean()),
-            "corrupt_metric_mean": float(whole.corrupt_metric.mean()),
-            "full_effect_mean": float(whole.full_effect.mean()),
-            "whole_space_share": screened["whole_space_share"],
-            "screened": screened["screened"],
-            "methods": {
-                m: {
-                    "mean": r.mean_effects().tolist(),
-                    "normalized": r.normalized_effects().tolist(),
-                }
-                for m, r in runs[test.name].items()
-                if m != "whole"
-            },
-        }
+        effects[test.name] = _effects(sc, patched)
         if log is not None:
-            share = screened["whole_space_share"]
-            verdict = "screened" if screened["screened"] else "no signal"
-            log(f"{test.name}: layer {layer}, whole-space share {share:+.3f} ({verdict})")
-    summary = screened_summary(
-        runs,
-        {t: partitions[layer_of[t]] for t in runs},
-        {t: variances[layer_of[t]] for t in runs},
-        layer_of,
-        min_share=cfg.min_share,
-        n_boot=cfg.n_boot,
-        seed=cfg.seed,
-    )
+            verdict = "screened" if sc.screened else "no signal"
+            log(f"{test.name}: layer {layer}, whole-space share {sc.whole_space_share:+.3f} "
+                f"({verdict})")  # fmt: skip
+    summary = stages.gini(protocol, screens, runs, decompositions)
 
-    conflict_out: dict[str, Any] | None = None
-    if cfg.conflict:
-        layer = conflict_layer
-        task = make_task("knowledge_conflict", model.tokenizer, n=cfg.conflict_n, seed=cfg.seed)
-        conflict_out = {"layer": layer, "positions": "all", "n": cfg.conflict_n, "corruptions": {}}
+    conflict_out = None
+    if conflict:
         t1 = time.perf_counter()
-        for corruption in ("true_answer", "other_answer"):
-            run_ = _cached_runs(
-                out / "cache" / f"run-conflict-{corruption}.npz",
-                _cache_key(
-                    corruption=corruption,
-                    layer=layer,
-                    n=cfg.conflict_n,
-                    seed=cfg.seed,
-                    model=model.name,
-                    rotation=_digest(rotations[layer]["ndm"]),
-                ),  # fmt: skip
-                # mypy cannot infer a lambda whose defaults bind loop variables
-                lambda corruption=corruption: patch_subspaces(  # type: ignore[misc]
-                    model,
-                    task,
-                    corrupted_prompts(task, corruption),
-                    layer,
-                    None,
-                    bases(layer, ["ndm"]),
-                    batch_size=cfg.batch_size,
-                ),  # fmt: skip
-            )["ndm"]
-            rates = routing_rates(run_, task)
-            rates["effects_normalized"] = run_.normalized_effects().tolist()
-            conflict_out["corruptions"][corruption] = rates
+        routing = stages.conflict(
+            protocol, model, decompositions[conflict_layer], batch_size=batch_size
+        )
+        conflict_out = (
+            {"skipped": "this tokenizer cannot build the knowledge-conflict task"}
+            if routing is None
+            else routing.to_json()
+        )
         timings["knowledge_conflict"] = time.perf_counter() - t1
-
-    toy_out: dict[str, Any] | None = None
-    if cfg.toy:
+    toy_out = None
+    if toy:
         t1 = time.perf_counter()
-        toy_out = _toy(cfg, out)
+        toy_out = dict(stages.toy(protocol).record)
         timings["toy"] = time.perf_counter() - t1
 
     doc = {
-        "partition": {str(k): v for k, v in partitions.items()},
-        "layers": {t: layer_of[t] for t in runs},
-        "tests": {t.name: dataclasses.asdict(t) for t in chosen_tests},
-        "methods": methods,
-        "n_prompts": cfg.n,
-        "n_boot": cfg.n_boot,
-        **summary,
-        "effects": effects_out,
-        "variances": {str(k): v for k, v in variances.items()},
-        "baselines": baseline_info,
+        "protocol": protocol.to_json(),
+        "partition": {str(k): list(v.partition) for k, v in decompositions.items()},
+        "layers": {t.name: plan.layers[t.name] for t in plan.tests},
+        "tests": {t.name: dataclasses.asdict(t) for t in plan.tests},
+        "skipped_tests": list(plan.skipped),
+        "methods": ["ndm", *protocol.baselines],
+        "n_prompts": protocol.patch_prompts,
+        "n_boot": protocol.gini_bootstrap,
+        **summary.to_json(),
+        "effects": effects,
+        "variances": {str(k): dict(v.variances) for k, v in decompositions.items()},
+        "baselines": {str(k): dict(v.baseline_info) for k, v in decompositions.items()},
         "conflict": conflict_out,
         "toy": toy_out,
         "train": str(train),
         "seconds": timings,
     }
     return NDMReport(analysis="ndm_evaluate", model=model.name, results={}, meta=doc)
+
+
+def _effects(sc: Any, runs: dict[str, Any]) -> dict[str, Any]:
+    """One test's record in ``ndm_evaluate.json``: its screen and each method's effects."""
+    whole = sc.run
+    return {
+        "layer": sc.layer,
+        "positions": list(sc.test.positions),
+        "corruption": sc.test.corruption,
+        "clean_metric_mean": float(whole.clean_metric.mean()),
+        "corrupt_metric_mean": float(whole.corrupt_metric.mean()),
+        "full_effect_mean": float(whole.full_effect.mean()),
+        "whole_space_share": sc.whole_space_share,
+        "screened": sc.screened,
+        "methods": {
+            m: {"mean": r.mean_effects().tolist(), "normalized": r.normalized_effects().tolist()}
+            for m, r in runs.items()
+        },
+    }
 
 
 def browse(

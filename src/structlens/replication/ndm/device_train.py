@@ -67,7 +67,7 @@ def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None)
         if not bool(torch.isfinite(t).all()):
             raise SystemExit(f"{name}: float16 overflow; pack in float32 instead.")
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = {k: meta[k] for k in ("model", "store", "data")}
+    header = {k: meta[k] for k in ("model", "store", "data", "protocol")}
     save_file(tensors, str(out), metadata={"train_meta": json.dumps(header)})
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {list(tensors)}")
 
@@ -115,7 +115,6 @@ def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[st
         "command": "structlens.replication.ndm.device_train train",
         "layers": [int(k) for k in results],
         "partition": {k: v["partition"] for k, v in results.items()},
-        "config": {**rows[0]["config"]},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
         "seconds_limit": seconds,
         "results": results,

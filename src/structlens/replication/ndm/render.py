@@ -46,7 +46,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     tdir = Path(R["train_dir"])
     tr, ev, toy2, per_layer = R["train"], R["evaluate"], R["toy2"], R["per_layer"]
     methods = ev["methods"]
-    cfg = tr["config"]
+    cfg = next(iter(tr["results"].values()))["config"]  # the layers share their settings
     device_run = R["device_run"]
     lines = [
         "# NDM replication on SmolLM2-135M-Instruct",
@@ -184,7 +184,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
                 note=planted_cells,
             )
         )  # fmt: skip
-    if ev.get("conflict"):
+    if (ev.get("conflict") or {}).get("corruptions"):
         c = ev["conflict"]
         parts, close = [], []
         for name, v in c["corruptions"].items():
@@ -250,9 +250,10 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         "| training data | MiniPile, ≈ 400k-key bank per step | "
         + (f"{tr['results'][str(LAYERS[0])]['n_activations']:,} of " if device_run else "")
         + f"{tr['data']['n_tokens_captured']:,} captured "
-        f"activations (bundled Austen corpus: {tr['data']['corpus_prompts']} windows of 128 "
-        f"tokens; {tr['data']['task_prompts']} prompts each of IOI, greater-than, knowledge "
-        "conflict; first position skipped) |",
+        f"activations (bundled Austen corpus: {tr['protocol']['corpus_prompts']} windows of "
+        f"{tr['protocol']['corpus_tokens']} tokens; {tr['protocol']['task_prompts']} prompts "
+        "each of IOI, greater-than, knowledge conflict, none of them an evaluation prompt; "
+        "first position skipped) |",
         f"| bank / batch | 409,600 keys / 128 | {cfg['bank_size']} keys / {cfg['batch_size']}, "
         f"refreshed every {cfg['refresh_interval']} steps |",
         f"| initial subspaces | 32 dims (24) | {cfg['unit_size']} dims "
@@ -370,7 +371,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
             + "; ".join(f"{m} {_ci(v['dimension'])}" for m, v in sm["gini_mean"].items())
             + ".",
         ]
-    if ev.get("conflict"):
+    if (ev.get("conflict") or {}).get("corruptions"):
         c = ev["conflict"]
         lines += [
             "",
@@ -465,7 +466,7 @@ def what_changed(R: dict[str, Any]) -> list[str]:
     sae = next((v["sae"] for v in ev["baselines"].values() if "sae" in v), None)
     sae_line = (
         f"trained until an epoch improves the FVU by less than {sae['tol']:.0%} (at most "
-        f"{s['evaluate']['sae_epochs']} epochs); "
+        f"{s['protocol']['sae_epochs']} epochs); "
         f"here {sae['epochs']} epochs, final FVU {sae['fvu_history'][-1]:.3f}, "
         + ("converged" if sae["converged"] else "stopped at the epoch limit before the plateau")
         if sae and "fvu_history" in sae
@@ -488,7 +489,7 @@ def what_changed(R: dict[str, Any]) -> list[str]:
         "They are replaced by relative tests on repeated random word sequences: "
         "previous_token_relative (the first-copy token before the continuation is swapped, "
         "patched at A+1) and induction (the first copy resampled, patched at END).",
-        f"- **Restarts.** {s['train'].get('restarts', 1)} training run(s) per layer, the "
+        f"- **Restarts.** {s['protocol']['restarts']} training run(s) per layer, the "
         "finest converged partition kept: on a synthetic rotated partition a single run can "
         "merge whole groups after settling with dimensions swapped between them, and merges "
         "cannot be undone. The claims table reports the recovery rate over seeds on two "
@@ -500,7 +501,7 @@ def what_changed(R: dict[str, Any]) -> list[str]:
 
 def tests_block(ev: dict[str, Any]) -> list[dict[str, Any]]:
     """Per patching test, the run's screen row (``whole_space_share``, ``screened``, see
-    :func:`structlens.ndm.evaluate.screen_table`) with the clean metric, the whole-space effect
+    :class:`structlens.ndm.stages.Screen`) with the clean metric, the whole-space effect
     and the dimension-normalised Gini per method (``"no signal"`` for an unscreened test)."""
     rows = []
     for row in ev["screen"]:
@@ -531,7 +532,7 @@ def write(R: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:
     blocks = {
         "tests": tests_block(R["evaluate"]),
         "screen": {"min_whole_space_share": R["evaluate"]["min_share"], "applied_to_gini": True},
-        "settings": {k: R["settings"][k] for k in ("model", "layers", "train", "evaluate")}
+        "settings": {k: R["settings"][k] for k in ("model", "layers", "protocol")}
         | {"device_run": R["device_run"]},
     }
     doc = ClaimsDocument(METHOD, source, tuple(found), blocks)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from structlens.ndm.protocol import PROFILES as NDM_PROFILES
 from structlens.replication.stage import Record, Stage, StageCache
 from structlens.results import write_results
 
@@ -37,19 +38,8 @@ CPU: dict[str, Any] = {
     # duplicate_token, s_inhibition_position) need an absolute-position subspace it lacks,
     # so the relative tests on repeated sequences replace them (ndm.evaluate.patch_tests_for).
     "tests": ["previous_token_relative", "induction", "s_inhibition_name", "greater_than"],
-    "train": {
-        "corpus_prompts": 150, "task_prompts": 40, "unit_size": 48, "steps": 60,
-        "bank_size": 8192, "batch_size": 128, "refresh_interval": 20, "lr": 3e-3,
-        "merge_start": 20, "merge_interval": 20, "merge_threshold": 0.04, "mi_samples": 2048,
-        "restarts": 1,
-    },
-    # min_share: the screen (a test's Gini is reported only where patching the whole space
-    # removes >= 30% of the clean metric); the SAE baseline trains to an FVU plateau (epoch
-    # gain < sae_tol, relative), at most sae_epochs epochs.
-    "evaluate": {
-        "n": 48, "min_share": 0.3, "batch_size": 16, "n_boot": 1000, "sae_width": 512,
-        "sae_k": 32, "sae_epochs": 50, "sae_tol": 0.01, "conflict_n": 32,
-    },
+    # every scientific choice of training and evaluation (screen, baselines, SAE baseline)
+    "protocol": NDM_PROFILES["paper"],
     "toy2": {
         "unit_size": 2, "lr": 1e-3, "max_steps": 3000, "bank_size": 8192,
         "refresh_interval": 50, "merge_start": 1000, "merge_interval": 500, "mi_samples": 2000,
@@ -87,23 +77,16 @@ GPU = CPU | {
     "device_rows": GPU_ROWS,
     "device_config": {"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
                       "bank_size": GPU_ROWS - 20 * 128},
-    "train": CPU["train"] | {"restarts": 3, "corpus_prompts": 1000},
-    "evaluate": CPU["evaluate"] | {"n": 512},
+    "protocol": NDM_PROFILES["paper"].replace(restarts=3, corpus_prompts=1000, patch_prompts=512),
 }  # fmt: skip
 SMOKE = CPU | {
     "profile": "smoke",
     "model": "tiny-smol",  # a random 3-layer Llama with SmolLM2's tokenizer (built as a stage)
     "layers": [0, 1, 2],
-    "train": {
-        "corpus_prompts": 12, "task_prompts": 4, "unit_size": 8, "steps": 20,
-        "bank_size": 512, "batch_size": 16, "refresh_interval": 5, "lr": 3e-3,
-        "merge_start": 10, "merge_interval": 10, "merge_threshold": 0.04, "mi_samples": 300,
-        "restarts": 2,
-    },
-    "evaluate": {
-        "n": 4, "min_share": 0.3, "batch_size": 4, "n_boot": 20, "sae_width": 64, "sae_k": 4,
-        "sae_epochs": 3, "sae_tol": 0.01, "conflict_n": 4, "toy_steps": 30, "toy_ae_steps": 50,
-    },
+    # the smoke protocol with the SAE baseline and two restarts, so that both reach the run
+    "protocol": NDM_PROFILES["smoke"].replace(
+        restarts=2, baselines=("identity", "random", "pca", "sae")
+    ),
     "toy2": CPU["toy2"] | {"max_steps": 40, "merge_start": 20, "merge_interval": 10,
                            "bank_size": 512, "mi_samples": 300, "refresh_interval": 10},
     "toy2_model": {"steps": 50},
@@ -173,23 +156,21 @@ class NDMReplication:
         return load_model(self.model, device=device)
 
     def _train(self, layers: list[int], folder: Path) -> Record:
-        from structlens.ndm.experiment import NDMExperimentConfig, run
+        from structlens.ndm.experiment import run
 
-        cfg = NDMExperimentConfig(
-            layers=tuple(layers), capture_layers=tuple(self.s["layers"]), **self.s["train"]
-        )
         report = run(
-            cfg, self._model(), out=folder, activations=self.activations,
-            checkpoints=self.checkpoints,
+            self.s["protocol"], self._model(), layers=layers, capture_layers=self.s["layers"],
+            out=folder, activations=self.activations, checkpoints=self.checkpoints,
         )  # fmt: skip
         write_results(folder, "ndm_train", report.payload(), command="ndm train")
         return _read(folder, "ndm_train.json")
 
     def train(self) -> tuple[Stage, dict[str, Any], dict[int, dict[str, Any]]]:
         s = self.s
+        protocol = s["protocol"].to_json()
         per_layer, keys = {}, []
         for layer in s["layers"]:
-            stage = Stage("train-layer", {"layer": layer, **s["train"]}, model=self.fp)
+            stage = Stage("train-layer", {"layer": layer, "protocol": protocol}, model=self.fp)
 
             def fit(folder: Path, layer: int = layer) -> Record:
                 return self._train([layer], folder)
@@ -198,8 +179,9 @@ class NDMReplication:
             keys.append(stage.key)
             log(f"trained layer {layer}")
         stage = Stage(
-            "train", {"layers": s["layers"], **s["train"]}, model=self.fp, inputs=tuple(keys)
-        )
+            "train", {"layers": s["layers"], "protocol": protocol}, model=self.fp,
+            inputs=tuple(keys),
+        )  # fmt: skip
 
         def collect(folder: Path) -> Record:
             return self._train(list(s["layers"]), folder)
@@ -229,22 +211,22 @@ class NDMReplication:
 
     # 2. evaluation
     def evaluate(self, train_stage: Stage) -> Record:
-        from structlens.ndm.experiment import NDMEvaluationConfig
         from structlens.ndm.experiment import evaluate as run_evaluation
         from structlens.report.ndm import plot_evaluation
 
         s = self.s
 
         def run(folder: Path) -> Record:
-            cfg = NDMEvaluationConfig(tests=tuple(s["tests"]), **s["evaluate"])
             # on --device: the gpu profile patches 512 prompts per test
-            model = self._model(self.device)
-            report = run_evaluation(cfg, model, self.cache.path(train_stage), out=folder)
+            report = run_evaluation(
+                s["protocol"], self._model(self.device), self.cache.path(train_stage),
+                out=folder, tests=s["tests"], batch_size=16,
+            )  # fmt: skip
             plot_evaluation(report.meta, folder)
             write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 
-        config = {"tests": s["tests"], **s["evaluate"]}
+        config = {"tests": s["tests"], "protocol": s["protocol"].to_json()}
         stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
         return self.cache.run(stage, Record, run)
 
@@ -327,7 +309,7 @@ def run(
         train_stage, train_data = rep.train_device(cpu_train)
     device_run = train_stage is not cpu_train
     R: dict[str, Any] = {
-        "settings": s,
+        "settings": s | {"protocol": s["protocol"].to_json()},
         "device_run": device_run,
         "train": train_data,
         "train_dir": rep.cache.path(train_stage),

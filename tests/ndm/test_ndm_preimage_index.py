@@ -1,6 +1,15 @@
+"""The report's bounded preimage index (:func:`structlens.ndm.stages.preimage_index`): known
+top contexts and neighbours, contexts on one line."""
+
 import numpy as np
 
-from structlens.analyze.ndm import preimage_browser
+from structlens.ndm.protocol import PROFILES
+from structlens.ndm.stages import preimage_index
+
+
+def index(*args, top, pool, neighbours):
+    sizes = dict(browser_top=top, browser_pool=pool, browser_neighbours=neighbours)
+    return preimage_index(PROFILES["smoke"].replace(**sizes), *args)
 
 
 class CharTokenizer:
@@ -19,7 +28,7 @@ def test_top_contexts_and_neighbours_are_the_known_ones():
     prompts = [(f"p{i}", list(range(i % 5, i % 5 + 6))) for i in range(n)]
     prompt_index = np.arange(n)
     position = np.full(n, 2)
-    out = preimage_browser(
+    out = index(
         CharTokenizer(), h, prompts, prompt_index, position, np.eye(4), [2, 2],
         top=2, pool=10, neighbours=3,
     )  # fmt: skip
@@ -41,7 +50,7 @@ def test_top_contexts_and_neighbours_are_the_known_ones():
 def test_contexts_stay_on_one_line():
     h = np.eye(4)[[0, 1, 2, 3, 0, 1]] + 0.1
     prompts = [("p", [23, 24, 25, 0, 1, 2])]
-    out = preimage_browser(
+    out = index(
         CharTokenizer(), h, prompts, np.zeros(6, int), np.arange(6), np.eye(4), [2, 2],
         top=1, pool=6, neighbours=2,
     )  # fmt: skip

@@ -1,0 +1,191 @@
+"""The NDM protocol: every scientific choice of the subspace decomposition and its
+evaluation, in one place.
+
+An :class:`NDMProtocol` is frozen and validated at construction.  ``structlens ndm train`` /
+``evaluate``, ``structlens analyze`` and the NDM replication each build one instance (the CLI
+from ``--protocol`` and its options, the others from their profiles, :data:`PROFILES`) and
+hand it to the stages of :mod:`structlens.ndm.stages`, the only code that turns activations
+and patching runs into NDM numbers.
+
+Training data
+    ``corpus_prompts`` windows of ``corpus_tokens`` tokens of the bundled corpus plus
+    ``task_prompts`` clean prompts of each of ``training_tasks``, none of which is an
+    evaluation prompt (the evaluation sets are built first and removed); position 0 of every
+    prompt is left out (an attention-sink outlier).
+Training
+    The :class:`~structlens.ndm.NDMConfig` of :meth:`NDMProtocol.ndm_config`: the protocol's
+    sizes, shrunk by one stated rule when a layer has fewer activations than they need.
+Evaluation
+    Each patching test runs on ``patch_prompts`` prompts at the paper's GPT-2 layer mapped to
+    the same relative depth; a test enters the Gini only if patching the whole space removes
+    at least ``min_share`` of the clean metric (the screen).  Baselines use NDM's partition;
+    intervals are percentile bootstraps over prompts (``gini_bootstrap`` resamples).
+
+>>> NDMProtocol(unit_size=16).ndm_config(n_rows=10_000, d=64).unit_size
+16
+>>> NDMProtocol(min_share=1.5)
+Traceback (most recent call last):
+...
+structlens.errors.InputError: min_share must be in [0, 1]; got 1.5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from structlens.config import Protocol, described
+from structlens.errors import InputError
+
+__all__ = ["NDMProtocol", "PROFILES", "BASELINES", "TRAINING_TASKS"]
+
+#: Baseline decompositions the Gini compares NDM with (each given NDM's partition).
+BASELINES = ("identity", "random", "pca", "sae")
+#: Circuit tasks whose clean prompts may join the training activations.
+TRAINING_TASKS = ("ioi", "greater_than", "knowledge_conflict")
+
+
+@dataclass(frozen=True)
+class NDMProtocol(Protocol):
+    """Every scientific choice of NDM (see the module docstring).
+
+    Each field's ``metadata["help"]`` says what it sets; :meth:`key` is a digest of the
+    canonical JSON, the part of a stage's cache key that the protocol contributes.
+    """
+
+    corpus_prompts: int = described(150, "Corpus windows in the training activations.")
+    corpus_tokens: int = described(128, "Tokens per corpus window.")
+    task_prompts: int = described(
+        40, "Clean prompts of each training task (never an evaluation prompt)."
+    )
+    training_tasks: tuple[str, ...] = described(
+        TRAINING_TASKS, "Tasks whose clean prompts join the training activations."
+    )
+    unit_size: int = described(
+        48, "Initial subspace size (the gcd with d where it does not divide d)."
+    )
+    steps: int = described(600, "Most optimisation steps per layer.")
+    bank_size: int = described(8192, "Keys in the neighbour memory bank (at most half the rows).")
+    batch_size: int = described(128, "Queries per optimisation step.")
+    refresh_interval: int = described(20, "Steps served by one memory-bank refresh.")
+    lr: float = described(1e-3, "Adam learning rate of the rotation.")
+    merge_start: int = described(200, "First step at which subspaces may merge.")
+    merge_interval: int = described(200, "Steps between merge rounds.")
+    merge_threshold: float = described(0.04, "Merge above this KSG MI / (d_a + d_b), nats.")
+    mi_samples: int = described(2048, "Rows of the KSG estimate (at most half the rows).")
+    restarts: int = described(1, "Training runs per layer; the best is kept.")
+    patch_prompts: int = described(24, "Prompts per patching test.")
+    min_share: float = described(
+        0.3, "Screen: least whole-space effect / clean metric for a test's Gini."
+    )
+    baselines: tuple[str, ...] = described(
+        BASELINES, "Decompositions compared with NDM (each with NDM's partition)."
+    )
+    gini_bootstrap: int = described(1000, "Bootstrap resamples of the prompts for Gini CIs.")
+    sae_width: int = described(2048, "Latents of the SAE baseline (TopK).")
+    sae_k: int = described(32, "TopK k of the SAE baseline.")
+    sae_epochs: int = described(50, "Most SAE epochs (training stops at the FVU plateau).")
+    sae_tol: float = described(0.01, "SAE plateau: relative FVU gain per epoch.")
+    conflict_prompts: int = described(24, "Knowledge-conflict prompts of the routing test.")
+    toy_steps: int = described(3000, "NDM steps on the toy model.")
+    toy_ae_steps: int = described(10_000, "Training steps of the toy autoencoder.")
+    browser_top: int = described(8, "Top contexts per subspace in the report's browser.")
+    browser_pool: int = described(240, "Entries of the report's preimage index.")
+    browser_neighbours: int = described(8, "Precomputed neighbours per index entry.")
+    seed: int = described(0, "Seed of prompts, rotations, baselines and bootstraps.")
+
+    def __post_init__(self) -> None:
+        self.check_types()
+        self.check_counts(
+            {
+                "corpus_prompts": 0, "corpus_tokens": 2, "task_prompts": 0, "unit_size": 1,
+                "steps": 1, "bank_size": 1, "batch_size": 1, "refresh_interval": 1,
+                "merge_start": 0, "merge_interval": 1, "mi_samples": 2, "restarts": 1,
+                "patch_prompts": 2, "gini_bootstrap": 1, "sae_width": 1, "sae_k": 1,
+                "sae_epochs": 1, "conflict_prompts": 2, "toy_steps": 1, "toy_ae_steps": 1,
+                "browser_top": 1, "browser_pool": 2, "browser_neighbours": 1, "seed": 0,
+            }
+        )  # fmt: skip
+        if self.corpus_prompts + self.task_prompts == 0:
+            raise InputError("corpus_prompts and task_prompts must not both be 0.")
+        for name, known in (("training_tasks", TRAINING_TASKS), ("baselines", BASELINES)):
+            bad = [v for v in getattr(self, name) if v not in known]
+            if bad:
+                raise InputError(f"{name}: unknown {bad[0]!r}; choose from {', '.join(known)}.")
+        if not 0.0 <= self.min_share <= 1.0:
+            raise InputError(f"min_share must be in [0, 1]; got {self.min_share}.")
+        if self.lr <= 0 or self.merge_threshold < 0 or self.sae_tol < 0:
+            raise InputError("lr must be > 0, merge_threshold and sae_tol >= 0.")
+
+    def ndm_config(self, n_rows: int, d: int, device: str = "cpu") -> Any:
+        """The :class:`~structlens.ndm.NDMConfig` of a layer with ``n_rows`` activations of
+        width ``d``.
+
+        The one rule that adapts the protocol to small data: the unit is the gcd of
+        ``unit_size`` and ``d`` when it does not divide ``d``; the bank and the MI sample hold
+        at most half the rows, and a bank refresh serves no more steps than the other half
+        holds queries for.  A layer with the protocol's sizes is trained with them unchanged.
+        """
+        from structlens.ndm.ndm import NDMConfig
+
+        if n_rows < 4:
+            raise InputError(f"NDM needs at least 4 activations per layer; got {n_rows}.")
+        bank = min(self.bank_size, n_rows // 2)
+        return NDMConfig(
+            unit_size=self.unit_size if d % self.unit_size == 0 else math.gcd(d, self.unit_size),
+            lr=self.lr, batch_size=self.batch_size, max_steps=self.steps, bank_size=bank,
+            refresh_interval=max(1, min(self.refresh_interval, (n_rows - bank) // self.batch_size)),
+            merge_start=self.merge_start, merge_interval=self.merge_interval,
+            merge_threshold=self.merge_threshold, mi_samples=min(self.mi_samples, n_rows // 2),
+            restarts=self.restarts, log_interval=min(50, self.steps), seed=self.seed,
+            device=device,
+        )  # fmt: skip
+
+    def sae_baseline(self) -> Any:
+        """The SAE of the SAE-clustering baseline."""
+        from structlens.ndm.pipeline import SAEBaselineConfig
+
+        return SAEBaselineConfig(
+            width=self.sae_width, k=self.sae_k, epochs=self.sae_epochs, tol=self.sae_tol,
+            seed=self.seed,
+        )  # fmt: skip
+
+    def toy(self) -> tuple[Any, Any]:
+        """The toy autoencoder's :class:`~structlens.ndm.ToyConfig` and the NDM settings of
+        its recovery run (2-d units, merges from a third of the steps)."""
+        from structlens.ndm.ndm import NDMConfig
+        from structlens.ndm.toy import ToyConfig
+
+        steps = self.toy_steps
+        ndm = NDMConfig(
+            unit_size=2, lr=1e-3, max_steps=steps, bank_size=8192, refresh_interval=50,
+            merge_start=max(1, steps // 3), merge_interval=max(1, steps // 6), mi_samples=2000,
+            seed=self.seed,
+        )  # fmt: skip
+        return ToyConfig(steps=self.toy_ae_steps, seed=self.seed), ndm
+
+
+#: The protocol instances the drivers start from.  ``paper`` follows the paper's rules at
+#: CPU-feasible sizes (the replication's and the CLI's defaults); ``cpu`` is the main job's
+#: budget on a laptop; ``smoke`` shrinks every size for tiny test models and keeps every rule.
+PROFILES: dict[str, NDMProtocol] = {
+    "paper": NDMProtocol(
+        steps=60, lr=3e-3, merge_start=20, merge_interval=20, patch_prompts=48,
+        sae_width=512, conflict_prompts=32,
+    ),
+    # NDM steps at d = 576 are dominated by the backward of the rotation's matrix
+    # exponential: 200 steps keep two merge rounds; results flag non-convergence
+    "cpu": NDMProtocol(
+        corpus_prompts=160, corpus_tokens=96, task_prompts=0, unit_size=32, steps=200,
+        refresh_interval=25, merge_start=100, merge_interval=100, mi_samples=2000,
+        baselines=("identity", "random", "pca"), gini_bootstrap=500,
+    ),
+    "smoke": NDMProtocol(
+        corpus_prompts=64, corpus_tokens=64, task_prompts=4, unit_size=8, steps=30,
+        bank_size=2048, batch_size=64, refresh_interval=20, merge_start=10, merge_interval=10,
+        mi_samples=1000, patch_prompts=16, baselines=("identity", "random", "pca"),
+        gini_bootstrap=200, sae_width=64, sae_k=4, sae_epochs=3, conflict_prompts=8,
+        toy_steps=30, toy_ae_steps=50, browser_top=6, browser_pool=96, browser_neighbours=5,
+    ),
+}  # fmt: skip
