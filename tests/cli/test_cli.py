@@ -124,6 +124,7 @@ _COMMON = ["out", "device", "dtype", "seed", "quiet"]
             [
                 "model_a",
                 "model_b",
+                "protocol",
                 "task",
                 "n",
                 "metric",

@@ -75,7 +75,7 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     test = res.verdicts["matching_test"]
     assert (test["partner_only"], test["null_only"]) == (b, c)
     assert test["p_value"] == mcnemar_exact(b, c)
-    want = "equivalent" if b > c and mcnemar_exact(b, c) < 0.05 else "undecided"
+    want = "equivalent" if b > c and mcnemar_exact(b, c) < 0.05 else "unidentified"
     assert res.verdicts["matching"] == want
 
 
@@ -120,8 +120,8 @@ def test_compare_two_seeds_end_to_end(tiny) -> None:
     assert len(cg["point_test_ab"]["p_values"]) == 3
     assert res.verdicts["agree"] == (res.verdicts["matching"] == res.verdicts["congruity"])
     # two unrelated random models are never declared equivalent: no calibrated evidence
-    assert res.verdicts["matching"] == "undecided" and res.verdicts["matching_reason"]
-    assert res.verdicts["congruity"] in ("different", "undecided")
+    assert res.verdicts["matching"] == "unidentified" and res.verdicts["matching_reason"]
+    assert res.verdicts["congruity"] in ("different", "unidentified")
     # the saved result round-trips
     assert set(res.summary()) >= {"score", "score_ci", "matching", "validation", "congruity"}
 
@@ -199,18 +199,25 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     from structlens.cli import equiv
 
     args = ["tiny-llama", "tiny-llama", "--task", "corpus", "-n", "12", "--no-congruity"]
-    args += ["--max-validate-heads", "3", "--head-groups"]
+    args += ["--max-validate-heads", "3", "--head-subset", "random", "--head-groups"]
     res = CliRunner().invoke(
         equiv.app, ["compare", *args, "--out", str(tmp_path), "--quiet", "--batch-size", "16"]
     )
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "compare.json").read_text())
-    for key in ("score", "score_ci", "matching", "validation", "congruity", "layer_similarity"):
+    for key in ("heads", "layers", "head_groups", "decision", "caveats", "layer_similarity"):
         assert key in doc
-    assert doc["validation"][0].keys() >= {"pair", "passed", "kl", "top1", "similarity"}
-    assert len(doc["null_validation"]) == 3 and doc["informative"].keys() >= {"n_heads", "score"}
+    assert doc["congruity"] is None and doc["protocol"]["congruity"] is False
+    heads = doc["heads"]
+    assert len(heads["pairs"]) == len(heads["kl"]) == len(heads["null_passed"]) == 3
+    assert heads["informative"].keys() >= {"n", "n_passed", "score"}
+    assert heads["decision"]["verdict"] == doc["decision"]
     assert doc["head_groups"]["pairs"] == [0, 1, 2]
+    assert (tmp_path / "compare_result" / "result.json").exists()
     assert (tmp_path / "compare_layers.png").stat().st_size > 0
+    # without CONGRUITY the subset cannot come from its KL grid: said in one line, exit 2
+    bad = CliRunner().invoke(equiv.app, ["compare", *args[:9], "--out", str(tmp_path), "-q"])
+    assert bad.exit_code == 2 and "turn congruity on" in bad.output
     bad = CliRunner().invoke(equiv.app, ["compare", *args[:2], "-n", "4", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "too few" in bad.output
 

@@ -51,11 +51,11 @@ def test_too_few_rows_is_rejected_where_ridge_used_to_fail_silently():
 def test_decisions_need_the_score_interval_above_the_null():
     assert decide_with_null(0.95, [0.85, 1.0], [0.0, 0.2])[0] == "equivalent"
     verdict, reason = decide_with_null(0.9, [0.7, 1.0], [0.6, 0.95])
-    assert verdict == "undecided" and "null" in reason
-    assert decide_with_null(0.9, [0.7, 1.0], None)[0] == "undecided"
-    assert decide_with_null(0.9, [0.7, 1.0], [float("nan")] * 2)[0] == "undecided"
+    assert verdict == "unidentified" and "null" in reason
+    assert decide_with_null(0.9, [0.7, 1.0], None)[0] == "not tested"
+    assert decide_with_null(0.9, [0.7, 1.0], [float("nan")] * 2)[0] == "not tested"
     verdict, reason = decide_with_null(0.4, [0.3, 0.5], [0.0, 0.1], min_score=0.5)
-    assert verdict == "undecided" and "below" in reason
+    assert verdict == "unidentified" and "below" in reason
 
 
 def test_informative_heads_are_the_top_kl_heads_whose_null_fails():

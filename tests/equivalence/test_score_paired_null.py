@@ -55,17 +55,17 @@ def test_decision_counts_reasons_and_gates():
     assert d.n_heads == 10 and d.score == 0.9 and d.null_score == 0.2
     assert d.p_value == mcnemar_exact(8, 1) and d.verdict == "equivalent"
     assert "8 of 10" in d.reason and "McNemar" in d.reason
-    # below the required score: undecided although the test passes
+    # below the required score: unidentified although the test passes
     low = decide_paired_null(partner, null, min_score=0.95)
-    assert low.verdict == "undecided" and "below the required" in low.reason
+    assert low.verdict == "unidentified" and "below the required" in low.reason
     # more null-only than partner-only heads never decides, however small p is
     rev = decide_paired_null(null, partner)
-    assert rev.verdict == "undecided" and rev.partner_only == 1 and rev.null_only == 8
+    assert rev.verdict == "unidentified" and rev.partner_only == 1 and rev.null_only == 8
     # concordant heads carry no information: all pass under both
     same = decide_paired_null([True] * 20, [True] * 20)
-    assert same.verdict == "undecided" and same.p_value == 1.0
+    assert same.verdict == "unidentified" and same.p_value == 1.0
     none = decide_paired_null(partner, None)
-    assert none.verdict == "undecided" and "no null" in none.reason
+    assert none.verdict == "not tested" and "no null" in none.reason
     assert np.isnan(none.p_value)
     assert decide_paired_null(np.array([1, 0, 1]), np.array([0, 0, 0])).partner_only == 2
 

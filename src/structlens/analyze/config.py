@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
+from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.koopman.protocol import PROFILES as KOOPMAN
 from structlens.koopman.protocol import KoopmanProtocol
 from structlens.ndm.protocol import PROFILES as NDM
@@ -37,9 +39,7 @@ class Profile:
     sweep_train_prompts: int
     sweep_eval_prompts: int
     sweep_bootstrap: int
-    equiv_probe: int
-    equiv_heads: int
-    equiv_congruity: bool
+    equivalence: EquivalenceProtocol  # every scientific choice of the equivalence stage
 
 
 PROFILES: dict[str, Profile] = {
@@ -50,7 +50,7 @@ PROFILES: dict[str, Profile] = {
         kappa_layers=3, kappa_vectors=24, kappa_tokens=24,
         sweep_widths=(64, 128, 256, 512), sweep_k=8, sweep_train_prompts=48,
         sweep_eval_prompts=16, sweep_bootstrap=50,
-        equiv_probe=24, equiv_heads=8, equiv_congruity=False,
+        equivalence=EQUIVALENCE["smoke"],
     ),
     "cpu": Profile(
         n_layers=4, task_prompts=64,
@@ -60,8 +60,12 @@ PROFILES: dict[str, Profile] = {
         kappa_layers=2, kappa_vectors=24, kappa_tokens=16,
         sweep_widths=(1024, 2048, 4096, 8192), sweep_k=32, sweep_train_prompts=160,
         sweep_eval_prompts=24, sweep_bootstrap=100,
-        # the layer map needs more fit tokens (half the probe) than d = 576 dimensions
-        equiv_probe=96, equiv_heads=12, equiv_congruity=False,
+        # the layer map needs more fit tokens (half the probe) than d = 576 dimensions; a
+        # random 12 heads, no CONGRUITY and no head groups keep the stage in the CPU budget
+        equivalence=EQUIVALENCE["paper"].replace(
+            probe_prompts=96, max_validate_heads=12, head_subset="random",
+            max_validate_layers=6, validate_head_groups=False, congruity=False,
+        ),
     ),
     "full": Profile(
         n_layers=8, task_prompts=100,
@@ -76,7 +80,9 @@ PROFILES: dict[str, Profile] = {
         kappa_layers=8, kappa_vectors=128, kappa_tokens=64,
         sweep_widths=(512, 1024, 2048, 4096, 8192, 16384, 32768), sweep_k=32,
         sweep_train_prompts=800, sweep_eval_prompts=96, sweep_bootstrap=200,
-        equiv_probe=128, equiv_heads=32, equiv_congruity=True,
+        equivalence=EQUIVALENCE["paper-subset"].replace(
+            probe="corpus", probe_prompts=128, max_validate_heads=32, max_validate_layers=6
+        ),
     ),
 }  # fmt: skip
 

@@ -35,9 +35,9 @@ def _stage_settings(cfg: AnalyzeConfig, stage: str, layers: Sequence[int]) -> di
     prefix = {
         "tasks": ("task_",),
         "koopman": ("koopman",),
-        "ndm": ("ndm_", "patch_", "baselines", "gini_", "browser_"),
-        "causal_dim": ("kappa_", "sweep_", "ndm_corpus"),
-        "equivalence": ("equiv_",),
+        "ndm": ("ndm",),
+        "causal_dim": ("kappa_", "sweep_", "ndm"),
+        "equivalence": ("equivalence",),
     }[stage]
     out = {k: v for k, v in p.items() if k.startswith(prefix)}
     out["seed"] = cfg.seed

@@ -1,147 +1,110 @@
-"""``structlens equiv compare|similarity``: interpretive equivalence of two models; the
-experiment is :func:`structlens.equivalence.experiment.run`."""
+"""``structlens equiv compare|similarity|sanity``: interpretive equivalence of two models (or
+of a model and its rotated copy); the numbers are the stages of
+:mod:`structlens.equivalence.stages` under the ``--protocol`` the options override."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
-from structlens.cli.checks import at_least, choice
 from structlens.cli.common import Common, common_options, shared_settings
 from structlens.cli.equiv_options import (
-    POSITIVE,
+    FLAGS,
+    PROBES,
+    VALIDATION,
     BatchSize,
-    HeadMatching,
-    LayerMatching,
-    Metric,
-    N,
-    Representation,
-    Task,
+    Threshold,
+    protocol_of,
 )
 from structlens.cli.options import ModelArg
+from structlens.cli.output import fail
 
 app = typer.Typer(
     help="Interpretive equivalence: do two models implement the same mechanism?",
     no_args_is_help=True,
 )
-
-# the probes and the matching, shared by both commands
-PROBES = {
-    "task": (Task, "corpus"),
-    "n": (N, 64),
-    "metric": (Metric, "linear_cka_debiased"),
-    "layer_matching": (LayerMatching, "monotone"),
-    "head_matching": (HeadMatching, "global"),
-    "representation": (Representation, "auto"),
-}
 OUT = Path("results/equiv")
-# config fields as the options that set them, in the messages of configs' errors
-FLAGS = {
-    "layer_matching": "--layer-matching",
-    "head_matching": "--head-matching",
-    "representation": "--representation",
-    "map_method": "--map",
-}
 
 
-def _run(
-    common: Common, model_a: str, model_b: str, name: str, *, task: str, n: int, **compare: Any
-) -> None:
-    from structlens.equivalence import Preprocess, ValidationCriterion
-    from structlens.equivalence.compare import CompareConfig
-    from structlens.equivalence.experiment import EquivalenceExperimentConfig, run
-    from structlens.report.equivalence import plot_layer_matching
+def _recorder(kept: list[Any]) -> Any:
+    """The stages' model runs, keeping their records (the figure draws them)."""
+    from structlens.equivalence.stages import measure
 
-    criterion = ValidationCriterion(max_kl=compare.pop("max_kl"), min_top1=compare.pop("min_top1"))
-    cmp = CompareConfig(
-        preprocess=Preprocess(exclude_bos=True), criterion=criterion, seed=common.seed, **compare
+    def run(*args: Any) -> Any:
+        kept.append(measure(*args))
+        return kept[-1]
+
+    return run
+
+
+def _say(common: Common, res: Any, labels: tuple[str, str]) -> None:
+    h = res.heads
+    common.say(
+        f"{labels[0]} vs {labels[1]} on {res.probe} ({res.representation} rows): score "
+        f"{h.score:.3f} [{h.score_ci[0]:.3f}, {h.score_ci[1]:.3f}] ({h.method}), layers "
+        + ("—" if res.layers is None else f"{res.layers.score:.3f}")
     )
-    cfg = EquivalenceExperimentConfig(task=task, n=n, compare=cmp)
+    if h.null_score is not None and h.informative is not None:
+        common.say(
+            f"null (mean ablation) score {h.null_score:.3f}; partner passes on "
+            f"{h.informative.n_passed} of the {h.informative.n} heads whose mean ablation fails"
+        )
+    if g := res.head_groups:
+        common.say(f"whole-layer head groups: score {g.score:.3f}, null {g.null_score:.3f}")
+    if c := res.congruity:
+        common.say(
+            f"congruity: point-test decision rate A->B {c.decision_rate_ab:.2f}, B->A "
+            f"{c.decision_rate_ba:.2f}: {c.decision}"
+        )
+    common.say(f"decision: {res.decision} ({res.decision_reason})")
+    for c in res.caveats:  # the encoding score's PCA reduction among them
+        common.say(f"caveat ({c.kind}): {c.message}")
+
+
+def _write(common: Common, name: str, res: Any, raw: Any, labels: tuple[str, str], **extra: Any):
+    """Write ``name.json`` (the stage result, its protocol and ``extra``), the records and
+    the layer-matching figure; return the JSON's path."""
+    from structlens.report.equivalence import plot_layer_matching
+    from structlens.results import to_jsonable
+
+    common.out.mkdir(parents=True, exist_ok=True)
+    raw.save(common.out / f"{name}_result")
+    plot_layer_matching(
+        raw, common.out / f"{name}_layers.png", label_a=labels[0], label_b=labels[1],
+        title=f"{raw.config['metric']}, {raw.matching['layers']['method']} matching",
+    )  # fmt: skip
+    payload = to_jsonable(res) | extra
+    payload["layer_similarity"] = res.layer_similarity.tolist()
+    return common.write(name, payload, command=f"equiv {name}")
+
+
+def _compare(common: Common, model_a: str, model_b: str, name: str, **settings: Any) -> None:
+    from structlens.equivalence.stages import compare_models
+
+    protocol = protocol_of(settings, common.seed, **settings.pop("fixed", {}))
     a = common.load_model(model_a)
     b = common.load_model(model_b, seed=common.seed + 1 if model_a == model_b else common.seed)
-    result = run(cfg, a, b)
-    out = common.out
-    out.mkdir(parents=True, exist_ok=True)
-    result.save(out / f"{name}_result")
-    path = common.write(name, result.summary(), command=f"equiv {name}")
-    plot_layer_matching(
-        result, out / f"{name}_layers.png", label_a=model_a, label_b=model_b,
-        title=f"{cmp.metric}, {result.matching['layers']['method']} matching",
-    )  # fmt: skip
-    common.say(
-        f"{model_a} vs {model_b} on {result.probe} ({result.representation} rows): "
-        f"score {result.score:.3f} [{result.score_ci[0]:.3f}, {result.score_ci[1]:.3f}] "
-        f"({result.validation_method}), layers {result.layer_score:.3f}"
-    )
-    if inf := result.informative:
-        common.say(
-            f"null (mean ablation) score {result.null_score:.3f}; partner passes on "
-            f"{inf['n_passed']} of the {inf['n_heads']} heads whose mean ablation fails"
-        )
-    if g := result.head_groups:
-        common.say(f"whole-layer head groups: score {g['score']:.3f}, null {g['null_score']:.3f}")
-    if c := result.congruity:
-        common.say(
-            f"congruity: point-test decision rate A->B {c['point_test_ab']['decision_rate']:.2f}, "
-            f"B->A {c['point_test_ba']['decision_rate']:.2f}; verdicts {result.verdicts}"
-        )
+    kept: list[Any] = []
+    res = compare_models(protocol, a, b, measure=_recorder(kept))
+    _say(common, res, (model_a, model_b))
+    path = _write(common, name, res, kept[0], (model_a, model_b), protocol=protocol.to_json())
     common.say(f"wrote {path}")
 
 
 @app.command("compare")
 @common_options(out=OUT, flags=FLAGS)
-@shared_settings(PROBES, first=True)
-def compare_cmd(
-    common: Common,
-    model_a: ModelArg,
-    model_b: ModelArg,
-    map_method: Annotated[
-        str,
-        typer.Option("--map", help="Linear map for validation: ridge or procrustes."),
-        choice("map_method", ("ridge", "procrustes")),
-    ] = "ridge",
-    max_kl: Annotated[float, typer.Option("--max-kl", help="Pass if KL <= this (nats).")] = 0.1,
-    min_top1: Annotated[
-        float, typer.Option("--min-top1", help="Pass if top-1 agreement >= this.")
-    ] = 0.9,
-    max_validate_heads: Annotated[
-        int | None,
-        typer.Option("--max-validate-heads", help="Validate a random subset of matched heads."),
-    ] = None,
-    head_groups: Annotated[
-        bool,
-        typer.Option(
-            "--head-groups/--no-head-groups",
-            help="Also replace all heads of each layer of B at once (and mean-ablate them).",
-        ),
-    ] = False,
-    congruity: Annotated[
-        bool, typer.Option("--congruity/--no-congruity", help="Run the CONGRUITY estimator.")
-    ] = True,
-    top_k: Annotated[
-        int, typer.Option("--top-k", help="CONGRUITY heads per model."), at_least(1, POSITIVE)
-    ] = 4,
-    congruity_max_layers: Annotated[
-        int | None,
-        typer.Option("--congruity-max-layers", help="Rank heads of at most this many layers."),
-    ] = None,
-    batch_size: BatchSize = 8,
-    **settings: Any,
-) -> None:
+@shared_settings(PROBES | VALIDATION, first=True)
+def compare_cmd(common: Common, model_a: ModelArg, model_b: ModelArg, **settings: Any) -> None:
     """Match layers and heads of MODEL_A and MODEL_B, validate by patching, run CONGRUITY.
 
-    Writes compare.json (score, score_ci, matching, validation, congruity, verdicts),
-    compare_result/ (arrays) and compare_layers.png. The same alias twice compares two
-    seeds of a tiny model (B gets seed + 1).
+    Writes compare.json (the comparison: heads, layers and head groups with their nulls and
+    paired decisions, CONGRUITY, caveats, the protocol), compare_result/ (every per-component
+    record and the 4-D head similarity array) and compare_layers.png. The same alias twice
+    compares two seeds of a tiny model (B gets seed + 1).
     """
-    _run(
-        common, model_a, model_b, "compare", map_method=map_method, max_kl=max_kl,
-        min_top1=min_top1, max_validate_heads=max_validate_heads, validate_head_groups=head_groups,
-        congruity=congruity, congruity_top_k=top_k, congruity_max_layers=congruity_max_layers,
-        batch_size=batch_size, **settings,
-    )  # fmt: skip
+    _compare(common, model_a, model_b, "compare", **settings)
 
 
 @app.command("similarity")
@@ -151,19 +114,50 @@ def similarity_cmd(
     common: Common,
     model_a: ModelArg,
     model_b: ModelArg,
-    threshold: Annotated[
-        float, typer.Option("--threshold", help="Similarity a matched pair must reach.")
-    ] = 0.5,
-    batch_size: BatchSize = 8,
+    threshold: Threshold = None,
+    batch_size: BatchSize = None,
     **settings: Any,
 ) -> None:
     """Layer and head similarity matrices and matchings only (no patching, no CONGRUITY).
 
-    Writes similarity.json (layer_similarity, matching, the similarity-only score) and
+    Writes similarity.json (layer_similarity, the similarity-only score, the protocol) and
     similarity_layers.png.
     """
-    _run(
-        common, model_a, model_b, "similarity", similarity_threshold=threshold,
-        validate=False, congruity=False, max_kl=0.1, min_top1=0.9, batch_size=batch_size,
-        **settings,
+    fixed = {"validate": False, "congruity": False, "head_subset": "random"}
+    _compare(
+        common, model_a, model_b, "similarity", threshold=threshold, batch_size=batch_size,
+        fixed=fixed, **settings,
     )  # fmt: skip
+
+
+@app.command("sanity")
+@common_options(out=OUT, flags=FLAGS)
+@shared_settings(PROBES | VALIDATION, first=True)
+def sanity_cmd(common: Common, model: ModelArg, **settings: Any) -> None:
+    """MODEL against its rotated, head-permuted copy: the answer is known (equivalent), so a
+    failure is the method's, not the model's.
+
+    Writes sanity.json (the comparison, whether the copy was recovered, its logit gap and the
+    share of planted head partners recovered), sanity_result/ and sanity_layers.png.
+    """
+    from structlens.equivalence.stages import sanity
+
+    protocol = protocol_of(settings, common.seed)
+    m = common.load_model(model)
+    kept: list[Any] = []
+    try:
+        check = sanity(protocol, m, measure=_recorder(kept))
+    except ValueError as err:  # a LayerNorm model: the rotation does not fold into it
+        fail(str(err))
+    labels = (model, f"{model} rotated")
+    _say(common, check.comparison, labels)
+    common.say(
+        f"sanity: {'passed' if check.passed else 'FAILED'} ({check.reason}); max |Δlogit| "
+        f"{check.max_abs_logit_diff:.2g}, planted head partners recovered "
+        f"{check.heads_recovered:.2f}"
+    )
+    extra = {k: getattr(check, k) for k in ("passed", "reason", "rotation_seed")}
+    extra |= {"max_abs_logit_diff": check.max_abs_logit_diff}
+    extra |= {"heads_recovered": check.heads_recovered, "protocol": protocol.to_json()}
+    path = _write(common, "sanity", check.comparison, kept[0], labels, sanity=extra)
+    common.say(f"wrote {path}")

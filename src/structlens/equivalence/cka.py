@@ -15,6 +15,8 @@ Conventions
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from structlens.stats.moments import DEFAULT_CHUNK_ROWS, CrossMoments
@@ -237,3 +239,9 @@ class MinibatchCKA:
             raise ValueError("MinibatchCKA has seen no batches; call update() first.")
         xy, xx, yy = self.sums / self.batches
         return _ratio(xy, xx, yy)
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics
+
+    _MinibatchCKA: type[Statistics] = MinibatchCKA

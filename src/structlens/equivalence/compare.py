@@ -92,7 +92,9 @@ class CompareConfig:
     layer_matching : {"monotone", "hungarian"}
     head_matching : {"global", "per_layer"}
     map_method : {"ridge", "procrustes"}
-        Linear map from A's component to B's for validation.
+        Linear map from A's head to B's for validation.
+    layer_map : {"auto", "procrustes", "ridge"}
+        Map of whole layers (:func:`~structlens.equivalence.fit_layer_map`).
     criterion : ValidationCriterion
         The sufficient condition (default: KL <= 0.1 nats and top-1 >= 0.9).
     similarity_threshold : float
@@ -102,7 +104,10 @@ class CompareConfig:
     validate : bool
         Validate by patching (when possible); ``False`` gives the similarity-only score.
     max_validate_heads : int or None
-        Validate a seeded random subset of matched heads (all when None).
+        Validate at most this many matched heads (all when None), chosen by ``head_subset``.
+    head_subset : {"congruity_kl", "random"}
+        B's top-KL heads of CONGRUITY's grid whose mean ablation fails (a seeded random subset
+        when CONGRUITY did not run or no head's ablation fails), or a seeded random subset.
     validate_layers : bool
         Also validate matched layers (``resid_post`` replacement).
     max_validate_layers : int or None
@@ -125,7 +130,8 @@ class CompareConfig:
         Point-test triples and bootstrap repetitions (reference: 20 and 40).
     equivalent_at : float
         Matched-component verdict: "equivalent" when ``score >= equivalent_at`` and the
-        paired test against the null passes (:func:`decide_paired_null`), else "undecided".
+        paired test against the null passes (:func:`decide_paired_null`), else
+        "unidentified" (or "not tested" without a null).
     null_alpha : float
         Level of that paired test (McNemar exact, two-sided, on the validated heads).
     batch_size, seed, ci
@@ -137,11 +143,13 @@ class CompareConfig:
     layer_matching: Literal["monotone", "hungarian"] = "monotone"
     head_matching: Literal["global", "per_layer"] = "global"
     map_method: Literal["ridge", "procrustes"] = "ridge"
+    layer_map: Literal["auto", "procrustes", "ridge"] = "auto"
     criterion: ValidationCriterion = ValidationCriterion()
     similarity_threshold: float = 0.5
     heldout_fraction: float = 0.5
     validate: bool = True
     max_validate_heads: int | None = None
+    head_subset: Literal["congruity_kl", "random"] = "congruity_kl"
     validate_layers: bool = True
     max_validate_layers: int | None = None
     validate_head_groups: bool = False
@@ -384,7 +392,7 @@ def compare(
         max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
         pick = (
             informative_heads(cong["kl_grid_b"], head_pairs, cfg.max_validate_heads, max_kl)
-            if cong
+            if cong and cfg.head_subset == "congruity_kl"
             else []
         )
         pick = pick or sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False))
@@ -465,7 +473,7 @@ def compare(
     matching_verdict = paired.verdict
     if cong:
         # no detected difference is not evidence of equivalence: the point test has no null
-        verdicts["congruity"] = "different" if cong["different"] else "undecided"
+        verdicts["congruity"] = "different" if cong["different"] else "unidentified"
         verdicts["agree"] = verdicts["congruity"] == matching_verdict
     return ComparisonResult(
         model_a=model_a.name,

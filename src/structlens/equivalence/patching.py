@@ -382,7 +382,7 @@ def validation_writers(
     layers = []
     if config.validate_layers:
         for la, lb in layer_pairs:
-            lmap = fit_layer_map(raw_a[la], raw_b[lb])
+            lmap = fit_layer_map(raw_a[la], raw_b[lb], config.layer_map)
             w = torch.as_tensor(lmap.weight, dtype=dtype)
             bias = torch.as_tensor(lmap.bias, dtype=dtype)
             layers.append((f"{sb}.{lb}.hook_resid_post", _replace_layer(la, w, bias, start, sa)))

@@ -35,11 +35,11 @@ pairs, one per component, and are dependent (a head that is easy to replace is e
 ablate).  Comparing the two Wilson intervals as if independent is no test of that paired
 design; the verdict comes from McNemar's exact test on the discordant components (partner
 passes and null fails, ``b``; the reverse, ``c``): ``"equivalent"`` when ``b > c`` with
-two-sided ``p < alpha`` (and the score reaches ``min_score``), ``"undecided"`` with the
-reason otherwise.  The Wilson intervals stay as descriptive numbers.  Scores pooled over
-several model pairs resample whole pairs
-(:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`): heads of one pair are
-not independent of each other.
+two-sided ``p < alpha`` (and the score reaches ``min_score``), ``"unidentified"`` with the
+reason otherwise, and ``"not tested"`` (with the reason) when no null was measured.  The
+Wilson intervals stay as descriptive numbers.  Scores pooled over several model pairs
+resample whole pairs (:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`):
+heads of one pair are not independent of each other.
 :func:`informative_heads` picks the components worth validating: those whose mean ablation
 changes B's output most (top-KL), where the null fails.
 """
@@ -282,7 +282,7 @@ def decide_paired_null(
         Per validated component: does replacing it by its matched partner pass?
     null_passed : sequence of bool or None
         The same components, in the same order, mean-ablated instead.  ``None`` (no null
-        measured, e.g. validation by similarity only) gives ``"undecided"``.
+        measured, e.g. validation by similarity only) gives ``"not tested"``.
     alpha : float
         Level of the two-sided exact McNemar test, in (0, 1).
     min_score : float
@@ -293,7 +293,8 @@ def decide_paired_null(
     PairedNullDecision
         ``verdict`` is ``"equivalent"`` when more components pass with their partner only
         than with the null only (``b > c``), McNemar's exact ``p < alpha`` and the score is at
-        least ``min_score``; else ``"undecided"``; ``reason`` says why.
+        least ``min_score``; else ``"unidentified"`` (``"not tested"`` without a null);
+        ``reason`` says why.
 
     Examples
     --------
@@ -310,7 +311,7 @@ def decide_paired_null(
     nan = float("nan")
     if null_passed is None or np.asarray(null_passed).size == 0:
         return PairedNullDecision(
-            "undecided", "no null score to calibrate against (validation without patching)",
+            "not tested", "no null score to calibrate against (validation without patching)",
             int(partner.size), 0, 0, 0, 0, nan, alpha, score, nan,
         )  # fmt: skip
     null = _bools(null_passed, "null_passed")
@@ -328,14 +329,14 @@ def decide_paired_null(
     )
     if not (b > c and p < alpha):
         verdict, reason = (
-            "undecided",
+            "unidentified",
             (
                 f"{counts}, not below α = {alpha:g} with b > c: partners do no better than mean "
                 "ablation"
             ),
         )
     elif score < min_score:
-        verdict, reason = "undecided", f"score {score:.3f} is below the required {min_score:.3f}"
+        verdict, reason = "unidentified", f"score {score:.3f} is below the required {min_score:.3f}"
     else:
         verdict, reason = "equivalent", f"{counts} < α = {alpha:g}"
     return PairedNullDecision(
@@ -348,7 +349,7 @@ def decide_with_null(
     score: float, score_ci: object, null_ci: object | None, min_score: float = 0.0
 ) -> tuple[str, str]:
     """``("equivalent", reason)`` when ``score >= min_score`` and the score's interval lies
-    above the null's, else ``("undecided", reason)``.
+    above the null's, else ``("unidentified", reason)`` (``"not tested"`` without a null).
 
     Descriptive only: the two intervals come from the same components, so their overlap is
     not a test of the paired design (it is both conservative and blind to the pairing).
@@ -360,15 +361,15 @@ def decide_with_null(
     """
     lo, hi = (float(v) for v in np.asarray(score_ci, dtype=np.float64).ravel()[:2])
     if null_ci is None or not np.all(np.isfinite(np.asarray(null_ci, dtype=np.float64))):
-        return "undecided", "no null score to calibrate against (validation without patching)"
+        return "not tested", "no null score to calibrate against (validation without patching)"
     n_lo, n_hi = (float(v) for v in np.asarray(null_ci, dtype=np.float64).ravel()[:2])
     if not lo > n_hi:
-        return "undecided", (
+        return "unidentified", (
             f"score interval [{lo:.3f}, {hi:.3f}] does not lie above the null's "
             f"[{n_lo:.3f}, {n_hi:.3f}]: partners do no better than mean ablation"
         )
     if score < min_score:
-        return "undecided", f"score {score:.3f} is below the required {min_score:.3f}"
+        return "unidentified", f"score {score:.3f} is below the required {min_score:.3f}"
     return "equivalent", (
         f"score interval [{lo:.3f}, {hi:.3f}] lies above the null's [{n_lo:.3f}, {n_hi:.3f}]"
     )

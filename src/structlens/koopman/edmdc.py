@@ -23,7 +23,7 @@ import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.linalg
@@ -115,9 +115,12 @@ class EDMDcStatistics:
     def n(self) -> int:
         return self.zy.n
 
-    def update_lifted(self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray):
-        """Add a block of already lifted rows."""
+    def update(
+        self, x: np.ndarray, psi_x: np.ndarray, u: np.ndarray, psi_y: np.ndarray
+    ) -> EDMDcStatistics:
+        """Add a block of already lifted rows; returns ``self``."""
         self.update_stream([(x, psi_x, u, psi_y)])
+        return self
 
     def update_stream(self, chunks: Iterable[tuple[Any, Any, Any, Any]]) -> None:
         """Add a stream of lifted chunks ``(x, Ψ(x), u, Ψ(y))``: the sums of ``Z`` stay on
@@ -283,7 +286,7 @@ def _split_by_prompt(
     which = block_assignment(ids, len(blocks), seed)
     for b in np.unique(which):
         rows = which == b
-        blocks[b].update_lifted(x[rows], psi_x[rows], u[rows], psi_y[rows])
+        blocks[b].update(x[rows], psi_x[rows], u[rows], psi_y[rows])
 
 
 @dataclass(frozen=True)
@@ -567,3 +570,10 @@ class EDMDc:
         """Median-of-means fit with ``n_blocks`` blocks by prompt."""
         blocks = self.statistics(X, U, Y, prompt_ids, n_blocks=n_blocks, seed=seed)
         return solve_median_of_means(blocks, self.config, self.dictionary)
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics, StreamingEstimator
+
+    _EDMDcStatistics: type[Statistics] = EDMDcStatistics
+    _EDMDc: type[StreamingEstimator[EDMDcStatistics, EDMDcResult]] = EDMDc

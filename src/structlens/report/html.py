@@ -446,11 +446,11 @@ def _equivalence(sec: dict[str, Any]) -> str:
     rows = sec["details"]["rows"]
     out = _table(
         ["pair", "probe", "head score [95% CI]", "null score [95% CI]", "layer score [95% CI]",
-         "verdicts"],
+         "decisions"],
         [[(_e(r["pair"]), r["pair"]), (_e(r["probe"]), r["probe"]),
           _ci_cell(r["score"], r["score_ci"]), _ci_cell(r["null_score"], r["null_score_ci"]),
           _ci_cell(r["layer_score"], r["layer_score_ci"]),
-          (_e(", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())), None)] for r in rows],
+          (_e(", ".join(f"{k}: {v}" for k, v in r["decisions"].items())), None)] for r in rows],
         "equivalence-table",
     )  # fmt: skip
     if rows:

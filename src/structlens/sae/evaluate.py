@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -76,7 +77,8 @@ class SAEEvalAccumulator:
         return self.inputs.n
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor) -> SAEEvalAccumulator:
+        """Fold a batch of inputs in; returns ``self``."""
         if x.ndim != 2 or x.shape[1] != self.sae.d_in:
             raise ValueError(f"evaluation batches must be [n, {self.sae.d_in}], got {x.shape}.")
         if not torch.isfinite(x).all():
@@ -89,14 +91,15 @@ class SAEEvalAccumulator:
         self.active += float(fired.sum())
         self.counts += fired.sum(0)
         self.inputs.update(x)
+        return self
 
     def merge(self, other: SAEEvalAccumulator) -> SAEEvalAccumulator:
-        out = SAEEvalAccumulator(self.sae)
-        out.inputs.merge(self.inputs).merge(other.inputs)
-        out.sse = self.sse + other.sse
-        out.active = self.active + other.active
-        out.counts = self.counts + other.counts
-        return out
+        """Fold ``other`` into ``self`` in place and return ``self``."""
+        self.inputs.merge(other.inputs)
+        self.sse += other.sse
+        self.active += other.active
+        self.counts = self.counts + other.counts
+        return self
 
     def result(self, min_count: int = 1) -> SAEEvalResult:
         if self.n < 2:
@@ -209,3 +212,9 @@ def ce_loss_recovered(
         ablation=ablation,
         undefined_reason=reason,
     )
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics
+
+    _SAEEvalAccumulator: type[Statistics] = SAEEvalAccumulator

@@ -26,7 +26,7 @@ import functools
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -1177,3 +1177,10 @@ class ColumnMoments:
             raise ValueError("excess kurtosis needs fourth moments: build with order=4.")
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.m2 > 0, self.n * self.m4 / (self.m2 * self.m2) - 3.0, np.nan)
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics
+
+    _CrossMoments: type[Statistics] = CrossMoments
+    _ColumnMoments: type[Statistics] = ColumnMoments

@@ -3,7 +3,10 @@
 :func:`write` renders ``equivalence.md`` (the scenario table, per-row details, settings and
 the discussion derived from the numbers) and ``equivalence.json``
 (:class:`~structlens.replication.claims.ClaimsDocument`: one claim per scenario group, the
-sanity scores and every row's score, null and intervals) from one run's stage results.
+sanity scores and every row's score, null and intervals) from one run's typed stage results
+(:class:`~structlens.equivalence.stages.ModelComparison`).  Verdicts use the one vocabulary of
+:data:`~structlens.replication.claims.VERDICTS`, each with its reason; the decisions of the
+paired test ("equivalent", "unidentified", "not tested") are reported as decisions.
 """
 
 from __future__ import annotations
@@ -15,17 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from structlens.equivalence.compare import CompareConfig, ComparisonResult
-from structlens.equivalence.score import (
-    EquivalenceScore,
-    PairedNullDecision,
-    decide_paired_null,
-    representational_score,
-    wilson_interval,
-)
+from structlens.equivalence.protocol import PROFILES as PROTOCOLS
+from structlens.equivalence.protocol import EquivalenceProtocol
+from structlens.equivalence.stages import ModelComparison
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.equivalence.run import (
-    ENC_CFG,
+    ENC_PROTOCOL,
     FINETUNES,
     FT_PROMPTS,
     FT_TARGET_KL,
@@ -34,121 +32,80 @@ from structlens.replication.equivalence.run import (
     PAPER,
     SCENARIOS,
     SMALL,
-    SMOL_CFG,
-    SMOL_PROBE,
+    SMOL_PROTOCOL,
     EquivalenceReplication,
     Scenario,
 )
-from structlens.replication.markdown import ci, finite_ci, num, write_text
-from structlens.stats.intervals import cluster_bootstrap_ratio_interval
+from structlens.replication.markdown import ci, finite_ci, write_text
+from structlens.stats.intervals import cluster_bootstrap_ratio_interval, wilson_interval
+
+#: Where the "paper" column comes from, stated in the JSON as well as in the markdown.
+TARGETS = (
+    "the scenario table of the circulating method summary of Sun & Toneva (arXiv 2603.30002); "
+    "it is not in the paper's public code (no matching step, no encoder-decoder models there)"
+)
 
 
-def _nan(x: float | str) -> bool:
-    """NaN test for a loaded result, whose JSON stores NaN as the string "nan"."""
-    return bool(np.isnan(float(x)))
-
-
-def paired(r: ComparisonResult) -> PairedNullDecision | None:
-    """The paired test of partner against null on the row's validated heads (McNemar exact on
-    the discordant heads), recomputed from the per-head records; None without patching."""
-    if _nan(r.null_score) or not r.null_validation:
+def claimed(r: ModelComparison) -> bool | None:
+    """Whether the paired test finds the partners better than the mean-ablation null on the
+    row's validated heads (more heads pass with their partner only, McNemar exact p < α);
+    ``None`` without a null.  Score and null come from the same heads, so their intervals
+    are not compared."""
+    if r.heads.null_passed is None:
         return None
-    return decide_paired_null(
-        [v["passed"] for v in r.validation],
-        [v["passed"] for v in r.null_validation],
-        alpha=r.config.get("null_alpha", 0.05),
-    )
+    d = r.heads.decision
+    return bool(d.partner_only > d.null_only and d.p_value < d.alpha)
 
 
-def verdicts(r: ComparisonResult) -> dict[str, Any]:
-    """The row's verdicts with the matched one decided by the paired test, recomputed from
-    the per-head records (a comparison cached before the test existed still carries the
-    verdict of the interval comparison)."""
-    out = dict(r.verdicts)
-    t = paired(r)
-    if t is not None:
-        d = decide_paired_null(
-            [v["passed"] for v in r.validation],
-            [v["passed"] for v in r.null_validation],
-            alpha=t.alpha,
-            min_score=r.config.get("equivalent_at", 0.0),
-        )
-        out |= {"matching": d.verdict, "matching_reason": d.reason, "matching_test": d.to_json()}
-        if "congruity" in out:
-            out["agree"] = out["congruity"] == d.verdict
-    return out
-
-
-def informative(r: ComparisonResult) -> bool | None:
-    """Whether the patching criterion separates partners from no information on this row:
-    more heads pass with their partner only than with the null only, McNemar exact p < α
-    (None without patching).  The score and null come from the same heads, so their Wilson
-    intervals are not compared."""
-    t = paired(r)
-    if t is None:
-        return None
-    return bool(t.partner_only > t.null_only and t.p_value < t.alpha)
-
-
-def _vs_paper(group: str, ci: list | tuple) -> str:
+def _vs_paper(group: str, interval: Any) -> str:
     _, lo, hi = PAPER[group]
     # 1e-9: a Wilson bound of k = n is 1 up to rounding
-    if ci[1] < lo - 1e-9:
+    if interval[1] < lo - 1e-9:
         return "lower"
-    if ci[0] > hi + 1e-9:
+    if interval[0] > hi + 1e-9:
         return "higher"
     return "consistent"
 
 
-def representational(r: ComparisonResult) -> EquivalenceScore | None:
-    """The representational sufficient condition on the validated head pairs (the same pairs
-    as the behavioural score): share whose similarity (the comparison's metric) is at least
-    :func:`~structlens.equivalence.representational_score`'s threshold, Wilson CI; ``None``
-    without validated pairs."""
-    records = r.validation
-    if not records:
-        return None
-    return representational_score([v["pair"] for v in records], [v["similarity"] for v in records])
-
-
-def verdict(group: str, r: ComparisonResult) -> str:
-    if informative(r) is False:
-        return "uninformative (null ≈ score)"
-    return _vs_paper(group, r.score_ci)
-
-
-def _row(sc: Scenario, r: ComparisonResult, seconds: dict[str, float]) -> str:
-    cg = r.congruity
-    rate = (
-        " / ".join(f"{cg[k]['decision_rate']:.2f}" for k in ("point_test_ab", "point_test_ba"))
-        if cg
-        else "—"
+def row_verdict(group: str, r: ModelComparison) -> tuple[str, str]:
+    """The row's verdict against the paper, from :data:`VERDICTS`, and its reason."""
+    if claimed(r) is False:
+        return "unidentified", (
+            "the paired test does not find the partners better than the mean-ablation null "
+            f"({r.heads.decision.reason})"
+        )
+    where = _vs_paper(group, r.heads.score_ci)
+    if where == "consistent":
+        return "reproduced", f"the paper's {PAPER[group][0]} lies in {ci(r.heads.score_ci)}"
+    return (
+        "not reproduced",
+        f"{ci(r.heads.score_ci)} lies {where} than the paper's {PAPER[group][0]}",
     )
-    t = paired(r)
-    if _nan(r.null_score) or t is None:
+
+
+def _row(sc: Scenario, r: ModelComparison, seconds: dict[str, float]) -> str:
+    cg, h = r.congruity, r.heads
+    rate = f"{cg.decision_rate_ab:.2f} / {cg.decision_rate_ba:.2f}" if cg else "—"
+    if h.null_score is None:
         null = inf = "— (no patching)"
     else:
+        d = h.decision
         null = (
-            f"{r.null_score:.2f} {ci(r.null_score_ci)}; paired: {t.partner_only} vs "
-            f"{t.null_only} discordant heads, p = {t.p_value:.2g}"
+            f"{h.null_score:.2f} {ci(h.null_score_ci or (np.nan, np.nan))}; paired: "
+            f"{d.partner_only} vs {d.null_only} discordant heads, p = {d.p_value:.2g}"
         )
-        i = r.informative
-        inf = (
-            f"{i['n_passed']}/{i['n_heads']} = {i['score']:.2f} {ci(i['score_ci'])}"
-            if i.get("n_heads")
-            else "0 heads"
-        )
-    layer = "—" if _nan(r.layer_score) else f"{r.layer_score:.2f}"
+        i = h.informative
+        inf = f"{i.n_passed}/{i.n} = {i.score:.2f} {ci(i.score_ci)}" if i and i.n else "0 heads"
+    layer = "—" if r.layers is None else f"{r.layers.score:.2f}"
     g = r.head_groups
-    groups = f"{g['score']:.2f} / {g['null_score']:.2f} ({len(g['pairs'])} layers)" if g else "—"
-    vs = verdicts(r)
-    agree = {True: "yes", False: "**no**", None: "—"}[vs.get("agree")]
+    groups = f"{g.score:.2f} / {g.null_score:.2f} ({len(g.pairs)} layers)" if g else "—"
+    agree = {True: "yes", False: "**no**", None: "—"}[r.agree]
+    verdict, _ = row_verdict(sc.group, r)
     return (
-        f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | **{r.score:.2f}** "
-        f"{ci(r.score_ci)} ({r.validation_method}) | {len(r.validation)} | {null} | "
-        f"{inf} | {groups} | {layer} | {rate} | {vs['matching']} / "
-        f"{vs.get('congruity', '—')} | {agree} | {verdict(sc.group, r)} | "
-        f"{f'{seconds[sc.name]:.0f}' if sc.name in seconds else '?'} |"
+        f"| {sc.group} | {sc.setting} | {PAPER[sc.group][0]} | **{h.score:.2f}** "
+        f"{ci(h.score_ci)} ({h.method}) | {len(h.passed)} | {null} | {inf} | {groups} | "
+        f"{layer} | {rate} | {r.decision} / {cg.decision if cg else '—'} | {agree} | "
+        f"{verdict} | {f'{seconds[sc.name]:.0f}' if sc.name in seconds else '?'} |"
     )
 
 
@@ -176,25 +133,24 @@ def _plateau(record: dict[str, Any]) -> bool:
     return bool(record.get("converged")) and record["steps_run"] < record["config"]["steps"]
 
 
-def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResult]) -> str:
+def _num_or_dash(x: float | None) -> str:
+    return "—" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+
+def what_changed(rep: EquivalenceReplication, results: dict[str, ModelComparison]) -> str:
     """The protocol changes and how each row moved (previous protocol → now)."""
-
-    def num_or_dash(x: float | None) -> str:
-        return "—" if x is None or not np.isfinite(x) else f"{x:.2f}"
-
     rows = []
     for sc in SCENARIOS:
         r, old = results.get(sc.name), PREVIOUS.get(sc.name)
         if r is None or old is None:
             continue
-        now = (r.score, None if _nan(r.null_score) else r.null_score, r.layer_score)
+        now = (r.heads.score, r.heads.null_score, r.layers.score if r.layers else None)
         rows.append(
-            f"| {sc.name} | {' / '.join(num_or_dash(x) for x in old[:3])} | {old[3]} / "
-            f"{old[4]} | {' / '.join(num_or_dash(x) for x in now)} | {verdicts(r)['matching']} "
-            f"/ {r.verdicts.get('congruity', '—')} |"
+            f"| {sc.name} | {' / '.join(_num_or_dash(x) for x in old[:3])} | {old[3]} / "
+            f"{old[4]} | {' / '.join(_num_or_dash(x) for x in now)} | {r.decision} / "
+            f"{r.congruity.decision if r.congruity else '—'} |"
         )
-    small = [c for n, c in rep.small_info.items() if c.get("held_out_loss")]
-    ft = list(rep.ft_info.values())
+    small = [c for c in rep.small_info.values() if c.get("held_out_loss")]
     trained = (
         f" Now: {sum(_plateau(c) for c in small)} of {len(small)} reached a held-out plateau "
         f"before the step budget, the others ran {max(c['steps_run'] for c in small)} steps "
@@ -204,56 +160,45 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
         if small
         else ""
     )
-    tuned = (
-        " Now: "
-        + "; ".join(
-            f"`{n}` {c['steps_run']} steps to held-out KL {c['held_out_kl'][-1][1]:.2f} nats"
-            for n, c in rep.ft_info.items()
-            if c.get("held_out_kl")
-        )
-        + "."
-        if ft
-        else ""
+    tuned = "".join(
+        f" `{n}`: {c['steps_run']} steps to held-out KL {c['held_out_kl'][-1][1]:.2f} nats."
+        for n, c in rep.ft_info.items()
+        if c.get("held_out_kl")
     )
     return "\n".join(
         [
             "## What changed and why",
             "",
+            "* **One protocol for every driver.** The comparison's choices (probe, split, "
+            "metric, matching, maps, criterion, null, paired decision, CONGRUITY, seeds) are "
+            "one `EquivalenceProtocol`; `structlens equiv`, `structlens analyze` and this "
+            "replication run the same stages under it. The `sanity-tiny` row now runs the "
+            "`paper` protocol of the other byte-level rows (48 corpus prompts, was 32; the "
+            "model at the protocol's seed 0, was 1) and is the `sanity` stage (rotated copy, "
+            "planted partners recovered, logit gap).",
+            "* **One vocabulary.** A row's verdict against the paper is one of reproduced, "
+            "partly, not reproduced, unidentified, not tested, with its reason (rows whose "
+            'paired test fails were "uninformative"); the paired test\'s decision is '
+            '"equivalent", "unidentified" (was "undecided") or "not tested" (no null).',
             "* **Layer maps (a bug).** A whole `resid_post` was replaced through a ridge map "
             "fitted on ~170 token rows for d = 576, which failed even between identical layers "
             "(`sanity-smollm2` layer score 0.00). Layers of equal width are now mapped by "
             "orthogonal Procrustes on more fit rows than dimensions (96 IOI prompts for the "
             "SmolLM2 rows).",
-            '* **Decisions with a null.** "Equivalent" used to mean score ≥ 0.5, whatever '
-            "the null; it is now printed only when the score's 95 % interval lies above the "
-            'mean-ablation null\'s (otherwise "undecided" with the reason), for CONGRUITY too '
-            '(a decision rate of 0.00 no longer reads as "equivalent").',
-            "* **A paired test against the null.** Score and null come from the same heads, "
-            "yet the verdict compared their Wilson intervals as if independent; it now comes "
-            "from McNemar's exact test on the heads where only one of the two passes. Pooled "
-            "group scores resample whole model pairs instead of treating the heads of pairs "
-            "that share a model as independent.",
+            "* **A paired test against the null.** Score and null come from the same heads; "
+            "the decision comes from McNemar's exact test on the heads where only one of the "
+            "two passes. Pooled group scores resample whole model pairs.",
             "* **Calibrated single-head score.** Next to the score over all validated heads: "
-            "the score on the heads whose mean ablation fails (the only heads on which a "
-            "passing partner is evidence), whole-layer head groups against an all-heads "
-            "null, and the representational sufficient condition (matched heads with "
-            "debiased CKA ≥ 0.9) beside the behavioural one.",
-            "* **Seed and depth replicas trained to convergence.** Before: 400 steps, "
-            "≈ 2 nats/byte, no held-out measure. The corpus' last tenth is now held out and "
-            "training stops when its loss stalls." + trained,
-            "* **Substantive fine-tunes.** Before: 16 AdamW steps (median head KL 3e-6, the "
-            "model nearly unchanged). Now each fine-tune runs until the behaviour on held-out "
+            "the score on the heads whose mean ablation fails, whole-layer head groups against "
+            "an all-heads null, and the representational sufficient condition (matched heads "
+            "with debiased CKA ≥ 0.9) beside the behavioural one.",
+            "* **Seed and depth replicas trained on a held-out stopping rule.**" + trained,
+            "* **Substantive fine-tunes.** Each fine-tune runs until the behaviour on held-out "
             f"prompts of its task has moved by KL ≥ {FT_TARGET_KL} nats, on the probe's own "
             "task (IOI) and on a dissimilar one (factual recall)." + tuned,
-            "* **An encoder–decoder trained on the same data.** The summary's row compares an "
-            "encoder–decoder with a decoder-only model; the previous stand-in, MiniLM-L6, is "
-            "an encoder trained on other data and could only be scored by sentence-level "
-            "similarity. `enc-dec-same-data` is a T5 (2 encoder + 4 decoder layers) trained "
-            "on the same bytes with the same next-byte objective (its encoder reads a "
-            "preceding context of 0–32 bytes), run as a language model over its decoder with "
-            "an empty source, so its decoder heads are matched and validated by patching "
-            "like every other row. The MiniLM pair is no longer part of the cpu profile "
-            '(`only=["enc-dec"]` still runs it).',
+            "* **An encoder–decoder trained on the same data** (`enc-dec-same-data`, a T5 of "
+            "2 encoder + 4 decoder layers, run as a language model over its decoder); the "
+            'MiniLM pair is no longer part of the cpu profile (`only=["enc-dec"]` runs it).',
             "",
             "| row | before: score / null / layer | before: matched / CONGRUITY | now: score / "
             "null / layer | now: matched / CONGRUITY |",
@@ -263,9 +208,29 @@ def what_changed(rep: EquivalenceReplication, results: dict[str, ComparisonResul
     )
 
 
+def _detail(sc: Scenario, r: ModelComparison) -> str:
+    rs, cg = r.representational, r.congruity
+    return (
+        f"* **{sc.name}** ({r.model_a} vs {r.model_b}, probe `{r.probe}`, {r.n_fit} fit / "
+        f"{r.n_heldout} held-out prompts, {r.representation} rows): matched-layer similarity "
+        f"mean {np.mean(r.matched_layer_similarity):.2f} (min "
+        f"{np.min(r.matched_layer_similarity):.2f}); mean matched-head similarity "
+        f"{np.mean(r.matched_head_similarity):.2f}"
+        + (f"; median head KL {np.median(r.heads.kl):.3g} nats" if r.heads.kl else "")
+        + f"; representational score {rs.n_passed}/{rs.n} = {rs.score:.2f} {ci(rs.score_ci)} "
+        f"next to the behavioural {r.heads.score:.2f} {ci(r.heads.score_ci)}"
+        + (
+            f"; CONGRUITY mean p A→B {cg.mean_p_ab:.2f}, selectivity {cg.selectivity_ab:.2f}"
+            if cg
+            else ""
+        )
+        + "".join(f"; caveat: {c.message}" for c in r.caveats if c.kind == "encoding_reduced")
+    )
+
+
 def render_markdown(
     rep: EquivalenceReplication,
-    results: dict[str, ComparisonResult],
+    results: dict[str, ModelComparison],
     fold: dict[str, Any] | None,
     source: str,
 ) -> str:
@@ -287,38 +252,12 @@ def render_markdown(
             "| scenario | pair | paper (summary) | our score [95 % CI] (method) | heads "
             "validated | null score [95 % CI] | partner passes where the null fails | "
             "whole-layer head groups: score / null | layer score | CONGRUITY decision rate "
-            "A→B / B→A | verdicts: matched / CONGRUITY | agree | verdict vs paper | s |",
+            "A→B / B→A | decisions: matched / CONGRUITY | agree | verdict vs paper | s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *lines,
         ]
     )
-    detail = []
-    for sc in SCENARIOS:
-        r = results.get(sc.name)
-        if r is None:
-            continue
-        sims = r.matching["layers"]["similarities"]
-        kl = [v["kl"] for v in r.validation if "kl" in v]
-        detail.append(
-            f"* **{sc.name}** ({r.model_a} vs {r.model_b}, probe `{r.probe}`, {r.n_fit} fit / "
-            f"{r.n_heldout} held-out prompts, {r.representation} rows): matched-layer "
-            f"similarity mean {np.mean(sims):.2f} (min {np.min(sims):.2f}); mean matched-head "
-            f"similarity {np.mean(r.matching['heads']['similarities']):.2f}"
-            + (f"; median head KL {np.median(kl):.3g} nats" if kl else "")
-            + (
-                f"; representational score (similarity ≥ {rs.criterion['min_similarity']}) "
-                f"{rs.n_passed}/{rs.n_matched} = {rs.score:.2f} {ci(rs.score_ci)} next to the "
-                f"behavioural {r.score:.2f} {ci(r.score_ci)}"
-                if (rs := representational(r)) is not None
-                else ""
-            )
-            + (
-                f"; CONGRUITY mean p A→B {r.congruity['point_test_ab']['mean_p']:.2f}, "
-                f"selectivity {r.congruity['selectivity_ab']:.2f}"
-                if r.congruity
-                else ""
-            )
-        )
+    detail = [_detail(sc, results[sc.name]) for sc in SCENARIOS if sc.name in results]
     small = {n: rep.small_info[n] for n in SMALL if n in rep.small_info}
     train_lines = [
         f"* `{n}`: {c['config']['n_layers']} layers, d = {c['config']['d_model']}, "
@@ -358,17 +297,17 @@ def render_markdown(
     return TEMPLATE.format(
         source=source,
         fold=fold_text,
-        discussion=discussion(results),
+        discussion=discussion(rep, results),
         disagree=disagreements(results),
         table=table,
         detail="\n".join(detail),
         train="\n".join(train_lines),
         ft="\n".join(ft_lines),
         small_cfg=json.dumps(dataclasses.asdict(rep.s["small"]["L4-s0"])),
-        smol_cfg=_cfg_text(SMOL_CFG),
-        small_cmp=_cfg_text(rep.s["small_cfg"]),
-        enc_cfg=_cfg_text(ENC_CFG),
-        smol_probe=SMOL_PROBE,
+        smol_cfg=_protocol_text(SMOL_PROTOCOL),
+        small_cmp=_protocol_text(rep.s["small_protocol"]),
+        enc_cfg=_protocol_text(ENC_PROTOCOL),
+        smol_probe=SMOL_PROTOCOL.probe_prompts,
         ft_kl=FT_TARGET_KL,
         ft_n=FT_PROMPTS,
         ft_train=FT_TRAIN,
@@ -376,129 +315,139 @@ def render_markdown(
     )
 
 
-def pooled_interval(ks: list[int], ns: list[int]) -> tuple[tuple[float, float], str]:
+def pooled_interval(
+    ks: list[int], ns: list[int], n_boot: int = 2000
+) -> tuple[tuple[float, float], str]:
     """Interval of a pass rate pooled over model pairs and how it was made.
 
     Heads of one pair share both models (and pairs of a group share models too), so the
     heads are no independent sample: with two or more pairs the interval resamples whole
-    pairs (cluster bootstrap), with one pair it is that pair's Wilson interval.
+    pairs (cluster bootstrap, ``n_boot`` draws), with one pair it is that pair's Wilson
+    interval.
     """
     keep = [(k, n) for k, n in zip(ks, ns, strict=True) if n > 0]
     k, n = sum(k for k, _ in keep), sum(n for _, n in keep)
     if len(keep) < 2:
         return wilson_interval(k, n), "Wilson, one pair"
-    lo, hi = cluster_bootstrap_ratio_interval([k for k, _ in keep], [n for _, n in keep])
+    lo, hi = cluster_bootstrap_ratio_interval(
+        [k for k, _ in keep], [n for _, n in keep], n_boot=n_boot
+    )
     return (lo, hi), f"cluster bootstrap over {len(keep)} pairs"
 
 
-def _pooled(ks: list[int], ns: list[int], group: str | None = None) -> str:
-    """``k/n = rate [CI] (method)`` pooled over pairs (:func:`pooled_interval`), and the
-    verdict against the paper when ``group`` is given."""
+def _pooled(ks: list[int], ns: list[int], n_boot: int, group: str | None = None) -> str:
+    """``k/n = rate [CI] (method)`` pooled over pairs (:func:`pooled_interval`), and where it
+    lies against the paper when ``group`` is given."""
     k, n = sum(ks), sum(ns)
-    (lo, hi), how = pooled_interval(ks, ns)
+    (lo, hi), how = pooled_interval(ks, ns, n_boot)
     text = f"{k}/{n} = {k / n:.2f} {ci((lo, hi))} ({how})"
     return text + (f" ({_vs_paper(group, (lo, hi))} vs paper)" if group else "")
 
 
-def discussion(results: dict[str, ComparisonResult]) -> str:
+def _resamples(rep: EquivalenceReplication, names: list[str]) -> int:
+    """The pooled interval's draws: the protocol's (rows of a group share one protocol)."""
+    return rep.protocols.get(names[0], PROTOCOLS["paper"]).pool_resamples if names else 2000
+
+
+def discussion(rep: EquivalenceReplication, results: dict[str, ModelComparison]) -> str:
     """Bullet points derived from the numbers: per group, the pooled score, null and
-    informative-head score against the paper; then every row where the estimators disagree."""
+    informative-head score against the paper; then every row whose layer map fails."""
     out = []
     for group, (claim, _, _) in PAPER.items():
-        rs = [results[sc.name] for sc in SCENARIOS if sc.group == group and sc.name in results]
-        if not rs:
+        names = [sc.name for sc in SCENARIOS if sc.group == group and sc.name in results]
+        if not names:
             continue
-        k = [sum(v["passed"] for v in r.validation) for r in rs]
-        n = [len(r.validation) for r in rs]
+        rs, nb = [results[n] for n in names], _resamples(rep, names)
+        k = [sum(r.heads.passed) for r in rs]
+        n = [len(r.heads.passed) for r in rs]
         line = (
-            f"* **{group}** ({len(rs)} pair(s), paper {claim}): pooled score {_pooled(k, n)} "
-            f"({rs[0].validation_method})"
+            f"* **{group}** ({len(rs)} pair(s), paper {claim}): pooled score "
+            f"{_pooled(k, n, nb)} ({rs[0].heads.method})"
         )
-        patched = [r for r in rs if not _nan(r.null_score)]
+        patched = [r for r in rs if r.heads.null_passed is not None]
         if patched:
-            kn = [sum(v["passed"] for v in r.null_validation) for r in patched]
-            nn = [len(r.null_validation) for r in patched]
-            ki = [r.informative["n_passed"] for r in patched]
-            ni = [r.informative["n_heads"] for r in patched]
-            line += f"; pooled null {_pooled(kn, nn)}; "
+            kn = [sum(r.heads.null_passed or ()) for r in patched]
+            nn = [len(r.heads.null_passed or ()) for r in patched]
+            inf = [r.heads.informative for r in patched]
+            ki = [i.n_passed if i else 0 for i in inf]
+            ni = [i.n if i else 0 for i in inf]
+            line += f"; pooled null {_pooled(kn, nn, nb)}; "
             line += (
-                f"partner passes on {_pooled(ki, ni, group)} of the heads whose null fails"
+                f"partner passes on {_pooled(ki, ni, nb, group)} of the heads whose null fails"
                 if sum(ni)
                 else "no validated head fails under mean ablation, so the patching "
                 "criterion cannot tell a partner from no information here"
             )
-            grouped = [r for r in patched if r.head_groups]
+            grouped = [r.head_groups for r in patched if r.head_groups]
             if grouped:
-                kg = [sum(v["passed"] for v in r.head_groups["validation"]) for r in grouped]
-                kgn = [sum(v["passed"] for v in r.head_groups["null_validation"]) for r in grouped]
-                ng = [len(r.head_groups["pairs"]) for r in grouped]
-                kgi = [r.head_groups["informative"]["n_passed"] for r in grouped]
-                ngi = [r.head_groups["informative"]["n_heads"] for r in grouped]
+                kg = [sum(g.passed) for g in grouped]
+                kgn = [sum(g.null_passed or ()) for g in grouped]
+                ng = [len(g.pairs) for g in grouped]
+                gi = [g.informative for g in grouped]
+                kgi, ngi = [i.n_passed if i else 0 for i in gi], [i.n if i else 0 for i in gi]
                 line += (
-                    f"; whole-layer head groups {_pooled(kg, ng)} against their all-heads null "
-                    f"{_pooled(kgn, ng)}"
+                    f"; whole-layer head groups {_pooled(kg, ng, nb)} against their all-heads "
+                    f"null {_pooled(kgn, ng, nb)}"
                 )
                 if sum(ngi):
                     line += (
-                        f", partner groups pass on {_pooled(kgi, ngi, group)} of the layers "
+                        f", partner groups pass on {_pooled(kgi, ngi, nb, group)} of the layers "
                         "whose null fails"
                     )
-            flags = [bool(informative(r)) for r in patched]  # never None on patched rows
+            flags = [bool(claimed(r)) for r in patched]
             line += (
                 f"; partner beats the null in the paired test (score claimed) in {sum(flags)} "
                 f"of {len(flags)} row(s)"
             )
-        verdicts = sorted({verdict(group, r) for r in rs})
+        verdicts = sorted({row_verdict(group, r)[0] for r in rs})
         line += f"; verdict vs paper: {', '.join(verdicts)}."
         out.append(line)
     for sc in SCENARIOS:
         r = results.get(sc.name)
-        if r is None:
+        if r is None or r.layers is None or not r.layers.kl:
             continue
-        same = [v for v in r.layer_validation if v["similarity"] >= 0.999 and not v["passed"]]
+        lv = r.layers
+        same = [
+            i for i, (s, ok) in enumerate(zip(lv.similarity, lv.passed, strict=True))
+            if s >= 0.999 and not ok
+        ]  # fmt: skip
         if same:
             out.append(
                 f"* Layer map check (`{sc.name}`): matched layers with CKA ≥ 0.999 still fail "
                 "when replaced through the fitted map ("
                 + ", ".join(
-                    f"{v['pair']}: KL {v['kl']:.2f} nats, top-1 {v['top1']:.2f}" for v in same
+                    f"{lv.pairs[i]}: KL {lv.kl[i]:.2f} nats, top-1 {lv.top1[i]:.2f}" for i in same
                 )
-                + f"), so this row's layer score {r.layer_score:.2f} measures the map "
-                "(fitted on fewer token rows than residual dimensions), not the models."
+                + f"), so this row's layer score {lv.score:.2f} measures the map, not the models."
             )
     return "\n".join(out)
 
 
-def disagreements(results: dict[str, ComparisonResult]) -> str:
-    """One bullet per row where the matched-component and CONGRUITY verdicts differ."""
-    dis = [sc.name for sc in SCENARIOS if sc.name in results and not _agree(results[sc.name])]
-    lines = [f"The verdicts differ on {len(dis)} of {len(results)} row(s)" + (":" if dis else ".")]
+def disagreements(results: dict[str, ModelComparison]) -> str:
+    """One bullet per row where the matched-component and CONGRUITY decisions differ."""
+    dis = [sc.name for sc in SCENARIOS if sc.name in results and results[sc.name].agree is False]
+    lines = [f"The decisions differ on {len(dis)} of {len(results)} row(s)" + (":" if dis else ".")]
     for name in dis:
         r = results[name]
-        cg = r.congruity
-        inf = r.informative
+        cg, inf = r.congruity, r.heads.informative
+        assert cg is not None  # agree is False only where CONGRUITY ran
         lines.append(
-            f"* `{name}`: matched score {r.score:.2f} → {verdicts(r)['matching']} (null "
-            f"{r.null_score:.2f}; partner passes on {inf.get('n_passed', 0)} of "
-            f"{inf.get('n_heads', 0)} heads whose null fails); CONGRUITY decision rates "
-            f"{cg['point_test_ab']['decision_rate']:.2f} (A→B) / "
-            f"{cg['point_test_ba']['decision_rate']:.2f} (B→A), mean p "
-            f"{cg['point_test_ab']['mean_p']:.2f} / {cg['point_test_ba']['mean_p']:.2f} → "
-            f"{r.verdicts['congruity']}; top-KL heads A {cg['top_heads_a']} "
-            f"(KL {', '.join(f'{x:.3f}' for x in cg['top_kl_a'])}), B {cg['top_heads_b']} "
-            f"(KL {', '.join(f'{x:.3f}' for x in cg['top_kl_b'])})."
+            f"* `{name}`: matched score {r.heads.score:.2f} → {r.decision} (null "
+            f"{_num_or_dash(r.heads.null_score)}; partner passes on "
+            f"{inf.n_passed if inf else 0} of {inf.n if inf else 0} heads whose null fails); "
+            f"CONGRUITY decision rates {cg.decision_rate_ab:.2f} (A→B) / "
+            f"{cg.decision_rate_ba:.2f} (B→A), mean p {cg.mean_p_ab:.2f} / {cg.mean_p_ba:.2f} "
+            f"→ {cg.decision}; top-KL heads A {cg.top_heads_a} "
+            f"(KL {', '.join(f'{x:.3f}' for x in cg.top_kl_a)}), B {cg.top_heads_b} "
+            f"(KL {', '.join(f'{x:.3f}' for x in cg.top_kl_b)})."
         )
     return "\n".join(lines)
 
 
-def _agree(r: ComparisonResult) -> bool:
-    return verdicts(r).get("agree", True)
-
-
-def _cfg_text(cfg: CompareConfig) -> str:
-    d = dataclasses.asdict(cfg)
-    default = dataclasses.asdict(CompareConfig())
-    return ", ".join(f"{k}={v}" for k, v in d.items() if v != default[k]) or "defaults"
+def _protocol_text(protocol: EquivalenceProtocol) -> str:
+    paper = PROTOCOLS["paper"].to_json()
+    d = protocol.to_json()
+    return ", ".join(f"{k}={v}" for k, v in d.items() if v != paper[k]) or "the `paper` protocol"
 
 
 TEMPLATE = """# Replication: interpretive equivalence scenario table
@@ -525,7 +474,8 @@ to the score, the criterion does not distinguish a partner from no information. 
 are measured on the same heads, so they are compared by a paired test, not by their intervals:
 McNemar's exact test on the discordant heads (partner passes and null fails vs the reverse). We
 call a row's score *claimed* only when more heads pass with their partner only than with the
-null only at two-sided p < 0.05; otherwise the verdict column says "uninformative". Pooled
+null only at two-sided p < 0.05; otherwise the row's verdict is "unidentified" (with the
+reason). Pooled
 scores of a group resample whole model pairs (cluster bootstrap; a single pair keeps its Wilson
 interval), since heads of one pair are not independent; with two or three pairs that interval
 is coarse. The column "partner passes where the null fails" restricts the score to the heads
@@ -544,9 +494,12 @@ CONGRUITY (reference-code statistics): accumulated residual stream (last token f
 over tokens for corpus probes), implementations = clean run + runs with one of the top-KL
 heads patched (IOI: from the `abc` corrupted prompt; corpus: mean-ablated), encoding scores
 (ridge, fixed folds), bootstrapped point test (20 triples, 40 straps); the table gives the
-share of straps declaring the two models different in each direction; the verdict is
-"different" when either exceeds 0.5. The matched-component verdict is "equivalent" when the
-score ≥ 0.5 and the paired test above finds the partners better than the null.
+share of straps declaring the two models different in each direction; its decision is
+"different" when either exceeds 0.5, else "unidentified" (the point test has no null). The
+matched-component decision is "equivalent" when the score ≥ 0.5 and the paired test above
+finds the partners better than the null, "unidentified" otherwise and "not tested" without a
+null. A row's verdict against the paper uses the one vocabulary of every replication
+(reproduced, partly, not reproduced, unidentified, not tested), with its reason.
 
 ## Results
 
@@ -570,12 +523,13 @@ Function-preserving fold check: {fold}
   IOI is the probe's own task (similar), factual recall a dissimilar one; {ft_n} prompts of
   each drawn with seed 1 (the IOI probe uses seed 0), the first {ft_train} trained on.
 {ft}
-* Compare settings (non-default fields): small LMs: {small_cmp}; SmolLM2 pairs: {smol_cfg};
-  encoder–decoder: {enc_cfg}. Everything else is the `CompareConfig` default (debiased
+* Protocols (`EquivalenceProtocol`, fields that differ from `paper`): small LMs:
+  {small_cmp}; SmolLM2 pairs: {smol_cfg}; encoder–decoder: {enc_cfg}. Everything else is the
+  `paper` protocol (debiased
   linear CKA, monotone layer matching, global Hungarian head matching, ridge maps for heads,
   Procrustes maps for whole layers of equal width (more fit rows than dimensions), KL ≤ 0.1
   nats and top-1 ≥ 0.9, 20 point-test triples × 40 straps, seed 0). Probes: 48 corpus
-  sentences (40–160 characters) for the byte-level LMs (32 for `sanity-tiny`), {smol_probe}
+  sentences (40–160 characters) for the byte-level LMs and `sanity-tiny`, {smol_probe}
   IOI prompts for the SmolLM2 pairs, 64 corpus sentences for MiniLM vs SmolLM2; half of each
   probe is held out. These settings are the same for every row of a model family; no row
   was shrunk to fit the time budget.
@@ -639,100 +593,122 @@ The summary's numbers come from models we cannot run (GPT-2 family,
 """
 
 
-def _finite(x: Any) -> float | None:
-    """A result's score as a float, ``None`` where it is NaN (not measured for that row)."""
-    v = num(x)
-    return v if np.isfinite(v) else None
+def _group_verdict(rows: list[str]) -> str:
+    """A group's verdict from its rows': all alike → that verdict; else partly."""
+    kinds = set(rows)
+    return kinds.pop() if len(kinds) == 1 else "partly"
 
 
-def _representational_block(rs: EquivalenceScore | None) -> dict[str, Any]:
-    return {
-        "representational_score": rs.score if rs else None,
-        "representational_score_ci": finite_ci(rs.score_ci) if rs else None,
-        "representational_min_similarity": rs.criterion["min_similarity"] if rs else None,
+def _sanity_claim(rep: EquivalenceReplication, names: list[str], k: int, n: int) -> Claim:
+    """The sanity group is a check (an exact copy scores 1 by construction when the code is
+    right), beside its positive control: the copy computes the same logits and matching
+    finds every planted head partner."""
+    checks = [rep.sanity[x] for x in names if x in rep.sanity]
+    control = {
+        "passed": bool(checks)
+        and all(c.max_abs_logit_diff < 1e-3 and c.heads_recovered == 1.0 for c in checks),
+        "what": "the rotated copy's logits equal the model's (max |Δlogit| < 1e-3) and "
+        "matching recovers every planted head partner",
+        "max_abs_logit_diff": {
+            x: rep.sanity[x].max_abs_logit_diff for x in names if x in rep.sanity
+        },
+        "heads_recovered": {x: rep.sanity[x].heads_recovered for x in names if x in rep.sanity},
     }
+    ok = [c.passed for c in checks]
+    verdict = "reproduced" if ok and all(ok) else "not reproduced" if ok else "not tested"
+    interval, how = pooled_interval([k], [n]) if n else (None, None)
+    return Claim(
+        id="sanity_score", paper=PAPER["sanity"][0], ours=k / n if n else None,
+        ci=finite_ci(interval) if interval is not None else None, verdict=verdict,
+        settings={"rows": names, "interval": how}, kind="check", positive_control=control,
+        ci_reason=None if n else "no head was validated",
+        note="; ".join(f"{x}: {rep.sanity[x].reason}" for x in names if x in rep.sanity)
+        or "the sanity stage did not run",
+    )  # fmt: skip
 
 
-def _group_verdict(row_verdicts: list[str]) -> str:
-    """A group's claims verdict from its rows': all consistent → reproduced; all lower or
-    higher → not reproduced; all uninformative (null ≈ score) → unidentified; else partly."""
-    kinds = {"consistent" if v == "consistent" else "uninformative" if v.startswith("un")
-             else "off" for v in row_verdicts}  # fmt: skip
-    if kinds == {"consistent"}:
-        return "reproduced"
-    if kinds == {"off"}:
-        return "not reproduced"
-    if kinds == {"uninformative"}:
-        return "unidentified"
-    return "partly"
-
-
-def claims(results: dict[str, ComparisonResult], source: str) -> ClaimsDocument:
-    """One claim per scenario group (pooled validated-head score, Wilson CI) plus the
-    sanity, per-row and settings blocks of the protocol."""
+def claims(
+    rep: EquivalenceReplication, results: dict[str, ModelComparison], source: str
+) -> ClaimsDocument:
+    """One claim per scenario group (pooled validated-head score, its interval over model
+    pairs) plus the sanity, per-row and settings blocks of the protocol."""
     found = []
     for group, (claim, _, _) in PAPER.items():
         names = [sc.name for sc in SCENARIOS if sc.group == group and sc.name in results]
         if not names:
             continue
-        rs = [results[n] for n in names]
-        ks = [sum(v["passed"] for v in r.validation) for r in rs]
-        ns = [len(r.validation) for r in rs]
+        rs = [results[x] for x in names]
+        ks, ns = [sum(r.heads.passed) for r in rs], [len(r.heads.passed) for r in rs]
         k, n = sum(ks), sum(ns)
-        interval, how = pooled_interval(ks, ns) if n else (None, None)
-        rows = [verdict(group, r) for r in rs]
+        if group == "sanity":
+            found.append(_sanity_claim(rep, names, k, n))
+            continue
+        interval, how = pooled_interval(ks, ns, _resamples(rep, names)) if n else (None, None)
+        rows = [row_verdict(group, r) for r in rs]
         found.append(
             Claim(
                 id=f"{group}_score",
                 paper=claim,
                 ours=k / n if n else None,
                 ci=finite_ci(interval) if interval is not None else None,
-                verdict=_group_verdict(rows),
-                settings={
-                    "rows": names,
-                    "validation": rs[0].validation_method,
-                    "interval": how,
-                },
+                verdict=_group_verdict([v for v, _ in rows]),
+                settings={"rows": names, "validation": rs[0].heads.method, "interval": how},
                 ci_reason=None if n else "no head was validated",
-                note="row verdicts: " + ", ".join(f"{a} {b}" for a, b in zip(names, rows)),
-            )
+                note="; ".join(
+                    f"{x}: {v} ({why})" for x, (v, why) in zip(names, rows, strict=True)
+                ),
+                per_setting={
+                    x: {"score": r.heads.score, "score_ci": list(r.heads.score_ci)}
+                    for x, r in zip(names, rs, strict=True)
+                },
+            )  # fmt: skip
         )
-    sanity = [results[n] for n in ("sanity-smollm2", "sanity-tiny") if n in results]
+    sanity = next((x for x in ("sanity-smollm2", "sanity-tiny") if x in results), None)
+    first = results[sanity] if sanity else None
     blocks: dict[str, Any] = {
+        "paper_targets": {"source": TARGETS, "in_paper_code": False},
         "sanity": {
-            "row": next(n for n in ("sanity-smollm2", "sanity-tiny") if n in results)
-            if sanity
-            else None,
-            "head_score": _finite(sanity[0].score) if sanity else None,
-            "layer_score": _finite(sanity[0].layer_score) if sanity else None,
+            "row": sanity,
+            "head_score": first.heads.score if first else None,
+            "layer_score": first.layers.score if first and first.layers else None,
+            "passed": rep.sanity[sanity].passed if sanity in rep.sanity else None,
         },
-        "rows": [
-            {
-                "name": sc.name,
-                "group": sc.group,
-                "score": _finite(r.score),
-                "score_ci": finite_ci(r.score_ci),
-                "null_score": _finite(r.null_score),
-                "null_score_ci": finite_ci(r.null_score_ci),
-                "layer_score": _finite(r.layer_score),
-                # null-calibrated by the paired test (decide_paired_null)
-                "verdict": verdicts(r)["matching"],
-                "verdict_reason": verdicts(r)["matching_reason"],
-                "paired_test": verdicts(r).get("matching_test"),
-                **_representational_block(representational(r)),
-                "verdicts": verdicts(r),
-                "verdict_vs_paper": verdict(sc.group, r),
-            }
-            for sc in SCENARIOS
-            if (r := results.get(sc.name)) is not None
-        ],
+        "rows": [_row_block(sc, r, rep) for sc in SCENARIOS if (r := results.get(sc.name))],
     }
     return ClaimsDocument(METHOD, source, tuple(found), blocks)
 
 
+def _row_block(sc: Scenario, r: ModelComparison, rep: EquivalenceReplication) -> dict[str, Any]:
+    h, rs = r.heads, r.representational
+    verdict, why = row_verdict(sc.group, r)
+    protocol = rep.protocols.get(sc.name)
+    return {
+        "name": sc.name,
+        "group": sc.group,
+        "score": h.score,
+        "score_ci": finite_ci(h.score_ci),
+        "null_score": h.null_score,
+        "null_score_ci": finite_ci(h.null_score_ci),
+        "layer_score": r.layers.score if r.layers else None,
+        "verdict": verdict,
+        "verdict_reason": why,
+        "decision": r.decision,
+        "decision_reason": r.decision_reason,
+        "congruity_decision": r.congruity.decision if r.congruity else None,
+        "paired_test": h.decision.to_json(),
+        "representational_score": rs.score,
+        "representational_score_ci": finite_ci(rs.score_ci),
+        "representational_min_similarity": protocol.representational_min_similarity
+        if protocol
+        else None,
+        "caveats": [dataclasses.asdict(c) for c in r.caveats],
+        "protocol": protocol.to_json() if protocol else None,
+    }
+
+
 def write(
     rep: EquivalenceReplication,
-    results: dict[str, ComparisonResult],
+    results: dict[str, ModelComparison],
     fold: dict[str, Any] | None,
     doc_dir: str | Path,
 ) -> tuple[Path, Path]:
@@ -742,4 +718,4 @@ def write(
     doc_dir = Path(doc_dir)
     source = command(METHOD, rep.s["profile"])
     md = write_text(doc_dir / f"{METHOD}.md", render_markdown(rep, results, fold, source))
-    return md, claims(results, source).write(doc_dir / f"{METHOD}.json")
+    return md, claims(rep, results, source).write(doc_dir / f"{METHOD}.json")

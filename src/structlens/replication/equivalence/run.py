@@ -3,10 +3,12 @@
     python -m structlens.replication equivalence [--profile cpu|smoke]
 
 Trains the small byte-level LMs (seeds, depth), fine-tunes SmolLM2-135M-Instruct twice, runs
-:func:`structlens.equivalence.compare.compare` on every scenario pair and writes the doc.
-Every step is a cached stage: small LMs and fine-tunes keyed by their settings (and the base
-model's fingerprint), comparisons by the non-default compare settings, the probe texts and
-both models' fingerprints.  CPU-only sizes; see the doc.
+the stages of :mod:`structlens.equivalence.stages` on every scenario pair (the sanity rows as
+:func:`~structlens.equivalence.stages.sanity`) under the protocol of the pair's model family
+(:data:`structlens.equivalence.protocol.PROFILES`) and writes the doc.  Every step is a cached
+stage: small LMs and fine-tunes keyed by their settings (and the base model's fingerprint),
+comparisons' model runs by the protocol, the probe texts and both models' fingerprints.
+CPU-only sizes; see the doc.
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from structlens.equivalence.compare import (
-    CompareConfig,
-    ComparisonResult,
-    compare,
-    corpus_probe,
-    task_probe,
-)
+from structlens.equivalence.compare import ComparisonResult
+from structlens.equivalence.probes import Probe
+from structlens.equivalence.protocol import PROFILES as PROTOCOLS
+from structlens.equivalence.protocol import EquivalenceProtocol
+from structlens.equivalence.stages import ModelComparison, SanityCheck
 from structlens.equivalence.train_small import SmallLMConfig
 from structlens.replication.stage import Record, Stage, StageCache, data_digest
 
@@ -64,25 +64,11 @@ FT_SETTINGS: dict[str, Any] = dict(
     steps=300, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), eval_every=10, seed=0
 )
 
-# IOI prompts for the SmolLM2 rows: half fit, half held out; 48 fit prompts of ~16 tokens give
-# ~700 token rows, more than d = 576, as a whole-layer map needs (equivalence.layer_map).
-SMOL_PROBE = 96
-
-SMALL_CFG = CompareConfig(congruity_top_k=4, batch_size=16, validate_head_groups=True)
-SMOL_CFG = CompareConfig(
-    validate_head_groups=True,
-    max_validate_heads=30,
-    max_validate_layers=4,
-    congruity_top_k=2,
-    congruity_max_layers=3,
-    batch_size=12,
-)
-ENC_CFG = CompareConfig(
-    representation="sentence", congruity_top_k=2, congruity_max_layers=3, batch_size=16
-)
-SMOKE_CFG = CompareConfig(
-    congruity_top_k=2, congruity_max_layers=1, point_n=4, straps=4, batch_size=16
-)
+# The SmolLM2 rows run the "paper-subset" protocol: 96 IOI prompts, half fit, half held out;
+# 48 fit prompts of ~16 tokens give ~700 token rows, more than d = 576, as a whole-layer map
+# needs (equivalence.layer_map).
+SMOL_PROTOCOL = PROTOCOLS["paper-subset"]
+ENC_PROTOCOL = PROTOCOLS["paper-sentence"]
 
 PAPER = {
     "sanity": ("1 (by construction)", 1.0, 1.0),
@@ -97,34 +83,32 @@ PAPER = {
 
 @dataclasses.dataclass
 class Scenario:
+    """One row: ``build(rep)`` gives ``(model_a, model_b, protocol)``; a sanity row's
+    ``model_b`` is ``None`` (the stage builds the rotated copy)."""
+
     name: str
     group: str
-    build: Callable[[EquivalenceReplication], tuple]  # -> (model_a, model_b, probe, config)
+    build: Callable[[EquivalenceReplication], tuple]
     setting: str
 
 
 def _sanity_tiny(rep: EquivalenceReplication) -> tuple:
-    from structlens.equivalence.scenarios import rotate_and_permute
     from structlens.models import load_model
 
-    a = load_model("tiny-llama", seed=1)
-    b, _, _ = rotate_and_permute(a, seed=3)
-    return a, b, corpus_probe(a, b, n=rep.s["probe_sanity_tiny"]), rep.s["small_cfg"]
+    # the tiny model at the protocol's seed: what `analyze` and `equiv sanity` load
+    protocol = rep.s["small_protocol"]
+    return load_model("tiny-llama", seed=protocol.seed), None, protocol
 
 
 def _sanity_smol(rep: EquivalenceReplication) -> tuple:
-    from structlens.equivalence.scenarios import rotate_and_permute
     from structlens.models import load_model
 
-    a = load_model("smollm2-135m")
-    b, _, _ = rotate_and_permute(a, seed=3)
-    return a, b, task_probe(a, b, "ioi", n=SMOL_PROBE), SMOL_CFG
+    return load_model("smollm2-135m"), None, SMOL_PROTOCOL
 
 
 def _small_pair(x: str, y: str) -> Callable[[EquivalenceReplication], tuple]:
     def build(rep: EquivalenceReplication) -> tuple:
-        a, b = rep.small_model(x), rep.small_model(y)
-        return a, b, corpus_probe(a, b, n=rep.s["probe_small"]), rep.s["small_cfg"]
+        return rep.small_model(x), rep.small_model(y), rep.s["small_protocol"]
 
     return build
 
@@ -134,8 +118,7 @@ def _ft_pair(name: str) -> Callable[[EquivalenceReplication], tuple]:
         from structlens.models import load_model
 
         b = rep.finetuned(name)
-        a = load_model("smollm2-135m")
-        return a, b, task_probe(a, b, "ioi", n=SMOL_PROBE), SMOL_CFG
+        return load_model("smollm2-135m"), b, SMOL_PROTOCOL
 
     return build
 
@@ -143,8 +126,7 @@ def _ft_pair(name: str) -> Callable[[EquivalenceReplication], tuple]:
 def _enc_dec(rep: EquivalenceReplication) -> tuple:
     from structlens.models import load_model
 
-    a, b = load_model("minilm-l6"), load_model("smollm2-135m")
-    return a, b, corpus_probe(a, b, n=64), ENC_CFG
+    return load_model("minilm-l6"), load_model("smollm2-135m"), ENC_PROTOCOL
 
 
 SCENARIOS = [
@@ -170,9 +152,7 @@ SCENARIOS = [
 CPU: dict[str, Any] = {
     "profile": "cpu",
     "small": SMALL,
-    "small_cfg": SMALL_CFG,
-    "probe_small": 48,
-    "probe_sanity_tiny": 32,
+    "small_protocol": PROTOCOLS["paper"],
     # MiniLM vs SmolLM2 (an encoder on other data, sentence similarity only) is superseded by
     # the same-data encoder–decoder row; `only=["enc-dec"]` still runs it.
     "scenarios": [sc.name for sc in SCENARIOS if sc.name != "enc-dec"],
@@ -182,9 +162,7 @@ GPU = CPU | {"profile": "gpu"}  # the CPU sizes; nothing here needs an accelerat
 SMOKE = CPU | {
     "profile": "smoke",
     "small": SMALL_SMOKE,
-    "small_cfg": SMOKE_CFG,
-    "probe_small": 12,
-    "probe_sanity_tiny": 12,
+    "small_protocol": PROTOCOLS["smoke"],
     "scenarios": ["sanity-tiny", "seeds-s0-s1"],
     "fold_check": False,
 }
@@ -222,6 +200,8 @@ class EquivalenceReplication:
         self.small_info: dict[str, dict[str, Any]] = {}
         self.ft_info: dict[str, dict[str, Any]] = {}
         self.seconds: dict[str, float] = {}
+        self.protocols: dict[str, EquivalenceProtocol] = {}
+        self.sanity: dict[str, SanityCheck] = {}
 
     def small_model(self, name: str) -> Any:
         from structlens.equivalence.train_small import train_small_lm
@@ -306,30 +286,44 @@ class EquivalenceReplication:
 
         return self.cache.run(stage, Record, compute).data
 
-    def scenario(self, sc: Scenario) -> ComparisonResult:
-        """One comparison, keyed by the non-default compare settings (so a new option left
-        at its default keeps old results valid), the probe texts and both fingerprints."""
-        a, b, probe, cfg = sc.build(self)
-        default = dataclasses.asdict(CompareConfig())
-        changed = {k: v for k, v in dataclasses.asdict(cfg).items() if v != default[k]}
-        stage = Stage(
-            "compare",
-            {"scenario": sc.name, "compare": json.loads(json.dumps(changed, default=str))},
-            model=f"{a.fingerprint()}:{b.fingerprint()}",
-            data=data_digest(probe.texts),
-        )
+    def _measure(self, name: str) -> Callable[..., ComparisonResult]:
+        """The stages' model runs of scenario ``name``, each a cached stage keyed by the
+        protocol, the probe texts and both models' fingerprints."""
+        from structlens.equivalence.stages import measure
 
-        def compute(folder: Path) -> ComparisonResult:
-            t0 = time.perf_counter()
-            res = compare(a, b, probe, cfg)
-            (folder / "seconds.txt").write_text(f"{time.perf_counter() - t0:.0f}")
+        def run(protocol: EquivalenceProtocol, a: Any, b: Any, probe: Probe) -> ComparisonResult:
+            stage = Stage(
+                "compare",
+                {"scenario": name, "protocol": protocol.to_json()},
+                model=f"{a.fingerprint()}:{b.fingerprint()}",
+                data=data_digest(probe.texts),
+            )
+
+            def compute(folder: Path) -> ComparisonResult:
+                t0 = time.perf_counter()
+                res = measure(protocol, a, b, probe)
+                (folder / "seconds.txt").write_text(f"{time.perf_counter() - t0:.0f}")
+                return res
+
+            res = self.cache.run(stage, ComparisonResult, compute)
+            secs = self.cache.path(stage) / "seconds.txt"
+            if secs.exists():
+                self.seconds[name] = float(secs.read_text())
             return res
 
-        res = self.cache.run(stage, ComparisonResult, compute)
-        secs = self.cache.path(stage) / "seconds.txt"
-        if secs.exists():
-            self.seconds[sc.name] = float(secs.read_text())
-        return res
+        return run
+
+    def scenario(self, sc: Scenario) -> ModelComparison:
+        """One row: the comparison stage (the sanity stage for the sanity rows, whose checks
+        are kept in ``self.sanity``) under the row's protocol."""
+        from structlens.equivalence.stages import compare_models, sanity
+
+        a, b, protocol = sc.build(self)
+        self.protocols[sc.name] = protocol
+        if b is None:
+            check = self.sanity[sc.name] = sanity(protocol, a, measure=self._measure(sc.name))
+            return check.comparison
+        return compare_models(protocol, a, b, measure=self._measure(sc.name))
 
 
 def run(
@@ -338,7 +332,7 @@ def run(
     doc_dir: str | Path | None = None,
     device: str = "cpu",
     only: list[str] | None = None,
-) -> tuple[dict[str, ComparisonResult], StageCache]:
+) -> tuple[dict[str, ModelComparison], StageCache]:
     """Run (or resume) the scenarios of ``profile`` (``only``: a subset, in that order) and
     write the markdown and claims JSON."""
     from structlens.replication import default_paths
@@ -360,9 +354,9 @@ def run(
         t0 = time.perf_counter()
         r = results[name] = rep.scenario(by_name[name])
         print(
-            f"{name}: score {r.score:.3f} {r.score_ci} null {float(r.null_score):.3f} "
-            f"layers {float(r.layer_score):.3f} verdicts {r.verdicts} "
-            f"({time.perf_counter() - t0:.0f} s)",
+            f"{name}: score {r.heads.score:.3f} {list(r.heads.score_ci)} null "
+            f"{r.heads.null_score} layers {r.layers.score if r.layers else None} decision "
+            f"{r.decision} ({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
     md, js = write(rep, results, fold, doc_dir)

@@ -1,0 +1,403 @@
+"""The equivalence stages: the only code that turns two models into equivalence numbers.
+
+Each stage is a function ``(protocol, models, ...) -> Result`` of a frozen, typed result; the
+``equiv`` CLI, ``structlens analyze`` and the replication call these and only render what they
+return, so one :class:`~structlens.equivalence.protocol.EquivalenceProtocol` gives one answer
+whichever driver runs it.
+
+The model runs are :func:`measure` (:func:`structlens.equivalence.compare.compare` under the
+protocol's settings; its :class:`~structlens.equivalence.compare.ComparisonResult` holds every
+per-component record and is what a driver caches); :func:`summarize` turns those records into
+a :class:`ModelComparison` (scores, nulls, the paired decision, the representational score,
+CONGRUITY and caveats).  A stage takes ``measure=`` so that a driver can put its cache, or a
+recorder, in front of the model runs without changing what is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from structlens.equivalence.compare import ComparisonResult, compare
+from structlens.equivalence.probes import Probe, corpus_probe, task_probe
+from structlens.equivalence.protocol import EquivalenceProtocol
+from structlens.equivalence.score import (
+    PairedNullDecision,
+    decide_paired_null,
+    representational_score,
+)
+from structlens.results import Result
+
+__all__ = [
+    "Caveat",
+    "RateScore",
+    "ComponentScores",
+    "CongruityScores",
+    "ModelComparison",
+    "SanityCheck",
+    "probe_for",
+    "measure",
+    "summarize",
+    "compare_models",
+    "sanity",
+]
+
+Measure = Callable[[EquivalenceProtocol, Any, Any, Probe], ComparisonResult]
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """A caveat of a stage result: a machine-readable ``kind`` and a one-line ``message``."""
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RateScore(Result):
+    """A pass rate ``n_passed / n`` with its descriptive interval (``score`` NaN when
+    ``n == 0``)."""
+
+    n: int
+    n_passed: int
+    score: float
+    score_ci: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ComponentScores(Result):
+    """Validation of one kind of component (``kind``: heads, layers or head_groups).
+
+    ``pairs`` are the validated pairs in order (heads ``((la, ha), (lb, hb))``, layers
+    ``(la, lb)``, head groups B's layers); ``passed``, ``kl`` (nats), ``top1`` and
+    ``similarity`` one value per pair (``kl``/``top1`` empty without patching).  ``null_*``:
+    the same components mean-ablated (``None`` without a null); ``informative``: the score
+    over the components whose null fails; ``decision``: McNemar's exact paired test of
+    partner against null (:func:`~structlens.equivalence.score.decide_paired_null`).
+    """
+
+    kind: str
+    method: str
+    pairs: list
+    passed: tuple[bool, ...]
+    kl: tuple[float, ...]
+    top1: tuple[float, ...]
+    similarity: tuple[float, ...]
+    score: float
+    score_ci: tuple[float, float]
+    null_passed: tuple[bool, ...] | None
+    null_score: float | None
+    null_score_ci: tuple[float, float] | None
+    informative: RateScore | None
+    decision: PairedNullDecision
+
+
+@dataclass(frozen=True)
+class CongruityScores(Result):
+    """CONGRUITY in both directions: point-test decision rates (share of straps calling the
+    models different) and mean p-values, selectivity scores, the top-KL heads of each model;
+    ``decision`` is "different" when either rate exceeds 0.5, else "unidentified" (the test
+    has no null, so no detected difference is no evidence of equivalence).  ``caveat`` says
+    when the encodings were reduced to ``reduced_to`` principal components of the fit rows."""
+
+    representation: str
+    intervention: str
+    decision_rate_ab: float
+    decision_rate_ba: float
+    mean_p_ab: float
+    mean_p_ba: float
+    selectivity_ab: float
+    selectivity_ba: float
+    top_heads_a: list
+    top_heads_b: list
+    top_kl_a: list
+    top_kl_b: list
+    decision: str
+    reason: str
+    reduced_to: int | None
+    caveat: str | None
+
+
+@dataclass(frozen=True)
+class ModelComparison(Result):
+    """Both estimators on one model pair under one protocol (``protocol`` is its key).
+
+    ``heads`` is the matched-head validation (the score's component), ``layers`` and
+    ``head_groups`` the whole-layer validations (``None`` where not run); ``representational``
+    the share of validated head pairs whose similarity reaches the protocol's threshold;
+    ``decision`` and ``decision_reason`` the paired test on the heads ("equivalent",
+    "unidentified" or "not tested"); ``agree`` whether CONGRUITY's decision is the same
+    (``None`` without CONGRUITY); ``caveats`` everything a reader must know to trust it.
+    ``matched_layer_similarity`` / ``matched_head_similarity``: the similarity of every
+    matched pair (validated or not), in matching order.
+    """
+
+    model_a: str
+    model_b: str
+    probe: str
+    n_fit: int
+    n_heldout: int
+    representation: str
+    heads: ComponentScores
+    layers: ComponentScores | None
+    head_groups: ComponentScores | None
+    representational: RateScore
+    congruity: CongruityScores | None
+    decision: str
+    decision_reason: str
+    agree: bool | None
+    layer_similarity: np.ndarray
+    matched_layer_similarity: tuple[float, ...]
+    matched_head_similarity: tuple[float, ...]
+    caveats: tuple[Caveat, ...]
+    protocol: str
+
+
+@dataclass(frozen=True)
+class SanityCheck(Result):
+    """The model against its rotated, head-permuted copy, whose answer is known (equivalent).
+
+    ``max_abs_logit_diff``: largest logit change of the copy on the probe's first batch
+    (0 up to float round-off: the copy is the same function); ``heads_recovered``: share of
+    matched heads that are the planted partner; ``passed``: the copy is recovered (the head
+    score's interval reaches ``equivalent_at`` and the paired test decides "equivalent"),
+    with ``reason``.  A failed check means the method, not the model, is at fault.
+    """
+
+    comparison: ModelComparison
+    rotation_seed: int
+    max_abs_logit_diff: float
+    heads_recovered: float
+    passed: bool
+    reason: str
+
+
+def probe_for(protocol: EquivalenceProtocol, model_a: Any, model_b: Any) -> Probe:
+    """The protocol's probe set for two models (corpus sentences, or a circuit task)."""
+    if protocol.probe == "corpus":
+        return corpus_probe(model_a, model_b, n=protocol.probe_prompts)
+    return task_probe(
+        model_a, model_b, protocol.probe, n=protocol.probe_prompts, seed=protocol.seed
+    )
+
+
+def measure(
+    protocol: EquivalenceProtocol, model_a: Any, model_b: Any, probe: Probe
+) -> ComparisonResult:
+    """The model runs: matching, patching validation and CONGRUITY of ``model_b`` against
+    ``model_a`` on ``probe`` under the protocol (the records :func:`summarize` reads)."""
+    return compare(model_a, model_b, probe, protocol.compare_config())
+
+
+def _ci(values: Sequence[float]) -> tuple[float, float]:
+    lo, hi = (float(v) for v in values)
+    return lo, hi
+
+
+def _rate(d: dict[str, Any]) -> RateScore | None:
+    if not d:
+        return None
+    return RateScore(int(d["n_heads"]), int(d["n_passed"]), float(d["score"]), _ci(d["score_ci"]))
+
+
+def _components(
+    protocol: EquivalenceProtocol,
+    kind: str,
+    method: str,
+    records: list[dict],
+    null_records: list[dict] | None,
+    informative: dict[str, Any],
+    score_ci: Sequence[float],
+    null_ci: Sequence[float] | None,
+    pairs: list | None = None,
+) -> ComponentScores:
+    passed = tuple(bool(r["passed"]) for r in records)
+    null = tuple(bool(r["passed"]) for r in null_records) if null_records else None
+    decision = decide_paired_null(
+        list(passed), list(null) if null else None,
+        alpha=protocol.null_alpha, min_score=protocol.equivalent_at,
+    )  # fmt: skip
+    return ComponentScores(
+        kind=kind,
+        method=method,
+        pairs=pairs if pairs is not None else [r["pair"] for r in records],
+        passed=passed,
+        kl=tuple(float(r["kl"]) for r in records if "kl" in r),
+        top1=tuple(float(r["top1"]) for r in records if "top1" in r),
+        similarity=tuple(float(r["similarity"]) for r in records),
+        score=float(np.mean(passed)),
+        score_ci=_ci(score_ci),
+        null_passed=null,
+        null_score=float(np.mean(null)) if null else None,
+        null_score_ci=_ci(null_ci) if null and null_ci is not None else None,
+        informative=_rate(informative),
+        decision=decision,
+    )
+
+
+def _congruity(c: dict[str, Any]) -> CongruityScores | None:
+    if not c:
+        return None
+    ab, ba = c["point_test_ab"], c["point_test_ba"]
+    rate = max(ab["decision_rate"], ba["decision_rate"])
+    decision = "different" if c["different"] else "unidentified"
+    reason = (
+        f"the point test calls the models different in {rate:.0%} of straps (> 50%)"
+        if c["different"]
+        else f"the point test calls them different in at most {rate:.0%} of straps; it has "
+        "no null, so finding no difference is no evidence of equivalence"
+    )
+    return CongruityScores(
+        representation=c["representation"], intervention=c["intervention"],
+        decision_rate_ab=float(ab["decision_rate"]), decision_rate_ba=float(ba["decision_rate"]),
+        mean_p_ab=float(ab["mean_p"]), mean_p_ba=float(ba["mean_p"]),
+        selectivity_ab=float(c["selectivity_ab"]), selectivity_ba=float(c["selectivity_ba"]),
+        top_heads_a=c["top_heads_a"], top_heads_b=c["top_heads_b"],
+        top_kl_a=c["top_kl_a"], top_kl_b=c["top_kl_b"],
+        decision=decision, reason=reason,
+        reduced_to=c.get("reduced_to"), caveat=c.get("caveat"),
+    )  # fmt: skip
+
+
+def _caveats(heads: ComponentScores, cong: CongruityScores | None) -> tuple[Caveat, ...]:
+    out = []
+    d = heads.decision
+    if (
+        heads.null_passed is not None
+        and d.verdict != "equivalent"
+        and d.partner_only <= d.null_only
+    ):
+        out.append(
+            Caveat(
+                "null_passes",
+                f"mean-ablating B's heads passes as often as the matched partners (partner "
+                f"only on {d.partner_only} heads, null only on {d.null_only}, McNemar exact "
+                f"p = {d.p_value:.3g}; null {heads.null_score:.2f} vs score {heads.score:.2f}): "
+                "the score does not show that the partners carry the mechanism",
+            )
+        )
+    if heads.method == "similarity":
+        out.append(
+            Caveat(
+                "no_patching",
+                "no patching was possible (different token sequences, a non-causal B or "
+                "validation off): the score is the share of matched heads whose similarity "
+                "reaches the threshold, and it has no null",
+            )
+        )
+    if cong is not None and cong.caveat:
+        out.append(Caveat("encoding_reduced", cong.caveat))
+    return tuple(out)
+
+
+def summarize(protocol: EquivalenceProtocol, raw: ComparisonResult) -> ModelComparison:
+    """The typed comparison of one model pair from its records (:func:`measure`)."""
+    null = raw.null_validation or None
+    heads = _components(
+        protocol, "heads", raw.validation_method, raw.validation, null, raw.informative,
+        raw.score_ci, raw.null_score_ci,
+    )  # fmt: skip
+    layers = None
+    if raw.layer_validation:
+        layers = _components(
+            protocol, "layers", raw.validation_method, raw.layer_validation, None, {},
+            raw.layer_score_ci, None,
+        )  # fmt: skip
+    groups = None
+    if g := raw.head_groups:
+        groups = _components(
+            protocol, "head_groups", raw.validation_method, g["validation"], g["null_validation"],
+            g["informative"], g["score_ci"], g["null_score_ci"], pairs=g["pairs"],
+        )  # fmt: skip
+    rs = representational_score(
+        heads.pairs, list(heads.similarity), protocol.representational_min_similarity,
+        ci=protocol.ci,
+    )  # fmt: skip
+    cong = _congruity(raw.congruity)
+    return ModelComparison(
+        model_a=raw.model_a,
+        model_b=raw.model_b,
+        probe=raw.probe,
+        n_fit=int(raw.n_fit),
+        n_heldout=int(raw.n_heldout),
+        representation=raw.representation,
+        heads=heads,
+        layers=layers,
+        head_groups=groups,
+        representational=RateScore(rs.n_matched, rs.n_passed, rs.score, _ci(rs.score_ci)),
+        congruity=cong,
+        decision=heads.decision.verdict,
+        decision_reason=heads.decision.reason,
+        agree=None if cong is None else cong.decision == heads.decision.verdict,
+        layer_similarity=np.asarray(raw.layer_similarity, dtype=np.float64),
+        matched_layer_similarity=tuple(float(v) for v in raw.matching["layers"]["similarities"]),
+        matched_head_similarity=tuple(float(v) for v in raw.matching["heads"]["similarities"]),
+        caveats=_caveats(heads, cong),
+        protocol=protocol.key(),
+    )
+
+
+def compare_models(
+    protocol: EquivalenceProtocol,
+    model_a: Any,
+    model_b: Any,
+    *,
+    probe: Probe | None = None,
+    measure: Measure = measure,
+) -> ModelComparison:
+    """Compare ``model_b`` (whose components get replaced) with ``model_a`` on the protocol's
+    probe (or ``probe``)."""
+    probe = probe if probe is not None else probe_for(protocol, model_a, model_b)
+    return summarize(protocol, measure(protocol, model_a, model_b, probe))
+
+
+def _logit_gap(protocol: EquivalenceProtocol, model: Any, twin: Any, probe: Probe) -> float:
+    import torch
+
+    from structlens.data.tasks import pad_batch
+
+    tokens = probe.tokens_a[: protocol.batch_size]
+    ids, mask = pad_batch(tokens, int(model.tokenizer.pad_token_id))
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    with torch.no_grad():
+        a, b = model.forward(ids, mask), twin.forward(ids, mask)
+    keep = mask.bool()
+    return float((a[keep].double() - b[keep].double()).abs().max())
+
+
+def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = measure) -> SanityCheck:
+    """``model`` against its rotated, head-permuted copy (seed ``protocol.rotation_seed``).
+
+    Raises ``ValueError`` for models the fold does not support (LayerNorm models).
+    """
+    from structlens.equivalence.scenarios import rotate_and_permute
+
+    twin, head_map, _ = rotate_and_permute(model, seed=protocol.rotation_seed)
+    probe = probe_for(protocol, model, twin)
+    raw = measure(protocol, model, twin, probe)
+    res = summarize(protocol, raw)
+    pairs = raw.matching["heads"]["pairs"]
+    found = [la == lb and head_map[la][ha] == hb for (la, ha), (lb, hb) in pairs]
+    lo = res.heads.score_ci[0]
+    if res.decision == "equivalent" and lo >= protocol.equivalent_at:
+        passed, reason = True, f"head score interval reaches {lo:.2f} >= {protocol.equivalent_at}"
+    else:
+        passed, reason = (
+            False,
+            (
+                f"the copy is the same function, yet the decision is {res.decision!r} and the head "
+                f"score's interval starts at {lo:.2f} (need >= {protocol.equivalent_at}): do not "
+                "trust comparisons under this protocol"
+            ),
+        )
+    return SanityCheck(
+        comparison=res,
+        rotation_seed=protocol.rotation_seed,
+        max_abs_logit_diff=_logit_gap(protocol, model, twin, probe),
+        heads_recovered=float(np.mean(found)) if found else float("nan"),
+        passed=passed,
+        reason=reason,
+    )
