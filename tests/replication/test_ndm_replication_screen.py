@@ -71,3 +71,34 @@ def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():
     assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g["device_rows"]
     assert (cfg["merge_start"], cfg["merge_interval"]) == (20_000, 8_000)  # the paper's
     assert g["protocol"].patch_prompts >= 500 and g["protocol"].restarts > 1
+
+
+def _evaluation(screened, converged, value, lows):
+    """An evaluation and training record: test t at layer 5, NDM's mean Gini ``value`` and
+    the lower CI bound of NDM minus each baseline."""
+    ev = {
+        "screen": [{"test": "t", "screened": screened}],
+        "layers": {"t": 5},
+        "gini_mean": {"ndm": {"dimension": {"value": value}}},
+        "gini_mean_diff": {m: {"dimension": {"ci": [lo, lo + 0.2]}} for m, lo in lows.items()},
+    }
+    return ev, {"results": {"5": {"converged": converged, "steps": 60}}}
+
+
+@pytest.mark.parametrize(
+    ("screened", "converged", "value", "lows", "verdict", "reason"),
+    [
+        (False, True, 0.7, {"pca": 0.1}, "not tested", "screen"),
+        (True, False, 0.7, {"pca": 0.1}, "not tested", "not converged at layer(s) [5]"),
+        (True, True, 0.7, {"pca": 0.1, "random": 0.05}, "reproduced", "every baseline"),
+        (True, True, 0.4, {"pca": 0.1, "random": 0.05}, "partly", "far below"),
+        (True, True, 0.7, {"pca": 0.1, "random": -0.05}, "partly", "not above ['random']"),
+        (True, True, 0.7, {"pca": -0.1}, "not reproduced", "not significantly above"),
+    ],
+)
+def test_gini_verdict_follows_the_evidence(screened, converged, value, lows, verdict, reason):
+    from structlens.replication.claims import VERDICTS
+    from structlens.replication.ndm.render import gini_verdict
+
+    got, why = gini_verdict(*_evaluation(screened, converged, value, lows))
+    assert got == verdict and got in VERDICTS and reason in why

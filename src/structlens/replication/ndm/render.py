@@ -73,8 +73,8 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
     paper_gini = "mean dimension-normalised Gini over 5 tests: NDM 0.71 vs baselines 0.21–0.38"
     gini_settings = {"methods": methods, "n_prompts": ev["n_prompts"], "n_boot": ev["n_boot"],
                      "screened_tests": screened, "min_share": ev["min_share"]}  # fmt: skip
-    if not screened:
-        verdict_gini = "not tested"
+    verdict_gini, reason_gini = gini_verdict(ev, tr)
+    if gm == "no signal":
         gini_cell = (
             f"no signal: none of the {n_tests} tests passes the screen (whole-space effect "
             f"≥ {ev['min_share']:.0%} of the clean metric), so no Gini is reported"
@@ -82,47 +82,26 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         claims.append(
             Claim(
                 "mean_gini_ndm_vs_baselines", paper_gini, None, None, verdict_gini,
-                gini_settings, ci_reason="no patching test passes the whole-space-effect screen",
+                gini_settings, ci_reason=reason_gini,
             )
         )  # fmt: skip
     else:
         ndm_dim = gm["ndm"]["dimension"]
-        base_dims = {m: gm[m]["dimension"] for m in methods if m != "ndm"}
-        best_base = max(base_dims.values(), key=lambda e: e["value"])
-        diffs = ev.get("gini_mean_diff", {})
-        above = [m for m, d in diffs.items() if d["dimension"]["ci"][0] > 0]
-        if len(above) == len(diffs) and diffs:
-            verdict_gini = "reproduced" if ndm_dim["value"] >= 0.6 else "partly: NDM above every "
-            verdict_gini += "" if ndm_dim["value"] >= 0.6 else "baseline, far below 0.71"
-        elif above:
-            verdict_gini = (
-                f"partly: NDM significantly above {len(above)} of {len(diffs)} baselines "
-                f"({', '.join(sorted(above))}), not above "
-                + ", ".join(sorted(set(diffs) - set(above)))
-                + "; far below 0.71"
-            )
-        else:
-            verdict_gini = "not reproduced"
+        best_base = max(
+            (gm[m]["dimension"] for m in methods if m != "ndm"), key=lambda e: e["value"]
+        )
         gini_cell = (
             f"NDM {_ci(ndm_dim)}; best baseline {_ci(best_base)} (95% bootstrap CIs over "
             f"prompts; {len(screened)} of {n_tests} tests pass the screen)"
         )
         claims.append(
             Claim(
-                "mean_gini_ndm_vs_baselines",
-                paper_gini,
-                ndm_dim["value"],
-                finite_ci(ndm_dim["ci"]),
-                "reproduced"
-                if verdict_gini == "reproduced"
-                else "partly"
-                if verdict_gini.startswith("partly")
-                else "not reproduced",
-                gini_settings,
+                "mean_gini_ndm_vs_baselines", paper_gini, ndm_dim["value"],
+                finite_ci(ndm_dim["ci"]), verdict_gini, gini_settings,
                 ci_reason=None if finite_ci(ndm_dim["ci"]) else "no finite bootstrap interval",
-                note=f"best baseline {_ci(best_base)}; NDM significantly above: {sorted(above)}",
+                note=f"{reason_gini}; best baseline {_ci(best_base)}",
             )
-        )
+        )  # fmt: skip
     toy = ev["toy"]
     toy_ok = toy["right_number_of_subspaces"] and toy["overlap"] > 0.9
     claims.append(
@@ -138,7 +117,7 @@ def render(R: dict[str, Any], source: str, claims: list[Claim]) -> str:
         )
     )  # fmt: skip
     lines += [
-        f"| {paper_gini} (GPT-2 small) | {gini_cell} | {verdict_gini} |",
+        f"| {paper_gini} (GPT-2 small) | {gini_cell} | {verdict_gini} ({reason_gini}) |",
         f"| toy: one subspace per mutually exclusive feature group | merging to the threshold: "
         f"partition {toy['partition']} (truth {toy['truth_dims']}), min matched overlap "
         f"{toy['overlap']:.3f}"
@@ -497,6 +476,46 @@ def what_changed(R: dict[str, Any]) -> list[str]:
         f"- **SAE baseline from a converged SAE**: {sae_line}. Earlier the SAE had one epoch.",
         "",
     ]
+
+
+#: The paper's mean dimension-normalised Gini of NDM over its five tests.
+PAPER_GINI_NDM = 0.71
+
+
+def gini_verdict(ev: dict[str, Any], tr: dict[str, Any]) -> tuple[str, str]:
+    """The verdict on NDM's mean Gini against the baselines, and its reason.
+
+    Not tested when no test passes the screen or when a screened test's layer was not trained
+    to the stopping rule (a partition mid-training is not the method's answer); otherwise
+    reproduced when NDM is significantly above every baseline (paired bootstrap CI of the
+    difference above 0) at a Gini within 0.1 of the paper's, partly when above some or all of
+    them, not reproduced when above none.
+    """
+    screened = [row["test"] for row in ev["screen"] if row["screened"]]
+    if not screened:
+        return "not tested", "no patching test passes the whole-space-effect screen"
+    layers = sorted({int(ev["layers"][t]) for t in screened})
+    open_layers = [layer for layer in layers if not tr["results"][str(layer)]["converged"]]
+    if open_layers:
+        steps = tr["results"][str(open_layers[0])]["steps"]
+        return "not tested", (
+            f"training not converged at layer(s) {open_layers}: the stopping rule (no pair "
+            f"above the MI threshold) was not reached in {steps} steps"
+        )
+    diffs = ev["gini_mean_diff"]
+    above = sorted(m for m, d in diffs.items() if d["dimension"]["ci"][0] > 0)
+    below = sorted(set(diffs) - set(above))
+    value = ev["gini_mean"]["ndm"]["dimension"]["value"]
+    if not above:
+        return "not reproduced", f"NDM is not significantly above any baseline ({below})"
+    if below:
+        return "partly", f"NDM is significantly above {above}, not above {below}"
+    if value >= PAPER_GINI_NDM - 0.1:
+        return "reproduced", f"NDM {value:.2f} is significantly above every baseline"
+    return "partly", (
+        f"NDM is significantly above every baseline but {value:.2f} is far below the paper's "
+        f"{PAPER_GINI_NDM}"
+    )
 
 
 def tests_block(ev: dict[str, Any]) -> list[dict[str, Any]]:
