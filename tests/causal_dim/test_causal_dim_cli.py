@@ -35,7 +35,7 @@ def test_causal_dim_sweep_writes_documented_keys(tmp_path):
             "--layer",
             "1",
             "--widths",
-            "64,128,256",
+            "256,512,1024",
             "--bootstrap",
             "10",
             "--blocks",
@@ -51,13 +51,15 @@ def test_causal_dim_sweep_writes_documented_keys(tmp_path):
     doc = json.loads((tmp_path / "causal_sweep.json").read_text())
     assert doc["kappa"]["participation_ratio"] <= doc["kappa"]["erank"] <= 64
     sw = doc["sweep"]
-    assert sw["widths"] == [64, 128, 256]
+    assert sw["widths"] == [256, 512, 1024]
     assert len(sw["n_repr"]) == len(sw["n_causal"]) == 3
     assert "kappa_hat" in sw and len(sw["kappa_hat_ci"]) == 2
-    # ε is calibrated at the base width: N_causal(64) = ceil(0.02·64) = 2 up to ties.
-    assert sw["n_causal"][0] <= 2
+    # ε is calibrated at the base width: N_causal(256) = ceil(0.02·256) = 6 up to ties.
+    assert sw["n_causal"][0] <= 6
+    # the protocol that ran: the paper's, with the options given
+    assert doc["protocol"]["sweep_widths"] == [256, 512, 1024] and doc["protocol"]["sae_k"] == 4
     assert (tmp_path / "width_sweep.png").stat().st_size > 0
-    assert (tmp_path / "saes" / "128" / "cfg.json").exists()
+    assert (tmp_path / "saes" / "512" / "cfg.json").exists()
 
     res = CliRunner().invoke(
         causal_cli.app,
@@ -65,7 +67,7 @@ def test_causal_dim_sweep_writes_documented_keys(tmp_path):
             "ablate",
             "tiny-llama",
             "--sae",
-            str(tmp_path / "saes" / "128"),
+            str(tmp_path / "saes" / "512"),
             "--out",
             str(tmp_path),
             "--layer",
@@ -101,8 +103,12 @@ def test_causal_dim_jacobian(tmp_path):
     )
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "causal_jacobian.json").read_text())
-    assert [e["layer"] for e in doc["by_layer"]["layers"]] == [0, 2]
-    assert doc["kappa"]["erank"] == doc["by_layer"]["layers"][0]["erank"]
+    layers = doc["by_layer"]["layers"]
+    assert [e["layer"] for e in layers] == [0, 2]
+    assert doc["kappa"]["erank"] == layers[0]["erank"]
+    # --jacobian-prompts caps the vectors (and starts the doubling there)
+    assert all(e["n_vectors"] == 2 and e["max_vectors"] == 2 for e in layers)
+    assert all(e["erank_ci"][0] <= e["erank"] <= e["erank_ci"][1] for e in layers)
     assert (tmp_path / "sigma_spectrum.png").exists()
 
 

@@ -181,16 +181,25 @@ def test_multi_layer_captures_match_single_layer(model):
         next(residual_batches_multi(model, [], PROMPTS))
 
 
-def test_kappa_by_layer_reports_bootstrap_ci(model):
-    from structlens.causal_dim.experiment import kappa_by_layer
+def test_kappa_stage_agrees_with_the_streamed_accumulator(model):
+    """The κ stage's plug-in is the erank of the same Σ̂ that CausalDimension streams (an
+    independent path through the Jacobians); its point lies in its own interval."""
+    from structlens.causal_dim.protocol import PROFILES
+    from structlens.causal_dim.stages import kappa, prompt_sets
 
+    p = PROFILES["smoke"].replace(kappa_start=4, kappa_max_vectors=4)
+    sets = prompt_sets(p, model.tokenizer)
+    fit = kappa(p, model, 1, sets)
+    assert fit.n_vectors == 4 and fit.doubling_n == [4] and fit.max_vectors == 4
     cfg = JacobianConfig(output="log_probs", max_rows=model.d_model)
-    res = kappa_by_layer(model, [1], PROMPTS, cfg, n_bootstrap=20)
-    e = res["layers"][0]
-    ref = model_causal_dimension(model, 1, PROMPTS, cfg)
-    assert e["erank_plugin"] == pytest.approx(ref.erank, rel=1e-6)
-    assert e["n_vectors"] == 3 and len(e["erank_ci"]) == 2 and e["erank_se"] >= 0
-    assert e["erank_ci"][0] <= e["erank"] <= e["erank_ci"][1]  # one estimand
-    one = kappa_by_layer(model, [1], PROMPTS[:1], cfg)["layers"][0]
-    assert one["erank_ci"] is None and one["n_vectors"] == 1
-    assert one["erank"] == one["erank_plugin"]  # no correction without a jackknife
+    ref = model_causal_dimension(model, 1, sets.kappa_windows[:4], cfg)
+    assert fit.erank_plugin == pytest.approx(ref.erank, rel=1e-6)
+    assert fit.participation_ratio_plugin == pytest.approx(ref.participation_ratio, rel=1e-6)
+    assert fit.erank_ci[0] <= fit.erank <= fit.erank_ci[1]  # one estimand
+    # the jackknife's groups are the windows' corpus chunks
+    assert fit.n_groups == len(set(sets.kappa_chunks[:4])) and fit.unit == "chunk"
+    # a caching driver's Gram source gives the same fit
+    cached = kappa(p, model, 1, sets, grams=lambda a, b: np.stack(
+        [g.numpy() for g in vector_grams(model, 1, sets.kappa_windows[a:b], cfg)]
+    ))  # fmt: skip
+    assert cached.erank == fit.erank and cached.erank_ci == fit.erank_ci

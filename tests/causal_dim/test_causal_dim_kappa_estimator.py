@@ -117,7 +117,7 @@ def test_from_grams_leaves_read_only_input_alone():
     grams = np.stack([np.diag([1.0, 2.0, 0.0])] * 3)
     grams.setflags(write=False)
     acc = EJOPAccumulator.from_grams(grams)
-    acc.add(torch.eye(3, dtype=torch.float64), 1)
+    acc.update(torch.eye(3, dtype=torch.float64), 1)
     assert acc.n == 4 and grams[0, 0, 0] == 1.0
     assert kappa_from_grams(grams).erank_se == pytest.approx(0.0, abs=1e-12)
 

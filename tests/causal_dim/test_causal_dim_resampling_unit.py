@@ -189,7 +189,7 @@ def test_token_prompt_ids_follow_the_rows_of_residual_grads():
 
 
 def test_sweep_analysis_needs_prompt_ids_aligned_with_the_batches():
-    from structlens.causal_dim.experiment import sweep_analysis
+    from structlens.causal_dim.sweep import sweep_analysis
 
     saes = {m: _identity_sae(m) for m in (100, 200)}
     acts = torch.rand(10, 100, dtype=torch.float64)

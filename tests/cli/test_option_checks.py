@@ -58,6 +58,7 @@ BAD = [
     ("sites", ["sites", M, "--dtype", "float8"], "float8"),
     ("models", ["models", "--out", "{file}/out"], "Not a directory"),
     ("demo", ["demo", "--model", M, "-n", "0"], "n must"),
+    ("calibrate", ["calibrate", "--profile", "nope"], "--profile"),
 ]
 
 
@@ -80,7 +81,7 @@ def test_bad_option_fails_before_importing_torch(tmp_path, argv, needle):
         argv = [a.replace(key, path) for a in argv]
     if argv[0] not in ("replicate", "report", "models"):
         argv += ["--out", str(tmp_path / "out")]
-    if argv[0] not in ("replicate", "report"):
+    if argv[0] not in ("replicate", "report", "calibrate"):
         argv += ["-q"]
     code, text, heavy = _structlens(*argv, cwd=tmp_path)
     assert code == 2, text
@@ -94,6 +95,7 @@ def test_bad_option_fails_before_importing_torch(tmp_path, argv, needle):
 GROUPS = ["tasks", "ndm", "equiv", "koopman", "sae", "causal-dim"]
 COMMANDS = [
     ["capture"], ["sites"], ["models"], ["demo"], ["analyze"], ["report"], ["replicate"],
+    ["calibrate"],
     ["tasks", "eval"], ["sae", "train"], ["sae", "sweep"], ["sae", "eval"], ["koopman", "fit"],
     ["koopman", "convergence"], ["koopman", "invariance"], ["koopman", "modes"],
     ["koopman", "reduce"], ["ndm", "train"], ["ndm", "evaluate"], ["ndm", "browse"],

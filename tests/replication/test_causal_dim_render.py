@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams
+from structlens.causal_dim.kappa import KappaResult, kappa_curve, kappa_from_grams
+from structlens.causal_dim.protocol import PROFILES
+from structlens.causal_dim.stages import KappaFit
 from structlens.replication.causal_dim.render import claims, render_markdown
 from structlens.replication.causal_dim.run import Run
 from structlens.results import to_jsonable
 
-SETTINGS = {"profile": "smoke", "k": 4, "jacobian_prompt_tokens": 8, "n_ce_prompts": 2}
+SETTINGS = {"profile": "smoke", "protocol": PROFILES["smoke"].to_json()}
 
 
 def test_render_from_kappa_and_four_cell(tmp_path):
@@ -21,7 +25,14 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     # onto [1, d = 10]: the reported κ (and κ_PR) is 10, the plug-in 8 beside it
     assert (res.erank, res.participation_ratio) == (10.0, 10.0)
     assert abs(res.erank_plugin - 8.0) < 1e-9
-    entry = to_jsonable(res) | {"layer": 3, "curve": to_jsonable(kappa_curve(g, [1, 8], n_draws=3))}
+    curve = kappa_curve(g, [1, 8], n_draws=3)
+    fit = KappaFit(
+        **{f.name: getattr(res, f.name) for f in dataclasses.fields(KappaResult)},
+        layer=3, converged=False, tolerance=1.05, curve_sizes=curve.sizes,
+        curve_erank=curve.erank, curve_erank_sd=curve.erank_sd, curve_pr=curve.pr,
+        curve_pr_sd=curve.pr_sd,
+    )  # fmt: skip
+    entry = to_jsonable(fit)
     cell = {
         "width": 64,
         "n_causal": {"learned_enc/learned_dec": 4, "random_enc/learned_dec": 12},
@@ -39,7 +50,7 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     assert "L3: κ = 10 " in doc and "κ/d = 1.000" in doc
     assert "L3: κ_PR = 10.0" in doc and "(plug-in 8.0 vs 8.0)" in doc
     assert "reproduced (PR ≤ erank" in doc
-    assert "| 3 | 8 | 8 | — | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
+    assert "| 3 | 8 | 8 | False | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
     assert "topk: 1.00×, relu: 3.00× (random enc/learned dec" in doc
     assert "reproduced (direction)" in doc
     assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell

@@ -145,6 +145,11 @@ def _check_causal(raw, md):
         assert by_id["architecture_invariance_of_growth"]["verdict"] == "unidentified"
     assert "## N_causal growth by architecture" in md
     assert "## What changed and why" in md and "Headline check" in md
+    # one vocabulary: every verdict cell of the claims table opens with a word of the enum
+    table = md.split("## Claims vs measurements")[1].split("\n## ")[0]
+    cells = [ln.rsplit("|", 2)[1].strip() for ln in table.splitlines() if ln.startswith("| ")]
+    assert cells[0] == "verdict" and len(cells) > 5
+    assert all(c == "—" or c.startswith(VERDICTS) for c in cells[1:]), cells
 
 
 @pytest.mark.parametrize("method", ["koopman", "causal-dimension"])

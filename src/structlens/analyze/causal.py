@@ -1,4 +1,5 @@
-"""Stage 4: causal dimensionality (exact κ by layer, the SAE width-sweep wedge)."""
+"""Stage 4: causal dimensionality (the stages of :mod:`structlens.causal_dim.stages` under the
+profile's protocol: exact κ by layer, the SAE width-sweep wedge)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,91 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from structlens.analyze.common import caveat, number
 from structlens.analyze.config import AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, StageProgress
 
-# Fewer residual vectors than this per layer and κ is flagged (the replication used 64-128).
+# Fewer residual vectors than this per layer and κ is flagged (the replication uses 128).
 MIN_KAPPA_VECTORS = 32
+
+
+def _kappa_row(fit: Any) -> dict[str, Any]:
+    """One layer of the report table from its :class:`~structlens.causal_dim.stages.KappaFit`."""
+    return {
+        "layer": fit.layer,
+        # point and interval are both the bias-corrected jackknife's
+        "kappa": fit.erank,
+        "kappa_ci": list(fit.erank_ci),
+        "kappa_ci_method": fit.ci_method,
+        "kappa_plugin": fit.erank_plugin,
+        "kappa_pr": fit.participation_ratio,
+        "kappa_pr_ci": list(fit.participation_ratio_ci),
+        "kappa_pr_plugin": fit.participation_ratio_plugin,
+        "n_vectors": fit.n_vectors,
+        "n_groups": fit.n_groups,
+        "unit": fit.unit,
+        # the doubling ratio is the plug-in's, so is this mean of the two halves
+        "kappa_half": fit.erank_plugin / fit.ratio_last_doubling,
+        "convergence_ratio": fit.ratio_last_doubling,
+        "converged": fit.converged,
+        "eigenvalues": np.asarray(fit.eigenvalues).tolist(),
+    }
+
+
+def _sweep_view(fit: Any) -> dict[str, Any]:
+    """The report's view of a :class:`~structlens.causal_dim.stages.SweepFit`."""
+    identified = fit.kappa_hat_status == "identified"
+    return {
+        "layer": fit.layer,
+        "widths": fit.widths.tolist(),
+        "n_repr": fit.n_repr.tolist(),
+        "n_causal": fit.n_causal.tolist(),
+        "n_repr_ci": fit.n_repr_ci.tolist(),
+        "n_causal_ci": fit.n_causal_ci.tolist(),
+        "wedge": fit.wedge,
+        "wedge_ci": list(fit.wedge_ci),
+        "distinct_ci_method": fit.distinct_ci_method,
+        "distinct_ci_reason": fit.distinct_ci_reason,
+        "fit_model": fit.fit_model,
+        "kappa_hat": fit.kappa_hat,
+        "kappa_hat_ci": list(fit.kappa_hat_ci) if identified else None,
+        "kappa_hat_status": fit.kappa_hat_status,
+        "kappa_hat_reason": fit.kappa_hat_reason,
+        "identified": identified,
+        "base_width": fit.base_width,
+        "heldout_fvu": fit.heldout_fvu,
+        "fvu_monotone": fit.fvu_monotone,
+        "sweep_status": fit.sweep_status,
+        "fit": {
+            k: v for k, v in fit.fits.get(fit.fit_model, {}).items() if isinstance(v, (int, float))
+        },
+    }
+
+
+def _kappa_caveats(fit: Any) -> list[dict[str, str]]:
+    out = []
+    # κ(Σ̂) is concave in the spectrum, so it is biased low at small n.
+    if fit.n_vectors < MIN_KAPPA_VECTORS:
+        out.append(
+            caveat(
+                "too_few_vectors",
+                f"layer {fit.layer}: κ from {fit.n_vectors} vectors (fewer than "
+                f"{MIN_KAPPA_VECTORS}); the plug-in is biased low at small n, the jackknife "
+                "removes only the first-order bias, and the interval covers vector sampling "
+                "only.",
+            )
+        )
+    if not fit.converged:
+        out.append(
+            caveat(
+                "not_converged",
+                f"layer {fit.layer}: κ(n)/κ(n/2) = {fit.ratio_last_doubling:.2f} is not below "
+                f"{fit.tolerance} at the cap of {fit.max_vectors} vectors; κ is still rising "
+                "with n and is a lower bound.",
+            )
+        )
+    return out
 
 
 def run(
@@ -23,172 +101,86 @@ def run(
     step: StageProgress,
     executor: ExecutorView,
 ) -> dict[str, Any]:
-    """Exact κ = erank(E[JᵀJ]) of the same-position log-probs at each layer (one vector per
-    prompt; the bias-corrected jackknife estimate with its interval, the plug-in beside it)
-    with the κ(n)/κ(n/2) convergence check; the SAE width-sweep wedge at the middle layer."""
-    from structlens.capture.residuals import collect_residuals
-    from structlens.causal_dim import WidthSweepConfig
-    from structlens.causal_dim.experiment import sweep_analysis
-    from structlens.causal_dim.jacobian import JacobianConfig
-    from structlens.causal_dim.kappa import kappa_from_grams
-    from structlens.causal_dim.model import residual_grads, token_prompt_ids, vector_grams
-    from structlens.ndm.data import training_prompts
-    from structlens.sae import SAETrainConfig, evaluate_sae
-    from structlens.sae.sweep import train_width_sweep
+    """Exact κ = erank(E[JᵀJ]) at each κ layer under the doubling rule (the bias-corrected
+    jackknife estimate with its interval, the plug-in beside it); the SAE width-sweep wedge
+    at the middle analysis layer."""
+    from structlens.causal_dim.stages import (
+        eval_rows,
+        kappa,
+        prompt_sets,
+        sweep,
+        train_sweep,
+        training_rows,
+    )
+    from structlens.errors import InputError
+    from structlens.results import to_jsonable
 
-    p = cfg.settings
+    protocol = cfg.settings.causal_dim.replace(seed=cfg.seed)
     d = model.d_model
-    offset = p.ndm.corpus_prompts  # prompts disjoint from the NDM training windows
-    prompts = [
-        t
-        for _, t in training_prompts(
-            model, corpus_prompts=p.kappa_vectors, corpus_offset=offset, task_prompts=0,
-            max_tokens=p.kappa_tokens, seed=cfg.seed,
-        )
-    ]  # fmt: skip
-    jcfg = JacobianConfig(output="log_probs")
-    rows, caveats = [], []
+    sets = prompt_sets(protocol, model.tokenizer)
+    fits, caveats = [], []
     mid = layers[len(layers) // 2]  # the width sweep's layer, always among the κ layers
-    for layer in kappa_layers(layers, p.kappa_layers):
+    for layer in kappa_layers(layers, cfg.settings.kappa_layers):
         step(f"κ layer {layer}")
-        grams = torch.stack(list(vector_grams(model, layer, prompts, jcfg)))
-        n = grams.shape[0]
-        k = kappa_from_grams(grams)
-        ratio = k.ratio_last_doubling
-        rows.append(
-            {
-                "layer": int(layer),
-                # point and interval are both the bias-corrected jackknife's
-                "kappa": k.erank,
-                "kappa_ci": list(k.erank_ci),
-                "kappa_ci_method": k.ci_method,
-                "kappa_plugin": k.erank_plugin,
-                "kappa_pr": k.participation_ratio,
-                "kappa_pr_ci": list(k.participation_ratio_ci),
-                "kappa_pr_plugin": k.participation_ratio_plugin,
-                "n_vectors": int(n),
-                # the doubling ratio is the plug-in's, so is this mean of the two halves
-                "kappa_half": k.erank_plugin / ratio,
-                "convergence_ratio": ratio,
-                "eigenvalues": np.asarray(k.eigenvalues).tolist(),
-            }
-        )
-        # κ(Σ̂) is concave in the spectrum, so it is biased low at small n.
-        if n < MIN_KAPPA_VECTORS:
-            caveats.append(
-                caveat(
-                    "too_few_vectors",
-                    f"layer {layer}: κ from {n} vectors (fewer than {MIN_KAPPA_VECTORS}); the "
-                    "plug-in is biased low at small n, the jackknife removes only the first-order "
-                    "bias, and the interval covers vector sampling only.",
-                )
-            )
-        if ratio > 1.05:
-            caveats.append(
-                caveat(
-                    "not_converged",
-                    f"layer {layer}: κ(n)/κ(n/2) = {ratio:.2f} > 1.05; κ is still rising with n "
-                    "and is a lower bound.",
-                )
-            )
-    sweep: dict[str, Any] = {}
-    if p.sweep_widths:
+        fit = kappa(protocol, model, layer, sets)
+        fits.append(fit)
+        caveats += _kappa_caveats(fit)
+    sweep_fit = None
+    try:
+        protocol.check_widths(d)
+    except InputError as err:
+        caveats.append(caveat("base_width", f"width sweep (layer {mid}) not run: {err}"))
+    else:
         step(f"SAE widths (layer {mid})")
-        train_p = [
-            t
-            for _, t in training_prompts(
-                model, corpus_prompts=p.sweep_train_prompts, corpus_offset=offset + p.kappa_vectors,
-                task_prompts=0, max_tokens=p.kappa_tokens * 2, seed=cfg.seed,
-            )
-        ]  # fmt: skip
-        eval_p = train_p[: p.sweep_eval_prompts]
-        train_p = train_p[p.sweep_eval_prompts :]
-        acts = collect_residuals(model, mid, train_p)
-        base = SAETrainConfig(
-            architecture="topk", d_sae=p.sweep_widths[0], k=p.sweep_k, seed=cfg.seed
-        )
-        saes = train_width_sweep(
-            acts, p.sweep_widths, base, batch_size=min(1024, acts.shape[0] // 4),
-            epochs=2, seed=cfg.seed, executor=executor,
+        trained = train_sweep(
+            protocol, training_rows(model, [mid], sets.sae_train).of(mid), d_model=d,
+            executor=executor,
         )  # fmt: skip
         step("AtP over widths")
-        exact = next(r["kappa"] for r in rows if r["layer"] == mid)
-        # The FVU gate: a sweep whose held-out FVU does not fall with width is
-        # reported as not interpretable instead of fitted.
-        eval_acts = collect_residuals(model, mid, eval_p)
-        fvu = {m: evaluate_sae(r.sae, eval_acts).fvu for m, r in saes.items()}
-        res, _ = sweep_analysis(
-            {m: r.sae for m, r in saes.items()},
-            list(residual_grads(model, mid, eval_p)),
-            WidthSweepConfig(n_bootstrap=p.sweep_bootstrap, seed=cfg.seed),
-            prompt_ids=token_prompt_ids(eval_p),
-            n_blocks=16,
-            exact_erank=exact,
-            heldout_fvu=fvu,
-        )
-        identified = res.kappa_hat_status == "identified"
-        sweep = {
-            "layer": int(mid),
-            "widths": res.widths.tolist(),
-            "n_repr": res.n_repr.tolist(),
-            "n_causal": res.n_causal.tolist(),
-            "n_repr_ci": res.n_repr_ci.tolist(),
-            "n_causal_ci": res.n_causal_ci.tolist(),
-            "wedge": res.wedge,
-            "wedge_ci": list(res.wedge_ci),
-            "distinct_ci_method": res.distinct_ci_method,
-            "distinct_ci_reason": res.distinct_ci_reason,
-            "fit_model": res.fit_model,
-            "kappa_hat": res.kappa_hat,
-            "kappa_hat_ci": list(res.kappa_hat_ci) if identified else None,
-            "kappa_hat_status": res.kappa_hat_status,
-            "kappa_hat_reason": res.kappa_hat_reason,
-            "identified": identified,
-            "base_width": res.base_width,
-            "heldout_fvu": res.heldout_fvu,
-            "fvu_monotone": res.fvu_monotone,
-            "sweep_status": res.sweep_status,
-            "fit": {
-                k: v
-                for k, v in res.fits.get(res.fit_model, {}).items()
-                if isinstance(v, (int, float))
-            },
-        }
-        if res.base_width < 4 * d:
-            caveats.append(
-                caveat(
-                    "base_width",
-                    f"width sweep (layer {mid}): base width {res.base_width} < 4·d = {4 * d}; ε "
-                    "is the base width's own 98th percentile, so N_causal(base) = 2% of it by "
-                    "construction and the curve is pinned to a narrow base (the paper's ≈ 7·d).",
-                )
-            )
-        if not identified:
+        exact = next(f.erank for f in fits if f.layer == mid)
+        sweep_fit = sweep(
+            protocol, {w: sae for w, (sae, _) in trained.items()},
+            eval_rows(model, [mid], sets.sae_eval), mid, sets, exact_kappa=exact, d_model=d,
+        )  # fmt: skip
+        if sweep_fit.kappa_hat_status != "identified":
             caveats.append(
                 caveat(
                     "unidentified",
-                    f"width sweep (layer {mid}): κ̂ is {res.kappa_hat_status} "
-                    f"({res.kappa_hat_reason or 'no saturating fit'}); no κ̂ is reported.",
+                    f"width sweep (layer {mid}): κ̂ is {sweep_fit.kappa_hat_status} "
+                    f"({sweep_fit.kappa_hat_reason or 'no saturating fit'}); no κ̂ is reported.",
                 )
             )
-    else:
-        caveats.append(caveat("not_run", "the SAE width sweep is not part of this profile."))
     headline = {
-        f"kappa_L{r['layer']}": number(r["kappa"], r["kappa_ci"], "dims", f"κ (layer {r['layer']})")
-        for r in rows
+        f"kappa_L{f.layer}": number(f.erank, list(f.erank_ci), "dims", f"κ (layer {f.layer})")
+        for f in fits
     }
-    if sweep:
-        headline["wedge"] = number(sweep["wedge"], sweep["wedge_ci"], "", "width-sweep wedge")
+    view = _sweep_view(sweep_fit) if sweep_fit is not None else {}
+    if view:
+        headline["wedge"] = number(view["wedge"], view["wedge_ci"], "", "width-sweep wedge")
         headline["kappa_hat"] = number(
-            sweep["kappa_hat"] if sweep["identified"] else None,
-            sweep["kappa_hat_ci"] if sweep["identified"] else None,
+            view["kappa_hat"] if view["identified"] else None,
+            view["kappa_hat_ci"],
             "features",
-            "κ̂ (saturating fit)" + ("" if sweep["identified"] else ": unidentified"),
+            "κ̂ (saturating fit)" + ("" if view["identified"] else ": unidentified"),
         )
     return {
         "headline": headline,
         "caveats": caveats,
-        "details": {"layers": rows, "d_model": int(d), "sweep": sweep},
+        "details": {
+            "protocol": protocol.to_json(),
+            "layers": [_kappa_row(f) for f in fits],
+            "d_model": int(d),
+            "prompts": {
+                "sae_train": len(sets.sae_train),
+                "sae_eval": len(sets.sae_eval),
+                # κ involves no SAE: windows may come from SAE training chunks (counted here)
+                "kappa_windows_from_sae_training": sets.kappa_train_chunks,
+            },
+            "sweep": view,
+            # the stage results themselves, as the CLI and the replication write them
+            "kappa_fits": [to_jsonable(f) for f in fits],
+            "sweep_fit": to_jsonable(sweep_fit) if sweep_fit is not None else None,
+        },
     }
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from structlens.causal_dim.protocol import PROFILES as CAUSAL
+from structlens.causal_dim.protocol import CausalProtocol
 from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
 from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.koopman.protocol import PROFILES as KOOPMAN
@@ -32,13 +34,7 @@ class Profile:
     koopman: KoopmanProtocol  # every scientific choice of the Koopman stage
     ndm: NDMProtocol  # every scientific choice of the NDM stage
     kappa_layers: int  # κ at this many of the analysis layers (the middle one always)
-    kappa_vectors: int
-    kappa_tokens: int
-    sweep_widths: tuple[int, ...]
-    sweep_k: int
-    sweep_train_prompts: int
-    sweep_eval_prompts: int
-    sweep_bootstrap: int
+    causal_dim: CausalProtocol  # every scientific choice of the causal-dimensionality stage
     equivalence: EquivalenceProtocol  # every scientific choice of the equivalence stage
 
 
@@ -47,19 +43,19 @@ PROFILES: dict[str, Profile] = {
         n_layers=3, task_prompts=24,
         koopman_corpus=48, koopman_tokens=48, koopman=KOOPMAN["smoke"],
         ndm=NDM["smoke"],
-        kappa_layers=3, kappa_vectors=24, kappa_tokens=24,
-        sweep_widths=(64, 128, 256, 512), sweep_k=8, sweep_train_prompts=48,
-        sweep_eval_prompts=16, sweep_bootstrap=50,
+        kappa_layers=3, causal_dim=CAUSAL["smoke"],
         equivalence=EQUIVALENCE["smoke"],
     ),
     "cpu": Profile(
         n_layers=4, task_prompts=64,
         koopman_corpus=120, koopman_tokens=64, koopman=KOOPMAN["paper"],
         ndm=NDM["cpu"],
-        # one exact Jacobian costs 15-40 CPU-seconds on SmolLM2 at 32 tokens (measured)
-        kappa_layers=2, kappa_vectors=24, kappa_tokens=16,
-        sweep_widths=(1024, 2048, 4096, 8192), sweep_k=32, sweep_train_prompts=160,
-        sweep_eval_prompts=24, sweep_bootstrap=100,
+        # the paper's rules at CPU sizes: fewer Jacobian vectors, SAE training data and widths
+        kappa_layers=2,
+        causal_dim=CAUSAL["paper"].replace(
+            kappa_start=8, kappa_max_vectors=32, sae_train_prompts=160, sae_max_epochs=3,
+            sweep_widths=(2304, 4608, 9216), sweep_bootstrap=100,
+        ),
         # the layer map needs more fit tokens (half the probe) than d = 576 dimensions; a
         # random 12 heads, no CONGRUITY and no head groups keep the stage in the CPU budget
         equivalence=EQUIVALENCE["paper"].replace(
@@ -77,9 +73,8 @@ PROFILES: dict[str, Profile] = {
             baselines=("identity", "random", "pca", "sae"), gini_bootstrap=1000,
             browser_top=10, browser_pool=400, browser_neighbours=10,
         ),
-        kappa_layers=8, kappa_vectors=128, kappa_tokens=64,
-        sweep_widths=(512, 1024, 2048, 4096, 8192, 16384, 32768), sweep_k=32,
-        sweep_train_prompts=800, sweep_eval_prompts=96, sweep_bootstrap=200,
+        kappa_layers=8,
+        causal_dim=CAUSAL["paper"].replace(sweep_widths=(2304, 4608, 9216, 18432, 36864)),
         equivalence=EQUIVALENCE["paper-subset"].replace(
             probe="corpus", probe_prompts=128, max_validate_heads=32, max_validate_layers=6
         ),

@@ -36,7 +36,7 @@ def _stage_settings(cfg: AnalyzeConfig, stage: str, layers: Sequence[int]) -> di
         "tasks": ("task_",),
         "koopman": ("koopman",),
         "ndm": ("ndm",),
-        "causal_dim": ("kappa_", "sweep_", "ndm"),
+        "causal_dim": ("kappa_", "causal_dim"),
         "equivalence": ("equivalence",),
     }[stage]
     out = {k: v for k, v in p.items() if k.startswith(prefix)}

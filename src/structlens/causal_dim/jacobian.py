@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -88,9 +88,10 @@ class EJOPAccumulator:
         out._next = sums.shape[0]
         return out
 
-    def add(self, gram: torch.Tensor, count: int, group: int | None = None) -> None:
+    def update(self, gram: torch.Tensor, count: int, group: int | None = None) -> EJOPAccumulator:
         """Add ``gram`` = ``Σ_rows JᵀJ`` over ``count`` residual vectors to the next group
-        (round-robin), or to ``group`` when given (the round-robin position then stays)."""
+        (round-robin), or to ``group`` when given (the round-robin position then stays);
+        returns ``self``."""
         if gram.shape != (self.d, self.d):
             raise InputError(f"gram has shape {tuple(gram.shape)}, expected {(self.d, self.d)}.")
         if group is None:
@@ -103,6 +104,7 @@ class EJOPAccumulator:
         # Sums live on the CPU whatever device the Jacobians were computed on.
         self.sums[g] += gram.to(device=self.sums.device, dtype=torch.float64)
         self.counts[g] += count
+        return self
 
     def next_group(self) -> int:
         """Claim the next group of the round-robin for a unit (e.g. one chunk) of vectors."""
@@ -438,7 +440,7 @@ class CausalDimension:
                 part = h[s : s + step]
                 if cfg.method == "exact":
                     jt = jacobians_forward(f, part, max_rows=cfg.max_rows, output=cfg.output)
-                    acc.add(_gram(jt.detach(), cfg.gram_dtype), part.shape[0], group)
+                    acc.update(_gram(jt.detach(), cfg.gram_dtype), part.shape[0], group)
                 else:
                     g = vjp_sketch_grads(
                         f,
@@ -452,7 +454,7 @@ class CausalDimension:
                     ga = g[:, :half].reshape(-1, d).to(cfg.gram_dtype)
                     gb = g[:, half:].reshape(-1, d).to(cfg.gram_dtype)
                     sa, sb = ga.T @ ga, gb.T @ gb
-                    acc.add((sa + sb) / cfg.n_projections, part.shape[0], group)
+                    acc.update((sa + sb) / cfg.n_projections, part.shape[0], group)
                     if half > 0:
                         diff = (sa / half - sb / (cfg.n_projections - half)) / 2
                         acc.split_diff = diff if acc.split_diff is None else acc.split_diff + diff
@@ -518,3 +520,12 @@ class CausalDimension:
             erank_se=erank_se,
             participation_ratio_se=pr_se,
         )
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics, StreamingEstimator
+
+    _EJOPAccumulator: type[Statistics] = EJOPAccumulator
+    _CausalDimension: type[StreamingEstimator[EJOPAccumulator, CausalDimensionResult]] = (
+        CausalDimension
+    )

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -449,3 +449,9 @@ __all__ = [
     "kappa_from_grams",
     "kappa_until_converged",
 ]
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import StreamingEstimator
+
+    _KappaEstimator: type[StreamingEstimator[EJOPAccumulator, KappaResult]] = KappaEstimator

@@ -55,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -120,7 +120,7 @@ class FeatureStats:
         acts: torch.Tensor,
         grads: torch.Tensor,
         prompt_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
-    ) -> None:
+    ) -> FeatureStats:
         """Add tokens ``acts`` [n, d_in] with metric gradients ``grads`` [n, d_in].
 
         Parameters
@@ -152,6 +152,7 @@ class FeatureStats:
         self.fires.view(-1).index_add_(0, flat, torch.ones_like(atp))
         self.tokens.index_add_(0, block_of_token, torch.ones(n, dtype=torch.float64))
         self.n_seen += n
+        return self
 
     @property
     def n_prompts(self) -> int:
@@ -717,3 +718,55 @@ def analyze_width_sweep(
             dict.fromkeys(r for r in (jack["reason"], jack["wedge_reason"]) if r)
         ),
     )
+
+
+def sweep_analysis(
+    saes: Mapping[int, SparseAutoencoder],
+    acts_grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: WidthSweepConfig | None = None,
+    *,
+    prompt_ids: Sequence[torch.Tensor] | None = None,
+    n_blocks: int = 64,
+    exact_erank: float | None = None,
+    heldout_fvu: Mapping[int, float] | None = None,
+) -> tuple[WidthSweepResult, dict[int, FeatureStats]]:
+    """:class:`FeatureStats` of every width from the SAME ``(acts, grads)`` batches, then
+    :func:`analyze_width_sweep` (``heldout_fvu``: width → held-out FVU, for the FVU gate).
+
+    ``prompt_ids`` holds, per batch of ``acts_grads``, the prompt of every row
+    (:func:`structlens.causal_dim.model.token_prompt_ids`): the bootstrap and jackknife
+    resample whole prompts.  Required unless ``n_blocks == 1``.
+
+    Raises
+    ------
+    ValueError
+        Without ``prompt_ids`` (and ``n_blocks != 1``), or with one tensor too many or few.
+    """
+    batches = list(acts_grads)
+    if prompt_ids is None:
+        if n_blocks != 1:
+            raise ValueError(
+                "sweep_analysis needs prompt_ids (one tensor per batch, the prompt of each "
+                "token; see structlens.causal_dim.model.token_prompt_ids): the intervals "
+                "resample whole prompts."
+            )
+        ids: list[torch.Tensor | None] = [None] * len(batches)
+    else:
+        ids = list(prompt_ids)
+        if len(ids) != len(batches):
+            raise ValueError(
+                f"prompt_ids has {len(ids)} batches but acts_grads {len(batches)}; give one "
+                "tensor of prompt ids per (acts, grads) batch."
+            )
+    stats = {m: FeatureStats(m, n_blocks) for m in saes}
+    for (acts, grads), pid in zip(batches, ids, strict=True):
+        for m, sae in saes.items():
+            stats[m].update(sae, acts, grads, pid)
+    res = analyze_width_sweep(stats, config, exact_erank=exact_erank, heldout_fvu=heldout_fvu)
+    return res, stats
+
+
+if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
+    from structlens.estimator import Statistics
+
+    _FeatureStats: type[Statistics] = FeatureStats

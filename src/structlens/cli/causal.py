@@ -1,167 +1,170 @@
 """``structlens causal-dim``: exact κ = erank(E[JᵀJ]) by layer, the SAE width sweep (N_repr,
-N_causal, wedge, κ̂ with bootstrap CI) and the four-cell encoder/decoder ablation; the
-experiments are :func:`structlens.causal_dim.experiment.run`."""
+N_causal, wedge, κ̂) and the four-cell encoder/decoder ablation, under a
+:class:`~structlens.causal_dim.protocol.CausalProtocol` (``--protocol``; the other options
+override its fields).  The numbers are those of :mod:`structlens.causal_dim.stages`.
+
+Every command writes ``causal_<command>.json`` with the ``protocol`` it ran beside the stage
+results (``to_jsonable`` of each, so ``KappaFit.from_dict`` / ``SweepFit.from_dict`` rebuild
+them).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import typer
 
-from structlens.cli.checks import Parsed, at_least, choice
+from structlens.cli.causal_options import (
+    ABLATE,
+    FLAGS,
+    JACOBIAN,
+    SWEEP,
+    Layers,
+    check_layers,
+    protocol_of,
+)
 from structlens.cli.common import Common, common_options, shared_settings
-from structlens.cli.options import ModelArg, parse_ints
-from structlens.cli.sae import EVALUATION, SWEEP_WIDTHS, load_sae_dir, parse_widths, training
-from structlens.cli.sae import FLAGS as SAE_FLAGS
+from structlens.cli.options import ModelArg
+from structlens.errors import InputError
 
 app = typer.Typer(
     help="Causal dimensionality: exact κ, width-sweep wedge, controls.", no_args_is_help=True
 )
 
-# the checks say what CausalDimExperimentConfig would (FLAGS turn its fields into options)
-JacPrompts = Annotated[
-    int,
-    typer.Option("--jacobian-prompts", help="Residual vectors (one per prompt) for Σ."),
-    at_least(1, "jacobian_prompts must be ≥ 1."),
-]
-JacTokens = Annotated[int, typer.Option("--jacobian-tokens", help="Tokens per Σ prompt.")]
-Output = Annotated[
-    str,
-    typer.Option("--output", help="Σ of 'log_probs' or 'raw' logits."),
-    choice("output", ("log_probs", "raw")),
-]
-Positions = Annotated[
-    str,
-    typer.Option("--positions", help="'same' (last position) or 'downstream' outputs."),
-    choice("positions", ("same", "downstream")),
-]
-Layers = Annotated[
-    str,
-    typer.Option("--layers", help="Comma-separated layers."),
-    Parsed(
-        lambda spec: list(parse_ints(spec, "--layers")),
-        lambda layers: min(layers) >= 0,
-        "layers must name layers >= 0; got {parsed}.",
-    ),
-]
-FLAGS = SAE_FLAGS | {
-    "layers": "--layers",
-    "jacobian_prompts": "--jacobian-prompts",
-    "output": "--output",
-    "positions": "--positions",
-    "n_bootstrap": "--bootstrap",
-}
 
+def _kappa_doc(fits: list[Any], d: int) -> dict[str, Any]:
+    """The κ part of a document: the first layer's numbers and every layer's ``KappaFit``."""
+    from structlens.results import to_jsonable
 
-def _run(common: Common, model: Any, sae: Any = None, **settings: Any) -> Any:
-    """Run the experiment on ``model`` (a loaded model, or a name to load)."""
-    from structlens.causal_dim.experiment import CausalDimExperimentConfig, run
-
-    cfg = CausalDimExperimentConfig(seed=common.seed, **settings)
-    runner = common.runner()
-    m = common.load_model(model) if isinstance(model, str) else model
-    return run(cfg, m, sae=sae, executor=runner)
+    first = fits[0]
+    return {
+        "kappa": {
+            "layer": first.layer,
+            "erank": first.erank,
+            "participation_ratio": first.participation_ratio,
+        },
+        "by_layer": {"d": d, "layers": [to_jsonable(f) for f in fits]},
+    }
 
 
 @app.command()
 @common_options(flags=FLAGS)
-def jacobian(
-    common: Common,
-    model: ModelArg,
-    layers: Layers = "0",
-    jacobian_prompts: JacPrompts = 4,
-    jacobian_tokens: JacTokens = 24,
-    output: Output = "log_probs",
-    positions: Positions = "same",
-) -> None:
+@shared_settings({"layers": (Layers, "0")} | JACOBIAN)
+def jacobian(common: Common, model: ModelArg, **settings: Any) -> None:
     """Exact Σ = E[JᵀJ] at blocks.{l}.hook_resid_pre: κ (erank), κ_PR, ranks, spectrum."""
+    spec = settings.pop("layers")
+    protocol = protocol_of(settings, common.seed)  # bad values fail before torch loads
+
+    from structlens.causal_dim.stages import kappa, prompt_sets
     from structlens.report.causal import plot_spectra
 
-    report, _ = _run(
-        common, model, analysis="jacobian", layers=parse_ints(layers, "--layers"),
-        jacobian_prompts=jacobian_prompts, jacobian_tokens=jacobian_tokens, output=output,
-        positions=positions,
-    )  # fmt: skip
-    common.write("causal_jacobian", report.payload(), command="causal-dim jacobian")
-    by_layer = report.results["by_layer"]
-    plot_spectra(
-        {e["layer"]: e["eigenvalues"] for e in by_layer["layers"]},
-        common.out / "sigma_spectrum.png",
-    )
-    for e in by_layer["layers"]:
+    m = common.load_model(model)
+    layers = check_layers(spec, m.n_layers)
+    sets = prompt_sets(protocol, m.tokenizer)
+    fits = [kappa(protocol, m, layer, sets) for layer in layers]
+    doc = {"model": m.name, "protocol": protocol.to_json(), **_kappa_doc(fits, m.d_model)}
+    common.write("causal_jacobian", doc, command="causal-dim jacobian")
+    plot_spectra({f.layer: f.eigenvalues for f in fits}, common.out / "sigma_spectrum.png")
+    for f in fits:
         common.say(
-            f"layer {e['layer']}: κ = {e['erank']:.1f} (κ/d {e['kappa_over_d']:.3f})"
-            f", κ_PR = {e['participation_ratio']:.1f}"
+            f"layer {f.layer}: κ = {f.erank:.1f} {[round(v, 1) for v in f.erank_ci]} "
+            f"(plug-in {f.erank_plugin:.1f}, κ/d {f.kappa_over_d:.3f}, n = {f.n_vectors}), "
+            f"κ_PR = {f.participation_ratio:.1f}"
         )
 
 
 @app.command()
 @common_options(executor=True, flags=FLAGS)
-@shared_settings(training(SWEEP_WIDTHS), first=True)
-def sweep(
-    common: Common,
-    model: ModelArg,
-    percentile: Annotated[float, typer.Option("--percentile", help="ε percentile.")] = 98.0,
-    min_count: Annotated[int, typer.Option("--min-count", help="Firings for N_repr.")] = 1,
-    n_bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples.")] = 200,
-    n_blocks: Annotated[int, typer.Option("--blocks", help="Prompt blocks to resample.")] = 64,
-    jacobian_prompts: JacPrompts = 2,
-    jacobian_tokens: JacTokens = 24,
-    **settings: Any,
-) -> None:
-    """Width sweep at one layer: train SAEs, AtP on the LM loss, N_repr/N_causal, κ̂.
+@shared_settings(SWEEP, first=True)
+def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
+    """Width sweep at one layer: TopK SAEs trained to convergence, AtP on the LM loss,
+    N_repr/N_causal, the wedge and κ̂ beside the exact κ there.
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
-    from structlens.causal_dim.sweep import WidthSweepResult
+    layer = settings.pop("layer")
+    protocol = protocol_of(settings, common.seed)  # bad values fail before torch loads
+
+    from structlens.causal_dim.stages import (
+        eval_rows,
+        kappa,
+        prompt_sets,
+        train_sweep,
+        training_rows,
+    )
+    from structlens.causal_dim.stages import sweep as sweep_stage
     from structlens.provenance import provenance
     from structlens.report.causal import plot_width_sweep
+    from structlens.results import to_jsonable
     from structlens.sae import save_sae
-    from structlens.sae.experiment import SAEExperimentConfig
     from structlens.sites import site_name
 
-    widths = parse_widths(settings.pop("widths"))
-    sae_cfg = SAEExperimentConfig(widths=widths, seed=common.seed, **settings)
+    runner = common.runner()
     m = common.load_model(model)
-    report, saes = _run(
-        common, m, analysis="sweep", percentile=percentile, min_count=min_count,
-        n_bootstrap=n_bootstrap, n_blocks=n_blocks, jacobian_prompts=jacobian_prompts,
-        jacobian_tokens=jacobian_tokens, sae_config=sae_cfg,
+    check_layers(str(layer), m.n_layers)
+    if not m.causal:
+        raise InputError(f"{m.name} is an encoder; the sweep's AtP metric is the LM loss.")
+    protocol.check_widths(m.d_model)
+    sets = prompt_sets(protocol, m.tokenizer)
+    k = kappa(protocol, m, layer, sets)
+    trained = train_sweep(
+        protocol, training_rows(m, [layer], sets.sae_train).of(layer), d_model=m.d_model,
+        executor=runner,
     )  # fmt: skip
-    site = site_name("resid_pre", sae_cfg.layer, n_layers=m.n_layers)
+    saes = {w: sae for w, (sae, _) in trained.items()}
+    fit = sweep_stage(
+        protocol, saes, eval_rows(m, [layer], sets.sae_eval), layer, sets, exact_kappa=k.erank,
+        d_model=m.d_model,
+    )  # fmt: skip
+    site = site_name("resid_pre", layer, n_layers=m.n_layers)
     for w, s in saes.items():
         # cast: the str fields go to save_sae's str keywords, never to ``metadata``
         save_sae(s, common.out / "saes" / str(w), **cast(dict[str, Any], provenance(m, site)))
-    common.write("causal_sweep", report.payload(), command="causal-dim sweep")
-    sw = report.results["sweep"]
-    plot_width_sweep(WidthSweepResult.from_dict(sw), common.out / "width_sweep.png")
+    doc = {"model": m.name, "protocol": protocol.to_json(), "layer": layer}
+    doc |= _kappa_doc([k], m.d_model) | {"sweep": to_jsonable(fit)}
+    doc["training"] = {str(w): to_jsonable(info) for w, (_, info) in trained.items()}
+    common.write("causal_sweep", doc, command="causal-dim sweep")
+    plot_width_sweep(fit, common.out / "width_sweep.png")
     kappa_hat = (
-        f"κ̂ {sw['kappa_hat']:.0f} {sw['kappa_hat_ci']}"
-        if sw["kappa_hat_status"] == "identified"  # never print a fit pinned at a bound
-        else f"κ̂ {sw['kappa_hat_status']} ({sw['kappa_hat_reason'] or sw['sweep_reason']})"
+        f"κ̂ {fit.kappa_hat:.0f} {fit.kappa_hat_ci}"
+        if fit.kappa_hat_status == "identified"  # never print a fit pinned at a bound
+        else f"κ̂ {fit.kappa_hat_status} ({fit.kappa_hat_reason or fit.sweep_reason})"
     )
     common.say(
-        f"N_repr {sw['n_repr']}  N_causal {sw['n_causal']}  wedge {sw['wedge']:.2f}  "
-        f"{kappa_hat}  exact κ {report.results['kappa']['erank']:.1f}",
+        f"N_repr {fit.n_repr.tolist()}  N_causal {fit.n_causal.tolist()}  wedge "
+        f"{fit.wedge:.2f}  {kappa_hat}  exact κ {k.erank:.1f}",
         markup=False,
     )
 
 
 @app.command()
 @common_options(flags=FLAGS)
-@shared_settings(EVALUATION)
+@shared_settings(ABLATE)
 def ablate(common: Common, model: ModelArg, **settings: Any) -> None:
-    """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation."""
-    from structlens.sae.experiment import SAEExperimentConfig
+    """Four-cell encoder/decoder ablation (learned vs random orthonormal) with inflation, on
+    the protocol's evaluation prompts."""
+    sae, allow_foreign, layer = (
+        settings.pop("sae"),
+        settings.pop("allow_foreign"),
+        settings.pop("layer"),
+    )
+    protocol = protocol_of(settings, common.seed)  # bad values fail before torch loads
 
-    sae, allow_foreign = settings.pop("sae"), settings.pop("allow_foreign")
-    sae_cfg = SAEExperimentConfig(**settings)
+    from structlens.causal_dim.experiment import four_cell
+    from structlens.causal_dim.stages import eval_rows, prompt_sets
+    from structlens.cli.sae import load_sae_dir
+    from structlens.sae.collect import check_sae_fits
+
     m = common.load_model(model)
+    check_layers(str(layer), m.n_layers)
     with common.foreign_uses() as foreign:
-        loaded = load_sae_dir(sae, m, sae_cfg.layer, allow_foreign=allow_foreign)
-    report, _ = _run(common, m, loaded, analysis="ablate", sae_config=sae_cfg)
-    payload = report.payload() | {"sae": str(sae), "foreign": foreign}
-    common.write("causal_ablate", payload, command="causal-dim ablate")
-    table = report.results["four_cell"]
+        loaded = load_sae_dir(sae, m, layer, allow_foreign=allow_foreign)
+    check_sae_fits(loaded, m)
+    sets = prompt_sets(protocol, m.tokenizer)
+    table = four_cell(loaded, eval_rows(m, [layer], sets.sae_eval).pairs(layer), seed=protocol.seed)
+    doc = {"model": m.name, "protocol": protocol.to_json(), "layer": layer, "four_cell": table}
+    common.write(
+        "causal_ablate", doc | {"sae": str(sae), "foreign": foreign}, command="causal-dim ablate"
+    )
     for cell, v in table["inflation"].items():
         common.say(f"{cell}: N_causal {table['n_causal'][cell]} (×{v:.2f})")

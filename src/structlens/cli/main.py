@@ -18,6 +18,7 @@ import typer
 
 from structlens.cli import (
     analyze,
+    calibrate,
     capture,
     causal,
     demo,
@@ -52,6 +53,7 @@ demo.register(app)
 analyze.register(app)
 report.register(app)
 replicate.register(app)
+calibrate.register(app)
 
 _state = {"debug": False}
 

@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from structlens.causal_dim.kappa import KappaCurve, KappaResult
-from structlens.causal_dim.sweep import WidthSweepResult
-from structlens.replication.causal_dim.run import MASSIVE_NORM_FACTOR, METHOD, Run
+from structlens.causal_dim.stages import KappaFit, SweepFit
+from structlens.causal_dim.training import MASSIVE_NORM_FACTOR
+from structlens.replication.causal_dim.run import METHOD, Run
 from structlens.replication.claims import Claim, ClaimsDocument
 from structlens.replication.markdown import ci, finite_ci, fmt, num, verdict_moves, write_text
 from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width_sweep
@@ -134,19 +134,23 @@ def _rise(entry: dict[str, Any]) -> float:
 
 
 def _tolerance(entry: dict[str, Any]) -> float:
-    return float(entry.get("convergence", {}).get("tolerance", TOLERANCE))
+    return float(entry["tolerance"])
 
 
-def _kappa_verdict(layers: list[dict[str, Any]]) -> str:
+def _kappa_verdict(layers: list[dict[str, Any]]) -> tuple[str, str]:
+    """The exact-κ claim's verdict (one of ``VERDICTS``) and its reason, from the fits'
+    convergence flags and κ/d."""
     rises = [_rise(e) for e in layers]
     top = max(e["kappa_over_d"] for e in layers)
-    if any(_rise(e) >= _tolerance(e) for e in layers):
-        return (
-            f"inconclusive: κ(n)/κ(n/2) = {min(rises):.2f}–{max(rises):.2f}, not below "
+    if not all(e["converged"] for e in layers):
+        return "unidentified", (
+            f"κ(n)/κ(n/2) = {min(rises):.2f}–{max(rises):.2f}, not below "
             f"{_tolerance(layers[0])} at the vector cap, so these κ/d (max {top:.2f}) are "
             "lower bounds"
         )
-    return "not reproduced (κ/d < 0.5 and converged)" if top < 0.5 else "consistent"
+    if top < 0.5:
+        return "not reproduced", "κ/d < 0.5 and converged"
+    return "reproduced", "κ/d ≥ 0.5 and converged"
 
 
 def _claims(
@@ -178,30 +182,29 @@ def _claims(
         wedge, wci = num(sweep["wedge"]), sweep["wedge_ci"]
         gap = num(wci[0]) > 1.5 or (not num(gc) > 0 and num(grc[0]) > 1.5)
         if gap and num(gcc[0]) > 1.5:
-            verdict = "reproduced qualitatively (ratio CI above 1.5, N_causal grows)"
+            verdict, why = "reproduced", "qualitatively: ratio CI above 1.5, N_causal grows"
         elif gap:
-            verdict = (
-                "gap reproduced and far stronger; N_causal growth not reproduced (its CI "
-                "reaches ≤ 1.5×: no saturating growth to fit)"
+            verdict, why = (
+                "partly",
+                (
+                    "gap reproduced and far stronger; N_causal growth not reproduced (its CI "
+                    "reaches ≤ 1.5×: no saturating growth to fit)"
+                ),
             )
         else:
-            verdict = "not reproduced"
+            verdict, why = "not reproduced", "the ratio's CI does not clear 1.5"
         row(
             "Wedge: N_repr grows much faster than N_causal with width",
             "64× width → N_repr 15.6×, N_causal 4.35× (ratio 3.6)",
             f"{w[-1] / w[0]:.0f}× width ({w[0]}→{w[-1]}) → N_repr {fmt(gr)}× {ci(grc)}, "
             f"N_causal {fmt(gc)}× {ci(gcc)}; ratio {fmt(wedge)} {ci(wci)}",
-            verdict,
+            f"{verdict} ({why})",
             _claim(
                 "wedge",
                 "64× width → N_repr 15.6×, N_causal 4.35× (ratio 3.6)",
                 wedge,
                 wci,
-                "reproduced"
-                if verdict.startswith("reproduced")
-                else "partly"
-                if gap
-                else "not reproduced",
+                verdict,
                 {"widths": w, "statistic": "N_repr growth / N_causal growth at the widest SAE"},
             ),
         )
@@ -209,11 +212,11 @@ def _claims(
         status, reason = kappa_hat_status(sweep)
         identified = status == "identified"
         if not identified:
-            kv = f"unidentified: {reason}"
+            kverdict, kv = "unidentified", f"unidentified: {reason}"
         elif num(kci[1]) < 0.5 * d:
-            kv = "not reproduced (κ̂ ≪ d)"
+            kverdict, kv = "not reproduced", "not reproduced (κ̂ ≪ d)"
         else:
-            kv = "consistent"
+            kverdict, kv = "reproduced", "reproduced (κ̂'s CI reaches d/2)"
         raw_k = num(sweep.get("fits", {}).get("michaelis_menten", {}).get("K"))
         row(
             "κ̂ (asymptote of N_causal(m)) is a large share of d",
@@ -230,11 +233,7 @@ def _claims(
                 "κ̂ ≈ 1990, 95% CI [545, 5130]; κ̂/d ≈ 0.86",
                 k if identified else None,
                 kci if identified else None,
-                "unidentified"
-                if not identified
-                else "not reproduced"
-                if kv.startswith("not")
-                else "reproduced",
+                kverdict,
                 {
                     "fit": "michaelis_menten",
                     "d_model": d,
@@ -254,30 +253,26 @@ def _claims(
             lo, hi = num(kci[0]) / ex["erank_ci"][1], num(kci[1]) / ex["erank_ci"][0]
             rising = _rise(ex) > 1.1
             if lo <= 1 <= hi:
-                verdict = "agree (ratio interval covers 1)"
+                verdict, why = "reproduced", "the ratio's interval covers 1"
             elif hi < 1 and rising:
-                verdict = "κ̂ below exact κ, which is itself still rising with n: κ̂ < κ"
+                verdict, why = "unidentified", "κ̂ < κ, but exact κ is itself still rising with n"
             elif rising:
-                verdict = "inconclusive (exact κ still rising with n)"
+                verdict, why = "unidentified", "exact κ still rising with n"
             else:
-                verdict = "disagree"
+                verdict, why = "not reproduced", "the ratio's interval excludes 1"
             row(
                 "κ̂ from the sweep ≈ exact causal dimension (erank of Σ)",
                 "κ̂ ≈ 1990 vs κ_PR ≈ 280 (no exact κ reported)",
                 f"L{sweep['layer']}: κ̂ = {fmt(k, 0)} vs exact κ = {fmt(ex['erank'], 1)} "
                 f"{ci(ex['erank_ci'], 1)} (n = {ex['n_vectors']}); ratio "
                 f"{fmt(k / ex['erank'])} (CI-bounds {ci([lo, hi])})",
-                verdict,
+                f"{verdict} ({why})",
                 _claim(
                     "kappa_hat_vs_exact_kappa",
                     "κ̂ ≈ 1990 vs κ_PR ≈ 280 (no exact κ reported)",
                     k / ex["erank"],
                     [lo, hi],
-                    "reproduced"
-                    if verdict.startswith("agree")
-                    else "not reproduced"
-                    if verdict == "disagree"
-                    else "unidentified",
+                    verdict,
                     {"layer": sweep["layer"], "n_vectors": ex["n_vectors"]},
                     why=None,
                 ),
@@ -286,6 +281,7 @@ def _claims(
         row("Wedge", "15.6× vs 4.35×", "not run", "—")
     if kappa:
         top = max(kappa["layers"], key=lambda e: e["kappa_over_d"])
+        kverdict, kreason = _kappa_verdict(kappa["layers"])
         row(
             "Exact causal dimension κ = erank(Σ), κ/d",
             "κ̂/d ≈ 0.86 (Gemma-2-2B L12)",
@@ -294,17 +290,13 @@ def _claims(
                 f"κ/d = {e['kappa_over_d']:.3f} (n = {e['n_vectors']})"
                 for e in kappa["layers"]
             ),
-            _kappa_verdict(kappa["layers"]),
+            f"{kverdict}: {kreason}",
             _claim(
                 "exact_kappa",
                 "κ̂/d ≈ 0.86 (Gemma-2-2B L12)",
                 top["erank"],
                 top["erank_ci"],
-                "unidentified"
-                if _kappa_verdict(kappa["layers"]).startswith("inconclusive")
-                else "not reproduced"
-                if _kappa_verdict(kappa["layers"]).startswith("not")
-                else "reproduced",
+                kverdict,
                 {
                     "layer": top["layer"],
                     "kappa_over_d": top["kappa_over_d"],
@@ -421,7 +413,9 @@ def _claims(
             f"(top 5% of all {ioi['width']}); {100 * ioi['recall_top_of_fired']:.0f}% (top 5% "
             f"of the {ioi['n_fired_at_end']} firing at END); Spearman "
             f"{ioi['spearman_fired']:.2f}",
-            "AtP recovers the task features" if ioi["recall_top_of_all"] >= 0.8 else "partly",
+            "reproduced (AtP recovers the task features)"
+            if ioi["recall_top_of_all"] >= 0.8
+            else "partly (AtP recovers fewer than 80% of the task features)",
             _claim(
                 "ioi_atp_recall",
                 "— (98.2% is not a public figure)",
@@ -475,20 +469,23 @@ def _claims(
         )
     if arch and "topk" in arch["rows"]:
         rr = arch["rows"]
+        counts = [v["n_causal_at_topk_epsilon"] for v in rr.values()]
+        invariant = max(counts) <= 2 * max(1, min(counts))
+        confound = (
+            max(v["quality"]["fvu"] for v in rr.values()) > 1.5 * rr["topk"]["quality"]["fvu"]
+        )
         row(
             "Architecture invariance of N_causal (same width, matched L0)",
             "— (stated for the method, no number)",
             ", ".join(f"{a}: {v['n_causal_at_topk_epsilon']}" for a, v in rr.items())
             + f" features above TopK's ε (width {arch['width']}); eval FVU "
             + ", ".join(f"{a} {v['quality']['fvu']:.2f}" for a, v in rr.items()),
-            "holds within 2×"
-            if max(v["n_causal_at_topk_epsilon"] for v in rr.values())
-            <= 2 * max(1, min(v["n_causal_at_topk_epsilon"] for v in rr.values()))
-            else "does not hold here (N_causal depends on the architecture"
+            "reproduced (holds within 2×)"
+            if invariant
+            else "not reproduced (N_causal depends on the architecture"
             + (
                 "; the other SAEs also reconstruct much worse than TopK, a confound)"
-                if max(v["quality"]["fvu"] for v in rr.values())
-                > 1.5 * rr["topk"]["quality"]["fvu"]
+                if confound
                 else ")"
             ),
             _claim(
@@ -496,10 +493,7 @@ def _claims(
                 "— (stated for the method, no number)",
                 ", ".join(f"{a}: {v['n_causal_at_topk_epsilon']}" for a, v in rr.items()),
                 None,
-                "reproduced"
-                if max(v["n_causal_at_topk_epsilon"] for v in rr.values())
-                <= 2 * max(1, min(v["n_causal_at_topk_epsilon"] for v in rr.values()))
-                else "not reproduced",
+                "reproduced" if invariant else "not reproduced",
                 {"width": arch["width"], "architectures": list(rr)},
                 why="N_causal above TopK's ε per architecture: counts on one evaluation set",
             ),
@@ -556,21 +550,17 @@ def render_markdown(run: Run, source: str) -> str:
     trained = dict(sorted(run.trained.items()))
     if kappa and kappa["layers"]:
         kappa["layers"].sort(key=lambda e: e["layer"])
-        sizes = sorted({int(n) for e in kappa["layers"] for n in e["curve"]["sizes"]})
-        by_layer = {e["layer"]: e for e in kappa["layers"]}
-        plot_spectrum(
-            {k: KappaResult.from_dict(e) for k, e in by_layer.items()}, out / "sigma_spectrum.png"
-        )
-        plot_kappa_curve(
-            {k: KappaCurve.from_dict(e["curve"]) for k, e in by_layer.items()},
-            out / "kappa_vs_n.png",
-        )
+        sizes = sorted({int(n) for e in kappa["layers"] for n in e["curve_sizes"]})
+        fits = {e["layer"]: KappaFit.from_dict(e) for e in kappa["layers"]}
+        plot_spectrum(fits, out / "sigma_spectrum.png")
+        plot_kappa_curve({k: f.curve() for k, f in fits.items()}, out / "kappa_vs_n.png")
     else:
         kappa = None
     if sweep:
-        plot_width_sweep(WidthSweepResult.from_dict(sweep), out / "width_sweep.png")
+        plot_width_sweep(SweepFit.from_dict(sweep), out / "width_sweep.png")
     d = kappa["d"] if kappa else 576
     s = run.settings
+    p = s["protocol"]
     table, found = _claims(d, kappa, sweep, four, syn, ioi, arch, depth, run.growth)
     lines = [
         "# Replication: causal dimensionality on SmolLM2-135M-Instruct",
@@ -605,17 +595,17 @@ def render_markdown(run: Run, source: str) -> str:
         lines += [
             f"## Width sweep at `{site_name('resid_pre', L)}`",
             "",
-            f"TopK SAEs, k = {s['k']} at every width (matched L0 by construction), base width "
+            f"TopK SAEs, k = {p['sae_k']} at every width (matched L0 by construction), base width "
             f"{sweep.get('base_width', sweep['widths'][0])} = "
             f"{sweep.get('base_width', sweep['widths'][0]) / d:.1f}·d. Each width is trained "
             f"on {tr['n_train_tokens']} residual tokens (position 0 dropped, "
             f"and {tr.get('n_massive_dropped', 0)} massive-activation tokens with norm > "
-            f"{MASSIVE_NORM_FACTOR:g}× the median; the last tenth held out): epochs of fresh "
+            f"{p['massive_norm_factor']:g}× the median; the last tenth held out): epochs of fresh "
             "shuffles, batch "
-            f"{s['batch_size']}, Adam at the width-scaled rate lr_base/√(m/2¹⁴) "
-            f"(lr_base {s['lr_base']:g}), until the held-out FVU improves by less than "
-            f"{s['converge_tol']:.0%} or {s['max_epochs']} epochs; aux-k loss for features "
-            f"silent for {s['dead_tokens']} tokens. Token-steps per width are in the training "
+            f"{p['sae_batch_size']}, Adam at the width-scaled rate lr_base/√(m/2¹⁴) "
+            f"(lr_base {p['sae_lr_base']:g}), until the held-out FVU improves by less than "
+            f"{p['sae_converge_tol']:.0%} or {p['sae_max_epochs']} epochs; aux-k loss for features "
+            f"silent for {p['sae_dead_tokens']} tokens. Token-steps per width are in the training "
             f"log. Sweep gate: {gate}. AtP: zero-ablation of each feature with the SAE "
             "spliced with its error term, metric = summed next-token NLL, on "
             f"{sweep['n_tokens']} held-out tokens from one backward pass per batch reused by "
@@ -688,7 +678,7 @@ def render_markdown(run: Run, source: str) -> str:
             lines += [
                 "",
                 f"CE loss recovered = (CE_zero − CE_SAE)/(CE_zero − CE_clean) with the SAE "
-                f"replacing the residual at positions ≥ 1 on {s['n_ce_prompts']} held-out "
+                f"replacing the residual at positions ≥ 1 on {p['ce_prompts']} held-out "
                 f"prompts; CE clean {first['ce_clean']:.3f}, zero-ablated "
                 f"{first['ce_ablated']:.3f} nats/token.",
             ]
@@ -700,7 +690,7 @@ def render_markdown(run: Run, source: str) -> str:
             f"Σ = mean over residual vectors of JᵀJ, J = ∂ log_softmax(logits at the same "
             f"position)/∂ resid_pre, exact (forward mode over all {d} directions; the "
             "unembedding enters through an exact d × d factor of its Gram), one vector per "
-            f"window: the last token of a {s['jacobian_prompt_tokens']}-token window of "
+            f"window: the last token of a {p['jacobian_tokens']}-token window of "
             "Austen text (held-out chunks first, then the others), windows from different "
             "128-token chunks first. κ = the bias-corrected jackknife estimate (the centre of "
             "its CI; the plug-in erank(Σ̂), biased low, in its own column); SE and CI = "
@@ -717,7 +707,7 @@ def render_markdown(run: Run, source: str) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in kappa["layers"]:
-            conv = e.get("convergence", {}).get("converged")
+            conv = e["converged"]
             lines.append(
                 f"| {e['layer']} | {e['n_vectors']} | {e.get('n_groups', '—')} | "
                 f"{'—' if conv is None else conv} | {e['erank']:.1f} | {e['erank_se']:.1f} | "
@@ -729,7 +719,7 @@ def render_markdown(run: Run, source: str) -> str:
         lines += [
             "",
             "Few-vector bias (`kappa_vs_n.png`): κ of Σ̂ built from n random vectors (mean ± sd "
-            f"over {s.get('kappa_curve_draws', 20)} subsets). erank is concave in the "
+            f"over {p['kappa_curve_draws']} subsets). erank is concave in the "
             "normalised spectrum, so Σ̂ from few vectors under-states κ; the curve shows how "
             "fast it levels off; κ(n)/κ(n/2) in the table above is its last step.",
             "",
@@ -737,10 +727,11 @@ def render_markdown(run: Run, source: str) -> str:
             "|---|" + "---|" * len(sizes),
         ]
         for e in kappa["layers"]:
-            c = e["curve"]
             cells = {
                 int(n): f"{m:.1f} ± {sd:.1f}"
-                for n, m, sd in zip(c["sizes"], c["erank"], c["erank_sd"], strict=True)
+                for n, m, sd in zip(
+                    e["curve_sizes"], e["curve_erank"], e["curve_erank_sd"], strict=True
+                )
             }
             lines.append(f"| {e['layer']} | " + " | ".join(cells.get(n, "") for n in sizes) + " |")
         lines.append("")
@@ -770,7 +761,7 @@ def render_markdown(run: Run, source: str) -> str:
             "## Architecture invariance",
             "",
             f"Width {arch['width']} at layer {arch['layer']}, same stream and epochs; "
-            f"ReLU (L1) and JumpReLU controlled to L0 = {s['k']} during training and "
+            f"ReLU (L1) and JumpReLU controlled to L0 = {p['sae_k']} during training and "
             "calibrated to it at the end; TopK has L0 = k exactly. N_causal is counted against "
             "two common thresholds (the sweep's ε and TopK's own 98th percentile at this width).",
             "",
@@ -812,7 +803,7 @@ def render_markdown(run: Run, source: str) -> str:
         lines += [
             "## ε by depth",
             "",
-            f"TopK width {depth['width']}, k = {s['k']}, one SAE per layer on the same "
+            f"TopK width {depth['width']}, k = {p['sae_k']}, one SAE per layer on the same "
             "training prompts; ε = 98th percentile of AtP over all features (LM loss, same "
             "evaluation tokens).",
             "",
@@ -881,7 +872,7 @@ def render_markdown(run: Run, source: str) -> str:
         t0 = sweep["training"][str(sweep["widths"][0])]
         scale = (
             f"SAEs trained on {t0['n_train_tokens']} tokens (to convergence of the held-out "
-            f"FVU, at most {s['max_epochs']} epochs) instead of 4–16B, and a "
+            f"FVU, at most {p['sae_max_epochs']} epochs) instead of 4–16B, and a "
             f"{sweep['widths'][-1] / sweep['widths'][0]:.0f}× width span (paper 64×)"
         )
     else:
@@ -960,10 +951,7 @@ def claims(run: Run, source: str) -> ClaimsDocument:
         "ratio_last_doubling": {
             str(e["layer"]): _rise(e) for e in (kappa["layers"] if kappa else [])
         },
-        "converged": {
-            str(e["layer"]): e.get("convergence", {}).get("converged")
-            for e in (kappa["layers"] if kappa else [])
-        },
+        "converged": {str(e["layer"]): e["converged"] for e in (kappa["layers"] if kappa else [])},
     }
     return ClaimsDocument(METHOD, source, tuple(found), blocks)
 

@@ -1,0 +1,3 @@
+from structlens.calibration.run import main
+
+main()

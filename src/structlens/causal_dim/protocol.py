@@ -1,0 +1,231 @@
+"""The causal-dimensionality protocol: every scientific choice of exact κ and the SAE width
+sweep, in one place.
+
+A :class:`CausalProtocol` is frozen and validated at construction.  The ``causal-dim`` CLI,
+``structlens analyze`` and the causal-dimension replication build one instance each (the CLI
+from ``--protocol`` and its options, ``analyze`` and the replication from their profiles,
+:data:`PROFILES`) and hand it to the stages of :mod:`structlens.causal_dim.stages`, which are
+the only code that turns a model into κ and sweep numbers.  Two drivers given equal
+protocols therefore give equal stage results.
+
+Prompt sets
+    The corpus is cut into chunks of ``chunk_tokens`` tokens (full chunks only); every
+    ``holdout_every``-th chunk is held out of SAE training.  SAEs train on the first
+    ``sae_train_prompts`` other chunks; the sweep evaluates on the first ``sae_eval_prompts``
+    held-out chunks plus ``sae_eval_extra`` training-side chunks left over after the training
+    prompts; CE recovered uses the next ``ce_prompts`` held-out chunks.  These three sets are
+    disjoint by construction (and checked).
+Exact κ
+    One residual vector per window of ``jacobian_tokens`` tokens (the window's last token),
+    windows cut from chunks ``jacobian_gap`` tokens apart and ordered chunk-major, held-out
+    chunks first: the first vectors all come from different chunks.  κ involves no SAE, so
+    once the held-out chunks are used up the windows continue into SAE training chunks.
+    Vectors are doubled from ``kappa_start`` until ``κ(n)/κ(n/2) < kappa_tolerance`` or
+    ``kappa_max_vectors``; point and interval are the bias-corrected delete-a-group jackknife
+    over ``kappa_unit`` (windows of one chunk share text, so the chunk is the unit).
+Width sweep
+    TopK SAEs of ``sweep_widths`` (the base at least ``min_base_width_ratio · d``) trained to
+    convergence of a held-out tenth of the training rows; AtP on the LM loss over the
+    evaluation prompts in ``sweep_blocks`` prompt blocks (the resampling unit is the prompt),
+    ε at ``percentile`` of the base width, ``sweep_bootstrap`` resamples.
+
+>>> p = CausalProtocol(sweep_widths=(256, 512))
+>>> p.sweep_widths
+(256, 512)
+>>> CausalProtocol(kappa_unit="token")
+Traceback (most recent call last):
+...
+structlens.errors.InputError: kappa_unit must be 'chunk' or 'vector'; got 'token'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from structlens.config import Protocol, described
+from structlens.errors import InputError
+
+__all__ = ["CausalProtocol", "PROFILES"]
+
+_CHOICES = {
+    "jacobian_output": ("log_probs", "raw"),
+    "jacobian_positions": ("same", "downstream"),
+    "kappa_unit": ("chunk", "vector"),
+}
+
+
+@dataclass(frozen=True)
+class CausalProtocol(Protocol):
+    """Every scientific choice of exact κ and the SAE width sweep (see the module docstring).
+
+    Each field's ``metadata["help"]`` says what it sets (the CLI's option help);
+    :meth:`key` is a digest of the canonical JSON, the part of a stage's cache key that the
+    protocol contributes.
+    """
+
+    chunk_tokens: int = described(128, "Tokens of every corpus chunk (full chunks only).")
+    holdout_every: int = described(20, "Every n-th corpus chunk is held out of SAE training.")
+    sae_train_prompts: int = described(760, "Corpus chunks the SAEs train on.")
+    sae_eval_prompts: int = described(36, "Held-out chunks the width sweep evaluates on.")
+    sae_eval_extra: int = described(
+        12, "Training-side chunks left over after the training prompts, added to evaluation."
+    )
+    ce_prompts: int = described(8, "Held-out chunks (after the evaluation ones) of CE recovered.")
+    jacobian_tokens: int = described(24, "Tokens of every Jacobian window.")
+    jacobian_gap: int = described(2, "Tokens skipped between the windows of one chunk.")
+    jacobian_output: str = described(
+        "log_probs", "Σ of the next-token 'log_probs' or of the 'raw' logits."
+    )
+    jacobian_positions: str = described(
+        "same", "Outputs at the 'same' (last) position or at every 'downstream' one."
+    )
+    kappa_start: int = described(16, "Residual vectors per layer before the first doubling.")
+    kappa_max_vectors: int = described(128, "Residual vectors per layer at most (the cap).")
+    kappa_tolerance: float = described(
+        1.05, "Stop doubling the vectors once κ(n)/κ(n/2) is below this."
+    )
+    kappa_unit: str = described(
+        "chunk", "Jackknife unit of κ: the corpus 'chunk' a window comes from, or the 'vector'."
+    )
+    kappa_ci: float = described(0.95, "Level of κ's jackknife t interval.")
+    kappa_curve_draws: int = described(10, "Random subsets per size of the few-vector curve.")
+    sweep_widths: tuple[int, ...] = described(
+        (2304, 4608, 9216, 18432), "SAE widths of the sweep (ascending, at least two)."
+    )
+    min_base_width_ratio: float = described(
+        4.0, "The base (smallest) width must be at least this times d (0: no check)."
+    )
+    sae_k: int = described(32, "Active features of the TopK SAEs.")
+    sae_lr_base: float = described(
+        5e-4, "Learning rate at width 2^14 (scaled by 1/sqrt(width / 2^14))."
+    )
+    sae_batch_size: int = described(256, "SAE training batch (tokens).")
+    sae_max_epochs: int = described(10, "Epochs at most; training stops on a held-out plateau.")
+    sae_converge_tol: float = described(
+        0.01, "Stop once the held-out FVU improves by less than this (relative) in an epoch."
+    )
+    sae_dead_tokens: int = described(
+        25_000, "Tokens without firing after which a feature is dead (gets the AuxK loss)."
+    )
+    sae_train_tokens: int | None = described(
+        None, "Cap on the training tokens each SAE sees (null: all)."
+    )
+    massive_norm_factor: float = described(
+        10.0, "Training rows with a norm above this times the median are left out."
+    )
+    percentile: float = described(98.0, "ε is this percentile of the base width's |AtP|.")
+    min_count: int = described(1, "Firings a feature needs to count in N_repr.")
+    sweep_bootstrap: int = described(200, "Bootstrap resamples of prompt blocks in the sweep.")
+    sweep_blocks: int = described(
+        64, "Prompt blocks the sweep resamples (each holds whole prompts)."
+    )
+    seed: int = described(0, "Seed of SAE initialisation, batches, curves and resamples.")
+
+    def __post_init__(self) -> None:
+        self.check_types()
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise InputError(
+                    f"{name} must be {' or '.join(repr(a) for a in allowed)}; got {value!r}."
+                )
+        self.check_counts(
+            {
+                "chunk_tokens": 2, "holdout_every": 2, "sae_train_prompts": 1,
+                "sae_eval_prompts": 1, "sae_eval_extra": 0, "ce_prompts": 0,
+                "jacobian_tokens": 1, "jacobian_gap": 0, "kappa_start": 2,
+                "kappa_max_vectors": 2, "kappa_curve_draws": 1, "sae_k": 1,
+                "sae_batch_size": 2, "sae_max_epochs": 1, "sae_dead_tokens": 1,
+                "min_count": 1, "sweep_bootstrap": 0, "sweep_blocks": 1, "seed": 0,
+            }
+        )  # fmt: skip
+        if self.jacobian_tokens > self.chunk_tokens:
+            raise InputError(
+                f"jacobian_tokens ({self.jacobian_tokens}) must not exceed chunk_tokens "
+                f"({self.chunk_tokens}): windows are cut from chunks."
+            )
+        if self.kappa_start > self.kappa_max_vectors:
+            raise InputError(
+                f"kappa_start ({self.kappa_start}) must not exceed kappa_max_vectors "
+                f"({self.kappa_max_vectors})."
+            )
+        if not self.kappa_tolerance > 1:
+            raise InputError(f"kappa_tolerance must exceed 1; got {self.kappa_tolerance}.")
+        for name in ("kappa_ci", "sae_converge_tol"):
+            if not 0 < getattr(self, name) < 1:
+                raise InputError(f"{name} must lie in (0, 1); got {getattr(self, name)}.")
+        if not 0 < self.percentile < 100:
+            raise InputError(f"percentile must lie in (0, 100); got {self.percentile}.")
+        widths = self.sweep_widths
+        if len(widths) < 2 or min(widths) < 1 or list(widths) != sorted(set(widths)):
+            raise InputError(
+                f"sweep_widths must be at least two ascending distinct widths >= 1; got "
+                f"{list(widths)}."
+            )
+        if self.min_base_width_ratio < 0 or self.massive_norm_factor <= 1:
+            raise InputError(
+                "min_base_width_ratio must be >= 0 and massive_norm_factor > 1; got "
+                f"{self.min_base_width_ratio} and {self.massive_norm_factor}."
+            )
+        if not (self.sae_lr_base > 0):
+            raise InputError(f"sae_lr_base must be > 0; got {self.sae_lr_base}.")
+        if self.sae_train_tokens is not None and self.sae_train_tokens < self.sae_batch_size:
+            raise InputError(
+                f"sae_train_tokens must be null or at least sae_batch_size "
+                f"({self.sae_batch_size}); got {self.sae_train_tokens}."
+            )
+
+    def sae_config(
+        self, width: int, architecture: str = "topk", target_l0: float | None = None
+    ) -> Any:
+        """The :class:`~structlens.sae.SAETrainConfig` of one SAE of this protocol (TopK for
+        the sweep; other architectures at a matched ``target_l0`` for the controls)."""
+        from structlens.sae import SAETrainConfig
+
+        return SAETrainConfig(
+            architecture=architecture, d_sae=int(width), k=self.sae_k, target_l0=target_l0,
+            lr_base=self.sae_lr_base, seed=self.seed, dead_tokens=self.sae_dead_tokens,
+        )  # fmt: skip
+
+    def width_sweep(self, d_model: int | None, *, n_bootstrap: int | None = None) -> Any:
+        """The :class:`~structlens.causal_dim.sweep.WidthSweepConfig` of the sweep analysis
+        (``d_model`` enables the base-width check)."""
+        from structlens.causal_dim.sweep import WidthSweepConfig
+
+        return WidthSweepConfig(
+            percentile=self.percentile, min_count=self.min_count,
+            n_bootstrap=self.sweep_bootstrap if n_bootstrap is None else n_bootstrap,
+            seed=self.seed, d_model=d_model, min_base_width_ratio=self.min_base_width_ratio,
+        )  # fmt: skip
+
+    def check_widths(self, d_model: int) -> None:
+        """A one-line :class:`InputError` when the base width is below the protocol's
+        ``min_base_width_ratio · d_model`` (before any SAE is trained)."""
+        need = self.min_base_width_ratio * d_model
+        if self.sweep_widths[0] < need:
+            raise InputError(
+                f"the base width {self.sweep_widths[0]} is below {self.min_base_width_ratio:g}·d "
+                f"= {need:g} (d = {d_model}); start the sweep at >= {need:g} "
+                "(ε is the base width's own percentile, so a narrow base pins the curve)."
+            )
+
+
+_PAPER = CausalProtocol()
+_GPU = _PAPER.replace(
+    sweep_widths=(2304, 4608, 9216, 18432, 36864, 73728, 147456),
+    kappa_start=64, kappa_max_vectors=2048, sae_batch_size=4096, sae_max_epochs=100,
+    sae_dead_tokens=100_000,
+)  # fmt: skip
+_SMOKE = _PAPER.replace(
+    chunk_tokens=32, sae_train_prompts=40, sae_eval_prompts=8, sae_eval_extra=4,
+    ce_prompts=4, jacobian_tokens=8, kappa_start=2, kappa_max_vectors=8,
+    kappa_curve_draws=3, sweep_widths=(256, 512, 1024), sae_k=4, sae_batch_size=64,
+    sae_max_epochs=3, sae_dead_tokens=1000, sweep_bootstrap=20, sweep_blocks=8,
+)  # fmt: skip
+
+#: The protocol instances the drivers start from.  ``paper`` is the paper's protocol at the
+#: replication's CPU sizes (SmolLM2-135M, d = 576: base width 4·d up to 8× it); ``gpu``
+#: widens the sweep to the paper's 64× span and the κ vector cap; ``smoke`` shrinks the sizes
+#: for the tiny test model (d = 64) and keeps every rule.
+PROFILES: dict[str, CausalProtocol] = {"paper": _PAPER, "gpu": _GPU, "smoke": _SMOKE}

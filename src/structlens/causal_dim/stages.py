@@ -1,0 +1,470 @@
+"""The causal-dimensionality stages: the only code that turns a model into κ and width-sweep
+numbers.
+
+Each stage is a function ``(protocol, inputs, ...) -> Result`` of a frozen, typed result; the
+``causal-dim`` CLI, ``structlens analyze`` and the replication call these and only render
+what they return, so one :class:`~structlens.causal_dim.protocol.CausalProtocol` gives one
+answer whichever driver runs it.
+
+* :func:`prompt_sets` — the protocol's prompt sets (:class:`PromptSets`).
+* :func:`exact_grams` and :func:`kappa` — exact per-vector Grams ``J(x)ᵀJ(x)`` and κ of one
+  layer under the doubling rule (:class:`KappaFit`).  κ is solved in one place,
+  :meth:`structlens.causal_dim.kappa.KappaEstimator.fit_from_statistics` (through
+  :func:`~structlens.causal_dim.kappa.kappa_from_grams`, its entry for per-vector Grams).
+* :func:`training_rows`, :func:`eval_rows` — the residuals SAEs train on and the residuals
+  with their LM-loss gradients the sweep evaluates on (:class:`LayerRows`).
+* :func:`train_sae`, :func:`train_sweep` — SAEs trained to convergence
+  (:class:`SAETraining`).
+* :func:`sweep` — the width-sweep wedge, κ̂ and the base-width table (:class:`SweepFit`).
+
+A driver that caches (the replication) may hand :func:`kappa` its own Gram source and
+:func:`sweep` rows and SAEs read back from its cache; the numbers are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from structlens.causal_dim.kappa import KappaCurve, KappaResult
+from structlens.causal_dim.protocol import CausalProtocol
+from structlens.causal_dim.sweep import WidthSweepResult
+from structlens.errors import InputError
+from structlens.results import Result
+
+__all__ = [
+    "PromptSets",
+    "prompt_sets",
+    "exact_grams",
+    "KappaFit",
+    "kappa",
+    "LayerRows",
+    "training_rows",
+    "eval_rows",
+    "SAETraining",
+    "train_sae",
+    "train_sweep",
+    "SweepFit",
+    "sweep",
+]
+
+
+# ---------------------------------------------------------------- prompt sets
+@dataclasses.dataclass(frozen=True)
+class PromptSets(Result):
+    """The protocol's prompts (token-id lists) and the corpus chunk of every Jacobian window.
+
+    ``sae_train``, ``sae_eval`` and ``ce`` are disjoint sets of corpus chunks.
+    ``kappa_windows`` are the Jacobian windows in the order vectors are drawn and
+    ``kappa_chunks`` the chunk each was cut from (the jackknife's unit);
+    ``kappa_train_chunks`` counts those windows (at most ``kappa_max_vectors``) that were
+    cut from SAE training chunks: κ involves no SAE, so they serve once the held-out chunks
+    are used up.
+    """
+
+    sae_train: list
+    sae_eval: list
+    ce: list
+    kappa_windows: list
+    kappa_chunks: list
+    kappa_train_chunks: int
+    n_chunks: int
+    n_heldout: int
+
+
+def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = None) -> PromptSets:
+    """The prompt sets of ``protocol`` from the corpus (``data``: a text file; default the
+    bundled corpus); see :mod:`structlens.causal_dim.protocol` for the split rule.
+
+    Raises
+    ------
+    InputError
+        When the corpus has too few chunks of ``chunk_tokens`` tokens for the protocol.
+    """
+    from structlens.data.corpus import chunk_documents, load_texts
+
+    p = protocol
+    chunks = chunk_documents(load_texts(data), tokenizer, max_tokens=p.chunk_tokens)
+    full = [list(c.token_ids) for c in chunks if len(c.token_ids) == p.chunk_tokens]
+    index = list(range(len(full)))
+    held = index[:: p.holdout_every]
+    other = [i for i in index if i % p.holdout_every]
+    n_tr, n_ev = p.sae_train_prompts, p.sae_eval_prompts
+    need_held, need_other = n_ev + p.ce_prompts, n_tr + p.sae_eval_extra
+    if len(held) < need_held or len(other) < need_other:
+        raise InputError(
+            f"the corpus gives {len(full)} chunks of {p.chunk_tokens} tokens ({len(held)} "
+            f"held out, {len(other)} others); the protocol needs {need_held} held-out and "
+            f"{need_other} others: ask for fewer prompts or shorter chunks."
+        )
+    train = other[:n_tr]
+    evaluation = held[:n_ev] + other[n_tr : n_tr + p.sae_eval_extra]
+    ce = held[n_ev : n_ev + p.ce_prompts]
+    # disjoint by construction; checked, since every claim about held-out data rests on it
+    assert not (set(train) & set(evaluation)) and not (set(ce) & set(train + evaluation))
+    n = p.jacobian_tokens
+    starts = range(0, p.chunk_tokens - n + 1, n + p.jacobian_gap)
+    # chunk-major within a window index: the first vectors all come from different chunks
+    order = [(i, a) for pool in (held, other) for a in starts for i in pool]
+    cap = min(len(order), p.kappa_max_vectors)
+    order = order[:cap]
+    in_train = set(train)
+    return PromptSets(
+        sae_train=[full[i] for i in train],
+        sae_eval=[full[i] for i in evaluation],
+        ce=[full[i] for i in ce],
+        kappa_windows=[full[i][a : a + n] for i, a in order],
+        kappa_chunks=[i for i, _ in order],
+        kappa_train_chunks=sum(i in in_train for i, _ in order),
+        n_chunks=len(full),
+        n_heldout=len(held),
+    )
+
+
+# ---------------------------------------------------------------- exact κ
+def exact_grams(
+    protocol: CausalProtocol, model: Any, layer: int, windows: Sequence[Sequence[int]]
+) -> np.ndarray:
+    """Exact ``J(x)ᵀJ(x)`` [n, d, d] (float64) at ``blocks.{layer}.hook_resid_pre``, one per
+    window (its last token), of the protocol's output and positions."""
+    from structlens.causal_dim.jacobian import JacobianConfig
+    from structlens.causal_dim.model import vector_grams
+
+    output: Any = protocol.jacobian_output  # a Literal, checked by the protocol
+    positions: Any = protocol.jacobian_positions
+    cfg = JacobianConfig(output=output, max_rows=model.d_model)
+    return np.stack(
+        [g.numpy() for g in vector_grams(model, layer, windows, cfg, outputs=positions)]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KappaFit(KappaResult):
+    """Exact κ of one layer: a :class:`~structlens.causal_dim.kappa.KappaResult` (``erank``
+    and ``erank_ci`` are the bias-corrected jackknife estimate of κ(Σ) and its interval, the
+    same estimand; ``erank_plugin`` the plug-in κ(Σ̂) beside it) plus how it was measured.
+
+    ``ratio_last_doubling`` is the convergence rule's κ(n)/κ(n/2) of the plug-in over the
+    last doubling of vectors, and ``converged`` whether it fell below ``tolerance`` before
+    the cap ``max_vectors``; ``doubling_*`` give n, κ and the ratio after every doubling.
+    ``unit`` is the jackknife unit (``chunk``: windows of one corpus chunk form one group);
+    ``curve_*`` the few-vector bias curve (:meth:`curve`).
+    """
+
+    layer: int = 0
+    unit: str = "chunk"
+    output: str = "log_probs"
+    positions: str = "same"
+    window_tokens: int = 0
+    converged: bool = False
+    tolerance: float = 1.05
+    max_vectors: int = 0
+    doubling_n: list = dataclasses.field(default_factory=list)
+    doubling_erank: list = dataclasses.field(default_factory=list)
+    doubling_ratios: list = dataclasses.field(default_factory=list)
+    curve_sizes: list = dataclasses.field(default_factory=list)
+    curve_erank: list = dataclasses.field(default_factory=list)
+    curve_erank_sd: list = dataclasses.field(default_factory=list)
+    curve_pr: list = dataclasses.field(default_factory=list)
+    curve_pr_sd: list = dataclasses.field(default_factory=list)
+
+    def curve(self) -> KappaCurve:
+        """The few-vector bias curve (:func:`~structlens.causal_dim.kappa.kappa_curve`)."""
+        return KappaCurve(
+            sizes=self.curve_sizes, erank=self.curve_erank, erank_sd=self.curve_erank_sd,
+            pr=self.curve_pr, pr_sd=self.curve_pr_sd,
+        )  # fmt: skip
+
+
+def kappa(
+    protocol: CausalProtocol,
+    model: Any,
+    layer: int,
+    prompts: PromptSets,
+    *,
+    grams: Callable[[int, int], np.ndarray] | None = None,
+) -> KappaFit:
+    """Exact κ at ``layer``: vectors doubled from ``protocol.kappa_start`` until
+    ``κ(n)/κ(n/2) < protocol.kappa_tolerance`` or the cap, then the bias-corrected jackknife
+    over ``protocol.kappa_unit`` and the few-vector curve.
+
+    ``grams(start, stop)`` gives the Grams of windows ``start:stop`` of
+    ``prompts.kappa_windows`` (default: :func:`exact_grams` on ``model``; a caching driver
+    passes its own).
+    """
+    from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams, kappa_until_converged
+
+    windows, chunks = prompts.kappa_windows, prompts.kappa_chunks
+    cap = min(protocol.kappa_max_vectors, len(windows))
+    if cap < 2:
+        raise InputError(
+            f"κ needs at least 2 Jacobian windows, the corpus gives {len(windows)}; use "
+            "shorter windows (jacobian_tokens) or longer chunks."
+        )
+    source = grams or (lambda a, b: exact_grams(protocol, model, layer, windows[a:b]))
+    drawn = [0]
+
+    def draw(k: int) -> np.ndarray:
+        a = drawn[0]
+        drawn[0] = a + k
+        return source(a, a + k)
+
+    conv = kappa_until_converged(
+        draw, min(protocol.kappa_start, cap), tolerance=protocol.kappa_tolerance, max_vectors=cap
+    )
+    g = conv.grams
+    n = len(g)
+    groups = chunks[:n] if protocol.kappa_unit == "chunk" else None
+    res = kappa_from_grams(g, ci=protocol.kappa_ci, groups=groups)
+    sizes = sorted({s for s in (2**i for i in range(12)) if s < n} | {n})
+    curve = kappa_curve(g, sizes, n_draws=protocol.kappa_curve_draws, seed=protocol.seed)
+    fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(KappaResult)}
+    fields["ratio_last_doubling"] = conv.ratio_last_doubling
+    return KappaFit(
+        **fields,
+        layer=int(layer),
+        unit=protocol.kappa_unit,
+        output=protocol.jacobian_output,
+        positions=protocol.jacobian_positions,
+        window_tokens=protocol.jacobian_tokens,
+        converged=bool(conv.converged),
+        tolerance=protocol.kappa_tolerance,
+        max_vectors=cap,
+        doubling_n=list(conv.n_vectors),
+        doubling_erank=[float(v) for v in conv.erank],
+        doubling_ratios=[float(v) for v in conv.ratios],
+        curve_sizes=curve.sizes,
+        curve_erank=curve.erank,
+        curve_erank_sd=curve.erank_sd,
+        curve_pr=curve.pr,
+        curve_pr_sd=curve.pr_sd,
+    )
+
+
+# ---------------------------------------------------------------- residual rows
+@dataclasses.dataclass(frozen=True)
+class LayerRows(Result):
+    """Residuals ``acts`` [n_layers, n_tokens, d] at ``layers`` (position 0 and pads out)
+    and, for evaluation, the gradient of the summed next-token loss at the same rows
+    (``grads``), with the sizes of the batches they came in."""
+
+    layers: list
+    acts: np.ndarray
+    grads: np.ndarray | None = None
+    batch_sizes: list | None = None
+
+    def of(self, layer: int) -> torch.Tensor:
+        """The residuals of ``layer``, ``[n_tokens, d]``."""
+        return torch.from_numpy(np.ascontiguousarray(self.acts[self.layers.index(layer)]))
+
+    def pairs(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(acts, grads)`` per original batch, as the sweep consumes them."""
+        if self.grads is None or self.batch_sizes is None:
+            raise ValueError("these rows were captured without gradients (use eval_rows).")
+        i = self.layers.index(layer)
+        a = torch.from_numpy(np.ascontiguousarray(self.acts[i]))
+        g = torch.from_numpy(np.ascontiguousarray(self.grads[i]))
+        return list(zip(a.split(self.batch_sizes), g.split(self.batch_sizes), strict=True))
+
+
+def training_rows(model: Any, layers: Sequence[int], prompts: Sequence[Sequence[int]]) -> LayerRows:
+    """SAE training residuals at ``layers`` over ``prompts``, from one forward pass per batch;
+    stored in float16 (the SAEs train on these values, whoever captured them)."""
+    from structlens.capture.residuals import residual_batches_multi
+
+    layers = sorted(int(v) for v in layers)
+    parts: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    for batch in residual_batches_multi(model, layers, prompts):
+        for layer, a in batch.items():
+            parts[layer].append(a.half())
+    acts = np.stack([torch.cat(parts[layer]).cpu().numpy() for layer in layers])
+    return LayerRows(layers=layers, acts=acts)
+
+
+def eval_rows(model: Any, layers: Sequence[int], prompts: Sequence[Sequence[int]]) -> LayerRows:
+    """Evaluation residuals and their LM-loss gradients at ``layers`` over ``prompts``, from
+    one forward and one backward pass per batch (float32)."""
+    from structlens.causal_dim.model import residual_grads_multi
+
+    layers = sorted(int(v) for v in layers)
+    pairs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {y: [] for y in layers}
+    for batch in residual_grads_multi(model, layers, prompts):
+        for layer, ag in batch.items():
+            pairs[layer].append(ag)
+    sizes = [a.shape[0] for a, _ in pairs[layers[0]]]
+    acts = np.stack([torch.cat([a for a, _ in pairs[y]]).numpy() for y in layers])
+    grads = np.stack([torch.cat([g for _, g in pairs[y]]).numpy() for y in layers])
+    return LayerRows(layers=layers, acts=acts, grads=grads, batch_sizes=sizes)
+
+
+# ---------------------------------------------------------------- SAE training
+@dataclasses.dataclass(frozen=True)
+class SAETraining(Result):
+    """How one SAE of the protocol trained: rows used (``n_massive_dropped`` left out), the
+    held-out FVU after every epoch, whether it levelled off before ``max_epochs``
+    (``converged``), and the trainer's final numbers."""
+
+    architecture: str
+    width: int
+    n_train_tokens: int
+    n_massive_dropped: int
+    tokens: int
+    steps: int
+    epochs: int
+    val_fvu_by_epoch: list
+    converged: bool
+    final_fvu: float
+    final_l0: float
+    l0_before_calibration: float
+    l0_matched: bool | None
+    dead_fraction: float
+    learning_rate: float
+
+
+def train_sae(
+    protocol: CausalProtocol, rows: torch.Tensor, config: Any, *, device: str = "cpu"
+) -> tuple[Any, SAETraining]:
+    """One SAE (``config``: e.g. :meth:`CausalProtocol.sae_config`) trained to convergence on
+    training residuals ``rows`` [n, d] (capped at ``sae_train_tokens``, massive rows out).
+    Returns the SAE (on the CPU) and its :class:`SAETraining`."""
+    from structlens.causal_dim.training import drop_massive, train_to_convergence
+
+    p = protocol
+    x, n_massive = drop_massive(rows[: p.sae_train_tokens].float(), p.massive_norm_factor)
+    res, curve = train_to_convergence(
+        config, x.to(device), batch_size=p.sae_batch_size, max_epochs=p.sae_max_epochs,
+        tol=p.sae_converge_tol, seed=p.seed, device=device,
+    )  # fmt: skip
+    info = SAETraining(
+        architecture=config.architecture,
+        width=int(config.d_sae),
+        n_train_tokens=int(x.shape[0]),
+        n_massive_dropped=n_massive,
+        tokens=int(res.tokens),
+        steps=int(res.steps),
+        epochs=len(curve),
+        val_fvu_by_epoch=curve,
+        converged=len(curve) < p.sae_max_epochs,
+        final_fvu=float(res.final_fvu),
+        final_l0=float(res.final_l0),
+        l0_before_calibration=float(res.l0_before_calibration),
+        l0_matched=res.l0_matched,
+        dead_fraction=float(res.dead_fraction),
+        learning_rate=float(res.learning_rate),
+    )
+    return res.sae.cpu(), info
+
+
+@dataclasses.dataclass
+class _TrainWidth:
+    """One width of :func:`train_sweep`; picklable so an executor can train widths apart."""
+
+    protocol: CausalProtocol
+    rows: torch.Tensor
+    device: str
+
+    def __call__(self, width: int) -> tuple[Any, SAETraining]:
+        cfg = self.protocol.sae_config(width)
+        return train_sae(self.protocol, self.rows, cfg, device=self.device)
+
+
+def train_sweep(
+    protocol: CausalProtocol,
+    rows: torch.Tensor,
+    *,
+    d_model: int,
+    executor: Any = None,
+    device: str = "cpu",
+) -> dict[int, tuple[Any, SAETraining]]:
+    """The TopK SAEs of ``protocol.sweep_widths`` on one row stream (width → SAE and its
+    training); ``executor`` may train the widths in parallel (the same SAEs)."""
+    from structlens.execution import get_executor
+
+    protocol.check_widths(d_model)
+    widths = list(protocol.sweep_widths)
+    job = _TrainWidth(protocol, rows, device)
+    # training cost grows with the width: the widest start first on parallel executors
+    out = get_executor(executor).map(job, widths, desc="SAE width sweep", cost=widths)
+    return {int(w): r for w, r in zip(widths, out, strict=True)}
+
+
+# ---------------------------------------------------------------- the width sweep
+@dataclasses.dataclass(frozen=True)
+class SweepFit(WidthSweepResult):
+    """The width sweep of one layer: a
+    :class:`~structlens.causal_dim.sweep.WidthSweepResult` (gated by the held-out FVU in
+    ``heldout_fvu``) plus ``quality`` (width → held-out FVU, L0, dead fraction, tokens),
+    ``atp_mass`` (width → total and largest |AtP|: does a wider SAE split the same causal
+    mass?) and ``base_width_sensitivity`` (base width → N_causal, ε, its growth and κ̂ refitted
+    from every base with three widths at least: how κ̂ moves with the base)."""
+
+    layer: int = 0
+    quality: dict = dataclasses.field(default_factory=dict)
+    atp_mass: dict = dataclasses.field(default_factory=dict)
+    base_width_sensitivity: dict = dataclasses.field(default_factory=dict)
+
+
+def sweep(
+    protocol: CausalProtocol,
+    saes: Mapping[int, Any],
+    rows: LayerRows,
+    layer: int,
+    prompts: PromptSets,
+    *,
+    exact_kappa: float | None,
+    d_model: int,
+) -> SweepFit:
+    """N_repr, N_causal, the wedge and κ̂ of the SAEs ``saes`` (width → SAE) at ``layer`` over
+    the evaluation ``rows`` of ``prompts.sae_eval`` (:func:`eval_rows`), with ``exact_kappa``
+    (the exact κ at ``layer``) beside κ̂."""
+    from structlens.causal_dim.model import token_prompt_ids
+    from structlens.causal_dim.sweep import analyze_width_sweep, sweep_analysis
+    from structlens.sae.sweep import sae_quality
+
+    protocol.check_widths(d_model)
+    prompt_ids = token_prompt_ids(prompts.sae_eval)
+    if [len(p) for p in prompt_ids] != list(rows.batch_sizes or []):
+        raise InputError(
+            "the evaluation rows' batches do not match the evaluation prompts' token counts; "
+            "capture them with eval_rows(model, layers, prompts.sae_eval)."
+        )
+    pairs = rows.pairs(layer)
+    eval_acts = rows.of(layer)
+    cfg = protocol.width_sweep(d_model)
+    # the gate: held-out FVU must fall with width, else the sweep is not fitted
+    quality = {int(w): sae_quality(sae, eval_acts) for w, sae in saes.items()}
+    fvu = {w: q["fvu"] for w, q in quality.items()}
+    res, stats = sweep_analysis(
+        dict(saes), pairs, cfg, prompt_ids=prompt_ids, n_blocks=protocol.sweep_blocks,
+        exact_erank=exact_kappa, heldout_fvu=fvu,
+    )  # fmt: skip
+    mass = {}
+    for w, st in stats.items():
+        atp = st.scores()[0]
+        mass[str(w)] = {"sum": float(atp.sum()), "max": float(atp.max())}
+    bases = {}
+    for b in sorted(stats)[:-2]:
+        sub = {w: st for w, st in stats.items() if w >= b}
+        r = analyze_width_sweep(sub, protocol.width_sweep(d_model, n_bootstrap=0), heldout_fvu=fvu)
+        bases[str(b)] = {
+            "widths": r.widths.tolist(),
+            "n_causal": r.n_causal.tolist(),
+            "epsilon": r.epsilon,
+            "n_causal_growth": float(r.n_causal_growth[-1]),
+            "kappa_hat": r.kappa_hat,
+            "kappa_hat_status": r.kappa_hat_status,
+            "kappa_hat_reason": r.kappa_hat_reason,
+        }
+    fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(WidthSweepResult)}
+    return SweepFit(
+        **fields,
+        layer=int(layer),
+        quality={str(w): q for w, q in quality.items()},
+        atp_mass=mass,
+        base_width_sensitivity=bases,
+    )

@@ -1,0 +1,96 @@
+"""The causal-dimensionality protocol: bad values fail at construction with one line, a
+protocol round-trips through its JSON (and the CLI reads it), and its prompt sets follow the
+split rule (SAE training, evaluation and CE chunks disjoint; Jacobian windows chunk-major,
+held-out chunks first)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from structlens.causal_dim.protocol import PROFILES, CausalProtocol
+from structlens.cli import causal as ccli
+from structlens.errors import InputError
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"jacobian_output": "probs"}, "jacobian_output must be 'log_probs' or 'raw'"),
+        ({"jacobian_positions": "all"}, "jacobian_positions must be"),
+        ({"kappa_unit": "token"}, "kappa_unit must be 'chunk' or 'vector'"),
+        ({"kappa_max_vectors": 1}, "kappa_max_vectors must be an integer >= 2"),
+        ({"kappa_start": 64, "kappa_max_vectors": 32}, "must not exceed kappa_max_vectors"),
+        ({"kappa_tolerance": 1.0}, "kappa_tolerance must exceed 1"),
+        ({"sweep_widths": (512,)}, "at least two ascending"),
+        ({"sweep_widths": (512, 256)}, "at least two ascending"),
+        ({"sweep_widths": ("a", "b")}, "sweep_widths must be a list of integers"),
+        ({"percentile": 100.0}, "percentile must lie in"),
+        ({"jacobian_tokens": 200}, "must not exceed chunk_tokens"),
+        ({"sae_train_tokens": 10}, "sae_train_tokens must be null or at least"),
+        ({"seed": True}, "seed must be int"),
+    ],
+)
+def test_bad_values_fail_at_construction(changes, message):
+    with pytest.raises(InputError, match=message) as err:
+        PROFILES["paper"].replace(**changes)
+    assert "\n" not in str(err.value)
+
+
+def test_json_round_trip_key_and_profiles():
+    for name, p in PROFILES.items():
+        assert CausalProtocol(**json.loads(json.dumps(p.to_json()))) == p, name
+    paper = PROFILES["paper"]
+    assert paper.key() != paper.replace(kappa_unit="vector").key()
+    assert paper.key() == CausalProtocol().key()
+    # every profile keeps the paper's rules; only sizes differ
+    for p in PROFILES.values():
+        assert (p.kappa_unit, p.jacobian_output, p.jacobian_positions) == (
+            "chunk", "log_probs", "same"
+        )  # fmt: skip
+        assert (p.kappa_tolerance, p.percentile, p.min_base_width_ratio) == (1.05, 98.0, 4.0)
+    for f in CausalProtocol.__dataclass_fields__.values():
+        assert f.metadata["help"], f.name
+
+
+def test_the_cli_refuses_a_protocol_file_with_unknown_fields(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROFILES["smoke"].to_json() | {"kappa_vectors": 3}))
+    r = CliRunner().invoke(
+        ccli.app, ["jacobian", "tiny-llama", "--protocol", str(path), "--out", str(tmp_path)]
+    )
+    assert r.exit_code == 2 and "kappa_vectors" in r.output
+
+
+def test_prompt_sets_follow_the_split_rule():
+    from structlens.causal_dim.stages import prompt_sets
+    from structlens.data.corpus import chunk_documents, load_texts
+    from structlens.models import load_model
+
+    tok = load_model("tiny-llama").tokenizer
+    p = PROFILES["smoke"].replace(kappa_max_vectors=2000)
+    sets = prompt_sets(p, tok)
+    full = [
+        list(c.token_ids)
+        for c in chunk_documents(load_texts(None), tok, max_tokens=p.chunk_tokens)
+        if len(c.token_ids) == p.chunk_tokens
+    ]
+    held = full[:: p.holdout_every]
+    train, ev, ce = (list(map(tuple, x)) for x in (sets.sae_train, sets.sae_eval, sets.ce))
+    assert len(train) == p.sae_train_prompts and len(ce) == p.ce_prompts
+    assert len(ev) == p.sae_eval_prompts + p.sae_eval_extra
+    assert not set(train) & set(ev) and not set(ce) & set(train + ev)
+    assert [list(x) for x in ev[: p.sae_eval_prompts]] == held[: p.sae_eval_prompts]
+    # windows: chunk-major, held-out chunks first (the first vectors all differ in chunk)
+    n_held = len(held)
+    first = sets.kappa_chunks[:n_held]
+    assert len(set(first)) == n_held and all(c % p.holdout_every == 0 for c in first)
+    assert sets.kappa_chunks[n_held] == sets.kappa_chunks[0]  # the next window of chunk 0
+    step = p.jacobian_tokens + p.jacobian_gap
+    assert sets.kappa_windows[n_held] == full[0][step : step + p.jacobian_tokens]
+    assert all(len(w) == p.jacobian_tokens for w in sets.kappa_windows)
+    assert len(sets.kappa_windows) == 2000
+    with pytest.raises(InputError, match="held-out"):
+        prompt_sets(PROFILES["smoke"].replace(sae_eval_prompts=10_000), tok)
