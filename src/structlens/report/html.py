@@ -378,7 +378,8 @@ def _causal(sec: dict[str, Any]) -> str:
     det = sec["details"]
     rows = det["layers"]
     out = _table(
-        ["layer", "κ (erank) [95% CI]", "κ_PR [95% CI]", "vectors", "κ(n/2)", "κ(n)/κ(n/2)"],
+        ["layer", "κ (erank) [95% CI]", "κ_PR [95% CI]", "vectors", "plug-in κ(n/2)",
+         "plug-in κ(n)/κ(n/2)"],
         [[r["layer"], _ci_cell(r["kappa"], r["kappa_ci"]),
           _ci_cell(r["kappa_pr"], r["kappa_pr_ci"]), r["n_vectors"], r["kappa_half"],
           r["convergence_ratio"]] for r in rows],
@@ -390,7 +391,7 @@ def _causal(sec: dict[str, Any]) -> str:
         _errbars(ax, [r["layer"] for r in rows], [r["kappa"] for r in rows],
                  [r["kappa_ci"] for r in rows], label="κ (erank)")  # fmt: skip
         ax.plot([r["layer"] for r in rows], [r["kappa_half"] for r in rows], "x",
-                label="κ from n/2 vectors")  # fmt: skip
+                label="plug-in κ from n/2 vectors")  # fmt: skip
         ax.axhline(det["d_model"], color="k", ls=":", label="d_model")
         ax.set_xlabel("layer")
         ax.set_ylabel("κ (residual dimensions)")
@@ -407,8 +408,9 @@ def _causal(sec: dict[str, Any]) -> str:
         ax.set_ylabel("λ_i / λ_1 of Σ = E[JᵀJ]")
         ax.legend(fontsize=7)
 
-    out += _figure("fig-kappa", "Exact κ by layer (bootstrap CI over vectors) and κ from half "
-                   "the vectors.", kappa)  # fmt: skip
+    methods = sorted({str(r.get("kappa_ci_method", "jackknife")) for r in rows})
+    out += _figure("fig-kappa", f"Exact κ by layer (bias-corrected point, {', '.join(methods)} "
+                   "interval) and the plug-in κ from half the vectors.", kappa)  # fmt: skip
     out += _figure("fig-kappa-spectra", "Normalised spectra of Σ.", spectra)
     sw = det.get("sweep") or {}
     if sw:
