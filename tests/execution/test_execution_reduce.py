@@ -34,7 +34,7 @@ def test_merge_all_accepts_in_place_and_returning_merges():
     parts = []
     for i in range(3):
         e = EJOPAccumulator(2, n_groups=1)
-        e.add(torch.eye(2, dtype=torch.float64) * (i + 1), count=1)
+        e.update(torch.eye(2, dtype=torch.float64) * (i + 1), count=1)
         parts.append(e)
     merged = merge_all(parts)  # EJOPAccumulator.merge folds in place and returns self
     assert merged.n == 3
