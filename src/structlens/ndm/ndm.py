@@ -89,6 +89,17 @@ class NDMConfig:
         broken by the lowest loss on a common sample (see ``NDMResult.restarts``).  Guards
         against a rotation stuck with dimensions of one group inside another's subspace,
         which makes merges join independent groups.
+    resplit_trials
+        Before a merge round joins a pair of subspaces, look for a split of their joint span
+        into two independent parts: for each size of the smaller part, NDM on that span alone
+        from ``resplit_trials`` Haar-random rotations of it, keeping the split of lowest loss.
+        If the best split's normalised MI is at most ``merge_threshold``, the pair is replaced
+        by it (sizes may change) instead of merged, and the round merges nothing.  Escapes the
+        local optimum in which two subspaces each hold part of two groups: their MI is high,
+        but merging them joins independent groups, irreversibly.  ``0`` (default) disables
+        it, as in the reference code.
+    resplit_steps, resplit_lr
+        Adam steps and learning rate of each re-split trial.
     log_interval
         Steps per entry of the loss history.
     seed
@@ -119,6 +130,9 @@ class NDMConfig:
     stop_when_converged: bool = True
     init: Literal["identity", "random"] = "identity"
     restarts: int = 1
+    resplit_trials: int = 0
+    resplit_steps: int = 200
+    resplit_lr: float = 1e-2
     log_interval: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -140,6 +154,7 @@ class NDMConfig:
             "mi_k": self.mi_k,
             "log_interval": self.log_interval,
             "restarts": self.restarts,
+            "resplit_steps": self.resplit_steps,
         }
         for name, value in positive.items():
             if value < 1:
@@ -152,6 +167,15 @@ class NDMConfig:
             raise ValueError(f"NDMConfig.init must be 'identity' or 'random', got {self.init!r}.")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"NDMConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}.")
+        if self.resplit_trials < 0:
+            raise ValueError(f"NDMConfig.resplit_trials must be >= 0, got {self.resplit_trials}.")
+        if not self.resplit_lr > 0:
+            raise ValueError(f"NDMConfig.resplit_lr must be > 0, got {self.resplit_lr}.")
+        if self.resplit_trials and self.refresh_interval * self.batch_size < 2:
+            raise ValueError(
+                "re-splitting holds out half of the query pool, which needs "
+                "refresh_interval * batch_size >= 2."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +210,21 @@ class NDMResult(Result):
     restarts
         With ``NDMConfig.restarts > 1``, one entry per run: ``restart``, ``partition``,
         ``converged``, ``steps``, ``selection_loss`` (NDM loss on a common sample of
-        ``bank_size`` keys and ``batch_size`` queries) and ``chosen``; empty otherwise.
+        ``bank_size`` keys and ``batch_size`` queries, each run at its own partition),
+        ``lowest_loss`` (whether no run has a lower one) and ``chosen``; empty otherwise.
+    resplit_history
+        One entry per merge round that re-split pairs instead of merging them (see
+        ``NDMConfig.resplit_trials``): ``step``, the re-split ``pairs`` (indices into
+        ``partition_before``), their normalised MI as planned for the merge (``mi_merge``)
+        and between the two parts of the learnt split (``mi_split``, held-out rows),
+        ``partition_before`` and ``partition_after``.
+    chosen_loss_is_lowest
+        With restarts: whether the chosen run also has the lowest ``selection_loss``
+        (``None`` without restarts).  It can be ``False`` because the rule prefers converged
+        runs and finer partitions, and losses at different partitions are not on one scale.
+    selection_note
+        With restarts, when ``chosen_loss_is_lowest`` is ``False``: which run has the lowest
+        loss and why it was not chosen; ``None`` otherwise.
     """
 
     rotation: np.ndarray
@@ -198,6 +236,9 @@ class NDMResult(Result):
     config: dict[str, Any]
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     restarts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    resplit_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    chosen_loss_is_lowest: bool | None = None
+    selection_note: str | None = None
 
     def bases(self) -> list[np.ndarray]:
         """Orthonormal basis ``(d, d_s)`` of every subspace (column blocks of ``rotation``)."""
@@ -435,6 +476,7 @@ class TrainState:
     step: int = 0
     steps_since_refresh: int = 0
     merge_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    resplit_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     loss_history: list[float] = dataclasses.field(default_factory=list)
     running: list[float] = dataclasses.field(default_factory=list)
     converged: bool = False
@@ -445,6 +487,7 @@ class TrainState:
         "steps_since_refresh",
         "feed_position",
         "merge_history",
+        "resplit_history",
         "loss_history",
         "running",
         "converged",
@@ -675,7 +718,7 @@ class NDM:
             if self._step(state, bank) and progress is not None:
                 progress(state.step, state.loss_history[-1], list(state.partition))
             if self._merge_due(state.step):
-                if self._merge(state, bank.keys):
+                if self._merge(state, bank):
                     bank.project(state)
                 checkpoint()
             elif state.step % checkpoint_every == 0:
@@ -688,7 +731,9 @@ class NDM:
     def _select(self, source: ActivationSource, runs: list[NDMResult]) -> NDMResult:
         """The best of several restarts: converged runs first, then the finest partition (a
         merge needs MI above the threshold and cannot be undone, so a spurious merge only
-        ever coarsens the partition), then the lowest loss on one common sample."""
+        ever coarsens the partition), then the lowest loss on one common sample.  Losses at
+        different partitions are not on one scale, so the chosen run may not have the lowest;
+        ``chosen_loss_is_lowest`` and ``selection_note`` of the result say so."""
         cfg = self.config
         device = torch.device(cfg.device)
         sample = _Feed(source, cfg.seed + 1).draw(cfg.bank_size + cfg.batch_size)
@@ -705,6 +750,7 @@ class NDM:
             range(len(runs)),
             key=lambda r: (not runs[r].converged, -len(runs[r].partition), losses[r]),
         )
+        lowest = min(losses)
         table = [
             {
                 "restart": r,
@@ -712,11 +758,31 @@ class NDM:
                 "converged": run.converged,
                 "steps": run.steps,
                 "selection_loss": losses[r],
+                "lowest_loss": losses[r] == lowest,
                 "chosen": r == best,
             }
             for r, run in enumerate(runs)
         ]
-        return dataclasses.replace(runs[best], restarts=table)
+        note = None
+        if losses[best] > lowest:
+            other = losses.index(lowest)
+            # The ordering only puts a lower loss behind by convergence or by a coarser partition.
+            why = (
+                "did not converge"
+                if runs[best].converged and not runs[other].converged
+                else f"has the coarser partition {runs[other].partition}"
+            )
+            note = (
+                f"restart {other} has a lower selection loss ({lowest:.6g} < "
+                f"{losses[best]:.6g}) but {why}; restart {best} "
+                f"(partition {runs[best].partition}) was kept."
+            )
+        return dataclasses.replace(
+            runs[best],
+            restarts=table,
+            chosen_loss_is_lowest=losses[best] == lowest,
+            selection_note=note,
+        )
 
     def _step(self, state: TrainState, bank: _Bank) -> bool:
         """One optimisation step on the next query batch; returns whether it closed a window of
@@ -745,20 +811,90 @@ class NDM:
         cfg = self.config
         return step >= cfg.merge_start and (step - cfg.merge_start) % cfg.merge_interval == 0
 
-    def _merge(self, state: TrainState, keys: torch.Tensor) -> bool:
-        """Run a merge round; re-base the rotation and restart the optimiser if pairs merge."""
+    def _merge(self, state: TrainState, bank: _Bank) -> bool:
+        """Run a merge round; re-base the rotation and restart the optimiser if pairs merge
+        or (with ``resplit_trials``) are re-split instead."""
         with torch.no_grad():
             R_now = state.rotation().detach()
-        entry = self._merge_round(keys, R_now, state.partition, state.step)
+        entry = self._merge_round(bank.keys, R_now, state.partition, state.step)
         if entry is None:
             state.converged = self.config.stop_when_converged
             return False
         perm = entry.pop("_perm")
+        if self.config.resplit_trials:
+            resplit = self._resplit(bank, R_now, state.partition, entry, state.step)
+            if resplit is not None:
+                R_new, state.partition, record = resplit
+                state.resplit_history.append(record)
+                state.rotation = _Rotation(R_new).to(R_now.device)
+                state.optimizer = self._optimizer(state.rotation)
+                return True
         state.merge_history.append(entry)
         state.partition = entry["partition_after"]
         state.rotation = _Rotation(R_now[:, perm]).to(R_now.device)
         state.optimizer = self._optimizer(state.rotation)
         return True
+
+    def _resplit(
+        self,
+        bank: _Bank,
+        R: torch.Tensor,
+        partition: list[int],
+        plan: dict[str, Any],
+        step: int,
+    ) -> tuple[torch.Tensor, list[int], dict[str, Any]] | None:
+        """Look for a split of the joint span of each pair of the merge round ``plan`` (an
+        entry of :meth:`_merge_round`) into two independent parts (see
+        ``NDMConfig.resplit_trials``).
+
+        For every size ``k`` of the smaller part, 1 to half the span (sizes off the units'
+        grid let a single stray dimension leave a block), the split of lowest NDM loss among
+        the trials is learnt on the first ``mi_samples`` keys and half the query pool; its
+        normalised MI is estimated on the other half.  The split of lowest MI replaces the
+        pair if that MI does not exceed ``merge_threshold``.  Returns the new rotation,
+        partition and history entry, or ``None`` if every pair is inseparable.
+        """
+        cfg = self.config
+        keys = bank.keys[: cfg.mi_samples].to(torch.float64)
+        pool = bank.queries[: 2 * cfg.mi_samples].to(torch.float64)
+        half = pool.shape[0] // 2
+        bounds = np.concatenate([[0], np.cumsum(partition)]).tolist()
+        # Seeded by the step, so a resumed run draws the same trials.
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        R_new = R.clone()
+        blocks = {s: list(range(bounds[s], bounds[s + 1])) for s in range(len(partition))}
+        record: dict[str, Any] = {
+            "step": step, "pairs": [], "mi_merge": [], "mi_split": [],
+            "partition_before": list(partition),
+        }  # fmt: skip
+        for (a, b), mi_merge in zip(plan["pairs"], plan["mi"], strict=True):
+            cols = blocks[a] + blocks[b]
+            span = R[:, cols].to(torch.float64)
+            k, fit, test = (x.to(span.device) @ span for x in (keys, pool[:half], pool[half:]))
+            best: tuple[float, torch.Tensor, int] | None = None
+            for small in range(1, len(cols) // 2 + 1):
+                sizes = [len(cols) - small, small]
+                trials = [_fit_split(k, fit, sizes, cfg, gen) for _ in range(cfg.resplit_trials)]
+                Q = min(trials, key=lambda Q: _split_loss(k, test, Q, sizes))
+                mi = subspace_mutual_information(
+                    test @ Q, sizes, k=cfg.mi_k, standardize=True, normalize=True
+                )[0, 1]
+                if best is None or mi < best[0]:
+                    best = (float(mi), Q, sizes[0])
+            if best is not None and best[0] <= cfg.merge_threshold:
+                mi, Q, large = best
+                R_new[:, cols] = span @ Q.to(span.device)
+                blocks[a], blocks[b] = cols[:large], cols[large:]
+                record["pairs"].append([a, b])
+                record["mi_merge"].append(mi_merge)
+                record["mi_split"].append(mi)
+        if not record["pairs"]:
+            return None
+        # Largest first, as the partition is kept; stable, so unchanged blocks keep their order.
+        order = sorted(blocks.values(), key=len, reverse=True)
+        record["partition_after"] = [len(g) for g in order]
+        perm = [c for g in order for c in g]
+        return R_new[:, perm], record["partition_after"], record
 
     def _result(self, state: TrainState, provenance: dict[str, Any]) -> NDMResult:
         with torch.no_grad():
@@ -767,6 +903,7 @@ class NDM:
             rotation=R_final,
             partition=list(state.partition),
             merge_history=state.merge_history,
+            resplit_history=state.resplit_history,
             steps=state.step,
             converged=state.converged,
             loss_history=state.loss_history,
@@ -821,8 +958,8 @@ class NDM:
             return torch.eye(d, dtype=torch.float64)
         g = torch.Generator().manual_seed(self.config.seed)
         for _ in range(draws):
-            q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
-        return q * torch.sign(torch.diagonal(r))
+            rotation = _haar(d, g)
+        return rotation
 
     def _merge_round(
         self, keys: torch.Tensor, R: torch.Tensor, partition: list[int], step: int
@@ -855,6 +992,59 @@ class NDM:
 
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _haar(d: int, gen: torch.Generator) -> torch.Tensor:
+    """A Haar-random ``(d, d)`` orthogonal matrix (sign-corrected QR of a Gaussian)."""
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r))
+
+
+def _split_nearest(
+    keys: torch.Tensor, queries: torch.Tensor, Q: torch.Tensor, sizes: list[int]
+) -> torch.Tensor:
+    """Exact nearest key of every query inside both parts of a split ``Q`` of a pair's span
+    (``(2, b)``, as :meth:`RotatedKeys.nearest`); the span is small, so plain distances."""
+    out, start = [], 0
+    for size in sizes:
+        cols = Q[:, start : start + size]
+        dist = torch.cdist(queries @ cols, keys @ cols, compute_mode="donot_use_mm_for_euclid_dist")
+        out.append(dist.argmin(1))
+        start += size
+    return torch.stack(out)
+
+
+def _split_loss(
+    keys: torch.Tensor, queries: torch.Tensor, Q: torch.Tensor, sizes: list[int]
+) -> float:
+    """NDM loss of the split ``Q`` of a pair's span (keys and queries already in the span)."""
+    with torch.no_grad():
+        nearest = _split_nearest(keys, queries, Q, sizes)
+        return float(neighbor_distance_loss(queries, keys, nearest, Q, sizes))
+
+
+def _fit_split(
+    keys: torch.Tensor,
+    queries: torch.Tensor,
+    sizes: list[int],
+    cfg: NDMConfig,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """NDM restricted to a pair's span: from a Haar-random split, ``resplit_steps`` Adam steps
+    on batches of ``queries`` against all ``keys`` (``mi_samples`` rows), exact search."""
+    rotation = _Rotation(_haar(sum(sizes), gen)).to(keys.device)
+    opt = torch.optim.Adam([rotation.A], lr=cfg.resplit_lr, betas=cfg.betas)
+    for _ in range(cfg.resplit_steps):
+        q = queries[torch.randint(queries.shape[0], (cfg.batch_size,), generator=gen)]
+        Q = rotation()
+        loss = neighbor_distance_loss(q, keys, _split_nearest(keys, q, Q.detach(), sizes), Q, sizes)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_([rotation.A], cfg.grad_clip)
+        opt.step()
+    with torch.no_grad():
+        return rotation().detach()
 
 
 def _jsonable_config(cfg: NDMConfig) -> dict[str, Any]:

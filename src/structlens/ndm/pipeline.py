@@ -208,8 +208,10 @@ def planted_recovery(
     ``seed=s``) is fitted to it.  A run *recovers* the partition when its subspace sizes
     equal ``sizes`` (as multisets) and every true subspace is matched with overlap at least
     ``min_overlap`` (:func:`~structlens.ndm.toy.recovery_report`).  Returns the per-seed rows
-    (``seed``, ``partition``, ``overlap``, ``converged``, ``recovered``), ``recovered``
-    (the count), ``n`` and the rate's 95 % Wilson interval ``ci``.
+    (``seed``, ``partition``, ``overlap``, ``converged``, ``recovered``, ``steps`` and
+    ``resplits``, the number of accepted re-splits, see ``NDMConfig.resplit_trials``),
+    ``recovered`` (the count), ``n``, the rate's 95 % Wilson interval ``ci``, and the
+    ``restarts`` and ``resplit_trials`` of ``ndm``.
     """
     from structlens.ndm.toy import planted_partition
     from structlens.stats.intervals import wilson_interval
@@ -232,6 +234,8 @@ def planted_recovery(
                 "overlap": overlap,
                 "converged": bool(fit.converged),
                 "recovered": bool(same_sizes and overlap >= min_overlap),
+                "steps": int(fit.steps),
+                "resplits": len(fit.resplit_history),
             }
         )
     k = sum(r["recovered"] for r in rows)
@@ -242,5 +246,6 @@ def planted_recovery(
         "n": len(rows),
         "ci": list(wilson_interval(k, len(rows))),
         "restarts": ndm.restarts,
+        "resplit_trials": ndm.resplit_trials,
         "min_overlap": min_overlap,
     }

@@ -1,0 +1,128 @@
+"""NDM escapes the straddling optimum on planted partitions; restart selection says when the
+kept run's loss is not the lowest."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from structlens.ndm.ndm import NDM, NDMConfig, NDMResult
+from structlens.ndm.toy import planted_partition, recovery_report
+
+
+def _straddling(n=3000, seed=0):
+    """Planted [2, 2] in R^4, un-rotated and interleaved so that the identity start puts one
+    dimension of each group in each 2-D unit: units (a0, b0) and (a1, b1).  The two units are
+    dependent (a0 and a1 belong to one group), so a merge round joins them into [4]; the true
+    split (a0, a1) + (b0, b1) is independent.  Returns the activations and the true bases."""
+    planted = planted_partition([2, 2], n, seed=seed)
+    h = (planted.h @ planted.rotation)[:, [0, 2, 1, 3]]  # columns a0, b0, a1, b1
+    eye = np.eye(4)
+    return np.ascontiguousarray(h, dtype=np.float32), [eye[:, [0, 2]], eye[:, [1, 3]]]
+
+
+def _config(**kw):
+    base = dict(
+        unit_size=2, lr=1e-2, batch_size=64, max_steps=60, bank_size=1024, refresh_interval=20,
+        reproject_interval=10, merge_start=20, merge_interval=20, mi_samples=800,
+        init="identity", log_interval=10, resplit_steps=150,
+    )  # fmt: skip
+    base.update(kw)
+    return NDMConfig(**base)
+
+
+def test_straddling_units_merge_without_resplit():
+    h, truth = _straddling()
+    res = NDM(_config()).fit(h)
+    assert res.partition == [4] and res.converged and res.resplit_history == []
+    assert res.merge_history[0]["partition_before"] == [2, 2]
+    assert res.merge_history[0]["mi"][0] > 0.04
+    # Merged, the block spans both groups: every 2-D truth lies inside it.
+    assert recovery_report(res.bases(), truth)["min_matched_overlap"] > 0.99
+
+
+def test_resplit_recovers_the_straddled_partition():
+    h, truth = _straddling()
+    res = NDM(_config(resplit_trials=4)).fit(h)
+    assert res.partition == [2, 2] and res.converged and res.merge_history == []
+    (entry,) = res.resplit_history
+    assert entry["step"] == 20 and entry["pairs"] == [[0, 1]]
+    assert entry["partition_before"] == entry["partition_after"] == [2, 2]
+    # The merge round saw dependent units; the learnt split of their span is independent.
+    assert entry["mi_merge"][0] > 0.04 >= entry["mi_split"][0]
+    report = recovery_report(res.bases(), truth)
+    assert report["min_matched_overlap"] >= 0.99
+    assert sorted(c for _, c in report["matching"]) == [0, 1]
+    assert max(max(a) for a in report["principal_angles_deg"]) < 6
+    assert np.allclose(res.rotation.T @ res.rotation, np.eye(4), atol=1e-10)
+
+
+def test_resplit_keeps_a_group_whole():
+    # Two units inside one planted 4-D group: no split of their span is independent, so the
+    # round merges them as without re-splitting.
+    planted = planted_partition([4], 3000, seed=1)
+    res = NDM(_config(resplit_trials=4, merge_start=40)).fit(planted.h)
+    assert res.partition == [4] and res.resplit_history == []
+
+
+def test_resplit_resumes_identically(tmp_path):
+    h, _ = _straddling()
+    cfg = _config(resplit_trials=4)
+    full = NDM(cfg).fit(h)
+    NDM(cfg).fit(h, checkpoint_dir=tmp_path, stop_at_step=30, checkpoint_every=7)
+    resumed = NDM(cfg).fit(h, checkpoint_dir=tmp_path)
+    assert resumed.provenance["resumed_from_step"] == 30
+    assert np.array_equal(full.rotation, resumed.rotation)
+    assert full.resplit_history == resumed.resplit_history
+    assert full.loss_history == resumed.loss_history
+    full.save(tmp_path / "result")
+    assert NDMResult.load(tmp_path / "result").resplit_history == full.resplit_history
+
+
+def test_selection_says_when_the_kept_run_does_not_have_the_lowest_loss(rng):
+    h, truth = _straddling()
+    q = np.hstack(truth)
+    mixed = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    ndm = NDM(_config(restarts=2))
+
+    def run(R, converged):
+        return NDMResult(R, [2, 2], [], 10, converged, [], {}, {"restart": 0})
+
+    # The true split has the lower loss but did not converge; the converged one is kept.
+    best = ndm._select(h, [run(q, False), run(mixed, True)])
+    assert [r["chosen"] for r in best.restarts] == [False, True]
+    assert [r["lowest_loss"] for r in best.restarts] == [True, False]
+    assert best.chosen_loss_is_lowest is False
+    assert "restart 0 has a lower selection loss" in best.selection_note
+    assert "did not converge" in best.selection_note
+    agree = ndm._select(h, [run(mixed, True), run(q, True)])
+    assert agree.restarts[1]["chosen"] and agree.chosen_loss_is_lowest is True
+    assert agree.selection_note is None
+    single = NDM(_config()).fit(h)
+    assert single.chosen_loss_is_lowest is None and single.selection_note is None
+
+
+def test_resplit_settings_are_validated():
+    with pytest.raises(ValueError, match="resplit_trials"):
+        NDMConfig(resplit_trials=-1).validate()
+    with pytest.raises(ValueError, match="resplit_lr"):
+        NDMConfig(resplit_lr=0.0).validate()
+    with pytest.raises(ValueError, match="resplit_steps"):
+        NDMConfig(resplit_steps=0).validate()
+
+
+def test_planted_instance_that_merged_wrongly_is_recovered():
+    # The instance of test_ndm_ndm's restart test: one run from 2-D units ends at [8] (two
+    # independent 4-D groups merged); re-splitting before the merges recovers [4, 4].
+    planted = planted_partition([4, 4], 3000, seed=2)
+    cfg = NDMConfig(
+        unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
+        reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
+        init="random", seed=2, log_interval=50,
+    )  # fmt: skip
+    assert NDM(cfg).fit(planted.h).partition == [8]
+    res = NDM(dataclasses.replace(cfg, resplit_trials=4)).fit(planted.h)
+    assert res.partition == [4, 4] and res.converged and len(res.resplit_history) >= 1
+    report = recovery_report(res.bases(), planted.bases())
+    assert report["min_matched_overlap"] >= 0.95
+    assert all(ov >= 0.95 for ov in report["matched_overlap"])
