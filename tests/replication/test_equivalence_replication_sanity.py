@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from structlens.replication.claims import VERDICTS, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
 from structlens.replication.equivalence import run as eq_run
 from structlens.stats.intervals import mcnemar_exact
+from structlens.verdicts import VERDICTS
 
 
 @pytest.fixture(scope="module")

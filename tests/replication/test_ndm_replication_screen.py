@@ -97,8 +97,8 @@ def _evaluation(screened, converged, value, lows):
     ],
 )
 def test_gini_verdict_follows_the_evidence(screened, converged, value, lows, verdict, reason):
-    from structlens.replication.claims import VERDICTS
     from structlens.replication.ndm.render import gini_verdict
+    from structlens.verdicts import VERDICTS
 
     got, why = gini_verdict(*_evaluation(screened, converged, value, lows))
     assert got == verdict and got in VERDICTS and reason in why

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from structlens.replication.claims import VERDICTS, Claim, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
+from structlens.verdicts import VERDICTS, Claim
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "replication"
 

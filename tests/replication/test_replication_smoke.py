@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from structlens.replication import METHODS
-from structlens.replication.claims import REQUIRED_BLOCKS, VERDICTS, ClaimsDocument
+from structlens.replication.claims import REQUIRED_BLOCKS, ClaimsDocument
+from structlens.verdicts import VERDICTS
 
 
 @pytest.fixture(autouse=True)

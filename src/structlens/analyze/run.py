@@ -18,6 +18,7 @@ from structlens.analyze.config import AnalysisReport, AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, ProgressBars, StageCache, model_fingerprint
 from structlens.errors import InputError
 from structlens.results import read_json_object, to_jsonable
+from structlens.verdicts import Section
 
 
 def default_layers(n_layers: int, count: int) -> tuple[int, ...]:
@@ -90,7 +91,8 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
             t0 = time.perf_counter()
             with progress.stage(stage, steps[stage]) as step:
                 torch.manual_seed(cfg.seed)
-                result = runners[stage](step)
+                section = runners[stage](step)
+            result = section.to_json() if isinstance(section, Section) else section
             result["seconds"] = round(time.perf_counter() - t0, 1)
             cache.put(stage, settings, result)
             sections[stage] = json.loads(json.dumps(to_jsonable(result)))

@@ -16,11 +16,12 @@ from typing import Any
 from structlens.causal_dim.stages import KappaFit, SweepFit
 from structlens.causal_dim.training import MASSIVE_NORM_FACTOR
 from structlens.replication.causal_dim.run import METHOD, Run
-from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
 from structlens.replication.markdown import ci, finite_ci, fmt, num, verdict_moves, write_text
 from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width_sweep
 from structlens.sites import site_name
 from structlens.stats.ranks import rank_ordering_control
+from structlens.verdicts import Claim
 
 # ε by depth compares like with like only when the SAEs at both ends reconstruct about as
 # well: an absolute FVU difference above this makes the depth claim unidentified.

@@ -21,7 +21,7 @@ import numpy as np
 from structlens.equivalence.protocol import PROFILES as PROTOCOLS
 from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.stages import ModelComparison
-from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
 from structlens.replication.equivalence.run import (
     ENC_PROTOCOL,
     FINETUNES,
@@ -38,6 +38,7 @@ from structlens.replication.equivalence.run import (
 )
 from structlens.replication.markdown import ci, finite_ci, write_text
 from structlens.stats.intervals import cluster_bootstrap_ratio_interval, wilson_interval
+from structlens.verdicts import Claim
 
 #: Where the "paper" column comes from, stated in the JSON as well as in the markdown.
 TARGETS = (

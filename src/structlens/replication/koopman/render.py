@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from structlens.koopman.protocol import dictionary_label
-from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
 from structlens.replication.koopman.run import METHOD
 from structlens.replication.markdown import (
     ci,
@@ -22,6 +22,7 @@ from structlens.replication.markdown import (
     verdict_moves,
     write_text,
 )
+from structlens.verdicts import Claim
 
 HEAVY = 10.0  # max excess kurtosis above which a coordinate set counts as heavy-tailed
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from structlens.replication.claims import Claim, ClaimsDocument
+from structlens.replication.claims import ClaimsDocument
 from structlens.replication.markdown import (
     ci,
     count_verdict,
@@ -23,6 +23,7 @@ from structlens.replication.markdown import (
 )
 from structlens.replication.ndm.run import METHOD
 from structlens.stats.intervals import wilson_interval
+from structlens.verdicts import Claim
 
 # The previous protocol's claims (docs/replication/ndm.json at PREVIOUS_COMMIT), kept as
 # history for the table of moves; nothing here enters a verdict.  Those came from NDM trained

@@ -1,0 +1,166 @@
+"""The verdict vocabulary and the typed objects every method's verdicts are made of.
+
+A :class:`Claim` is one claim of a paper against our measurement (the replications' unit); a
+:class:`Caveat` qualifies a number; a :class:`Number` is a headline value with its interval;
+a :class:`Section` is what one method contributes to ``analysis.json``.  Verdicts are
+computed from typed stage Results into these objects (``<method>/verdicts.py``) and never
+parsed back out of rendered text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from structlens.results import to_jsonable
+
+#: The one verdict vocabulary (JSON, markdown, README, report).  "not tested" always comes
+#: with its reason (the claim's ``note`` or ``ci_reason``).
+VERDICTS = ("reproduced", "partly", "not reproduced", "unidentified", "not tested")
+#: A ``replication`` tests a claim of the paper; a ``check`` holds by construction when the
+#: code is right, so it is reported beside a positive control that must pass.
+KINDS = ("replication", "check")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One claim of a paper against our measurement.
+
+    ``ours`` is the measured value at the headline setting fixed in advance (a number, or a
+    short text where the measurement is a set of numbers); ``ci`` a 95% interval
+    ``(low, high)`` or ``None``, in which case ``ci_reason`` says why there is none.
+    ``settings`` records how the number was obtained; ``per_setting`` the value at every other
+    setting that was run (never the source of the headline).  ``kind`` is one of
+    :data:`KINDS`; a ``check`` carries ``positive_control``, a dict with a boolean ``passed``.
+    """
+
+    id: str
+    paper: str
+    ours: float | int | str | None
+    ci: tuple[float, float] | None
+    verdict: str
+    settings: dict[str, Any]
+    ci_reason: str | None = None
+    note: str | None = None
+    kind: str = "replication"
+    per_setting: dict[str, Any] = dataclasses.field(default_factory=dict)
+    positive_control: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a claim needs a non-empty id.")
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.id!r}: kind {self.kind!r} is not one of {KINDS}.")
+        if self.kind == "check" and not isinstance(
+            (self.positive_control or {}).get("passed"), bool
+        ):
+            raise ValueError(
+                f"claim {self.id!r}: a check needs a positive_control with a boolean 'passed'."
+            )
+        if self.verdict not in VERDICTS:
+            raise ValueError(
+                f"claim {self.id!r}: verdict {self.verdict!r} is not one of {list(VERDICTS)}."
+            )
+        if self.ci is None:
+            if not self.ci_reason:
+                raise ValueError(f"claim {self.id!r}: ci is null, so give a ci_reason.")
+        else:
+            ci = tuple(self.ci)
+            if len(ci) != 2 or not all(_finite(v) for v in ci) or ci[0] > ci[1]:
+                raise ValueError(
+                    f"claim {self.id!r}: ci must be two finite numbers low <= high, got "
+                    f"{self.ci!r}; use ci=None with a ci_reason when there is no interval."
+                )
+            object.__setattr__(self, "ci", (float(ci[0]), float(ci[1])))
+        if not isinstance(self.settings, dict):
+            raise ValueError(f"claim {self.id!r}: settings must be a dict.")
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "paper": self.paper,
+            "ours": self.ours,
+            "ci": list(self.ci) if self.ci is not None else None,
+            "verdict": self.verdict,
+            "kind": self.kind,
+            "settings": self.settings,
+            "per_setting": self.per_setting,
+        }
+        if self.positive_control is not None:
+            out["positive_control"] = self.positive_control
+        if self.ci_reason is not None:
+            out["ci_reason"] = self.ci_reason
+        if self.note is not None:
+            out["note"] = self.note
+        return to_jsonable(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Caveat:
+    """Why a number should not be read at face value: ``kind`` (a short tag such as
+    ``not_converged``, ``not_run``, ``null_effect``) and a sentence that says what to do."""
+
+    kind: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "message": self.message}
+
+
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A headline number: ``value`` (``None`` when not finite), a 95% interval ``ci`` (``None``
+    when there is none or it is not finite), its unit and a human label."""
+
+    value: float | int | None
+    ci: tuple[float, float] | None = None
+    unit: str = ""
+    label: str = ""
+
+    @classmethod
+    def of(
+        cls, value: Any, ci: Sequence[float] | None = None, unit: str = "", label: str = ""
+    ) -> Number:
+        """Build from raw values, mapping non-finite values and intervals to ``None``."""
+        finite = value is not None and math.isfinite(float(value))
+        ci_ok = ci is not None and all(math.isfinite(float(c)) for c in ci)
+        v = (value if isinstance(value, int) else float(value)) if finite else None
+        return cls(
+            v, (float(ci[0]), float(ci[1])) if ci is not None and ci_ok else None, unit, label
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "ci": list(self.ci) if self.ci is not None else None,
+            "unit": self.unit,
+            "label": self.label,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One method's part of ``analysis.json``: named headline numbers, caveats and the
+    details the report's tables and figures are drawn from."""
+
+    headline: Mapping[str, Number]
+    caveats: tuple[Caveat, ...]
+    details: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "headline": {k: v.to_json() for k, v in self.headline.items()},
+            "caveats": [c.to_json() for c in self.caveats],
+            "details": to_jsonable(dict(self.details)),
+        }
+
+
+def contains(ci: Sequence[float] | None, value: float) -> bool:
+    """Whether the finite interval ``ci`` holds ``value`` (``False`` without one)."""
+    return ci is not None and all(map(math.isfinite, ci)) and ci[0] <= value <= ci[1]
