@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from structlens import __version__
-from structlens.analyze import causal, equivalence, koopman, ndm, tasks
+from structlens.analyze import causal, equivalence, koopman, ndm
 from structlens.analyze.config import AnalysisReport, AnalyzeConfig
 from structlens.analyze.runtime import ExecutorView, ProgressBars, StageCache, model_fingerprint
+from structlens.data.tasks import sanity as tasks
 from structlens.errors import InputError
 from structlens.results import read_json_object, to_jsonable
 from structlens.verdicts import Section
@@ -71,7 +72,9 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
         "equivalence": 1 + bool(cfg.compare),
     }
     runners = {
-        "tasks": lambda step: tasks.run(model, cfg, step),
+        "tasks": lambda step: tasks.section(
+            tasks.task_sanity(model, cfg.settings.task_prompts, seed=cfg.seed, step=step)
+        ),
         "koopman": lambda step: koopman.run(model, cfg, layers, step, executor),
         "ndm": lambda step: ndm.run(model, cfg, step, executor),
         "causal_dim": lambda step: causal.run(model, cfg, layers, step, executor),
