@@ -10,8 +10,6 @@ fails at construction with the allowed values in the message.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import sys
 import typing
 from collections.abc import Mapping
@@ -19,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from structlens.errors import InputError
-from structlens.results import Result
+from structlens.results import Result, content_key
 
 __all__ = ["check_choices", "choices", "ExperimentReport", "Protocol", "described"]
 
@@ -136,9 +134,9 @@ class Protocol:
         }
 
     def key(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_json`."""
-        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        """SHA-256 of the canonical JSON of :meth:`to_json`
+        (:func:`~structlens.results.content_key`)."""
+        return content_key(self.to_json())
 
     def replace(self: P, **changes: Any) -> P:
         """A copy with ``changes`` applied (validated again)."""

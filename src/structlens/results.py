@@ -10,6 +10,7 @@ Writes are atomic: a crash never leaves a half-written result behind.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -72,6 +73,14 @@ def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
             f"damaged or another file."
         )
     return doc
+
+
+def content_key(obj: Any) -> str:
+    """SHA-256 hex digest of ``obj`` as canonical JSON (:func:`to_jsonable`, sorted keys, no
+    spaces): the one content key of protocols, stages, datasets and caches, so equal content
+    gives equal keys across processes and machines."""
+    blob = json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from structlens.results import to_jsonable
+from structlens.results import atomic_write_json, read_json_object, to_jsonable
+
+SECTION_FILE = "section.json"
 
 #: The one verdict vocabulary (JSON, markdown, README, report).  "not tested" always comes
 #: with its reason (the claim's ``note`` or ``ci_reason``).
@@ -146,19 +150,48 @@ class Number:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """One method's part of ``analysis.json``: named headline numbers, caveats and the
-    details the report's tables and figures are drawn from."""
+    """One method's part of ``analysis.json``: named headline numbers, caveats, the details
+    the report's tables and figures are drawn from and, once run, the stage's wall time.
+
+    ``save``/``load`` store it as ``section.json``, so the pipeline's stage cache can hold it.
+    """
 
     headline: Mapping[str, Number]
     caveats: tuple[Caveat, ...]
     details: Mapping[str, Any]
+    seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "headline": {k: v.to_json() for k, v in self.headline.items()},
             "caveats": [c.to_json() for c in self.caveats],
             "details": to_jsonable(dict(self.details)),
         }
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Section:
+        """The section written by :meth:`to_json`."""
+        headline = {
+            k: Number(
+                h["value"], None if h["ci"] is None else tuple(h["ci"]), h["unit"], h["label"]
+            )
+            for k, h in doc["headline"].items()
+        }
+        caveats = tuple(Caveat(c["kind"], c["message"]) for c in doc["caveats"])
+        return cls(headline, caveats, dict(doc["details"]), doc.get("seconds"))
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / SECTION_FILE
+        atomic_write_json(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Section:
+        path = Path(directory) / SECTION_FILE
+        return cls.from_json(read_json_object(path, "structlens analysis section (JSON)"))
 
 
 def contains(ci: Sequence[float] | None, value: float) -> bool:

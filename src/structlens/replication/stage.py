@@ -1,100 +1,19 @@
-"""One cached-stage primitive for every replication run.
+"""A replication stage's JSON record, stored by :class:`structlens.pipeline.cache.StageCache`.
 
-A :class:`Stage` names one step of a replication (train an SAE, fit a dictionary, run a
-comparison).  Its key is the SHA-256 of a canonical JSON of the stage name, its config, the
-fingerprint of the model it runs, a digest of its data and the keys of the stages whose
-results it consumes, so changing any input (or any upstream stage) changes the key and the
-stage recomputes; unchanged inputs find the stored result.
-
-:class:`StageCache` stores a stage's :class:`~structlens.results.Result` with
-``Result.save`` under ``<root>/<name>/<key[:20]>/``, together with ``stage.json`` (the key,
-its inputs and the SHA-256 of every file written).  The directory is built under a temporary
-name and renamed into place, so an interrupted stage leaves nothing that looks finished.  A
-stored stage whose files no longer match their digests, or whose result does not load, is
-recomputed with a warning.
-
->>> import tempfile
->>> from structlens.replication.stage import Record, Stage, StageCache
->>> cache = StageCache(tempfile.mkdtemp())
->>> stage = Stage("square", {"x": 3})
->>> cache.run(stage, Record, lambda _: Record.of({"y": 9})).data
-{'y': 9}
->>> cache.run(stage, Record, lambda _: Record.of({"y": -1})).data  # a hit: not recomputed
-{'y': 9}
->>> [(e.name, e.hit) for e in cache.events]
-[('square', False), ('square', True)]
+Transitional: the cache itself lives in :mod:`structlens.pipeline.cache`; the names are
+re-exported here until every replication stage returns a typed Result.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
-import tempfile
-import warnings
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from structlens.results import Result, atomic_write_json, to_jsonable
+from structlens.pipeline.cache import Stage, StageCache, StageEvent, data_digest, keys
+from structlens.results import Result
 
-R = TypeVar("R", bound=Result)
-
-MANIFEST = "stage.json"
-
-
-def data_digest(*parts: Any) -> str:
-    """SHA-256 of a canonical JSON of ``parts`` (prompts, token ids, settings): a data key."""
-    blob = json.dumps(to_jsonable(list(parts)), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """One replication step: what it computes (``name``, ``config``) and from what.
-
-    ``model`` is the fingerprint of the model the stage runs (``None`` for arrays-only
-    stages), ``data`` a digest of its inputs (:func:`data_digest`), and ``inputs`` the keys of
-    the stages whose results it reads, so a change upstream reaches every consumer.
-    """
-
-    name: str
-    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    model: str | None = None
-    data: str | None = None
-    inputs: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ValueError(f"stage name {self.name!r} must be a plain, non-empty file name.")
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-
-    def describe(self) -> dict[str, Any]:
-        """The key's inputs as JSON (written to ``stage.json`` beside the result)."""
-        return {
-            "name": self.name,
-            "config": to_jsonable(dict(self.config)),
-            "model": self.model,
-            "data": self.data,
-            "inputs": list(self.inputs),
-        }
-
-    @property
-    def key(self) -> str:
-        """SHA-256 hex digest of :meth:`describe` as canonical JSON."""
-        blob = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class StageEvent:
-    """One :meth:`StageCache.run` call: which stage, its key and whether it was a hit."""
-
-    name: str
-    key: str
-    hit: bool
+__all__ = ["Record", "Stage", "StageCache", "StageEvent", "data_digest", "keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,99 +34,3 @@ class Record(Result):
     @property
     def data(self) -> Any:
         return json.loads(self.payload)
-
-
-def _file_digests(directory: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(directory.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            out[p.relative_to(directory).as_posix()] = h.hexdigest()
-    return out
-
-
-class StageCache:
-    """Content-keyed store of stage results under ``root`` (see the module docstring).
-
-    ``events`` lists every :meth:`run` call in order, so a caller (or a test) can see which
-    stages were recomputed.
-    """
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
-        self.events: list[StageEvent] = []
-
-    def path(self, stage: Stage) -> Path:
-        """Directory that holds (or will hold) ``stage``'s result."""
-        return self.root / stage.name / stage.key[:20]
-
-    def has(self, stage: Stage) -> bool:
-        """Whether ``stage`` has been stored (without checking its files)."""
-        return (self.path(stage) / MANIFEST).exists()
-
-    def _valid(self, stage: Stage, kind: type[R]) -> R | None:
-        folder = self.path(stage)
-        manifest = folder / MANIFEST
-        if not manifest.exists():
-            return None
-        try:
-            meta = json.loads(manifest.read_text())
-            if meta.get("key") != stage.key:
-                raise ValueError("its key does not match")
-            if meta.get("files") != _file_digests(folder):
-                raise ValueError("its files do not match their recorded digests")
-            return kind.load(folder)
-        except Exception as err:  # noqa: BLE001 - any unreadable stage is recomputed
-            warnings.warn(
-                f"cached stage {stage.name!r} at {folder} is corrupted ({err}); recomputing it.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None
-
-    def run(self, stage: Stage, kind: type[R], compute: Callable[[Path], R]) -> R:
-        """Return ``stage``'s stored result, or compute, store and return it.
-
-        ``compute(directory)`` gets an empty directory in which it may write files that belong
-        with the result (model weights, figures); they are digested and moved into place with
-        the result.  Its return value must be an instance of ``kind``.
-        """
-        found = self._valid(stage, kind)
-        if found is not None:
-            self.events.append(StageEvent(stage.name, stage.key, True))
-            return found
-        folder = self.path(stage)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-        try:
-            result = compute(work)
-            if not isinstance(result, kind):
-                raise TypeError(
-                    f"stage {stage.name!r} returned a {type(result).__name__}, "
-                    f"not a {kind.__name__}."
-                )
-            result.save(work)
-            atomic_write_json(
-                work / MANIFEST,
-                {"key": stage.key, **stage.describe(), "files": _file_digests(work)},
-            )
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(work, folder)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-        self.events.append(StageEvent(stage.name, stage.key, False))
-        return result
-
-    def hits(self) -> list[bool]:
-        """Whether each :meth:`run` call so far was a hit, in call order."""
-        return [e.hit for e in self.events]
-
-
-def keys(stages: Iterable[Stage]) -> tuple[str, ...]:
-    """The keys of ``stages``, for a consumer's ``inputs``."""
-    return tuple(s.key for s in stages)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import torch
+
+from structlens.results import content_key
 
 T = TypeVar("T", bound="TaskDataset")
 
@@ -245,8 +245,7 @@ class TaskDataset(abc.ABC):
 
         Equal fingerprints mean identical datasets; a capture cache can put it in its key.
         """
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        return content_key(self.to_dict())
 
     def _index(self, index: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
         if index is None:

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.pipeline.cache import Stage, StageCache, data_digest
 from structlens.results import Result
+from structlens.verdicts import Caveat, Number, Section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,22 +92,29 @@ def test_a_failed_stage_leaves_nothing_that_looks_finished(tmp_path):
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
-        cache.run(stage, Record, compute)
+        cache.run(stage, Squares, compute)
     assert not cache.path(stage).exists()
     assert list((tmp_path / "boom").iterdir()) == []
 
 
-def test_record_round_trips_nan_and_nested_data(tmp_path):
+def test_a_section_round_trips_through_the_cache(tmp_path):
     cache = StageCache(tmp_path)
-    data = {"a": [1.5, float("nan")], "b": {"c": np.float64(2.0)}}
-    cache.run(Stage("rec"), Record, lambda _: Record.of(data))
-    got = cache.run(Stage("rec"), Record, lambda _: Record.of({}))
-    assert got.data["b"] == {"c": 2.0} and np.isnan(got.data["a"][1])
+    section = Section(
+        {"x": Number.of(1.5, (1.0, float("nan")), "", "x"), "y": Number.of(2, (1, 3))},
+        (Caveat("not_run", "why"),),
+        {"rows": [{"a": float("nan"), "b": np.float64(2.0)}]},
+        seconds=0.5,
+    )
+    cache.run(Stage("sec"), Section, lambda _: section)
+    got = cache.run(Stage("sec"), Section, lambda _: Section({}, (), {}))
     assert cache.hits() == [False, True]
+    assert got.to_json() == section.to_json()
+    assert got.headline["x"].ci is None and got.headline["y"].ci == (1.0, 3.0)
+    assert got.details["rows"][0] == {"a": "nan", "b": 2.0}  # strict JSON, as analysis.json
 
 
 def test_wrong_result_type_and_bad_names_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="plain, non-empty file name"):
         Stage("a/b")
-    with pytest.raises(TypeError, match="returned a Record, not a Squares"):
-        StageCache(tmp_path).run(Stage("x"), Squares, lambda _: Record.of(1))
+    with pytest.raises(TypeError, match="returned a Section, not a Squares"):
+        StageCache(tmp_path).run(Stage("x"), Squares, lambda _: Section({}, (), {}))
