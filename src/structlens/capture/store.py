@@ -48,7 +48,11 @@ class StoreError(UserError, RuntimeError):
 
 
 def metadata_digest(metadata: dict[str, Any]) -> str:
-    """SHA-256 of the metadata's canonical JSON, without its own ``metadata_sha256`` entry."""
+    """SHA-256 of the metadata's canonical JSON, without its own ``metadata_sha256`` entry.
+
+    Not :func:`~structlens.results.content_key`: stores on disk were verified against this
+    byte form, and must keep verifying.
+    """
     body = to_jsonable({k: v for k, v in metadata.items() if k != "metadata_sha256"})
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 

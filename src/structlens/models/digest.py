@@ -47,7 +47,11 @@ def update_with_tensor(h: Any, name: str, tensor: torch.Tensor) -> None:
 
 
 def config_digest(config: Any) -> str:
-    """SHA-256 of a HF config's code-relevant entries as canonical JSON."""
+    """SHA-256 of a HF config's code-relevant entries as canonical JSON.
+
+    Not :func:`~structlens.results.content_key`: this byte form is part of every model
+    fingerprint already written into stores and caches, so it must not change.
+    """
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     d = {k: v for k, v in d.items() if k not in VOLATILE_CONFIG}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()

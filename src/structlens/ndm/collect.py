@@ -8,7 +8,6 @@ Capture itself is :func:`structlens.ndm.data.capture_residuals`; the numerical m
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from structlens.ndm import stages
 from structlens.ndm.browse import PreimageBrowser
 from structlens.ndm.data import capture_residuals, training_prompts
 from structlens.ndm.protocol import NDMProtocol
-from structlens.results import read_json_object
+from structlens.results import content_key, read_json_object
 from structlens.sites import site_name
 
 __all__ = [
@@ -95,7 +94,7 @@ def browse_index(
         model, corpus_prompts=extra_corpus_prompts, corpus_offset=protocol.corpus_prompts,
         max_tokens=protocol.corpus_tokens,
     )  # fmt: skip
-    corpus = hashlib.sha256(json.dumps(prompts + extra).encode()).hexdigest()
+    corpus = content_key(prompts + extra)
     run = {
         "store": str(meta["store"]),
         "model_digest": model.fingerprint(),
@@ -103,7 +102,7 @@ def browse_index(
         "rotation": hashlib.sha256(np.ascontiguousarray(rotation).tobytes()).hexdigest(),
         "partition": list(partition),
     }
-    key = hashlib.sha256(json.dumps({"run": run, "corpus": corpus}).encode()).hexdigest()
+    key = content_key({"run": run, "corpus": corpus})
     folder = Path(index_dir) if index_dir is not None else Path(train) / "browse-index"
     path = folder / f"L{layer}-{key[:16]}.safetensors"
     if path.is_file():
