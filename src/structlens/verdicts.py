@@ -10,6 +10,7 @@ parsed back out of rendered text.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -197,3 +198,26 @@ class Section:
 def contains(ci: Sequence[float] | None, value: float) -> bool:
     """Whether the finite interval ``ci`` holds ``value`` (``False`` without one)."""
     return ci is not None and all(map(math.isfinite, ci)) and ci[0] <= value <= ci[1]
+
+
+#: The measured calibration of every decision rule (``structlens calibrate --profile cpu``),
+#: shipped with the package so that reports can print it beside the verdicts.
+CALIBRATION = "calibration.json"
+
+
+def calibration_notes(method: str) -> tuple[str, ...]:
+    """One line per calibrated rule of ``method`` (``koopman``, ``causal_dim``,
+    ``equivalence``, ...): the rule and its measured error rates or coverage, from the
+    committed calibration (docs/calibration.md); empty when the method has none."""
+    from importlib import resources
+
+    source = resources.files("structlens").joinpath(CALIBRATION)
+    if not source.is_file():
+        return ()
+    doc = json.loads(source.read_text("utf-8"))
+    rules = doc.get(method, {})
+    return tuple(
+        f"{r['rule']}: {r['summary']} ({doc['profile']} profile; docs/calibration.md)"
+        for r in rules.values()
+        if "summary" in r
+    )

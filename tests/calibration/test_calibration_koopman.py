@@ -43,5 +43,24 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "calibration.json").read_text())
     families = doc["koopman"]["split_half_slope"]["families"]
     assert [f["family"] for f in families] == ["simple", "jordan"] and families[0]["n"] == 3
+    assert doc["koopman"]["split_half_slope"]["summary"].startswith("coverage of the true slope")
+    assert {"causal_dim", "equivalence"} <= set(doc)
+    assert all("summary" in doc[m][r] for m in ("causal_dim", "equivalence") for r in doc[m])
     md = (tmp_path / "calibration.md").read_text()
     assert f"| simple | -0.50 | 3 | {families[0]['mean_slope']:+.3f}" in md
+
+
+def test_reports_print_the_committed_calibration_beside_their_verdicts():
+    """The package's calibration is the committed docs/calibration.json, and every rule
+    with a summary there becomes one note of its method."""
+    from pathlib import Path
+
+    from structlens.verdicts import calibration_notes
+
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "calibration.json").read_text())
+    for method in ("koopman", "causal_dim", "equivalence"):
+        rules = [r for r in doc.get(method, {}).values() if "summary" in r]
+        notes = calibration_notes(method)
+        assert len(notes) == len(rules)
+        assert all(r["rule"] in n and r["summary"] in n for r, n in zip(rules, notes))
+    assert calibration_notes("no such method") == ()

@@ -50,5 +50,17 @@ def test_every_section_and_number_with_ci_is_rendered(analysis):
             assert html.escape(c["message"], quote=True) in page
 
 
+def test_each_section_shows_the_measured_calibration_of_its_rules(analysis):
+    from structlens.verdicts import calibration_notes
+
+    page = render_html(analysis)
+    assert calibration_notes("koopman") and calibration_notes("equivalence")
+    for method in SECTIONS:
+        section = page[page.index(f'<section id="{method}">') :]
+        section = section[: section.index("</section>")]
+        for note in calibration_notes(method):
+            assert html.escape(note, quote=True) in section
+
+
 def test_render_is_deterministic(analysis):
     assert render_html(analysis) == render_html(copy.deepcopy(analysis))

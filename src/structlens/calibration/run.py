@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from structlens.calibration import causal, equivalence
 from structlens.calibration.koopman import (
     FAMILIES,
     HENRICI_THRESHOLD,
@@ -32,6 +33,59 @@ HENRICI_EFFECTS = (0.0, 0.1, 0.125, 0.2, 0.4)
 FIRST_SEED = 10_000
 #: The band a nominal 95% interval's coverage must fall in.
 TARGET_COVERAGE = (0.90, 0.98)
+#: Largest false-positive rate a decision rule may have.
+TARGET_FPR = 0.05
+#: Within-chunk correlations of the planted Jacobians (0: independent windows).
+KAPPA_RHOS = (0.0, 0.5, 0.9)
+#: Partner pass probabilities of the equivalence alternatives (the null passes with 0.3).
+PARTNER_PASS = (0.5, 0.6, 0.7, 0.9)
+#: Validated heads: the cpu analyze profile's cap and the paper-subset protocol's.
+HEAD_COUNTS = (12, 30)
+
+
+def _ci(rate: float, ci: Any, digits: int = 2) -> str:
+    return f"{rate:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def summarize(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with a one-line ``summary`` in every rule's block: what the reports print beside
+    the verdicts that rule decides."""
+    sh = doc["koopman"]["split_half_slope"]
+    simple, jordan = sh["families"]
+    sh["summary"] = (
+        f"coverage of the true slope {_ci(simple['coverage'], simple['coverage_ci'])} "
+        f"(simple spectrum); says M^-1/2 for a true M^-1/4 in "
+        f"{_ci(jordan['accepted'], jordan['accepted_ci'])}"
+    )
+    nn = doc["koopman"]["non_normality"]
+    null, alts = nn["effects"][0], [r for r in nn["effects"] if r["expected"]]
+    nn["summary"] = f"false-positive rate {_ci(null['rate'], null['rate_ci'])}; power " + ", ".join(
+        f"{r['rate']:.2f} at departure {r['truth']:.3f}" for r in alts
+    )
+    k = doc["causal_dim"]["kappa_interval"]
+    own = [r for r in k["families"] if r["unit"] == k["protocol"]["kappa_unit"]]
+    k["summary"] = "coverage " + ", ".join(
+        f"{_ci(r['coverage'], r['coverage_ci'])} at within-chunk correlation {r['rho']:g}"
+        for r in own
+    )
+    e = doc["equivalence"]["paired_decision"]
+    e["summary"] = "; ".join(
+        f"{r['n_heads']} heads: false-positive rate "
+        + ", ".join(
+            f"{_ci(x['rate'], x['rate_ci'], 3)} ({x['family']})"
+            for x in e["families"]
+            if x["n_heads"] == r["n_heads"] and not x["expected"]
+        )
+        + ", power "
+        + ", ".join(
+            f"{x['rate']:.2f} at partner pass {x['partner_pass']:g}"
+            for x in e["families"]
+            if x["n_heads"] == r["n_heads"] and x["expected"]
+        )
+        for r in e["families"]
+        if r["family"] == "null" and not r["shared"]
+    )
+    return doc
 
 
 def run(profile: str = "cpu") -> dict[str, Any]:
@@ -41,9 +95,27 @@ def run(profile: str = "cpu") -> dict[str, Any]:
     n = PROFILES[profile]
     slope = [calibrate_slope(f, n, first_seed=FIRST_SEED) for f in FAMILIES]  # type: ignore[arg-type]
     henrici = [calibrate_henrici(c, n, first_seed=FIRST_SEED) for c in HENRICI_EFFECTS]
-    return {
+    kappa = [
+        causal.calibrate_kappa(rho, unit, n, first_seed=FIRST_SEED)
+        for rho in KAPPA_RHOS
+        for unit in ("chunk", "vector")
+    ]
+    decisions = []
+    for heads in HEAD_COUNTS:
+        for family, shared in (("null", False), ("null, layer-shared", True)):
+            decisions.append(
+                equivalence.calibrate_decision(
+                    family, equivalence.NULL_PASS, heads, n, shared=shared, first_seed=FIRST_SEED
+                )
+            )
+        for p in PARTNER_PASS:
+            decisions.append(
+                equivalence.calibrate_decision("alternative", p, heads, n, first_seed=FIRST_SEED)
+            )
+    doc = {
         "profile": profile,
         "target_coverage": list(TARGET_COVERAGE),
+        "target_false_positive_rate": TARGET_FPR,
         "koopman": {
             "split_half_slope": {
                 "rule": "the split-half slope's 95% CI (jackknife over prompt blocks) contains "
@@ -59,7 +131,31 @@ def run(profile: str = "cpu") -> dict[str, Any]:
                 "effects": [dataclasses.asdict(r) for r in henrici],
             },
         },
+        "causal_dim": {
+            "kappa_interval": {
+                "rule": "the bias-corrected jackknife t interval of exact κ (95%), after the "
+                "doubling rule κ(n)/κ(n/2) < tolerance",
+                "stage": "structlens.causal_dim.stages.kappa (planted Grams)",
+                "protocol": {
+                    k: getattr(causal.PROTOCOL, k)
+                    for k in ("kappa_start", "kappa_max_vectors", "kappa_tolerance", "kappa_unit")
+                },
+                "families": [dataclasses.asdict(c) for c in kappa],
+            },
+        },
+        "equivalence": {
+            "paired_decision": {
+                "rule": f"McNemar's exact test on discordant heads at α = "
+                f"{equivalence.PROTOCOL.null_alpha:g} with b > c, and a partner pass rate of "
+                f"at least {equivalence.PROTOCOL.equivalent_at:g}",
+                "stage": "structlens.equivalence.score.decide_paired_null",
+                "null_pass": equivalence.NULL_PASS,
+                "heads_per_layer": equivalence.HEADS_PER_LAYER,
+                "families": [dataclasses.asdict(r) for r in decisions],
+            },
+        },
     }
+    return summarize(doc)
 
 
 def _row(c: dict[str, Any]) -> str:
@@ -77,69 +173,142 @@ def _spread(c: dict[str, Any]) -> float:
     return float(c["mean_width"] / (3.92 * c["sd_slope"]))
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The markdown of a calibration document."""
+def _koopman(doc: dict[str, Any]) -> list[str]:
     sh = doc["koopman"]["split_half_slope"]
     simple, jordan = sh["families"]
     nn = doc["koopman"]["non_normality"]
     null = nn["effects"][0]
     lo, hi = doc["target_coverage"]
     in_band = lo <= simple["coverage"] <= hi
-    return "\n".join(
-        [
-            "# Calibration of decision rules on planted structure",
-            "",
-            f"Generated by `python -m structlens.calibration --profile {doc['profile']}`; every "
-            "instance runs the production stage named below, scoring seeds from "
-            f"{FIRST_SEED} on (no rule is tuned on them). Intervals over instances are Wilson "
-            "95% intervals.",
-            "",
-            "## Koopman: split-half convergence rate",
-            "",
-            f"Rule: {sh['rule']}. Stage: `{sh['stage']}`. Planted linear depth maps "
-            "(`structlens.calibration.koopman.planted_rows`): simple eigenvalues (true slope "
-            "−0.5) and a 2x2 Jordan block (true slope −0.25).",
-            "",
-            "| family | true slope | instances | slope (mean ± sd) | mean CI width | "
-            "coverage of the true slope | rule says −0.5 |",
-            "|---|---|---|---|---|---|---|",
-            _row(simple),
-            _row(jordan),
-            "",
-            f"- Coverage of the nominal 95% interval on the simple family: "
-            f"{simple['coverage']:.2f} ({'inside' if in_band else 'outside'} the target "
-            f"[{lo:.2f}, {hi:.2f}]); the mean CI width is {_spread(simple):.1f}x the width "
-            "3.92·sd that the spread of the slopes over instances implies.",
-            f"- On the Jordan family (true slope −0.25) the rule accepts −0.5 in "
-            f"{jordan['accepted']:.0%} of instances "
-            + (
-                "(at most 5%: it can tell M^-1/2 from M^-1/4 at this data size)."
-                if jordan["accepted_ci"][0] <= 0.05
-                else "(above 5%: at this data size, 256 prompts of 16 rows in 32 blocks, it "
-                "cannot tell M^-1/2 from M^-1/4, so a convergence verdict from it is weak "
-                "evidence)."
-            ),
-            "",
-            "## Koopman: non-normality",
-            "",
-            f"Rule: {nn['rule']}. Stage: `{nn['stage']}`. Planted `A = diag(0.9, 0.6, 0.3, "
-            "−0.4)` with `A[0, 1] = c` (c = 0: normal).",
-            "",
-            "| c | true relative departure | rule should say | instances | mean estimate | "
-            "says non-normal |",
-            "|---|---|---|---|---|---|",
-            *(
-                f"| {r['effect']:g} | {r['truth']:.3f} | {'yes' if r['expected'] else 'no'} | "
-                f"{r['n']} | {r['mean_estimate']:.3f} | {r['rate']:.2f} "
-                f"[{r['rate_ci'][0]:.2f}, {r['rate_ci'][1]:.2f}] |"
-                for r in nn["effects"]
-            ),
-            "",
-            f"- False-positive rate on the normal A: {null['rate']:.2f} "
-            f"[{null['rate_ci'][0]:.2f}, {null['rate_ci'][1]:.2f}] (target ≤ 0.05).",
-            "",
-        ]
-    )
+    return [
+        "## Koopman: split-half convergence rate",
+        "",
+        f"Rule: {sh['rule']}. Stage: `{sh['stage']}`. Planted linear depth maps "
+        "(`structlens.calibration.koopman.planted_rows`): simple eigenvalues (true slope "
+        "−0.5) and a 2x2 Jordan block (true slope −0.25).",
+        "",
+        "| family | true slope | instances | slope (mean ± sd) | mean CI width | "
+        "coverage of the true slope | rule says −0.5 |",
+        "|---|---|---|---|---|---|---|",
+        _row(simple),
+        _row(jordan),
+        "",
+        f"- Coverage of the nominal 95% interval on the simple family: "
+        f"{simple['coverage']:.2f} ({'inside' if in_band else 'outside'} the target "
+        f"[{lo:.2f}, {hi:.2f}]); the mean CI width is {_spread(simple):.1f}x the width "
+        "3.92·sd that the spread of the slopes over instances implies.",
+        f"- On the Jordan family (true slope −0.25) the rule accepts −0.5 in "
+        f"{jordan['accepted']:.0%} of instances "
+        + (
+            "(at most 5%: it can tell M^-1/2 from M^-1/4 at this data size)."
+            if jordan["accepted_ci"][0] <= 0.05
+            else "(above 5%: at this data size, 256 prompts of 16 rows in 32 blocks, it "
+            "cannot tell M^-1/2 from M^-1/4, so a convergence verdict from it is weak "
+            "evidence)."
+        ),
+        "",
+        "## Koopman: non-normality",
+        "",
+        f"Rule: {nn['rule']}. Stage: `{nn['stage']}`. Planted `A = diag(0.9, 0.6, 0.3, "
+        "−0.4)` with `A[0, 1] = c` (c = 0: normal).",
+        "",
+        "| c | true relative departure | rule should say | instances | mean estimate | "
+        "says non-normal |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['effect']:g} | {r['truth']:.3f} | {'yes' if r['expected'] else 'no'} | "
+            f"{r['n']} | {r['mean_estimate']:.3f} | {r['rate']:.2f} "
+            f"[{r['rate_ci'][0]:.2f}, {r['rate_ci'][1]:.2f}] |"
+            for r in nn["effects"]
+        ),
+        "",
+        f"- False-positive rate on the normal A: {null['rate']:.2f} "
+        f"[{null['rate_ci'][0]:.2f}, {null['rate_ci'][1]:.2f}] (target ≤ 0.05).",
+        "",
+    ]
+
+
+def _causal(doc: dict[str, Any]) -> list[str]:
+    k = doc["causal_dim"]["kappa_interval"]
+    lo, hi = doc["target_coverage"]
+    rows = k["families"]
+    chunk = [r for r in rows if r["unit"] == k["protocol"]["kappa_unit"]]
+    worst = min(chunk, key=lambda r: r["coverage"])
+    return [
+        "## Causal dimensionality: the exact-κ interval",
+        "",
+        f"Rule: {k['rule']}. Stage: `{k['stage']}` under the paper protocol "
+        f"({', '.join(f'{a} = {b}' for a, b in k['protocol'].items())}). Planted rank-2 "
+        "Jacobians in d = 16 with `E[JᵀJ] ∝ diag(j^-1)` (`structlens.calibration.causal`), "
+        "32 chunks of 4 windows each; windows of one chunk share a part of weight ρ.",
+        "",
+        "| ρ | jackknife unit | true κ | instances | κ (mean ± sd) | plug-in κ (mean) | "
+        "mean CI width | windows used (mean) | coverage of the true κ |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['rho']:g} | {r['unit']} | {r['truth']:.2f} | {r['n']} | "
+            f"{r['mean_estimate']:.2f} ± {r['sd_estimate']:.2f} | {r['mean_plugin']:.2f} | "
+            f"{r['mean_width']:.2f} | {r['mean_vectors']:.0f} | {r['coverage']:.2f} "
+            f"[{r['coverage_ci'][0]:.2f}, {r['coverage_ci'][1]:.2f}] |"
+            for r in rows
+        ),
+        "",
+        f"- With the protocol's unit ({k['protocol']['kappa_unit']}) the lowest coverage is "
+        f"{worst['coverage']:.2f} (ρ = {worst['rho']:g}; "
+        f"{'inside' if lo <= worst['coverage'] <= hi else 'outside'} the target "
+        f"[{lo:.2f}, {hi:.2f}]). The `vector` rows deal correlated windows into separate "
+        "groups, as the interval did before the chunk became the unit.",
+        "",
+    ]
+
+
+def _equivalence(doc: dict[str, Any]) -> list[str]:
+    e = doc["equivalence"]["paired_decision"]
+    fpr = doc["target_false_positive_rate"]
+    nulls = [r for r in e["families"] if not r["expected"]]
+    over = [r for r in nulls if r["rate_ci"][0] > fpr]
+    return [
+        "## Equivalence: the paired decision against the null",
+        "",
+        f"Rule: {e['rule']}. Stage: `{e['stage']}` (every comparison's verdict). Planted "
+        f"per-head outcomes (`structlens.calibration.equivalence`): the null passes with "
+        f"{e['null_pass']:g}; heads in layers of {e['heads_per_layer']}.",
+        "",
+        "| family | partner pass | heads | rule should say | instances | says equivalent |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['family']} | {r['partner_pass']:g} | {r['n_heads']} | "
+            f"{'yes' if r['expected'] else 'no'} | {r['n']} | {r['rate']:.3f} "
+            f"[{r['rate_ci'][0]:.3f}, {r['rate_ci'][1]:.3f}] |"
+            for r in e["families"]
+        ),
+        "",
+        *(
+            [
+                f"- False-positive rate above {fpr:g} on: "
+                + "; ".join(f"{r['family']}, {r['n_heads']} heads ({r['rate']:.3f})" for r in over)
+                + ". McNemar's test counts heads as independent; when the heads of a layer "
+                "share one fate the layer is the unit, and the rule is not calibrated there."
+            ]
+            if over
+            else [f"- False-positive rate at most {fpr:g} on every null family."]
+        ),
+        "",
+    ]
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The markdown of a calibration document."""
+    head = [
+        "# Calibration of decision rules on planted structure",
+        "",
+        f"Generated by `python -m structlens.calibration --profile {doc['profile']}`; every "
+        "instance runs the production stage named below, scoring seeds from "
+        f"{FIRST_SEED} on (no rule is tuned on them). Intervals over instances are Wilson "
+        "95% intervals.",
+        "",
+    ]
+    return "\n".join(head + _koopman(doc) + _causal(doc) + _equivalence(doc))
 
 
 def write(doc: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:

@@ -20,6 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from structlens.verdicts import calibration_notes
+
 __all__ = ["render_html", "write_report"]
 
 SECTIONS = {
@@ -134,6 +136,15 @@ def _caveat_list(caveats: Sequence[dict[str, str]], method: str | None = None) -
             f"{_e(c.get('message', ''))}</li>"
         )
     return f'<ul class="caveats">{"".join(items)}</ul>'
+
+
+def _calibration(method: str) -> str:
+    """The measured error rates of the rules this section's verdicts come from."""
+    notes = calibration_notes(method)
+    if not notes:
+        return ""
+    items = "".join(f"<li>{_e(n)}</li>" for n in notes)
+    return f'<p class="muted">Calibration of its rules on planted structure:</p><ul>{items}</ul>'
 
 
 def _summary(doc: dict[str, Any]) -> str:
@@ -507,7 +518,8 @@ def render_html(doc: dict[str, Any]) -> str:
         sec = doc[m]
         body.append(
             f'<section id="{m}"><h2>{_e(SECTIONS[m])}</h2>'
-            f"{_caveat_list(sec.get('caveats', []))}{RENDERERS[m](sec)}</section>"
+            f"{_caveat_list(sec.get('caveats', []))}{_calibration(m)}{RENDERERS[m](sec)}"
+            "</section>"
         )
     title = f"structlens analysis: {doc['run']['model']}"
     return (

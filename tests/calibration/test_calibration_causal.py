@@ -1,0 +1,40 @@
+"""The κ calibration plants Jacobians whose E[JᵀJ] is known and runs the production κ stage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from structlens.calibration.causal import SPECTRUM, calibrate_kappa, planted_grams, true_kappa
+
+
+def test_true_kappa_is_the_entropy_effective_rank():
+    assert true_kappa(np.ones(7)) == pytest.approx(7.0)
+    assert true_kappa(np.array([1.0, 0.0, 0.0])) == pytest.approx(1.0)
+    assert 1 < true_kappa(SPECTRUM) < len(SPECTRUM)
+
+
+def test_planted_grams_average_to_the_planted_spectrum():
+    """Law of large numbers: the mean Gram is rank·diag(m), whatever ρ."""
+    for rho in (0.0, 0.9):
+        _, g = planted_grams(rho, seed=1, n_chunks=400, windows_per_chunk=10)
+        mean = g.mean(0)
+        np.testing.assert_allclose(np.diag(mean), 2 * SPECTRUM, rtol=0.12)
+        assert np.abs(mean - np.diag(np.diag(mean))).max() < 0.05
+
+
+def test_windows_follow_the_protocols_chunk_major_order():
+    prompts, g = planted_grams(0.5, seed=0, n_chunks=3, windows_per_chunk=2)
+    assert prompts.kappa_chunks == [0, 1, 2, 0, 1, 2]
+    assert g.shape == (6, 16, 16) and len(prompts.kappa_windows) == 6
+    with pytest.raises(ValueError, match="rho"):
+        planted_grams(1.0, seed=0)
+
+
+def test_the_chunk_unit_widens_the_interval_when_windows_of_a_chunk_are_correlated():
+    chunk = calibrate_kappa(0.9, "chunk", 12, first_seed=3)
+    vector = calibrate_kappa(0.9, "vector", 12, first_seed=3)
+    assert chunk.mean_vectors == vector.mean_vectors  # one doubling rule, one data set
+    assert chunk.mean_plugin == pytest.approx(vector.mean_plugin)
+    assert chunk.mean_width > 1.2 * vector.mean_width
+    assert abs(chunk.mean_estimate - chunk.truth) < abs(chunk.mean_plugin - chunk.truth)

@@ -1,0 +1,36 @@
+"""The equivalence calibration scores the production paired decision on planted outcomes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from structlens.calibration.equivalence import (
+    HEADS_PER_LAYER,
+    NULL_PASS,
+    PROTOCOL,
+    calibrate_decision,
+    planted_outcomes,
+)
+
+
+def test_shared_outcomes_give_every_head_of_a_layer_one_fate():
+    partner, null = planted_outcomes(0.5, 12, shared=True, seed=4)
+    for x in (partner, null):
+        assert x.shape == (12,)
+        assert all(len(set(x[i : i + HEADS_PER_LAYER])) == 1 for i in range(0, 12, 3))
+    a, b = planted_outcomes(0.5, 12, shared=False, seed=4)
+    np.testing.assert_array_equal(a, planted_outcomes(0.5, 12, shared=False, seed=4)[0])
+
+
+def test_exact_mcnemar_keeps_its_level_on_independent_heads():
+    """The exact conditional test is conservative: at most α, within Monte-Carlo error."""
+    r = calibrate_decision("null", NULL_PASS, 30, 400, first_seed=7)
+    assert not r.expected and r.rate_ci[0] <= PROTOCOL.null_alpha
+
+
+def test_shared_fate_inflates_the_false_positive_rate_and_power_grows_with_the_effect():
+    independent = calibrate_decision("null", NULL_PASS, 12, 400, first_seed=7)
+    shared = calibrate_decision("null", NULL_PASS, 12, 400, shared=True, first_seed=7)
+    assert shared.rate > independent.rate + 0.05
+    power = [calibrate_decision("alt", p, 30, 200, first_seed=7).rate for p in (0.5, 0.7, 0.9)]
+    assert power == sorted(power) and power[-1] > 0.9
