@@ -24,13 +24,26 @@ def test_shared_outcomes_give_every_head_of_a_layer_one_fate():
 
 def test_exact_mcnemar_keeps_its_level_on_independent_heads():
     """The exact conditional test is conservative: at most α, within Monte-Carlo error."""
-    r = calibrate_decision("null", NULL_PASS, 30, 400, first_seed=7)
+    r = calibrate_decision("null", NULL_PASS, 30, 400, unit="head", first_seed=7)
     assert not r.expected and r.rate_ci[0] <= PROTOCOL.null_alpha
 
 
-def test_shared_fate_inflates_the_false_positive_rate_and_power_grows_with_the_effect():
+def test_shared_fate_breaks_the_head_unit_and_the_layer_unit_keeps_its_level():
     independent = calibrate_decision("null", NULL_PASS, 12, 400, first_seed=7)
-    shared = calibrate_decision("null", NULL_PASS, 12, 400, shared=True, first_seed=7)
-    assert shared.rate > independent.rate + 0.05
+    by_head = calibrate_decision("null", NULL_PASS, 12, 400, shared=True, first_seed=7)
+    by_layer = calibrate_decision(
+        "null", NULL_PASS, 30, 400, shared=True, unit="layer", first_seed=7
+    )
+    assert PROTOCOL.null_unit == "head" and by_head.unit == "head"
+    assert by_head.rate > independent.rate + 0.05
+    assert by_layer.rate_ci[0] <= PROTOCOL.null_alpha < by_head.rate_ci[0]
+
+
+def test_power_grows_with_the_effect_and_four_layers_can_never_reach_the_level():
     power = [calibrate_decision("alt", p, 30, 200, first_seed=7).rate for p in (0.5, 0.7, 0.9)]
     assert power == sorted(power) and power[-1] > 0.9
+    head = calibrate_decision("alt", 0.7, 30, 200, first_seed=7)
+    layer = calibrate_decision("alt", 0.7, 30, 200, unit="layer", first_seed=7)
+    assert head.rate >= layer.rate > 0
+    # 12 heads in 4 layers: the smallest sign-flip p-value is 2 / 2**4 > 0.05
+    assert calibrate_decision("alt", 0.9, 12, 50, unit="layer", first_seed=7).rate == 0.0

@@ -79,9 +79,9 @@ def drivers(tmp_path_factory):
     replication.analyze(replication.train())
     R = replication.run_
     assert not R.failures, R.failures
-    assert R.kappa is not None and R.sweep is not None
-    (k,) = R.kappa["layers"]
-    out["replication"] = (KappaFit.from_dict(k), SweepFit.from_dict(R.sweep))
+    assert R.sweep is not None
+    (k,) = R.kappa
+    out["replication"] = (k, R.sweep)
     return out
 
 

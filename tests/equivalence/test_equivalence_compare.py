@@ -65,7 +65,7 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.informative["n_passed"] == res.informative["n_heads"]
     assert res.head_groups == {}
     # the decision is calibrated by the paired test on the same heads: McNemar exact on the
-    # heads where only the partner or only the null passes
+    # heads where only the partner or only the null passes (the protocol's unit is the head)
     from structlens.stats.intervals import mcnemar_exact
 
     partner = [r["passed"] for r in res.validation]
@@ -74,7 +74,7 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     c = sum(q and not p for p, q in zip(partner, null))
     test = res.verdicts["matching_test"]
     assert (test["partner_only"], test["null_only"]) == (b, c)
-    assert test["p_value"] == mcnemar_exact(b, c)
+    assert test["p_value"] == mcnemar_exact(b, c) and test["n_clusters"] == len(partner)
     want = "equivalent" if b > c and mcnemar_exact(b, c) < 0.05 else "unidentified"
     assert res.verdicts["matching"] == want
 

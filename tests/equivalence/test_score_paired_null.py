@@ -82,7 +82,7 @@ def test_bad_input_is_refused():
 
 
 def test_pooled_scores_resample_model_pairs():
-    from structlens.replication.equivalence.render import pooled_interval
+    from structlens.equivalence.verdicts import pooled_interval
 
     (lo, hi), how = pooled_interval([5], [10])
     assert how == "Wilson, one pair" and (lo, hi) == wilson_interval(5, 10)
@@ -92,3 +92,29 @@ def test_pooled_scores_resample_model_pairs():
     assert how == "cluster bootstrap over 2 pairs"
     wlo, whi = wilson_interval(100, 200)
     assert lo < wlo and hi > whi and 0.2 <= lo <= 0.5 <= hi <= 0.8
+
+
+def test_clusters_make_the_layer_the_unit():
+    """One cluster per head is McNemar's test; whole layers that pass or fail together count
+    once each, so six heads in two layers are two units, not six."""
+    partner = [True] * 9 + [False] * 3
+    null = [False] * 12
+    heads = decide_paired_null(partner, null)
+    singletons = decide_paired_null(partner, null, clusters=range(12))
+    assert singletons.p_value == pytest.approx(heads.p_value) and singletons.n_clusters == 12
+    layers = decide_paired_null(partner, null, clusters=[i // 3 for i in range(12)])
+    assert layers.n_clusters == 4 and "sign-flip over 4 clusters" in layers.test
+    assert layers.p_value == pytest.approx(2 / 8)  # only ±(3+3+3) reach 9 (a zero layer)
+    assert heads.verdict == "equivalent" and layers.verdict == "unidentified"
+    with pytest.raises(ValueError, match="one per component"):
+        decide_paired_null(partner, null, clusters=[0, 1])
+
+
+def test_component_clusters_read_model_bs_layer():
+    from structlens.equivalence.score import component_clusters
+
+    pairs = [[[0, 1], [2, 3]], [[1, 0], [2, 1]], (1, 4), 5]
+    assert component_clusters(pairs, "layer") == [2, 2, 4, 5]
+    assert component_clusters(pairs, "head") is None
+    with pytest.raises(ValueError, match="unit"):
+        component_clusters(pairs, "token")

@@ -1,4 +1,5 @@
-"""The causal-dimension render step shows what the stages produced and leaves out the rest."""
+"""The causal-dimension render step shows what the stages produced and leaves out the rest; its
+claims are the verdict functions' (checked on Claim fields)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,23 @@ import dataclasses
 
 import numpy as np
 
+from structlens.causal_dim.experiment import FourCell
 from structlens.causal_dim.kappa import KappaResult, kappa_curve, kappa_from_grams
 from structlens.causal_dim.protocol import PROFILES
 from structlens.causal_dim.stages import KappaFit
-from structlens.replication.causal_dim.render import claims, render_markdown
+from structlens.replication.causal_dim.render import (
+    IOI_NOT_RUN,
+    Template,
+    claims,
+    claims_of,
+    render_markdown,
+)
 from structlens.replication.causal_dim.run import Run
-from structlens.results import to_jsonable
 
-SETTINGS = {"profile": "smoke", "protocol": PROFILES["smoke"].to_json()}
+SETTINGS = {"profile": "smoke", "model": "tiny", "protocol": PROFILES["smoke"].to_json()}
 
 
-def test_render_from_kappa_and_four_cell(tmp_path):
+def _run(tmp_path) -> Run:
     g = np.zeros((8, 10, 10))
     for i in range(8):
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: plug-in κ = κ_PR = 8
@@ -32,7 +39,6 @@ def test_render_from_kappa_and_four_cell(tmp_path):
         curve_erank=curve.erank, curve_erank_sd=curve.erank_sd, curve_pr=curve.pr,
         curve_pr_sd=curve.pr_sd,
     )  # fmt: skip
-    entry = to_jsonable(fit)
     cell = {
         "width": 64,
         "n_causal": {"learned_enc/learned_dec": 4, "random_enc/learned_dec": 12},
@@ -44,31 +50,48 @@ def test_render_from_kappa_and_four_cell(tmp_path):
     }
     # TopK without inflation, ReLU with: the verdict is read off the thresholded SAE
     topk = cell | {"inflation": {"learned_enc/learned_dec": 1.0, "random_enc/learned_dec": 1.0}}
-    four = {"width": 64, "layer": 1, "architectures": {"topk": topk, "relu": cell}}
-    run = Run(settings=SETTINGS, out=tmp_path, kappa={"d": 10, "layers": [entry]}, fourcell=four)
-    doc = render_markdown(run, "test")
-    assert "L3: κ = 10 " in doc and "κ/d = 1.000" in doc
-    assert "L3: κ_PR = 10.0" in doc and "(plug-in 8.0 vs 8.0)" in doc
-    assert "reproduced (PR ≤ erank" in doc
-    assert "| 3 | 8 | 8 | False | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
-    assert "topk: 1.00×, relu: 3.00× (random enc/learned dec" in doc
-    assert "reproduced (direction)" in doc
-    assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell
-    assert "## What changed and why" in doc
-    assert "| 3 | 1.0 ± 0.0 | 8.0 ± 0.0 |" in doc  # the κ-vs-n row
-    assert "| Wedge | 15.6× vs 4.35× | not run | — |" in doc
-    assert "## Width sweep" not in doc and "## IOI" not in doc
-    assert (tmp_path / "sigma_spectrum.png").exists() and (tmp_path / "kappa_vs_n.png").exists()
-    # the claims carry the same numbers and verdicts as the table
-    by_id = {c.id: c for c in claims(run, "test").claims}
-    assert by_id["random_encoder_inflation"].ours == 3.0
-    assert by_id["random_encoder_inflation"].verdict == "reproduced"
-    assert by_id["random_encoder_inflation"].settings["architecture"] == "relu"
-    assert by_id["kappa_pr_lower_bound"].verdict == "reproduced"
-    assert abs(by_id["exact_kappa"].ours - 10.0) < 1e-9
-    assert abs(by_id["exact_kappa"].settings["kappa_over_d"] - 1.0) < 1e-12
+    four = FourCell(width=64, layer=1, architectures={"topk": topk, "relu": cell})
+    return Run(settings=SETTINGS, out=tmp_path, d_model=10, kappa=[fit], fourcell=four)
+
+
+def test_claims_of_kappa_and_four_cell(tmp_path):
+    run = _run(tmp_path)
+    by_id = {c.id: c for c in claims_of(run)}
+    c = by_id["random_encoder_inflation"]
+    assert (c.verdict, c.ours, c.settings["architecture"]) == ("reproduced", 3.0, "relu")
+    c = by_id["kappa_pr_lower_bound"]
+    assert (c.kind, c.verdict) == ("check", "reproduced") and c.positive_control["passed"]
+    c = by_id["exact_kappa"]
+    assert abs(c.ours - 10.0) < 1e-9 and abs(c.settings["kappa_over_d"] - 1.0) < 1e-12
+    assert c.verdict == "unidentified"  # κ(8)/κ(4) = 2 ≥ 1.05: not converged
+    # the sections that did not run are claims not tested, each with its reason
+    assert by_id["wedge"].verdict == "not tested" and by_id["wedge"].note
+    assert (by_id["ioi_atp_recall"].verdict, by_id["ioi_atp_recall"].note) == (
+        "not tested", IOI_NOT_RUN)  # fmt: skip
     # κ(8) = 8 over the mean erank of the two disjoint halves (4 each): ratio 2
-    doc_json = claims(run, "test").to_json()
-    assert list(doc_json["kappa"]["ratio_last_doubling"]) == ["3"]
-    assert abs(doc_json["kappa"]["ratio_last_doubling"]["3"] - 2.0) < 1e-9
-    assert by_id["exact_kappa"].verdict == "unidentified"  # 2 ≥ 1.05: not converged
+    doc = claims(run, "test").to_json()
+    assert list(doc["kappa"]["ratio_last_doubling"]) == ["3"]
+    assert abs(doc["kappa"]["ratio_last_doubling"]["3"] - 2.0) < 1e-9
+    assert doc["sweep"]["not_run"] and doc["sweep"]["base_width"] is None
+
+
+def test_markdown_shows_the_sections_that_ran(tmp_path):
+    run = _run(tmp_path)
+    doc = render_markdown(run, "test")
+    assert "| 3 | 8 | 8 | False | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
+    assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell
+    assert "| 3 | 1.0 ± 0.0 | 8.0 ± 0.0 |" in doc  # the κ-vs-n row
+    assert "## Width sweep" not in doc and "## IOI" not in doc
+    assert "What changed" not in doc  # protocol history is in docs/, not generated
+    # one claims-table row per claim, in the claims' order
+    rows = doc.split("## Claims vs measurements")[1].split("\n## ")[0]
+    rows = [r for r in rows.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert len(rows) == len(claims_of(run))
+    assert (tmp_path / "sigma_spectrum.png").exists() and (tmp_path / "kappa_vs_n.png").exists()
+
+
+def test_every_template_row_belongs_to_a_section():
+    blocks = Template().blocks
+    rows = {k.split(" ", 1)[1] for k in blocks if k.startswith("row ")}
+    sections = {k.split(" ", 1)[1] for k in blocks if k.startswith("section ")}
+    assert rows <= sections and all("{rows}" in blocks[f"section {r}"] for r in rows)

@@ -5,9 +5,10 @@ import pytest
 from typer.testing import CliRunner
 
 from structlens.analyze import STAGES, AnalyzeConfig, parse_layers
-from structlens.analyze.causal import MIN_KAPPA_VECTORS, kappa_layers
-from structlens.analyze.runtime import ProgressBars
+from structlens.causal_dim.stages import kappa_layers
+from structlens.causal_dim.verdicts import MIN_KAPPA_VECTORS
 from structlens.cli.main import app
+from structlens.pipeline.progress import ProgressBars
 
 
 def test_smoke_analysis_writes_every_method_with_headlines_and_caveats(analysis_dir, analysis):

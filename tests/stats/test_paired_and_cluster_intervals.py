@@ -88,3 +88,18 @@ def test_cluster_bootstrap_examples_and_bad_input():
         cluster_bootstrap_ratio_interval([3, 0], [6, 0])
     with pytest.raises(InputError, match="totals > 0"):
         cluster_bootstrap_ratio_interval([7, 1], [6, 2])
+
+
+def test_sign_flip_exact_agrees_with_enumerating_every_sign_pattern():
+    import itertools
+
+    from structlens.stats.intervals import sign_flip_exact
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d = rng.integers(-3, 4, size=int(rng.integers(1, 9)))
+        patterns = list(itertools.product((-1, 1), repeat=len(d)))
+        want = sum(abs(np.dot(s, d)) >= abs(d.sum()) for s in patterns) / len(patterns)
+        assert sign_flip_exact(d) == pytest.approx(want)
+    with pytest.raises(InputError, match="integers"):
+        sign_flip_exact([0.5, 1.0])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,12 +13,20 @@ import numpy as np
 import torch
 
 from structlens import __version__
-from structlens.analyze import causal, equivalence, koopman, ndm
-from structlens.analyze.config import AnalysisReport, AnalyzeConfig
-from structlens.analyze.runtime import ExecutorView, ProgressBars, StageCache, model_fingerprint
+from structlens.analyze.config import CACHE_VERSION, AnalysisReport, AnalyzeConfig
+from structlens.causal_dim import stages as causal_stages
+from structlens.causal_dim import verdicts as causal
 from structlens.data.tasks import sanity as tasks
+from structlens.equivalence import stages as equivalence_stages
+from structlens.equivalence import verdicts as equivalence
 from structlens.errors import InputError
-from structlens.results import read_json_object, to_jsonable
+from structlens.koopman import stages as koopman_stages
+from structlens.koopman import verdicts as koopman
+from structlens.ndm import stages as ndm_stages
+from structlens.ndm import verdicts as ndm
+from structlens.pipeline.cache import Stage, StageCache
+from structlens.pipeline.progress import ExecutorView, ProgressBars, StageProgress
+from structlens.results import read_json_object
 from structlens.verdicts import Section
 
 
@@ -50,6 +58,58 @@ def _stage_settings(cfg: AnalyzeConfig, stage: str, layers: Sequence[int]) -> di
     return out
 
 
+def _section(
+    stage: str,
+    cfg: AnalyzeConfig,
+    model: Any,
+    layers: tuple[int, ...],
+    executor: ExecutorView,
+    step: StageProgress,
+) -> Section:
+    """Run one stage of the main job: the method's analysis stage, then its verdicts."""
+    p, seed = cfg.settings, cfg.seed
+    if stage == "tasks":
+        return tasks.section(tasks.task_sanity(model, p.task_prompts, seed=seed, step=step))
+    if stage == "koopman":
+        return koopman.section(
+            koopman_stages.analysis(
+                p.koopman.replace(seed=seed), model, layers, n_corpus=p.koopman_corpus,
+                max_tokens=p.koopman_tokens, root=cfg.out / "activations", executor=executor,
+                progress=executor.progress, step=step,
+            )
+        )  # fmt: skip
+    if stage == "ndm":
+        return ndm.section(
+            ndm_stages.analysis(
+                p.ndm.replace(seed=seed), model, root=cfg.out, executor=executor, step=step
+            )
+        )
+    if stage == "causal_dim":
+        return causal.section(
+            causal_stages.analysis(
+                p.causal_dim.replace(seed=seed), model, layers, n_kappa_layers=p.kappa_layers,
+                executor=executor, step=step,
+            )
+        )  # fmt: skip
+    return equivalence.section(
+        equivalence_stages.analysis(
+            p.equivalence.replace(seed=seed), model, compare=cfg.compare, device=cfg.device,
+            step=step,
+        )
+    )  # fmt: skip
+
+
+def _steps(stage: str, cfg: AnalyzeConfig, layers: tuple[int, ...]) -> int:
+    """Progress-bar steps of ``stage``: the ``step`` calls its analysis makes."""
+    return {
+        "tasks": 4,
+        "koopman": len(layers) + 2,
+        "ndm": 8,
+        "causal_dim": len(causal_stages.kappa_layers(layers, cfg.settings.kappa_layers)) + 2,
+        "equivalence": 1 + bool(cfg.compare),
+    }[stage]
+
+
 def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
     """Run (or load from the cache) every stage of ``cfg.stages`` on ``model``, write
     ``cfg.out/analysis.json`` and return the report."""
@@ -63,46 +123,33 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
 
     cfg.out.mkdir(parents=True, exist_ok=True)
     executor = ExecutorView(get_executor(cfg.executor), cfg.progress)
-    cache = StageCache(cfg.out / "cache", model_fingerprint(model))
-    steps = {
-        "tasks": 4,
-        "koopman": len(layers) + 2,
-        "ndm": 8,
-        "causal_dim": len(causal.kappa_layers(layers, cfg.settings.kappa_layers)) + 2,
-        "equivalence": 1 + bool(cfg.compare),
-    }
-    runners = {
-        "tasks": lambda step: tasks.section(
-            tasks.task_sanity(model, cfg.settings.task_prompts, seed=cfg.seed, step=step)
-        ),
-        "koopman": lambda step: koopman.run(model, cfg, layers, step, executor),
-        "ndm": lambda step: ndm.run(model, cfg, step, executor),
-        "causal_dim": lambda step: causal.run(model, cfg, layers, step, executor),
-        "equivalence": lambda step: equivalence.run(model, cfg, step),
-    }
+    fingerprint = model_fingerprint(model)
+    cache = StageCache(cfg.out / "cache")
     sections: dict[str, dict[str, Any]] = {}
     status: dict[str, dict[str, Any]] = {}
     progress = ProgressBars(cfg.progress)
+
+    def compute(stage: str, _folder: Path) -> Section:  # a section writes no other files
+        t0 = time.perf_counter()
+        with progress.stage(stage, _steps(stage, cfg, layers)) as step:
+            torch.manual_seed(cfg.seed)
+            section = _section(stage, cfg, model, layers, executor, step)
+        return dataclasses.replace(section, seconds=round(time.perf_counter() - t0, 1))
+
     with progress.session():
         for stage in cfg.stages:
-            settings = _stage_settings(cfg, stage, layers)
-            hit = cache.get(stage, settings)
-            if hit is not None:
-                sections[stage] = hit
-                status[stage] = {"status": "cached", "seconds": hit.get("seconds", 0.0)}
-                continue
-            t0 = time.perf_counter()
-            with progress.stage(stage, steps[stage]) as step:
-                torch.manual_seed(cfg.seed)
-                section = runners[stage](step)
-            result = section.to_json() if isinstance(section, Section) else section
-            result["seconds"] = round(time.perf_counter() - t0, 1)
-            cache.put(stage, settings, result)
-            sections[stage] = json.loads(json.dumps(to_jsonable(result)))
-            status[stage] = {"status": "computed", "seconds": result["seconds"]}
+            key = Stage(
+                stage,
+                {"version": CACHE_VERSION, **_stage_settings(cfg, stage, layers)},
+                model=fingerprint,
+            )
+            section = cache.run(key, Section, functools.partial(compute, stage))
+            sections[stage] = section.to_json()
+            hit = cache.events[-1].hit
+            status[stage] = {"status": "cached" if hit else "computed", "seconds": section.seconds}
     run = {
         "model": model.name,
-        "fingerprint": cache.fingerprint,
+        "fingerprint": fingerprint,
         "d_model": int(model.d_model),
         "n_layers": int(model.n_layers),
         "profile": cfg.profile,
@@ -116,6 +163,11 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
     report = AnalysisReport(run=run, sections=sections)
     report.save(cfg.out)
     return report
+
+
+def model_fingerprint(model: Any) -> str:
+    fp = model.fingerprint
+    return str(fp() if callable(fp) else fp)
 
 
 def load_report(directory: str | Path) -> AnalysisReport:

@@ -17,6 +17,7 @@ chunk are correlated.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,10 @@ def planted_grams(
     return prompts, grams
 
 
+def _windows(grams: np.ndarray, start: int, stop: int) -> np.ndarray:
+    return grams[start:stop]
+
+
 @dataclass(frozen=True)
 class KappaCalibration:
     """The κ stage on ``n`` instances of one planted family (within-chunk correlation ``rho``,
@@ -106,7 +111,7 @@ def calibrate_kappa(
         prompts, grams = planted_grams(rho, seed=seed)
         fit = kappa(
             protocol.replace(kappa_unit=unit, seed=seed), None, 0, prompts,
-            grams=lambda a, b, g=grams: g[a:b],
+            grams=functools.partial(_windows, grams),
         )  # fmt: skip
         lo, hi = fit.erank_ci
         points.append(fit.erank)

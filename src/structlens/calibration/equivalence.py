@@ -4,8 +4,9 @@ A comparison validates ``n`` matched heads twice: each head replaced by its part
 model B still behave?) and, as the null, mean-ablated.  The decision
 (:func:`structlens.equivalence.score.decide_paired_null`, called by every comparison) says
 "equivalent" when partners pass where the null fails significantly more often than the
-reverse (McNemar's exact test at the protocol's ``null_alpha``) and the partner pass rate
-reaches ``equivalent_at``.
+reverse (an exact paired test at the protocol's ``null_alpha`` over its ``null_unit``: the
+sign-flip test over B's layers, or McNemar's test over heads) and the partner pass rate
+reaches ``equivalent_at``.  Both units are scored: the protocol's, and the other for contrast.
 
 Planted outcomes, heads grouped in layers of three as a model's are:
 
@@ -13,7 +14,8 @@ Planted outcomes, heads grouped in layers of three as a model's are:
   better than mean ablation, so "equivalent" is a false positive;
 * ``null, layer-shared``: the same, but the three heads of a layer pass or fail together
   (one draw per layer for the partners, one for the null) — McNemar counts heads as
-  independent units, so this family measures what shared fate within a layer does to it;
+  independent units, so this family measures what shared fate within a layer does to it
+  (the layer unit is valid here by construction, the head unit is not);
 * ``alternative``: partners pass with probability ``p`` > 0.3, heads independent — the
   rate of "equivalent" is the power at that effect.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from structlens.equivalence.protocol import PROFILES, EquivalenceProtocol
-from structlens.equivalence.score import decide_paired_null
+from structlens.equivalence.score import component_clusters, decide_paired_null
 from structlens.stats.intervals import wilson_interval
 
 __all__ = ["PROTOCOL", "NULL_PASS", "HEADS_PER_LAYER", "DecisionRate", "planted_outcomes",
@@ -65,6 +67,7 @@ class DecisionRate:
     partner_pass: float
     n_heads: int
     shared: bool
+    unit: str
     expected: bool
     n: int
     rate: float
@@ -79,20 +82,28 @@ def calibrate_decision(
     n: int,
     *,
     shared: bool = False,
+    unit: str | None = None,
     first_seed: int = 0,
     protocol: EquivalenceProtocol = PROTOCOL,
 ) -> DecisionRate:
     """The decision on ``n`` planted instances (seeds ``first_seed, ...``) of ``n_heads``
-    heads, at ``protocol.null_alpha`` and ``protocol.equivalent_at``."""
+    heads, at ``protocol.null_alpha`` and ``protocol.equivalent_at``, over ``unit``
+    (default the protocol's ``null_unit``)."""
+    unit = unit or protocol.null_unit
+    # head i sits in layer i // HEADS_PER_LAYER, as planted_outcomes lays them out
+    pairs = [[[i // HEADS_PER_LAYER, 0], [i // HEADS_PER_LAYER, i]] for i in range(n_heads)]
+    clusters = component_clusters(pairs, unit)
     yes = 0
     for seed in range(first_seed, first_seed + n):
         partner, null = planted_outcomes(partner_pass, n_heads, shared=shared, seed=seed)
         d = decide_paired_null(
-            partner, null, alpha=protocol.null_alpha, min_score=protocol.equivalent_at
-        )
+            partner, null, alpha=protocol.null_alpha, min_score=protocol.equivalent_at,
+            clusters=clusters,
+        )  # fmt: skip
         yes += d.verdict == "equivalent"
     return DecisionRate(
         family=family, partner_pass=float(partner_pass), n_heads=n_heads, shared=shared,
+        unit=unit,
         expected=partner_pass > NULL_PASS, n=n, rate=yes / n, rate_ci=wilson_interval(yes, n),
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

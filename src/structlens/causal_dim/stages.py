@@ -16,6 +16,8 @@ answer whichever driver runs it.
 * :func:`train_sae`, :func:`train_sweep` — SAEs trained to convergence
   (:class:`SAETraining`).
 * :func:`sweep` — the width-sweep wedge, κ̂ and the base-width table (:class:`SweepFit`).
+* :func:`analysis` — what ``structlens analyze`` runs: κ at :func:`kappa_layers` of the
+  analysis layers and the width sweep at the middle one (:class:`CausalAnalysis`).
 
 A driver that caches (the replication) may hand :func:`kappa` its own Gram source and
 :func:`sweep` rows and SAEs read back from its cache; the numbers are the same.
@@ -51,6 +53,9 @@ __all__ = [
     "train_sweep",
     "SweepFit",
     "sweep",
+    "CausalAnalysis",
+    "kappa_layers",
+    "analysis",
 ]
 
 
@@ -467,4 +472,85 @@ def sweep(
         quality={str(w): q for w, q in quality.items()},
         atp_mass=mass,
         base_width_sensitivity=bases,
+    )
+
+
+# ---------------------------------------------------------------- analyze's composition
+@dataclasses.dataclass(frozen=True)
+class CausalAnalysis(Result):
+    """κ at several layers and the width sweep at one, as ``structlens analyze`` runs them.
+
+    ``kappa_fits`` are the :class:`KappaFit` of the κ layers in order; ``sweep_fit`` the
+    :class:`SweepFit` at ``sweep_layer`` (``None`` when the protocol's widths do not suit
+    ``d_model``: ``sweep_not_run`` says why).  ``n_sae_train``, ``n_sae_eval`` count the SAE
+    prompts and ``kappa_windows_from_sae_training`` the Jacobian windows cut from SAE
+    training chunks.
+    """
+
+    protocol: dict
+    d_model: int
+    kappa_fits: list
+    sweep_layer: int
+    sweep_fit: SweepFit | None
+    sweep_not_run: str
+    n_sae_train: int
+    n_sae_eval: int
+    kappa_windows_from_sae_training: int
+
+
+def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
+    """``count`` evenly spaced entries of ``layers``, the middle one always among them."""
+    n = len(layers)
+    if count >= n:
+        return list(layers)
+    idx = {int(i) for i in np.linspace(0, n - 1, count).round()}
+    if n // 2 not in idx:
+        idx.remove(min(idx, key=lambda i: abs(i - n // 2)))
+        idx.add(n // 2)
+    return [layers[i] for i in sorted(idx)]
+
+
+def analysis(
+    protocol: CausalProtocol,
+    model: Any,
+    layers: Sequence[int],
+    *,
+    n_kappa_layers: int,
+    executor: Any = None,
+    step: Callable[[str], None] = lambda what: None,
+) -> CausalAnalysis:
+    """Exact κ at ``n_kappa_layers`` of ``layers`` (:func:`kappa_layers`) and the width
+    sweep at the middle analysis layer (always a κ layer, so κ̂ sits beside its exact κ);
+    ``step(what)`` is called before each part (a progress callback)."""
+    d = model.d_model
+    sets = prompt_sets(protocol, model.tokenizer)
+    mid = layers[len(layers) // 2]
+    fits = []
+    for layer in kappa_layers(layers, n_kappa_layers):
+        step(f"κ layer {layer}")
+        fits.append(kappa(protocol, model, layer, sets))
+    fit, not_run = None, ""
+    try:
+        protocol.check_widths(d)
+    except InputError as err:
+        not_run = str(err)
+    else:
+        step(f"SAE widths (layer {mid})")
+        rows = training_rows(model, [mid], sets.sae_train).of(mid)
+        trained = train_sweep(protocol, rows, d_model=d, executor=executor)
+        step("AtP over widths")
+        exact = next(f.erank for f in fits if f.layer == mid)
+        saes = {w: sae for w, (sae, _) in trained.items()}
+        evaluation = eval_rows(model, [mid], sets.sae_eval)
+        fit = sweep(protocol, saes, evaluation, mid, sets, exact_kappa=exact, d_model=d)
+    return CausalAnalysis(
+        protocol=protocol.to_json(),
+        d_model=int(d),
+        kappa_fits=fits,
+        sweep_layer=int(mid),
+        sweep_fit=fit,
+        sweep_not_run=not_run,
+        n_sae_train=len(sets.sae_train),
+        n_sae_eval=len(sets.sae_eval),
+        kappa_windows_from_sae_training=sets.kappa_train_chunks,
     )

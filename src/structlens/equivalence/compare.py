@@ -57,6 +57,7 @@ from .probes import Probe, corpus_probe, task_probe
 from .score import (
     ValidationCriterion,
     bootstrap_interval,
+    component_clusters,
     decide_paired_null,
     equivalence_score,
     informative_heads,
@@ -133,7 +134,12 @@ class CompareConfig:
         paired test against the null passes (:func:`decide_paired_null`), else
         "unidentified" (or "not tested" without a null).
     null_alpha : float
-        Level of that paired test (McNemar exact, two-sided, on the validated heads).
+        Level of that paired test (exact, two-sided, on the validated heads).
+    null_unit : {"head", "layer"}
+        Independent unit of the paired test: ``"head"`` (McNemar over heads, the unit the
+        score counts; its level holds only if heads fail independently) or ``"layer"`` (the exact
+        sign-flip test over B's layers, valid when a layer's heads share their fate, but
+        unable to reach ``null_alpha`` with fewer than ``log2(2 / null_alpha)`` layers).
     batch_size, seed, ci
     """
 
@@ -161,6 +167,7 @@ class CompareConfig:
     straps: int = 40
     equivalent_at: float = 0.5
     null_alpha: float = 0.05
+    null_unit: Literal["head", "layer"] = "head"
     batch_size: int = 8
     seed: int = 0
     ci: Literal["wilson", "bootstrap"] = "wilson"
@@ -464,6 +471,7 @@ def compare(
         [v["passed"] for v in n_val] if n_val else None,
         alpha=cfg.null_alpha,
         min_score=cfg.equivalent_at,
+        clusters=component_clusters([v["pair"] for v in head_score.validation], cfg.null_unit),
     )
     verdicts: dict[str, Any] = {
         "matching": paired.verdict,

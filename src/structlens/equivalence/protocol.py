@@ -18,8 +18,9 @@ Components
     ``head_subset``) and ``max_validate_layers`` layers are validated by patching through
     ``map_method`` (heads) and ``layer_map`` (whole layers) maps.
 Null and decision
-    The null mean-ablates the same components of B.  The decision is McNemar's exact test on
-    the discordant components at level ``null_alpha`` (:func:`~structlens.equivalence.score.
+    The null mean-ablates the same components of B.  The decision is an exact paired test on
+    the discordant components at level ``null_alpha`` over ``null_unit`` (heads: McNemar's
+    test; B's layers: the sign-flip test) (:func:`~structlens.equivalence.score.
     decide_paired_null`), "equivalent" only when the score also reaches ``equivalent_at``;
     scores pooled over model pairs resample whole pairs (``pool_resamples`` draws).
 
@@ -57,6 +58,7 @@ _CHOICES = {
     "map_method": ("ridge", "procrustes"),
     "layer_map": ("auto", "procrustes", "ridge"),
     "null": ("mean_ablation", "none"),
+    "null_unit": ("head", "layer"),
     "ci": ("wilson", "bootstrap"),
 }
 
@@ -105,7 +107,10 @@ class EquivalenceProtocol(Protocol):
     null: str = described(
         "mean_ablation", "The null: mean ablation of the same components, or none."
     )
-    null_alpha: float = described(0.05, "Level of the paired McNemar test against the null.")
+    null_alpha: float = described(0.05, "Level of the paired exact test against the null.")
+    null_unit: str = described(
+        "head", "Independent unit of that test: head (McNemar) or layer (sign-flip over B's)."
+    )
     equivalent_at: float = described(0.5, "Smallest score that may be called equivalent.")
     ci: str = described("wilson", "Descriptive interval of a pass rate: wilson or bootstrap.")
     pool_resamples: int = described(2000, "Cluster-bootstrap draws over model pairs (pooled).")
@@ -191,6 +196,7 @@ class EquivalenceProtocol(Protocol):
             straps=self.straps,
             equivalent_at=self.equivalent_at,
             null_alpha=self.null_alpha,
+            null_unit=self.null_unit,  # type: ignore[arg-type]
             batch_size=self.batch_size,
             seed=self.seed,
             ci=self.ci,  # type: ignore[arg-type]

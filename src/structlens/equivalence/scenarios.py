@@ -6,6 +6,9 @@
   must recover the permutation and the equivalence score must be 1.
 * :func:`finetune_on_task` -- a copy of a causal LM fine-tuned on a task's answers (the
   before/after fine-tuning scenario).
+* :data:`SCENARIOS` -- the scenario table of the replication: which model pairs are compared,
+  under which protocol, and which of the paper's claims (``group``) each row tests; with the
+  small byte-level LMs (:data:`SMALL`) and fine-tunes (:data:`FINETUNES`) its rows name.
 
 Folding a rotation into a pre-norm transformer
 ----------------------------------------------
@@ -28,13 +31,30 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
+from structlens.equivalence.train_small import SmallLMConfig
 from structlens.models.loading import Model
 
-__all__ = ["rotate_and_permute", "finetune_on_task", "FineTuneRun", "random_orthogonal"]
+__all__ = [
+    "rotate_and_permute",
+    "finetune_on_task",
+    "FineTuneRun",
+    "random_orthogonal",
+    "Scenario",
+    "SCENARIOS",
+    "SMALL",
+    "FINETUNES",
+    "FT_TARGET_KL",
+    "FT_PROMPTS",
+    "FT_TRAIN",
+    "FT_SETTINGS",
+    "finetune_settings",
+    "finetune_scenario",
+]
 
 _RMS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -253,3 +273,108 @@ def finetune_on_task(
         p.requires_grad_(False)
     tuned = Model(hf, model.tokenizer, f"{model.name}+ft", source=f"{model.source}+ft")
     return FineTuneRun(tuned, losses, curve, len(losses), reached)
+
+
+# Trained to convergence: at most 2000 steps of 8 × 64 bytes (~2 passes over the training
+# bytes), stopped once three held-out evaluations in a row (every 100 steps, on the corpus'
+# last tenth) improved by < 0.5 % (SmallLMConfig's stopping rule).
+_CONVERGED: dict[str, Any] = dict(steps=2000, eval_every=100, converge_tol=0.005, patience=3)
+#: The small byte-level LMs of the seed, depth and encoder–decoder rows, by name.
+SMALL = {
+    "L4-s0": SmallLMConfig(n_layers=4, seed=0, **_CONVERGED),
+    "L4-s1": SmallLMConfig(n_layers=4, seed=1, **_CONVERGED),
+    "L4-s2": SmallLMConfig(n_layers=4, seed=2, **_CONVERGED),
+    "L2-s0": SmallLMConfig(n_layers=2, seed=0, **_CONVERGED),
+    "L8-s0": SmallLMConfig(n_layers=8, seed=0, **_CONVERGED),
+    # an encoder–decoder on the same bytes: T5, 2 encoder + 4 decoder layers, run as an LM
+    # over its decoder with an empty source (SmallLMConfig.encoder_layers)
+    "ED-s0": SmallLMConfig(n_layers=4, encoder_layers=2, seed=0, **_CONVERGED),
+}
+#: The fine-tunes of SmolLM2-135M-Instruct, by name: (task, answer key), the probe's own task
+#: (similar) and factual recall (dissimilar).
+FINETUNES = {
+    "smollm2-ft-ioi": ("ioi", "IO"),
+    "smollm2-ft-facts": ("factual_recall", "answer"),
+}
+# Fine-tuned until the behaviour has changed: AdamW on layers 15-29 until the mean KL(base ‖
+# tuned) at the end of held-out prompts of the same task reaches FT_TARGET_KL nats (checked
+# every 10 steps), at most 300 steps.  FT_PROMPTS task prompts (seed 1; the IOI probe uses
+# seed 0): the first FT_TRAIN train, the rest are held out (factual recall has 85 facts).
+FT_TARGET_KL = 0.5
+FT_PROMPTS, FT_TRAIN = 80, 56
+FT_SETTINGS: dict[str, Any] = dict(
+    steps=300, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), eval_every=10, seed=0
+)
+
+
+def finetune_settings(name: str) -> dict[str, Any]:
+    """Everything that decides the weights of the fine-tune ``name`` (besides the base)."""
+    task, key = FINETUNES[name]
+    return {"name": name, "task": task, "answer": key, "n": FT_PROMPTS, "n_train": FT_TRAIN,
+            "seed": 1, "target_kl": FT_TARGET_KL, **FT_SETTINGS}  # fmt: skip
+
+
+def finetune_scenario(base: Model, name: str) -> tuple[FineTuneRun, dict[str, Any]]:
+    """The fine-tune ``name`` of :data:`FINETUNES` of ``base`` and its training record
+    (settings, losses, held-out KL curve, steps, whether the target KL was reached, seconds)."""
+    import time
+
+    from structlens.data.tasks import make_task
+
+    task_name, key = FINETUNES[name]
+    task = make_task(task_name, base.tokenizer, n=FT_PROMPTS, seed=1)
+    clean, answers = task.clean, task.answers[key]
+    t0 = time.perf_counter()
+    run = finetune_on_task(
+        base, clean[:FT_TRAIN], answers[:FT_TRAIN], held_out=clean[FT_TRAIN:],
+        target_kl=FT_TARGET_KL, **FT_SETTINGS,
+    )  # fmt: skip
+    info = dict(task=task_name, n_prompts=len(task), n_train=FT_TRAIN, **FT_SETTINGS)
+    info |= dict(losses=run.losses, held_out_kl=run.held_out_kl, target_kl=FT_TARGET_KL,
+                 steps_run=run.steps_run, reached=run.reached)  # fmt: skip
+    info["seconds"] = time.perf_counter() - t0
+    return run, info
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the scenario table: ``model_b`` (whose components get replaced) against
+    ``model_a``, under the protocol named ``protocol``
+    (:data:`structlens.equivalence.protocol.PROFILES`; ``None``: the driver's protocol of the
+    small LMs).  A model is a loadable name, ``small:NAME`` (:data:`SMALL`) or
+    ``finetune:NAME`` (:data:`FINETUNES`); ``model_b`` ``None`` is the rotated, head-permuted
+    copy of ``model_a`` (the sanity stage, answer known: equivalent).  ``group`` is the
+    paper's claim the row tests."""
+
+    name: str
+    group: str
+    model_a: str
+    model_b: str | None
+    setting: str
+    protocol: str | None = None
+
+
+# The SmolLM2 rows run "paper-subset": 96 IOI prompts, half fit, half held out; 48 fit prompts
+# of ~16 tokens give ~700 token rows, more than d = 576, as a whole-layer map needs
+# (equivalence.layer_map).  MiniLM against SmolLM2 has two tokenizers: "paper-sentence".
+_SMOL, _SENT = "paper-subset", "paper-sentence"
+SCENARIOS = (
+    Scenario("sanity-tiny", "sanity", "tiny-llama", None,
+             "tiny-llama vs rotated+permuted copy, corpus"),
+    Scenario("sanity-smollm2", "sanity", "smollm2-135m", None,
+             "SmolLM2 vs rotated+permuted copy, IOI", _SMOL),
+    Scenario("enc-dec-same-data", "encoder-decoder", "small:ED-s0", "small:L4-s0",
+             "T5 enc–dec (2 + 4 layers) vs 4L decoder, same bytes"),
+    Scenario("enc-dec", "encoder-other-data", "minilm-l6", "smollm2-135m",
+             "MiniLM-L6 vs SmolLM2, sentences", _SENT),
+    Scenario("seeds-s0-s1", "seeds", "small:L4-s0", "small:L4-s1", "4L seed 0 vs 1"),
+    Scenario("seeds-s0-s2", "seeds", "small:L4-s0", "small:L4-s2", "4L seed 0 vs 2"),
+    Scenario("seeds-s1-s2", "seeds", "small:L4-s1", "small:L4-s2", "4L seed 1 vs 2"),
+    Scenario("depth-2-4", "depth", "small:L2-s0", "small:L4-s0", "2L vs 4L"),
+    Scenario("depth-4-8", "depth", "small:L4-s0", "small:L8-s0", "4L vs 8L"),
+    Scenario("depth-2-8", "depth", "small:L2-s0", "small:L8-s0", "2L vs 8L"),
+    Scenario("ft-ioi", "finetune", "smollm2-135m", "finetune:smollm2-ft-ioi",
+             "SmolLM2 vs IOI fine-tune", _SMOL),
+    Scenario("ft-facts", "finetune", "smollm2-135m", "finetune:smollm2-ft-facts",
+             "SmolLM2 vs facts fine-tune", _SMOL),
+)  # fmt: skip

@@ -36,7 +36,10 @@ ablate).  Comparing the two Wilson intervals as if independent is no test of tha
 design; the verdict comes from McNemar's exact test on the discordant components (partner
 passes and null fails, ``b``; the reverse, ``c``): ``"equivalent"`` when ``b > c`` with
 two-sided ``p < alpha`` (and the score reaches ``min_score``), ``"unidentified"`` with the
-reason otherwise, and ``"not tested"`` (with the reason) when no null was measured.  The
+reason otherwise, and ``"not tested"`` (with the reason) when no null was measured.  Heads
+of one layer may share their fate; given each component's cluster (its layer of model B,
+:func:`component_clusters`) the test is the exact sign-flip test over clusters on
+``b_L − c_L``, which is McNemar's when every cluster holds one component.  The
 Wilson intervals stay as descriptive numbers.  Scores pooled over several model pairs
 resample whole pairs (:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`):
 heads of one pair are not independent of each other.
@@ -47,11 +50,12 @@ changes B's output most (top-KL), where the null fails.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from ..results import Result
-from ..stats.intervals import bootstrap_interval, mcnemar_exact, wilson_interval
+from ..stats.intervals import bootstrap_interval, mcnemar_exact, sign_flip_exact, wilson_interval
 from ._checks import to_numpy
 
 __all__ = [
@@ -237,7 +241,9 @@ class PairedNullDecision(Result):
     ``partner_only`` (``b``): components where the partner passes and the null fails;
     ``null_only`` (``c``): the reverse; ``both``/``neither``: the concordant ones.
     ``p_value`` is McNemar's exact two-sided p-value (NaN without a null), ``alpha`` its level;
-    ``score``/``null_score`` the two pass rates over the ``n_heads`` components.
+    ``score``/``null_score`` the two pass rates over the ``n_heads`` components.  With
+    clusters, ``p_value`` is the exact sign-flip test over the ``n_clusters`` clusters
+    (``test`` says which).
     """
 
     verdict: str
@@ -252,6 +258,7 @@ class PairedNullDecision(Result):
     score: float
     null_score: float
     test: str = "McNemar exact, two-sided, on the discordant components"
+    n_clusters: int = 0
 
 
 def _bools(values: object, name: str) -> np.ndarray:
@@ -267,12 +274,32 @@ def _bools(values: object, name: str) -> np.ndarray:
     return a
 
 
+def component_clusters(pairs: list, unit: str) -> list | None:
+    """The independent unit of each matched pair for :func:`decide_paired_null`: with
+    ``unit="layer"`` the layer of model B the component sits in (a head pair is
+    ``[[layer_a, head_a], [layer_b, head_b]]``, a layer pair ``(layer_a, layer_b)``, a head
+    group B's layer), with ``"head"`` ``None`` (every component its own unit)."""
+    if unit == "head":
+        return None
+    if unit != "layer":
+        raise ValueError(f"unit must be 'layer' or 'head', got {unit!r}.")
+
+    def layer_b(pair: Any) -> Any:
+        if not isinstance(pair, (list, tuple)):
+            return pair
+        b = pair[1]
+        return b[0] if isinstance(b, (list, tuple)) else b
+
+    return [layer_b(p) for p in pairs]
+
+
 def decide_paired_null(
     partner_passed: object,
     null_passed: object | None,
     *,
     alpha: float = 0.05,
     min_score: float = 0.0,
+    clusters: object | None = None,
 ) -> PairedNullDecision:
     """Decide equivalence from per-component pass/fail of the partner and of the null.
 
@@ -287,6 +314,12 @@ def decide_paired_null(
         Level of the two-sided exact McNemar test, in (0, 1).
     min_score : float
         Smallest partner pass rate that may be called equivalent.
+    clusters : sequence or None
+        The independent unit of each component (e.g. the layer of model B a head sits in):
+        components of one cluster may share their fate, so the test is the exact sign-flip
+        test over clusters on ``b_L − c_L``
+        (:func:`~structlens.stats.intervals.sign_flip_exact`), which McNemar's test is when
+        every component is its own cluster.  ``None``: every component its own cluster.
 
     Returns
     -------
@@ -322,10 +355,25 @@ def decide_paired_null(
         )
     b, c = int(np.sum(partner & ~null)), int(np.sum(~partner & null))
     both, neither = int(np.sum(partner & null)), int(np.sum(~partner & ~null))
-    p = mcnemar_exact(b, c)
+    if clusters is None:
+        p, n_clusters, test = mcnemar_exact(b, c), int(partner.size), PairedNullDecision.test
+        how = "McNemar exact p"
+    else:
+        labels = list(clusters)  # type: ignore[call-overload]
+        if len(labels) != partner.size:
+            raise ValueError(
+                f"clusters has {len(labels)} labels for {partner.size} components; give one "
+                "per component, in the same order."
+            )
+        index = {x: k for k, x in enumerate(dict.fromkeys(labels))}
+        idx = np.array([index[x] for x in labels])
+        d = np.bincount(idx, weights=(partner & ~null).astype(float) - (~partner & null))
+        p, n_clusters = sign_flip_exact(np.rint(d).astype(np.int64)), len(index)
+        test = f"exact sign-flip over {n_clusters} clusters, two-sided, on b − c per cluster"
+        how = f"sign-flip over {n_clusters} clusters p"
     counts = (
         f"partner passes where the null fails on {b} of {partner.size} components, the null "
-        f"where the partner fails on {c} (McNemar exact p = {p:.3g})"
+        f"where the partner fails on {c} ({how} = {p:.3g})"
     )
     if not (b > c and p < alpha):
         verdict, reason = (
@@ -341,7 +389,7 @@ def decide_paired_null(
         verdict, reason = "equivalent", f"{counts} < α = {alpha:g}"
     return PairedNullDecision(
         verdict, reason, int(partner.size), b, c, both, neither, p, alpha, score,
-        float(null.mean()),
+        float(null.mean()), test, n_clusters,
     )  # fmt: skip
 
 

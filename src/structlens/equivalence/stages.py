@@ -5,6 +5,9 @@ Each stage is a function ``(protocol, models, ...) -> Result`` of a frozen, type
 return, so one :class:`~structlens.equivalence.protocol.EquivalenceProtocol` gives one answer
 whichever driver runs it.
 
+:func:`analysis` is ``structlens analyze``'s stage: the sanity check and, when asked, a
+comparison with a second model, as one :class:`ModelAnalysis`.
+
 The model runs are :func:`measure` (:func:`structlens.equivalence.compare.compare` under the
 protocol's settings; its :class:`~structlens.equivalence.compare.ComparisonResult` holds every
 per-component record and is what a driver caches); :func:`summarize` turns those records into
@@ -26,6 +29,7 @@ from structlens.equivalence.probes import Probe, corpus_probe, task_probe
 from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.score import (
     PairedNullDecision,
+    component_clusters,
     decide_paired_null,
     representational_score,
 )
@@ -43,6 +47,10 @@ __all__ = [
     "summarize",
     "compare_models",
     "sanity",
+    "ModelAnalysis",
+    "analysis",
+    "FoldCheck",
+    "fold_check",
 ]
 
 Measure = Callable[[EquivalenceProtocol, Any, Any, Probe], ComparisonResult]
@@ -219,6 +227,7 @@ def _components(
     decision = decide_paired_null(
         list(passed), list(null) if null else None,
         alpha=protocol.null_alpha, min_score=protocol.equivalent_at,
+        clusters=component_clusters([r["pair"] for r in records], protocol.null_unit),
     )  # fmt: skip
     return ComponentScores(
         kind=kind,
@@ -274,7 +283,7 @@ def _caveats(heads: ComponentScores, cong: CongruityScores | None) -> tuple[Cave
             Caveat(
                 "null_passes",
                 f"mean-ablating B's heads passes as often as the matched partners (partner "
-                f"only on {d.partner_only} heads, null only on {d.null_only}, McNemar exact "
+                f"only on {d.partner_only} heads, null only on {d.null_only}; {d.test}: "
                 f"p = {d.p_value:.3g}; null {heads.null_score:.2f} vs score {heads.score:.2f}): "
                 "the score does not show that the partners carry the mechanism",
             )
@@ -400,4 +409,86 @@ def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = meas
         heads_recovered=float(np.mean(found)) if found else float("nan"),
         passed=passed,
         reason=reason,
+    )
+
+
+@dataclass(frozen=True)
+class ModelAnalysis(Result):
+    """What ``structlens analyze`` measures of one model under ``protocol``: the sanity check
+    (``None`` when it could not run, ``sanity_error`` says why: a LayerNorm model, too few
+    probe tokens) and the comparison with a second model (``None`` when none was given)."""
+
+    protocol: EquivalenceProtocol
+    sanity: SanityCheck | None
+    sanity_error: str | None
+    compare: ModelComparison | None
+
+
+def analysis(
+    protocol: EquivalenceProtocol,
+    model: Any,
+    *,
+    compare: str | None = None,
+    device: str = "cpu",
+    step: Callable[[str], None] = lambda what: None,
+) -> ModelAnalysis:
+    """``model`` against a rotated, head-permuted copy of itself (the answer is known:
+    equivalent) and against the model named ``compare`` (loaded on ``device`` at the
+    protocol's seed) when given; ``step(what)`` is called before each of the two."""
+    from structlens.errors import InputError
+    from structlens.models import load_model
+
+    step("rotated copy")
+    check, error = None, None
+    try:
+        check = sanity(protocol, model)
+    except (ValueError, InputError) as err:  # a LayerNorm model; too few probe tokens
+        error = str(err)
+    other = None
+    if compare:
+        step(f"vs {compare}")
+        b = load_model(compare, device=device, seed=protocol.seed)
+        other = compare_models(protocol, model, b)
+    return ModelAnalysis(protocol=protocol, sanity=check, sanity_error=error, compare=other)
+
+
+@dataclass(frozen=True)
+class FoldCheck(Result):
+    """The rotated, head-permuted copy on one prompt, site by site: the largest logit change
+    (against the largest logit), whether every top-1 token is unchanged, the largest change of
+    a moved head's ``hook_z`` at ``layer`` and of ``resid_post · R`` against the copy's
+    residual (against the largest residual entry)."""
+
+    layer: int
+    max_abs_logit_diff: float
+    max_abs_logit: float
+    top1_unchanged: bool
+    max_abs_z_diff: float
+    max_abs_resid_rotation_error: float
+    max_abs_resid: float
+
+
+def fold_check(model: Any, prompt: str, *, seed: int, layer: int) -> FoldCheck:
+    """Whether the fold of :func:`~structlens.equivalence.scenarios.rotate_and_permute`
+    preserves the function at the logits, the moved heads and the rotated residual stream."""
+    from structlens.equivalence.scenarios import rotate_and_permute
+    from structlens.interventions import run_with_cache
+    from structlens.sites import site_name
+
+    twin, head_map, r = rotate_and_permute(model, seed=seed)
+    ids, mask = model.tokenize([prompt])
+    z, resid = site_name("z", layer), site_name("resid_post", layer)
+    la, ca = run_with_cache(model, ids, mask, [z, resid])
+    lb, cb = run_with_cache(twin, ids, mask, [z, resid])
+    return FoldCheck(
+        layer=layer,
+        max_abs_logit_diff=float((la - lb).abs().max()),
+        max_abs_logit=float(la.abs().max()),
+        top1_unchanged=bool((la.argmax(-1) == lb.argmax(-1)).all()),
+        max_abs_z_diff=max(
+            float((ca[z][:, :, h] - cb[z][:, :, head_map[layer][h]]).abs().max())
+            for h in range(model.n_heads)
+        ),
+        max_abs_resid_rotation_error=float((ca[resid] @ r - cb[resid]).abs().max()),
+        max_abs_resid=float(ca[resid].abs().max()),
     )

@@ -13,7 +13,9 @@ whichever driver runs it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import dataclasses
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,16 @@ __all__ = [
     "reduction",
     "AblationEffects",
     "mode_ablation",
+    "DepthAnalysis",
+    "analysis",
+    "invariance_size",
+    "sae_invariance",
+    "SAESeedRun",
+    "sae_seed_runs",
+    "SpectralComparison",
+    "spectral_comparison",
+    "universality",
+    "from_record",
 ]
 
 
@@ -533,3 +545,340 @@ def mode_ablation(
         ci=[[float(a), float(b)] for a, b in c.ci],
         mode_eigenvalues=np.asarray(c.mode_eigenvalues),
     )
+
+
+# ---------------------------------------------------------------- the per-layer analysis
+@dataclass(frozen=True)
+class DepthAnalysis(Result):
+    """The protocol's headline dictionary at every layer of ``layers`` (``split_half`` and
+    ``spectra`` in layer order) and the invariance residual of the protocol's invariance
+    dictionaries at ``invariance_layer``, the middle layer, fixed in advance.  A dictionary
+    whose residual cannot be computed is in ``invariance_not_run`` (spec -> why)."""
+
+    protocol: dict[str, Any]
+    layers: list[int]
+    split_half: list[SplitHalfFit]
+    spectra: list[SpectrumFit]
+    invariance_layer: int
+    invariance: list[InvarianceFit]
+    invariance_not_run: dict[str, str]
+    n_prompts: int
+
+
+def analysis(
+    protocol: KoopmanProtocol,
+    model: Any,
+    layers: Sequence[int],
+    *,
+    n_corpus: int,
+    max_tokens: int,
+    root: str | Path,
+    executor: Any = None,
+    progress: bool = False,
+    step: Callable[[str], None] = lambda what: None,
+) -> DepthAnalysis:
+    """Capture the depth sites of ``layers`` over ``n_corpus`` corpus chunks of ``max_tokens``
+    tokens (content-hashed under ``root``) and run :func:`split_half` and :func:`spectrum` of
+    the headline dictionary per layer, then :func:`invariance` at the middle layer.  ``step``
+    is told what starts next (``"capture"``, ``"layer 3"``, ...)."""
+    from structlens.koopman.data import capture_depth, depth_prompts
+
+    step("capture")
+    prompts = depth_prompts(model.tokenizer, n_corpus=n_corpus, max_tokens=max_tokens, task=None)
+    store = capture_depth(model, prompts, layers, root=root, executor=executor, progress=progress)
+    head = protocol.headline_dictionary
+    halves, spectra = [], []
+    for layer in layers:
+        step(f"layer {layer}")
+        rows = layer_rows(protocol, store, [layer])
+        halves.append(split_half(protocol, rows, head))
+        spectra.append(spectrum(protocol, rows, head))
+    mid = int(layers[len(layers) // 2])
+    step(f"invariance (layer {mid})")
+    rows = layer_rows(protocol, store, [mid])
+    inv, not_run = [], {}
+    for spec in protocol.invariance_dictionaries:
+        try:
+            inv.append(invariance(protocol, rows, spec))
+        except ValueError as err:
+            not_run[spec] = str(err)
+    return DepthAnalysis(
+        protocol=protocol.to_json(),
+        layers=[int(v) for v in layers],
+        split_half=halves,
+        spectra=spectra,
+        invariance_layer=mid,
+        invariance=inv,
+        invariance_not_run=not_run,
+        n_prompts=len(prompts),
+    )
+
+
+# ---------------------------------------------------------------- SAE dictionaries
+def invariance_size(protocol: KoopmanProtocol) -> int:
+    """The one size N of the protocol's invariance dictionaries (the gap is compared at equal
+    N); ``ValueError`` if they differ."""
+    sizes = {parse_dictionary(spec)[1] for spec in protocol.invariance_dictionaries}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"the invariance gap compares dictionaries of equal size; the protocol's "
+            f"invariance_dictionaries have sizes {sorted(sizes)}."
+        )
+    return sizes.pop()
+
+
+def sae_invariance(
+    protocol: KoopmanProtocol, rows: LayerRows, n: int, *, width: int, epochs: int
+) -> tuple[dict[str, Any], list[InvarianceFit]]:
+    """The invariance residual of ``n`` features of one wide TopK SAE (``width`` latents),
+    chosen by code variance and by firing frequency (``sae_variance<n>``,
+    ``sae_frequency<n>``), then of the protocol's invariance dictionaries.  The SAE and its
+    feature choice see the protocol's fit rows only.  Returns the SAE's training summary and
+    the fits."""
+    from structlens.koopman.invariance import select_sae_features, train_sae_dictionary
+
+    train = rows.fit_rows(protocol)
+    sae, info = train_sae_dictionary(
+        rows.X[train], d_sae=width, k=16, epochs=epochs, seed=protocol.seed
+    )
+    fits = []
+    for rule in ("variance", "frequency"):
+        label = f"sae_{rule}{n}"
+        chosen = select_sae_features(sae, rows.X[train], n, rule)
+        fits.append(invariance(protocol, rows, label, dictionary=chosen, label=label))
+    fits += [invariance(protocol, rows, spec) for spec in protocol.invariance_dictionaries]
+    return {k: v for k, v in info.items() if k != "decoder"} | {"d_sae": width}, fits
+
+
+@dataclass(frozen=True)
+class SAESeedRun(Result):
+    """TopK SAEs (``d_sae`` latents) trained with ``len(seeds)`` seeds at invariance penalty
+    ``penalty`` on the training prompts of one layer: per seed the held-out pooled residual,
+    dead features and final FVU; per seed pair (``pairs``) the one-to-one matched decoder
+    ``|cos|`` and the share of matches above 0.9 (run-to-run variability)."""
+
+    layer: int
+    penalty: float
+    d_sae: int
+    seeds: list[int]
+    residual: list[float]
+    n_dead: list[int]
+    fvu: list[float]
+    pairs: list[list[int]]
+    mean_cos: list[float]
+    share_above: list[float]
+
+
+def sae_seed_runs(
+    protocol: KoopmanProtocol,
+    rows: LayerRows,
+    penalties: Sequence[float],
+    n_seeds: int,
+    *,
+    epochs: int,
+    d_sae: int = 256,
+) -> list[SAESeedRun]:
+    """One :class:`SAESeedRun` per penalty; residuals are scored on the held-out prompts."""
+    from structlens.koopman.invariance import (
+        decoder_agreement,
+        invariance_residual_split,
+        prompt_split,
+        train_sae_dictionary,
+    )
+
+    (layer,) = rows.layers
+    X, U, Y, pid = rows.X, rows.U, rows.Y, rows.prompt_ids
+    train = ~prompt_split(pid, protocol.seed)
+    out = []
+    for lam in penalties:
+        decoders, residual, dead, fvu = [], [], [], []
+        for sd in range(n_seeds):
+            dic, info = train_sae_dictionary(
+                X[train], U[train], Y[train], d_sae=d_sae, k=16, invariance_weight=lam,
+                epochs=epochs, batch_size=512, seed=sd,
+            )  # fmt: skip
+            inv = invariance_residual_split(dic, X, U, Y, pid, protocol.edmdc(), seed=protocol.seed)
+            decoders.append(info["decoder"])
+            residual.append(float(inv.pooled))
+            dead.append(int(inv.n_dead))
+            fvu.append(float(info["final_fvu"]))
+        pairs = [[i, j] for i in range(n_seeds) for j in range(i + 1, n_seeds)]
+        agree = [decoder_agreement(decoders[i], decoders[j]) for i, j in pairs]
+        out.append(
+            SAESeedRun(
+                layer=int(layer),
+                penalty=float(lam),
+                d_sae=d_sae,
+                seeds=list(range(n_seeds)),
+                residual=residual,
+                n_dead=dead,
+                fvu=fvu,
+                pairs=pairs,
+                mean_cos=[float(a["mean_cos"]) for a in agree],
+                share_above=[float(a["share_above"]) for a in agree],
+            )  # fmt: skip
+        )
+    return out
+
+
+# ---------------------------------------------------------------- universality
+@dataclass(frozen=True)
+class SpectralComparison(Result):
+    """W∞ between two models' spectra at one layer each against a sampling null.
+
+    ``kind``: ``seeds`` (seed replicas of one depth), ``depth`` (replicas of two depths) or
+    ``fine-tune``.  Own bases: each model lifted by the PCA of its own states and compared by
+    :func:`~structlens.koopman.convergence.spectral_distance_test`; a ``shared_size`` basis
+    (fitted on the first model) adds the block-permutation test
+    (:func:`~structlens.koopman.convergence.universality_test`, ``shared_*``, else ``None``).
+    """
+
+    pair: str
+    kind: str
+    test: str
+    distance: float
+    null_q95: float
+    p_value: float
+    n_samples: list[int]
+    shared_distance: float | None
+    shared_null_q95: float | None
+    shared_p_value: float | None
+
+
+def _blocks(
+    protocol: KoopmanProtocol, model: Any, layer: int, prompts: Any, root: Any, dic: Any, size: int
+) -> Any:
+    from structlens.koopman.data import capture_depth
+    from structlens.koopman.dictionaries import PCADictionary
+    from structlens.koopman.edmdc import EDMDc
+
+    rows = layer_rows(protocol, capture_depth(model, prompts, [layer], root=root), [layer])
+    dic = dic or PCADictionary(size).fit(rows.X)
+    cfg = protocol.edmdc(split_half=True)
+    stats = EDMDc(dic, cfg).statistics(
+        rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=16, seed=protocol.seed
+    )
+    return stats, rows.X
+
+
+def spectral_comparison(
+    protocol: KoopmanProtocol,
+    a: tuple[str, Any, int],
+    b: tuple[str, Any, int],
+    prompts: Any,
+    *,
+    kind: str,
+    root: str | Path,
+    n_resamples: int,
+    own_size: int = 8,
+    shared_size: int | None = None,
+) -> SpectralComparison:
+    """Compare models ``a`` and ``b``, each ``(name, model, layer)``, on ``prompts`` (the
+    depth sites are captured, content-hashed, under ``root``)."""
+    from structlens.koopman.convergence import spectral_distance_test, universality_test
+    from structlens.koopman.dictionaries import PCADictionary
+
+    cfg, seed = protocol.edmdc(split_half=True), protocol.seed
+    (na, ma, la), (nb, mb, lb) = a, b
+    blocks_a, X = _blocks(protocol, ma, la, prompts, root, None, own_size)
+    blocks_b, _ = _blocks(protocol, mb, lb, prompts, root, None, own_size)
+    t = spectral_distance_test(blocks_a, blocks_b, cfg, n_resamples=n_resamples, seed=seed)
+    test = f"split-half null, own PCA-{own_size}"
+    shared: list[float | None] = [None, None, None]
+    if shared_size is not None:
+        dic = PCADictionary(shared_size).fit(X)
+        sa, _ = _blocks(protocol, ma, la, prompts, root, dic, shared_size)
+        sb, _ = _blocks(protocol, mb, lb, prompts, root, dic, shared_size)
+        u = universality_test(sa, sb, cfg, n_permutations=n_resamples, seed=seed)
+        shared = [float(u.distance), float(np.quantile(u.null, 0.95)), float(u.p_value)]
+        test += f"; permutation null, shared PCA-{shared_size}"
+    return SpectralComparison(
+        pair=f"{na}@{la} vs {nb}@{lb}", kind=kind, test=test, distance=float(t.distance),
+        null_q95=float(np.quantile(t.null, 0.95)), p_value=float(t.p_value),
+        n_samples=[int(v) for v in t.n_samples], shared_distance=shared[0],
+        shared_null_q95=shared[1], shared_p_value=shared[2],
+    )  # fmt: skip
+
+
+# The equivalence replication's seed replicas, the layer compared in each, and the pairs.
+REPLICA_LAYER = {"L4-s0": 2, "L4-s1": 2, "L4-s2": 2, "L8-s0": 4}
+REPLICA_PAIRS = [
+    ("L4-s0", "L4-s1", "seeds"), ("L4-s0", "L4-s2", "seeds"), ("L4-s1", "L4-s2", "seeds"),
+    ("L4-s0", "L8-s0", "depth"),
+]  # fmt: skip
+
+
+def universality(
+    protocol: KoopmanProtocol,
+    model: Any,
+    prompts: Any,
+    models: typing.Mapping[str, str | Path | None],
+    *,
+    probe_layer: int,
+    n_corpus: int,
+    root: str | Path,
+    n_resamples: int,
+) -> tuple[list[SpectralComparison], dict[str, str]]:
+    """The seed and depth replicas of :data:`REPLICA_LAYER` against each other (own
+    PCA-8, on their own corpus prompts), and ``model`` against its fine-tuned copy
+    ``models["smollm2-ft-ioi"]`` at ``probe_layer`` and layer 20 on ``prompts`` (own PCA-8 and
+    a shared PCA-16).  Returns the comparisons and, per group not compared, why."""
+    from structlens.koopman.data import depth_prompts
+    from structlens.models import load_model
+
+    out, not_run = [], {}
+    if all(models.get(m) for m in REPLICA_LAYER):
+        loaded = {m: load_model(str(models[m])) for m in REPLICA_LAYER}
+        own = depth_prompts(loaded["L4-s0"].tokenizer, n_corpus=n_corpus, max_tokens=64, n_task=0)
+        out += [spectral_comparison(
+            protocol, (x, loaded[x], REPLICA_LAYER[x]), (y, loaded[y], REPLICA_LAYER[y]), own,
+            kind=kind, root=root, n_resamples=n_resamples,
+        ) for x, y, kind in REPLICA_PAIRS]  # fmt: skip
+    else:
+        not_run["seeds"] = "the equivalence replication's seed replicas are missing"
+    tuned = models.get("smollm2-ft-ioi")
+    if tuned is not None and model.n_layers > 20:
+        ft = load_model(str(tuned))
+        # the fine-tune updated layers 15-29 only: the probe layer is an exact-equality
+        # check, layer 20 the real comparison
+        out += [spectral_comparison(
+            protocol, ("smollm2", model, layer), ("smollm2-ft-ioi", ft, layer), prompts,
+            kind="fine-tune", root=root, n_resamples=n_resamples, shared_size=16,
+        ) for layer in (probe_layer, 20)]  # fmt: skip
+    else:
+        not_run["fine-tune"] = "the equivalence replication's smollm2-ft-ioi is missing"
+    return out, not_run
+
+
+# ---------------------------------------------------------------- records
+_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _restore(v: Any) -> Any:
+    if isinstance(v, str):
+        return _NON_FINITE.get(v, v)
+    if isinstance(v, list):
+        return [_restore(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _restore(x) for k, x in v.items()}
+    return v
+
+
+def from_record(cls: type[Any], record: typing.Mapping[str, Any]) -> Any:
+    """A stage Result back from its JSON form (:func:`~structlens.results.to_jsonable`): the
+    arrays as numpy arrays (``*eigenvalues`` as complex), non-finite floats restored.  A
+    record without one of the Result's fields raises ``ValueError`` naming it (a cache
+    written by an older version: clear it)."""
+    hints = typing.get_type_hints(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in record]
+    if missing:
+        raise ValueError(f"a {cls.__name__} record lacks {missing}; it is from an older version.")
+    kw = {}
+    for f in dataclasses.fields(cls):
+        v = _restore(record[f.name])
+        if v is not None and np.ndarray in {hints[f.name], *typing.get_args(hints[f.name])}:
+            v = np.asarray(v, dtype=np.float64)
+            if f.name.endswith("eigenvalues"):
+                v = v.reshape(-1, 2) @ np.array([1.0, 1j])
+        kw[f.name] = v
+    return cls(**kw)

@@ -220,15 +220,10 @@ def evaluate(
     from structlens.errors import InputError
     from structlens.ndm import stages
     from structlens.ndm.collect import train_context
-    from structlens.sites import site_name
 
     meta, store, trained_on = train_context(model, train)
     trained = [int(k) for k in meta["partition"]]
-    for layer in trained:  # before any work: every rotation must be this model's own
-        load_rotation(
-            Path(train) / f"R-L{layer}.safetensors", model=model,
-            site=site_name("resid_post", layer), allow_foreign=allow_foreign,
-        )  # fmt: skip
+    _check_rotations(model, train, trained, allow_foreign)  # before any work
     _check_held_out(protocol, model, trained_on)
     plan = stages.plan_tests(protocol, model, tests)
     missing = sorted(set(plan.layers.values()) - set(trained))
@@ -240,51 +235,20 @@ def evaluate(
         raise InputError(f"--conflict-layer {conflict_layer} was not trained (trained: {trained})")
     needed = sorted(set(plan.layers.values()) | ({conflict_layer} if conflict else set()))
     t0 = time.perf_counter()
-    decompositions = {}
-    for layer in needed:
-        R, partition = load_rotation(Path(train) / f"R-L{layer}.safetensors")
-        h = store.load(site_name("resid_post", layer)).double().numpy()
-        decompositions[layer] = stages.decompose(
-            protocol, h, layer, R, partition, executor=executor
-        )
+    decompositions = _decompositions(protocol, train, store, needed, executor)
     timings: dict[str, float] = {"baselines": time.perf_counter() - t0}
-
-    screens, runs, effects = [], {}, {}
-    for test in plan.tests:
-        t1 = time.perf_counter()
-        layer = plan.layers[test.name]
-        sc = stages.screen(protocol, model, test, layer, batch_size=batch_size)
-        screens.append(sc)
-        patched = (
-            stages.patch(protocol, model, test, decompositions[layer], batch_size=batch_size)
-            if sc.screened
-            else {}
-        )
-        runs[test.name] = patched or {"whole": sc.run}
-        timings[test.name] = time.perf_counter() - t1
-        effects[test.name] = _effects(sc, patched)
-        if log is not None:
-            verdict = "screened" if sc.screened else "no signal"
-            log(f"{test.name}: layer {layer}, whole-space share {sc.whole_space_share:+.3f} "
-                f"({verdict})")  # fmt: skip
+    screens, runs, effects = _patch_tests(
+        protocol, model, plan, decompositions, batch_size, timings, log
+    )
     summary = stages.gini(protocol, screens, runs, decompositions)
-
-    conflict_out = None
-    if conflict:
-        t1 = time.perf_counter()
-        routing = stages.conflict(
-            protocol, model, decompositions[conflict_layer], batch_size=batch_size
-        )
-        conflict_out = (
-            {"skipped": "this tokenizer cannot build the knowledge-conflict task"}
-            if routing is None
-            else routing.to_json()
-        )
-        timings["knowledge_conflict"] = time.perf_counter() - t1
-    toy_out = None
+    conflict_out = (
+        _conflict(protocol, model, decompositions[conflict_layer], batch_size, timings)
+        if conflict
+        else None
+    )
+    t1 = time.perf_counter()
+    toy_out = dict(stages.toy(protocol).record) if toy else None
     if toy:
-        t1 = time.perf_counter()
-        toy_out = dict(stages.toy(protocol).record)
         timings["toy"] = time.perf_counter() - t1
 
     doc = {
@@ -306,6 +270,87 @@ def evaluate(
         "seconds": timings,
     }
     return NDMReport(analysis="ndm_evaluate", model=model.name, results={}, meta=doc)
+
+
+def _check_rotations(model: Any, train: Path, layers: Sequence[int], allow_foreign: bool) -> None:
+    """Every rotation of the run in ``train`` must be ``model``'s own (unless
+    ``allow_foreign``)."""
+    from structlens.sites import site_name
+
+    for layer in layers:
+        load_rotation(
+            Path(train) / f"R-L{layer}.safetensors", model=model,
+            site=site_name("resid_post", layer), allow_foreign=allow_foreign,
+        )  # fmt: skip
+
+
+def _decompositions(
+    protocol: NDMProtocol, train: Path, store: Any, layers: Sequence[int], executor: Any
+) -> dict[int, Any]:
+    """NDM's rotation of the run in ``train`` beside the baselines', at each of ``layers``."""
+    from structlens.ndm import stages
+    from structlens.sites import site_name
+
+    out = {}
+    for layer in layers:
+        R, partition = load_rotation(Path(train) / f"R-L{layer}.safetensors")
+        h = store.load(site_name("resid_post", layer)).double().numpy()
+        out[layer] = stages.decompose(protocol, h, layer, R, partition, executor=executor)
+    return out
+
+
+def _conflict(
+    protocol: NDMProtocol,
+    model: Any,
+    decomposition: Any,
+    batch_size: int,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Knowledge-conflict routing's record in ``ndm_evaluate.json`` (``timings``: its
+    seconds)."""
+    from structlens.ndm import stages
+
+    t1 = time.perf_counter()
+    routing = stages.conflict(protocol, model, decomposition, batch_size=batch_size)
+    timings["knowledge_conflict"] = time.perf_counter() - t1
+    if routing is None:
+        return {"skipped": "this tokenizer cannot build the knowledge-conflict task"}
+    return routing.to_json()
+
+
+def _patch_tests(
+    protocol: NDMProtocol,
+    model: Any,
+    plan: Any,
+    decompositions: dict[int, Any],
+    batch_size: int,
+    timings: dict[str, float],
+    log: Callable[[str], None] | None,
+) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """Screen each test of ``plan`` and patch the subspaces of those that pass: the screens,
+    the runs :func:`structlens.ndm.stages.gini` reads and each test's ``effects`` record
+    (``timings[test]``: its seconds)."""
+    from structlens.ndm import stages
+
+    screens, runs, effects = [], {}, {}
+    for test in plan.tests:
+        t1 = time.perf_counter()
+        layer = plan.layers[test.name]
+        sc = stages.screen(protocol, model, test, layer, batch_size=batch_size)
+        screens.append(sc)
+        patched = (
+            stages.patch(protocol, model, test, decompositions[layer], batch_size=batch_size)
+            if sc.screened
+            else {}
+        )
+        runs[test.name] = patched or {"whole": sc.run}
+        timings[test.name] = time.perf_counter() - t1
+        effects[test.name] = _effects(sc, patched)
+        if log is not None:
+            verdict = "screened" if sc.screened else "no signal"
+            log(f"{test.name}: layer {layer}, whole-space share {sc.whole_space_share:+.3f} "
+                f"({verdict})")  # fmt: skip
+    return screens, runs, effects
 
 
 def _effects(sc: Any, runs: dict[str, Any]) -> dict[str, Any]:

@@ -13,15 +13,20 @@ functions and only render what they return, so equal protocols give equal result
 * :func:`patch`: every subspace of every decomposition patched for one test;
 * :func:`gini`: the Gini table over the screened tests (:class:`GiniSummary`);
 * :func:`conflict`: knowledge-conflict routing (:class:`ConflictRouting`);
-* :func:`toy`: recovery of the toy model's feature groups (:class:`ToyRecovery`);
-* :func:`preimage_index`: the bounded preimage index embedded in the report.
+* :func:`toy`, :func:`toy_guarded`: recovery of the toy model's feature groups
+  (:class:`ToyRecovery`);
+* :func:`planted`: recovery of planted rotated partitions over seeds (:class:`PlantedRecovery`);
+* :func:`preimage_index`: the bounded preimage index embedded in the report;
+* :func:`analysis`: the stages above composed for ``structlens analyze`` (:class:`Analysis`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,8 +47,9 @@ from structlens.ndm.protocol import NDMProtocol
 
 __all__ = [
     "TestPlan", "Screen", "Decomposition", "Estimate", "GiniSummary", "ConflictRouting",
-    "ToyRecovery", "training_prompts", "evaluation_prompts", "plan_tests", "screen", "train",
-    "decompose", "patch", "gini", "conflict", "toy", "preimage_index",
+    "ToyRecovery", "PlantedRecovery", "ScreenRow", "TrainedLayer", "Analysis",
+    "training_prompts", "evaluation_prompts", "plan_tests", "screen", "train", "decompose",
+    "patch", "gini", "conflict", "toy", "toy_guarded", "planted", "preimage_index", "analysis",
 ]  # fmt: skip
 
 Prompts = list[tuple[str, list[int]]]
@@ -409,16 +415,25 @@ def conflict(
 
 @dataclass(frozen=True)
 class ToyRecovery:
-    """NDM on the paper's toy autoencoder: the ``partition`` found, ``overlap`` (smallest
-    matched subspace overlap with the feature groups, 1 = exact), whether the number of
-    subspaces equals the number of groups, and the full ``record`` of
-    :func:`~structlens.ndm.pipeline.toy_recovery`."""
+    """NDM on the paper's toy autoencoder: the ``partition`` found, the feature groups'
+    dimensions (``truth``), ``overlap`` (smallest matched subspace overlap with the feature
+    groups, 1 = exact), whether the number of subspaces equals the number of groups, and the
+    full ``record`` of :func:`~structlens.ndm.pipeline.toy_recovery`."""
 
     partition: tuple[int, ...]
+    truth: tuple[int, ...]
     overlap: float
     right_number_of_subspaces: bool
     converged: bool
     record: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> ToyRecovery:
+        """The recovery of a :func:`~structlens.ndm.pipeline.toy_recovery` record."""
+        return cls(
+            tuple(record["partition"]), tuple(record["truth_dims"]), float(record["overlap"]),
+            bool(record["right_number_of_subspaces"]), bool(record["converged"]), record,
+        )  # fmt: skip
 
 
 def toy(protocol: NDMProtocol) -> ToyRecovery:
@@ -426,11 +441,51 @@ def toy(protocol: NDMProtocol) -> ToyRecovery:
     from structlens.ndm.pipeline import toy_recovery
 
     toy_cfg, ndm_cfg = protocol.toy()
-    record = toy_recovery(toy_cfg, ndm_cfg, seed=protocol.seed)
-    return ToyRecovery(
-        tuple(record["partition"]), float(record["overlap"]),
-        bool(record["right_number_of_subspaces"]), bool(record["converged"]), record,
-    )  # fmt: skip
+    return ToyRecovery.of(toy_recovery(toy_cfg, ndm_cfg, seed=protocol.seed))
+
+
+def toy_guarded(toy: Mapping[str, Any], ndm: Mapping[str, Any]) -> ToyRecovery:
+    """The toy recovery at the replication's own settings (``toy``: overrides of
+    :class:`~structlens.ndm.ToyConfig`; ``ndm``: an :class:`~structlens.ndm.NDMConfig`, there
+    with the ``min_subspaces`` stop guard), seed 0."""
+    from structlens.ndm import NDMConfig, ToyConfig
+    from structlens.ndm.pipeline import toy_recovery
+
+    return ToyRecovery.of(toy_recovery(ToyConfig(seed=0, **toy), NDMConfig(**ndm), seed=0))
+
+
+@dataclass(frozen=True)
+class PlantedRecovery:
+    """How often NDM (with ``restarts`` runs per fit) recovers a planted rotated partition of
+    group ``sizes``: ``recovered`` of ``n`` seeds, the rate's 95% Wilson interval ``ci``, the
+    overlap a recovery needs, and the full ``record`` of
+    :func:`~structlens.ndm.pipeline.planted_recovery`."""
+
+    sizes: tuple[int, ...]
+    restarts: int
+    recovered: int
+    n: int
+    ci: tuple[float, float]
+    min_overlap: float
+    record: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> PlantedRecovery:
+        """The recovery rate of a :func:`~structlens.ndm.pipeline.planted_recovery` record."""
+        lo, hi = record["ci"]
+        return cls(
+            tuple(record["sizes"]), int(record["restarts"]), int(record["recovered"]),
+            int(record["n"]), (float(lo), float(hi)), float(record["min_overlap"]), record,
+        )  # fmt: skip
+
+
+def planted(sizes: Sequence[int], seeds: int, ndm: Mapping[str, Any]) -> PlantedRecovery:
+    """NDM (``ndm``: an :class:`~structlens.ndm.NDMConfig`) on planted rotated partitions of
+    ``sizes``, seeds ``0 .. seeds - 1``."""
+    from structlens.ndm import NDMConfig
+    from structlens.ndm.pipeline import planted_recovery
+
+    return PlantedRecovery.of(planted_recovery(sizes, list(range(seeds)), NDMConfig(**ndm)))
 
 
 def preimage_index(
@@ -501,3 +556,171 @@ def preimage_index(
         "neighbours": near,
         "partition": list(map(int, partition)),
     }
+
+
+@dataclass(frozen=True)
+class ScreenRow:
+    """One patching test in :func:`analysis`: its screen with the whole-space effect's mean
+    and 95% t-interval over prompts (NaN with fewer than two) and, for a test that passes the
+    screen, each method's normalised subspace effects (``None`` otherwise: never patched)."""
+
+    test: str
+    layer: int
+    full_effect: float
+    full_effect_ci: tuple[float, float]
+    whole_space_share: float
+    screened: bool
+    normalized: Mapping[str, list[float]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"test": self.test, "layer": self.layer, "full_effect": self.full_effect,
+               "full_effect_ci": list(self.full_effect_ci),
+               "whole_space_share": self.whole_space_share, "screened": self.screened}  # fmt: skip
+        if self.normalized is not None:
+            out["normalized"] = dict(self.normalized)
+        return out
+
+
+@dataclass(frozen=True)
+class TrainedLayer:
+    """NDM's training at one layer in :func:`analysis`: the partition it stopped at, whether
+    it stopped by the method's rule (``converged``) or at ``max_steps``, and its merge rounds
+    (``step``, ``max_mi``, ``n_subspaces`` after the round)."""
+
+    layer: int
+    partition: tuple[int, ...]
+    steps: int
+    converged: bool
+    max_steps: int
+    threshold: float
+    merge_history: tuple[Mapping[str, Any], ...]
+    n_activations: int
+
+    @classmethod
+    def of(cls, layer: int, res: Any, n_rows: int) -> TrainedLayer:
+        """The record of :func:`train`'s ``res`` on ``n_rows`` activations at ``layer``."""
+        history = tuple(
+            {"step": m["step"], "max_mi": m["max_mi"], "n_subspaces": len(m["partition_after"])}
+            for m in res.merge_history
+        )
+        return cls(
+            int(layer), tuple(res.partition), int(res.steps), bool(res.converged),
+            res.config["max_steps"], res.config["merge_threshold"], history, int(n_rows),
+        )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "partition": list(self.partition),
+            "steps": self.steps,
+            "converged": self.converged,
+            "stop_reason": (
+                "no subspace pair above the MI threshold"
+                if self.converged
+                else f"step limit {self.max_steps} reached with pairs above the MI threshold"
+            ),
+            "merge_history": [dict(m) for m in self.merge_history],
+            "threshold": self.threshold,
+            "n_activations": self.n_activations,
+        }
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """:func:`analysis`'s result: the protocol it ran, the tests ``skipped`` (tasks this
+    tokenizer cannot build), every planned test's :class:`ScreenRow`, NDM's training at each
+    trained layer (``trained``, ascending; the first is the browser's), the Gini table over
+    the screened tests and the preimage index at the first trained layer."""
+
+    protocol: NDMProtocol
+    skipped: tuple[str, ...]
+    tests: tuple[ScreenRow, ...]
+    trained: tuple[TrainedLayer, ...]
+    gini: GiniSummary
+    browser: Mapping[str, Any]
+
+    @property
+    def browser_only(self) -> bool:
+        """No test passes the screen: NDM was trained at one layer for the browser only."""
+        return not any(t.screened for t in self.tests)
+
+
+class Progress(Protocol):
+    """A stage's progress callback: ``step(what)`` per step, ``step.loop(name, total)`` a bar
+    for a long loop inside it."""
+
+    def __call__(self, what: str) -> None: ...
+
+    def loop(self, name: str, total: int) -> AbstractContextManager[Callable[[int], None]]: ...
+
+
+def _row(sc: Screen, normalized: Mapping[str, list[float]] | None = None) -> ScreenRow:
+    from structlens.stats.intervals import t_interval
+
+    full = sc.run.full_effect
+    # a test with one prompt has no interval, which the report shows as such
+    ci = t_interval(full) if np.asarray(full).size >= 2 else (float("nan"), float("nan"))
+    return ScreenRow(sc.name, sc.layer, float(full.mean()), (float(ci[0]), float(ci[1])),
+                   sc.whole_space_share, sc.screened, normalized)  # fmt: skip
+
+
+def analysis(
+    protocol: NDMProtocol, model: Any, *, root: Path, executor: Any, step: Progress
+) -> Analysis:
+    """The patching tests (the paper's, with RoPE-transferable ones on rotary models) this
+    tokenizer supports, each screened first by its whole-space effect (:func:`screen`); NDM
+    trained at the layers of the tests that pass (at the first test layer, for the browser
+    only, when none does), checkpointed under ``root/cache``, on activations captured under
+    ``root/activations``; for those tests, the Gini of NDM against the baseline rotations
+    (:func:`gini`); the preimage index at the first trained layer."""
+    from structlens.ndm.data import capture_residuals
+    from structlens.sites import site_name
+
+    plan = plan_tests(protocol, model)
+    screens = []
+    for test in plan.tests:
+        step(f"screen {test.name}")
+        screens.append(screen(protocol, model, test, plan.layers[test.name]))
+    candidate_layers = sorted(set(plan.layers.values())) or [model.n_layers // 2]
+    layers = sorted({sc.layer for sc in screens if sc.screened}) or candidate_layers[:1]
+    step("capture")
+    prompts = training_prompts(protocol, model)
+    store = capture_residuals(model, prompts, layers, root / "activations",
+                              progress=executor.progress)  # fmt: skip
+    index = store.load_index()
+    trained, decompositions, hs = [], {}, {}
+    for layer in layers:
+        step(f"train layer {layer}")
+        h = store.load(site_name("resid_post", layer)).double().numpy()
+        hs[layer] = h
+        with step.loop(f"NDM steps, layer {layer}", protocol.steps) as done:
+            res = train(
+                protocol, h, checkpoint_dir=root / "cache" / f"ndm-ckpt-L{layer}",
+                # mypy cannot infer a lambda whose defaults bind loop variables
+                progress=lambda n, loss, partition, done=done: done(n),  # type: ignore[misc]
+            )  # fmt: skip
+        trained.append(TrainedLayer.of(layer, res, h.shape[0]))
+        decompositions[layer] = decompose(
+            protocol, h, layer, res.rotation, res.partition, executor=executor
+        )
+    runs: dict[str, Any] = {}
+    rows = []
+    for sc in screens:
+        if not sc.screened:
+            runs[sc.name] = {"whole": sc.run}
+            rows.append(_row(sc))
+            continue
+        step(f"patch {sc.name}")
+        runs[sc.name] = patch(protocol, model, sc.test, decompositions[sc.layer])
+        rows.append(
+            _row(sc, {m: r.normalized_effects().tolist() for m, r in runs[sc.name].items()})
+        )
+    summary = gini(protocol, screens, runs, decompositions)
+    step("preimage index")
+    first = layers[0]
+    browser = preimage_index(
+        protocol, model.tokenizer, hs[first], prompts, index["prompt_index"].numpy(),
+        index["position"].numpy(), decompositions[first].rotations["ndm"],
+        decompositions[first].partition,
+    ) | {"layer": int(first)}  # fmt: skip
+    return Analysis(protocol, plan.skipped, tuple(rows), tuple(trained), summary, browser)

@@ -83,3 +83,19 @@ def verdict_moves(
     lines += [f"| `{k}` | {v[0]} → {v[1]} | — (not measured in this run) |"
               for k, v in previous.items() if k not in seen]  # fmt: skip
     return lines
+
+
+def with_calibration(markdown: str, method: str) -> str:
+    """``markdown`` followed by the measured calibration of ``method``'s decision rules
+    (:func:`structlens.verdicts.calibration_notes`), so each document shows how often the
+    rules behind its verdicts are wrong; unchanged when the method has none."""
+    from structlens.verdicts import calibration_notes
+
+    notes = calibration_notes(method)
+    if not notes:
+        return markdown
+    return (
+        markdown.rstrip("\n")
+        + "\n\n## Calibration of the decision rules\n\nMeasured on planted structure through "
+        "the production stages (docs/calibration.md):\n\n" + "".join(f"- {n}\n" for n in notes)
+    )

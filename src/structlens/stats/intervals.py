@@ -29,6 +29,7 @@ __all__ = [
     "jackknife",
     "leave_one_group_out_means",
     "mcnemar_exact",
+    "sign_flip_exact",
     "paired_bootstrap_interval",
     "percentile_interval",
     "t_interval",
@@ -367,6 +368,43 @@ def jackknife(
     return group_jackknife(
         _evaluate(statistic, arrays, vectorized), _leave_one_out(statistic, arrays, vectorized)
     )
+
+
+def sign_flip_exact(differences: Sequence[int] | np.ndarray) -> float:
+    """Exact two-sided sign-flip test that integer cluster differences are centred on zero.
+
+    Each cluster ``L`` (e.g. the heads of one layer) contributes ``d_L = b_L − c_L``, its
+    discordant units favouring condition 1 minus those favouring condition 2.  Under the null
+    of exchangeable conditions within every unit, each cluster's ``d_L`` is as likely as
+    ``−d_L`` whatever the dependence among its units, so the p-value is the share of the
+    ``2^k`` sign patterns whose ``|Σ ± d_L|`` reaches the observed ``|Σ d_L|``, computed exactly
+    by convolving the clusters' two-point distributions.  With one unit per cluster it is
+    :func:`mcnemar_exact` (two-sided).
+
+    Examples
+    --------
+    >>> round(sign_flip_exact([1] * 9 + [-1]), 5) == round(mcnemar_exact(9, 1), 5)
+    True
+    >>> sign_flip_exact([3, 3])  # two layers of three heads: 2 of the 4 patterns reach 6
+    0.5
+    >>> sign_flip_exact([0, 0])
+    1.0
+    """
+    d = np.asarray(differences)
+    if d.ndim != 1 or not np.issubdtype(d.dtype, np.integer):
+        raise InputError(f"differences must be a 1-D sequence of integers, got {d!r}.")
+    d = np.abs(d[d != 0]).astype(np.int64)
+    if d.size == 0:
+        return 1.0
+    total = int(d.sum())
+    # probability of each signed sum -total..total, one cluster at a time
+    pmf = np.zeros(2 * total + 1)
+    pmf[total] = 1.0
+    for v in d:
+        pmf = 0.5 * (np.roll(pmf, int(v)) + np.roll(pmf, -int(v)))
+    observed = abs(int(np.sum(differences)))
+    sums = np.abs(np.arange(-total, total + 1))
+    return float(min(1.0, pmf[sums >= observed].sum()))
 
 
 def mcnemar_exact(

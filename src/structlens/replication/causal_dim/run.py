@@ -3,19 +3,14 @@
     python -m structlens.replication causal-dimension                  # CPU profile
     python -m structlens.replication causal-dimension --profile gpu --device cuda
 
-Every profile holds a :class:`~structlens.causal_dim.protocol.CausalProtocol` (the one the
-CLI and ``analyze`` run too), and exact κ, the SAE training and the width sweep are the
-protocol's stages (:mod:`structlens.causal_dim.stages`); the other sections (CE recovered,
-architectures, depth, four-cell, IOI, synthetic) are this replication's own.
-
-Stages, each cached through :class:`~structlens.replication.stage.StageCache` under
-``--out`` (default ``results/causal-dimension/<profile>``): exact per-vector Grams in blocks
-of 16 vectors, taken in rounds over layers, then κ with CIs (``kappa``); the training
-residuals captured once (``train-acts``) and every SAE trained on that one stream (``sae``);
-the evaluation residuals and their gradients from one backward pass per batch
-(``eval-grads``), reused by the width sweep, CE recovered, the four-cell control, the
-architecture and depth comparisons and IOI; and the synthetic AtP-recall check.  A failing
-analysis part is logged and left out; the others still run.
+Every section is a typed stage of :mod:`structlens.causal_dim` (exact κ, SAE training and the
+width sweep from :mod:`~structlens.causal_dim.stages` under the profile's protocol, the one
+the CLI and ``analyze`` run; CE recovered, architectures, growth, depth, four-cell, IOI and
+the synthetic model from :mod:`~structlens.causal_dim.experiment`).  This module only caches
+them through :class:`~structlens.replication.stage.StageCache` under ``--out``: exact Grams in
+blocks of 16 vectors, then κ; the training residuals once (``train-acts``) and every SAE on
+that stream (``sae``); the evaluation residuals and their gradients once (``eval-grads``),
+reused by every section.  A failing section is logged and left out; the others still run.
 """
 
 from __future__ import annotations
@@ -23,15 +18,20 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from structlens.causal_dim import experiment as ex
 from structlens.causal_dim.protocol import PROFILES as PROTOCOLS
+from structlens.causal_dim.stages import KappaFit, LayerRows, SweepFit
 from structlens.replication.stage import Record, Stage, StageCache, data_digest
 from structlens.results import Result, to_jsonable
+
+R = TypeVar("R", bound=Result)
 
 METHOD = "causal-dimension"
 GRAM_BLOCK = 16  # vectors per cached Gram block
@@ -119,19 +119,21 @@ def sae_jobs(s: dict[str, Any]) -> list[tuple[str, Any, int]]:
 
 @dataclasses.dataclass
 class Run:
-    """What the render step reads: every stage result of one run (``None`` when missing)."""
+    """What the render step reads: every section's typed Result (``None`` when it did not
+    run), each SAE's training record and the sections that failed."""
 
     settings: dict[str, Any]
     out: Path
-    kappa: dict[str, Any] | None = None
-    sweep: dict[str, Any] | None = None
-    ce: dict[str, Any] | None = None
-    fourcell: dict[str, Any] | None = None
-    arch: dict[str, Any] | None = None
-    growth: dict[str, Any] | None = None
-    depth: dict[str, Any] | None = None
-    ioi: dict[str, Any] | None = None
-    synthetic: dict[str, Any] | None = None
+    d_model: int = 0
+    kappa: list[KappaFit] = dataclasses.field(default_factory=list)
+    sweep: SweepFit | None = None
+    ce: ex.CERecovered | None = None
+    fourcell: ex.FourCell | None = None
+    arch: ex.ArchitectureCounts | None = None
+    growth: ex.ArchitectureGrowth | None = None
+    depth: ex.DepthEpsilon | None = None
+    ioi: ex.IOIRecovery | None = None
+    synthetic: ex.SyntheticRecall | None = None
     trained: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -150,14 +152,21 @@ class CausalReplication:
         self.fp = self.model.fingerprint()
         self.prompts = prompt_sets(self.protocol, self.model.tokenizer)
         settings = {k: v for k, v in s.items() if k != "protocol"}
-        self.run_ = Run(settings=settings | {"protocol": self.protocol.to_json()}, out=out)
+        self.run_ = Run(settings | {"protocol": self.protocol.to_json()}, out, self.model.d_model)
+        self.keys: dict[str, str] = {}  # stage keys of κ, the sweep and every SAE by name
 
     def stage(self, name: str, config: dict[str, Any], **keys: Any) -> Stage:
         """A stage whose config carries the protocol (so every protocol change reaches it)."""
         return Stage(name, config | {"protocol": self.protocol.key()}, **keys)
 
-    def part(self, name: str, fn: Any) -> None:
-        """Run one analysis part; a failure is logged and recorded, and the others still run."""
+    def cached(self, stage: Stage, kind: type[R], compute: Callable[[], R]) -> R:
+        """``stage``'s Result, computed or read back, and the same either way (through its
+        JSON form: string keys, non-finite floats as floats)."""
+        self.keys[stage.name] = stage.key
+        return kind.from_dict(to_jsonable(self.cache.run(stage, kind, lambda _: compute())))
+
+    def part(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one section; a failure is logged and recorded, and the others still run."""
         t = time.time()
         try:
             fn()
@@ -167,7 +176,7 @@ class CausalReplication:
             self.run_.failures[name] = traceback.format_exc()
 
     # -- exact κ ------------------------------------------------------------------------
-    def gram_source(self, layer: int, used: list[Stage]) -> Any:
+    def gram_source(self, layer: int, used: list[Stage]) -> Callable[[int, int], np.ndarray]:
         """``grams(start, stop)`` for :func:`structlens.causal_dim.stages.kappa`: the exact
         Grams of windows ``start:stop`` of ``layer``, computed (or read back) in cached blocks
         of :data:`GRAM_BLOCK` vectors; every block stage used is appended to ``used``."""
@@ -177,12 +186,8 @@ class CausalReplication:
         jacobian = {"output": p.jacobian_output, "positions": p.jacobian_positions}
 
         def block(a: int, b: int) -> np.ndarray:
-            stage = Stage(
-                "grams",
-                {"layer": layer, "start": a, "stop": b, **jacobian},
-                model=self.fp,
-                data=data_digest(windows[a:b]),
-            )
+            config = {"layer": layer, "start": a, "stop": b, **jacobian}
+            stage = Stage("grams", config, model=self.fp, data=data_digest(windows[a:b]))
 
             def compute(_: Path) -> GramBlock:
                 t = time.time()
@@ -204,52 +209,42 @@ class CausalReplication:
 
         return grams
 
-    def jacobian(self) -> list[Stage]:
+    def jacobian(self) -> None:
         """Exact κ of every Jacobian layer (the protocol's stage) from cached Gram blocks."""
-        from structlens.causal_dim.stages import KappaFit, kappa
+        from structlens.causal_dim.stages import kappa
 
         used: list[Stage] = []
-        fits = {
-            layer: kappa(
-                self.protocol, self.model, layer, self.prompts,
-                grams=self.gram_source(layer, used),
+        fits = [
+            kappa(
+                self.protocol, self.model, layer, self.prompts, grams=self.gram_source(layer, used)
             )
             for layer in self.s["jacobian_layers"]
-        }  # fmt: skip
-        stage = self.stage("kappa", {"layers": list(fits)}, inputs=tuple(st.key for st in used))
-
-        def summarize(_: Path) -> Record:
-            layers = [to_jsonable(f) for f in fits.values()]
-            return Record.of({"d": self.model.d_model, "layers": layers})
-
-        self.run_.kappa = self.cache.run(stage, Record, summarize).data
-        self.kappa_fits = {
-            e["layer"]: KappaFit.from_dict(e) for e in (self.run_.kappa or {})["layers"]
-        }
-        self.kappa_stage = stage
-        return used
+        ]
+        stage = self.stage(
+            "kappa", {"layers": [f.layer for f in fits]}, inputs=tuple(st.key for st in used)
+        )
+        layers = [to_jsonable(f) for f in fits]
+        got = self.cache.run(stage, Record, lambda _: Record.of({"layers": layers})).data
+        self.keys["kappa"] = stage.key
+        self.run_.kappa = sorted(
+            (KappaFit.from_dict(e) for e in got["layers"]), key=lambda f: f.layer
+        )
 
     # -- SAE training ---------------------------------------------------------------------
-    def train(self) -> dict[str, tuple[Stage, Path]]:
-        """Capture the training residuals once, then every SAE on that one stream."""
-        from structlens.causal_dim.stages import LayerRows, train_sae, training_rows
+    def train(self) -> dict[str, Path]:
+        """Capture the training residuals once, then train every SAE on that one stream;
+        returns each SAE's folder by name."""
+        from structlens.causal_dim.stages import train_sae, training_rows
         from structlens.sae import save_sae
 
         s, device = self.s, self.device
         layers = sorted({s["sweep_layer"], *s["depth_layers"]})
-        train_prompts = self.prompts.sae_train
-        acts_stage = Stage(
-            "train-acts", {"layers": layers}, model=self.fp, data=data_digest(train_prompts)
+        train = self.prompts.sae_train
+        acts_stage = Stage("train-acts", {"layers": layers}, model=self.fp, data=data_digest(train))
+        acts = self.cache.run(
+            acts_stage, LayerRows, lambda _: training_rows(self.model, layers, train)
         )
-
-        def capture(_: Path) -> LayerRows:
-            t = time.time()
-            rows = training_rows(self.model, layers, train_prompts)
-            log(f"captured {rows.acts.shape[1]} tokens at {layers} ({time.time() - t:.0f} s)")
-            return rows
-
-        acts = self.cache.run(acts_stage, LayerRows, capture)
-        trained = {}
+        folders = {}
         for name, config, layer in sae_jobs(s):
             cfg = {"name": name, "sae": dataclasses.asdict(config), "layer": layer}
             stage = self.stage("sae", cfg | {"device": device}, inputs=(acts_stage.key,))
@@ -267,272 +262,155 @@ class CausalReplication:
                 return Record.of(to_jsonable(info) | extra)
 
             self.run_.trained[name] = self.cache.run(stage, Record, fit).data
-            trained[name] = (stage, self.cache.path(stage) / "sae")
-        return trained
+            self.keys[name] = stage.key
+            folders[name] = self.cache.path(stage) / "sae"
+        return folders
 
-    # -- analysis -------------------------------------------------------------------------
-    def analyze(self, trained: dict[str, tuple[Stage, Path]]) -> None:
-        from structlens.causal_dim import FeatureStats, calibrate_epsilon
-        from structlens.causal_dim.experiment import four_cell, ioi_recovery
+    # -- sections on the trained SAEs -------------------------------------------------------
+    def analyze(self, folders: dict[str, Path]) -> None:
+        """Every section on the trained SAEs over one capture of evaluation rows."""
         from structlens.causal_dim.model import token_prompt_ids
-        from structlens.causal_dim.stages import LayerRows, SweepFit, eval_rows
-        from structlens.causal_dim.stages import sweep as sweep_stage
-        from structlens.causal_dim.sweep import sweep_analysis
+        from structlens.causal_dim.stages import eval_rows
         from structlens.sae import load_sae
-        from structlens.sae.sweep import ce_recovered_by_width, sae_quality
-        from structlens.sites import site_name
 
-        s, model, R, p = self.s, self.model, self.run_, self.protocol
+        s = self.s
         torch.manual_seed(s["seed"])
-        evalp, cep = self.prompts.sae_eval, self.prompts.ce
+        self.saes = {n: load_sae(path) for n, path in sorted(folders.items())}
         L = s["sweep_layer"]
-        layers = sorted({L, *s["depth_layers"]})
-        saes = {n: load_sae(path) for n, (_, path) in sorted(trained.items())}
-        key_of = {n: st.key for n, (st, _) in trained.items()}
-        grads_stage = Stage(
-            "eval-grads", {"layers": layers}, model=self.fp, data=data_digest(evalp)
+        self.layers = sorted({L, *s["depth_layers"]})
+        evalp = self.prompts.sae_eval
+        st = Stage("eval-grads", {"layers": self.layers}, model=self.fp, data=data_digest(evalp))
+        self.ev = self.cache.run(st, LayerRows, lambda _: eval_rows(self.model, self.layers, evalp))
+        self.keys["eval-grads"] = st.key
+        self.pairs = {layer: self.ev.pairs(layer) for layer in self.layers}
+        self.acts = {layer: self.ev.of(layer) for layer in self.layers}
+        # row r of batch j is prompt prompt_ids[j][r]: the resampling unit of the intervals
+        self.prompt_ids = token_prompt_ids(evalp)
+        sections = [self.sweep, self.ce, self.arch, self.growth, self.depth, self.fourcell]
+        for fn in sections + ([self.ioi] if s["ioi_prompts"] else []):
+            self.part(fn.__name__, fn)
+
+    def section(self, name: str, config: dict, names: list[str], *extra: str) -> Stage:
+        """A section's stage over the evaluation rows, the SAEs ``names`` and the stages
+        named in ``extra`` (those that ran)."""
+        inputs = (
+            self.keys["eval-grads"],
+            *(self.keys[n] for n in names),
+            *(self.keys[e] for e in extra if e in self.keys),
+        )
+        return self.stage(name, config, inputs=inputs)
+
+    def at(self, archs: list[str], width: int) -> dict[str, Any]:
+        """The trained SAEs of ``archs`` at ``width`` by architecture."""
+        return {a: self.saes[f"{a}-{width}"] for a in archs if f"{a}-{width}" in self.saes}
+
+    def sweep(self) -> None:
+        from structlens.causal_dim.stages import sweep
+
+        p, L = self.protocol, self.s["sweep_layer"]
+        topk = {w: self.saes[f"topk-{w}"] for w in p.sweep_widths if f"topk-{w}" in self.saes}
+        if len(topk) < 2:
+            return
+        exact = next((f.erank for f in self.run_.kappa if f.layer == L), None)
+        st = self.section("sweep", {"layer": L}, [f"topk-{w}" for w in topk], "kappa")
+        self.run_.sweep = self.cached(
+            st,
+            SweepFit,
+            lambda: sweep(
+                p, topk, self.ev, L, self.prompts, exact_kappa=exact, d_model=self.run_.d_model
+            ),
         )
 
-        def capture(_: Path) -> LayerRows:
-            t = time.time()
-            rows = eval_rows(model, layers, evalp)
-            n = rows.acts.shape[1]
-            log(f"eval acts+grads: {n} tokens at {layers} ({time.time() - t:.0f} s)")
-            return rows
+    def ce(self) -> None:
+        names = [n for n in self.saes if not n.startswith("depth")]
+        st = self.section("ce", {"ce": data_digest(self.prompts.ce)}, names)
+        saes = {n: self.saes[n] for n in names}
+        self.run_.ce = self.cached(
+            st,
+            ex.CERecovered,
+            lambda: ex.ce_recovered(self.model, self.s["sweep_layer"], saes, self.prompts.ce),
+        )
 
-        ev = self.cache.run(grads_stage, LayerRows, capture)
-        pairs = {layer: ev.pairs(layer) for layer in layers}
-        # residual_grads_multi's batches and row selection, so row r of batch j is prompt
-        # prompt_ids[j][r] of evalp: the resampling unit of the sweep's intervals
-        prompt_ids = token_prompt_ids(evalp)
-        eval_acts = {layer: ev.of(layer) for layer in layers}
-        fits = getattr(self, "kappa_fits", {})
-        exact = fits[L].erank if L in fits else None
-        topk = {w: saes[f"topk-{w}"] for w in p.sweep_widths if f"topk-{w}" in saes}
-        # the controls' settings: the protocol's (d_model enables the base-width check)
-        cfg = p.width_sweep(model.d_model)
-        kappa_key = (self.kappa_stage.key,) if hasattr(self, "kappa_stage") else ()
+    def arch(self) -> None:
+        s, L, w = self.s, self.s["sweep_layer"], self.s["ablation_width"]
+        saes = self.at(["topk", *s["arch_controls"]], w)
+        eps = self.run_.sweep.epsilon if self.run_.sweep is not None else None
+        st = self.section("arch", {"width": w}, [f"{a}-{w}" for a in saes], "sweep")
+        self.run_.arch = self.cached(
+            st,
+            ex.ArchitectureCounts,
+            lambda: ex.architecture_counts(
+                saes, self.pairs[L], self.acts[L], width=w, layer=L, sweep_epsilon=eps
+            ),
+        )
 
-        def stage(name: str, config: dict, sae_names: list[str], extra: tuple = ()) -> Stage:
-            inputs = (grads_stage.key, *(key_of[n] for n in sae_names), *extra)
-            return self.stage(name, config, inputs=inputs)
+    def growth(self) -> None:
+        s, L, widths = self.s, self.s["sweep_layer"], list(self.s["arch_sweep_widths"])
+        have = [a for a in s["arch_controls"] if all(f"{a}-{w}" in self.saes for w in widths)]
+        names = [f"{a}-{w}" for a in ["topk", *have] for w in widths]
+        if len(widths) < 2 or not have or any(n not in self.saes for n in names):
+            return  # no growth sweep in this profile (the cpu profile has none)
+        saes = {a: {w: self.saes[f"{a}-{w}"] for w in widths} for a in ["topk", *have]}
+        st = self.section("arch-growth", {"widths": widths}, names)
+        self.run_.growth = self.cached(
+            st,
+            ex.ArchitectureGrowth,
+            lambda: ex.architecture_growth(
+                self.protocol,
+                saes,
+                self.pairs[L],
+                self.acts[L],
+                prompt_ids=self.prompt_ids,
+                layer=L,
+                d_model=self.run_.d_model,
+            ),
+        )
 
-        sweep_names = [f"topk-{w}" for w in topk]
+    def depth(self) -> None:
+        L, w = self.s["sweep_layer"], self.s["depth_width"]
+        name = {y: f"topk-{w}" if y == L else f"depth-L{y}-topk-{w}" for y in self.layers}
+        saes = {y: self.saes[n] for y, n in name.items() if n in self.saes}
+        st = self.section("depth", {"width": w}, [name[y] for y in saes])
+        self.run_.depth = self.cached(
+            st, ex.DepthEpsilon, lambda: ex.epsilon_by_depth(saes, self.pairs, self.acts, width=w)
+        )
 
-        def sweep() -> None:
-            def compute(_: Path) -> SweepFit:
-                fit = sweep_stage(
-                    p, topk, ev, L, self.prompts, exact_kappa=exact, d_model=model.d_model
-                )
-                log(
-                    f"sweep: n_repr {fit.n_repr.tolist()} n_causal {fit.n_causal.tolist()} "
-                    f"({fit.sweep_status}; κ̂ {fit.kappa_hat_status})"
-                )
-                return fit
+    def fourcell(self) -> None:
+        # The encoder-as-sparsity-filter mechanism can only be removed where the sparsity
+        # comes from learned thresholds/biases (JumpReLU, ReLU), not TopK's k: the control
+        # runs on every architecture at the ablation width, L0 per cell.
+        s, L, w = self.s, self.s["sweep_layer"], self.s["ablation_width"]
+        saes = self.at(["topk", *s["arch_controls"]], w)
+        st = self.section("fourcell", {"seed": s["seed"], "width": w}, [f"{a}-{w}" for a in saes])
+        self.run_.fourcell = self.cached(
+            st,
+            ex.FourCell,
+            lambda: ex.four_cells(saes, self.pairs[L], width=w, layer=L, seed=s["seed"]),
+        )
 
-            st = stage("sweep", {"layer": L}, sweep_names, kappa_key)
-            fit = self.cache.run(st, SweepFit, compute)
-            training = {str(w): R.trained[f"topk-{w}"] for w in topk}
-            R.sweep = to_jsonable(fit) | {"site": site_name("resid_pre", L), "training": training}
-            self.sweep_stage = st
-
-        def ce() -> None:
-            names = [n for n in saes if not n.startswith("depth")]
-            st = stage("ce", {"ce": data_digest(cep)}, names)
-
-            def compute(_: Path) -> Record:
-                # keyed by SAE name here (the function accepts any keys, e.g. widths)
-                todo: dict[Any, Any] = {n: saes[n] for n in names}
-                got = ce_recovered_by_width(model, L, todo, cep)
-                return Record.of({str(k): v for k, v in got.items()})
-
-            R.ce = self.cache.run(st, Record, compute).data
-
-        def arch() -> None:
-            w = s["ablation_width"]
-            names = [f"{a}-{w}" for a in ["topk", *s["arch_controls"]] if f"{a}-{w}" in saes]
-            sweep_key = (self.sweep_stage.key,) if hasattr(self, "sweep_stage") else ()
-            sweep_eps = R.sweep["epsilon"] if R.sweep else None
-
-            def compute(_: Path) -> Record:
-                scores = {}
-                for a in ["topk", *s["arch_controls"]]:
-                    if f"{a}-{w}" in saes:
-                        st = FeatureStats(w, n_blocks=1)
-                        for acts, grads in pairs[L]:
-                            st.update(saes[f"{a}-{w}"], acts, grads)
-                        scores[a] = st.scores()
-                # Common thresholds: the sweep's ε (98th percentile at the base width) and
-                # TopK's own 98th percentile at this width; each architecture's own ε too.
-                eps_topk = calibrate_epsilon(scores["topk"][0], 0.02) if "topk" in scores else None
-                rows = {}
-                for a, (atp, fires) in scores.items():
-                    eps_own = calibrate_epsilon(atp, 0.02)
-                    rows[a] = {
-                        "n_repr": int((fires >= 1).sum()),
-                        "epsilon_own": eps_own,
-                        "n_causal_at_sweep_epsilon": int((atp > sweep_eps).sum())
-                        if sweep_eps is not None
-                        else None,
-                        "n_causal_at_topk_epsilon": int((atp > eps_topk).sum())
-                        if eps_topk
-                        else None,
-                        "top2pct_atp_share": float(
-                            atp[atp > eps_own].sum() / max(atp.sum(), 1e-300)
-                        ),
-                        "quality": sae_quality(saes[f"{a}-{w}"], eval_acts[L]),
-                        "training": R.trained[f"{a}-{w}"],
-                    }
-                return Record.of({"width": w, "layer": L, "rows": rows})
-
-            st = stage("arch", {"width": w}, names, sweep_key)
-            R.arch = self.cache.run(st, Record, compute).data
-
-        def growth() -> None:
-            """N_causal growth over the same widths per architecture at matched L0, each
-            from its own base width's ε, with FVU and L0 per width (matched or not)."""
-            widths = list(s["arch_sweep_widths"])
-            archs = [a for a in s["arch_controls"] if all(f"{a}-{w}" in saes for w in widths)]
-            names = [f"{a}-{w}" for a in ["topk", *archs] for w in widths]
-            if len(widths) < 2 or not archs or any(n not in saes for n in names):
-                return  # no growth sweep in this profile (the cpu profile has none)
-
-            def compute(_: Path) -> Record:
-                rows = {}
-                for a in ["topk", *archs]:
-                    by_width = {w: saes[f"{a}-{w}"] for w in widths}
-                    quality = {w: sae_quality(sae, eval_acts[L]) for w, sae in by_width.items()}
-                    fvu = {w: q["fvu"] for w, q in quality.items()}
-                    res, _stats = sweep_analysis(
-                        by_width, pairs[L], dataclasses.replace(cfg, n_bootstrap=0),
-                        prompt_ids=prompt_ids, n_blocks=p.sweep_blocks, heldout_fvu=fvu,
-                    )  # fmt: skip
-                    rows[a] = {
-                        "n_repr": res.n_repr.tolist(),
-                        "n_causal": res.n_causal.tolist(),
-                        "epsilon": res.epsilon,
-                        "n_repr_growth": float(res.n_repr_growth[-1]),
-                        "n_causal_growth": float(res.n_causal_growth[-1]),
-                        "fvu": [quality[w]["fvu"] for w in widths],
-                        "l0": [quality[w]["l0"] for w in widths],
-                    }
-                return Record.of({"widths": widths, "layer": L, "k": p.sae_k, "rows": rows})
-
-            st = stage("arch-growth", {"widths": widths}, names)
-            R.growth = self.cache.run(st, Record, compute).data
-
-        def depth() -> None:
-            def name_at(layer: int) -> str:
-                w = s["depth_width"]
-                return f"topk-{w}" if layer == L else f"depth-L{layer}-topk-{w}"
-
-            names = [name_at(layer) for layer in layers if name_at(layer) in saes]
-
-            def compute(_: Path) -> Record:
-                rows = []
-                for layer in layers:
-                    name = name_at(layer)
-                    if name not in saes:
-                        continue
-                    st = FeatureStats(s["depth_width"], n_blocks=1)
-                    gnorm = []
-                    for acts, grads in pairs[layer]:
-                        st.update(saes[name], acts, grads)
-                        gnorm.append(grads.norm(dim=1))
-                    atp, fires = st.scores()
-                    rows.append(
-                        {
-                            "layer": layer,
-                            "epsilon": calibrate_epsilon(atp, 0.02),
-                            "mean_atp": float(atp.mean()),
-                            "median_grad_norm": float(torch.cat(gnorm).median()),
-                            "n_repr": int((fires >= 1).sum()),
-                            "quality": sae_quality(saes[name], eval_acts[layer]),
-                        }
-                    )
-                return Record.of({"width": s["depth_width"], "rows": rows})
-
-            R.depth = self.cache.run(
-                stage("depth", {"width": s["depth_width"]}, names), Record, compute
-            ).data
-
-        def fourcell() -> None:
-            # The encoder-as-sparsity-filter mechanism can only be removed where the
-            # sparsity comes from learned thresholds/biases (JumpReLU, ReLU), not TopK's k:
-            # the control runs on every architecture at the ablation width, L0 per cell.
-            w = s["ablation_width"]
-            names = [f"{a}-{w}" for a in ["topk", *s["arch_controls"]] if f"{a}-{w}" in saes]
-
-            def compute(_: Path) -> Record:
-                cells = {
-                    n.rsplit("-", 1)[0]: four_cell(saes[n], pairs[L], seed=s["seed"]) for n in names
-                }
-                return Record.of({"width": w, "layer": L, "architectures": cells})
-
-            st = stage("fourcell", {"seed": s["seed"], "width": w}, names)
-            R.fourcell = self.cache.run(st, Record, compute).data
-
-        def ioi() -> None:
-            name = f"topk-{s['ablation_width']}"
-
-            def compute(_: Path) -> Record:
-                res = ioi_recovery(model, L, saes[name], n_prompts=s["ioi_prompts"], seed=s["seed"])
-                return Record.of(res)
-
-            st = Stage(
-                "ioi",
-                {"n_prompts": s["ioi_prompts"], "layer": L, "seed": s["seed"]},
-                model=self.fp,
-                inputs=(key_of[name],),
-            )
-            R.ioi = self.cache.run(st, Record, compute).data
-
-        if len(topk) >= 2:
-            self.part("sweep", sweep)
-        parts = [("ce", ce), ("arch", arch), ("growth", growth), ("depth", depth)]
-        for name, fn in [*parts, ("fourcell", fourcell)]:
-            self.part(name, fn)
-        if s["ioi_prompts"]:
-            self.part("ioi", ioi)
+    def ioi(self) -> None:
+        s, L, name = self.s, self.s["sweep_layer"], f"topk-{self.s['ablation_width']}"
+        config = {"n_prompts": s["ioi_prompts"], "layer": L, "seed": s["seed"]}
+        st = Stage("ioi", config, model=self.fp, inputs=(self.keys[name],))
+        self.run_.ioi = self.cached(
+            st,
+            ex.IOIRecovery,
+            lambda: ex.ioi(
+                self.model, L, self.saes[name], n_prompts=s["ioi_prompts"], seed=s["seed"]
+            ),
+        )
 
     def synthetic(self) -> None:
-        from structlens.causal_dim import SyntheticCausalModel, atp_recall
-        from structlens.sae import SAETrainConfig, train_sae
-
         steps = self.s["synthetic_steps"]
-        # The paper's ground truth: causal read-out directions are rotated mixtures of the
-        # atoms, not atoms an SAE could learn one by one.
-        model_kw: dict[str, Any] = {
-            "d": 32,
-            "n_atoms": 256,
-            "n_causal": 8,
-            "vocab": 64,
-            "active": 4,
-        }
-        model_kw |= {"seed": 0}
-
-        def recall(readout: str) -> dict[int, Any]:
-            model = SyntheticCausalModel(**model_kw, readout=readout)
-            sae = train_sae(
-                SAETrainConfig(architecture="topk", d_sae=512, k=4, lr=2e-3),
-                (model.sample(512) for _ in range(steps)),
-            ).sae
-            acts = model.sample(4000)
-            grads = model.metric_grads(acts)
-            return {
-                k: atp_recall(sae, model.causal, acts, grads, top_k=k).to_json()
-                for k in (8, 11, 26)
-            }
-
-        def compute(_: Path) -> Record:
-            # "atoms" is the positive control: read-out directions an SAE can learn
-            return Record.of({"rotated": recall("rotated"), "atoms": recall("atoms")})
-
         config = {
-            "steps": steps, "d_sae": 512, "k": 4, "lr": 2e-3, "model": model_kw,
+            "steps": steps,
+            **ex.SYNTHETIC_SAE,
+            "model": ex.SYNTHETIC_MODEL,
             "readouts": ["rotated", "atoms"],
-        }  # fmt: skip
-        self.run_.synthetic = self.cache.run(Stage("synthetic", config), Record, compute).data
+        }
+        self.run_.synthetic = self.cached(
+            Stage("synthetic", config), ex.SyntheticRecall, lambda: ex.synthetic_recall(steps)
+        )
 
 
 STAGES = ("jacobian", "train", "analyze", "synthetic")
@@ -556,16 +434,16 @@ def run(
     s = PROFILES[profile] | (test_sizes or {})
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = CausalReplication(s, out, device)
-    trained: dict[str, tuple[Stage, Path]] = {}
+    folders: dict[str, Path] = {}
     if "jacobian" in stages:
         log("stage jacobian")
         rep.jacobian()
     if "train" in stages or "analyze" in stages:
         log("stage train")
-        trained = rep.train()
+        folders = rep.train()
     if "analyze" in stages:
         log("stage analyze")
-        rep.analyze(trained)
+        rep.analyze(folders)
     if "synthetic" in stages:
         log("stage synthetic")
         rep.synthetic()

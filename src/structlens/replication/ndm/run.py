@@ -8,13 +8,13 @@ Stages (each a cached stage calling the ``structlens ndm`` commands' library fun
 1. training at layers 12, 17, 22, 24 (the paper's GPT-2 layers 4, 6, 8, 9 at the same relative
    depth): one stage per layer (its honest timing), then a collecting stage that reuses their
    checkpoints.  ``--profile gpu`` packs the same activations and trains them on ``--device``
-   to the paper's stopping rule (:mod:`structlens.replication.ndm.device_train`); later
+   to the paper's stopping rule (:mod:`structlens.ndm.device_train`); later
    stages use that run whenever its stage is in the cache (it can be trained on a GPU host
    and copied here);
 2. the patching tests with the Gini summary, knowledge conflict and the toy recovery; a second
    toy variant with the ``min_subspaces`` guard;
 3. the preimage browser for two queries;
-4. the markdown and claims JSON, from the stage results only.
+4. the claims (:mod:`structlens.ndm.verdicts`) of the stage results, rendered as markdown and JSON.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from structlens.ndm.protocol import PROFILES as NDM_PROFILES
 from structlens.replication.stage import Record, Stage, StageCache
 from structlens.results import write_results
+
+if TYPE_CHECKING:
+    from structlens.ndm.stages import PlantedRecovery, ToyRecovery
 
 METHOD = "ndm"
 
@@ -194,7 +197,7 @@ class NDMReplication:
 
     def train_device(self, cpu_train: Stage) -> tuple[Stage, dict[str, Any]]:
         """Pack the CPU run's activations and train them on ``self.device`` to convergence."""
-        from structlens.replication.ndm import device_train
+        from structlens.ndm import device_train
 
         stage = self.device_stage(cpu_train)
 
@@ -230,24 +233,23 @@ class NDMReplication:
         stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
         return self.cache.run(stage, Record, run)
 
-    def toy2(self) -> dict[str, Any]:
-        from structlens.ndm import NDMConfig, ToyConfig
-        from structlens.ndm.pipeline import toy_recovery
+    def toy2(self) -> ToyRecovery:
+        """The toy recovery with the ``min_subspaces`` stop guard."""
+        from structlens.ndm import stages
 
         cfg, toy = self.s["toy2"], self.s["toy2_model"]
 
         def run(_: Path) -> Record:
-            return Record.of(toy_recovery(ToyConfig(seed=0, **toy), NDMConfig(**cfg), seed=0))
+            return Record.of(dict(stages.toy_guarded(toy, cfg).record))
 
         stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy})
-        return self.cache.run(stage, Record, run).data
+        return stages.ToyRecovery.of(self.cache.run(stage, Record, run).data)
 
-    def planted(self) -> list[dict[str, Any]]:
+    def planted(self) -> list[PlantedRecovery]:
         """The recovery rate over seeds on planted rotated partitions, one restart against
         several (a single run can merge groups after settling with dimensions swapped
         between them)."""
-        from structlens.ndm import NDMConfig
-        from structlens.ndm.pipeline import planted_recovery
+        from structlens.ndm import stages
 
         p = self.s["planted"]
         found = []
@@ -256,13 +258,13 @@ class NDMReplication:
                 cfg = p["ndm"] | {"restarts": restarts}
 
                 def run(_: Path, sizes: list[int] = sizes, cfg: dict = cfg) -> Record:
-                    seeds = list(range(p["seeds"]))
-                    return Record.of(planted_recovery(sizes, seeds, NDMConfig(**cfg)))
+                    return Record.of(dict(stages.planted(sizes, p["seeds"], cfg).record))
 
                 config = {"sizes": sizes, "seeds": p["seeds"], "ndm": cfg}
-                found.append(self.cache.run(Stage("planted-recovery", config), Record, run).data)
-                k = found[-1]["recovered"]
-                log(f"planted {sizes}, {restarts} restart(s): {k}/{p['seeds']} recovered")
+                record = self.cache.run(Stage("planted-recovery", config), Record, run).data
+                found.append(stages.PlantedRecovery.of(record))
+                log(f"planted {sizes}, {restarts} restart(s): {found[-1].recovered}/"
+                    f"{p['seeds']} recovered")  # fmt: skip
         return found
 
     # 3. preimage browser

@@ -5,9 +5,9 @@ training runs.  This script splits the two so the optimisation can run on an acc
 only receives activations:
 
     # here: pack the residuals of an `ndm train` activation store (float16, a file per layer group)
-    python -m structlens.replication.ndm.device_train pack TRAIN_DIR --layers 12,17 --out a.st
+    python -m structlens.ndm.device_train pack TRAIN_DIR --layers 12,17 --out a.st
     # there: one process per layer, each stopped after --seconds of wall time (checkpointed)
-    python -m structlens.replication.ndm.device_train train a.st --device cuda --out OUT
+    python -m structlens.ndm.device_train train a.st --device cuda --out OUT
     # here: OUT has the layout of `ndm train --out` (ndm_train.json, ndm-L*/, R-L*.safetensors),
     # so `structlens ndm evaluate --train OUT` uses it; `structlens replicate ndm --profile gpu`
     # runs both steps as one cached stage.
@@ -112,7 +112,7 @@ def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[st
     results = {str(r.pop("layer")): r for r in rows}
     payload = {
         **header,
-        "command": "structlens.replication.ndm.device_train train",
+        "command": "structlens.ndm.device_train train",
         "layers": [int(k) for k in results],
         "partition": {k: v["partition"] for k, v in results.items()},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,

@@ -1,0 +1,443 @@
+"""The verdicts of interpretive equivalence, computed from the stages' typed results.
+
+:data:`PAPER` is the one table of the paper's values (claim id -> the value and the range a
+measurement is compared with).  A row of the scenario table
+(:data:`~structlens.equivalence.scenarios.SCENARIOS`) gets its verdict from its
+:class:`~structlens.equivalence.stages.ModelComparison` (:func:`row_verdict`); a scenario
+group pools its rows over model pairs into one :class:`~structlens.verdicts.Claim`
+(:func:`group_claim`); the sanity rows are a ``check`` with a positive control
+(:func:`sanity_claim`).  :func:`section` is the ``analyze`` section of a
+:class:`~structlens.equivalence.stages.ModelAnalysis`.  Verdicts use the one vocabulary of
+:data:`structlens.verdicts.VERDICTS`, each with its reason; the paired test's decisions
+("equivalent", "unidentified", "not tested") stay decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from structlens.equivalence.scenarios import SCENARIOS, Scenario
+from structlens.equivalence.stages import ModelAnalysis, ModelComparison, SanityCheck
+from structlens.results import to_jsonable
+from structlens.stats.intervals import cluster_bootstrap_ratio_interval, wilson_interval
+from structlens.verdicts import Caveat, Claim, Number, Section
+
+__all__ = [
+    "PAPER",
+    "PAPER_SOURCE",
+    "PaperValue",
+    "Pooled",
+    "GroupSummary",
+    "claim_id",
+    "claimed",
+    "vs_paper",
+    "row_verdict",
+    "row_caveats",
+    "pooled_interval",
+    "pool",
+    "summarize_group",
+    "group_claim",
+    "sanity_claim",
+    "rows_of",
+    "claims",
+    "row_block",
+    "blocks",
+    "section",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperValue:
+    """The paper's value as it states it (``text``) and the range ``[low, high]`` our
+    interval is compared with."""
+
+    text: str
+    low: float
+    high: float
+
+
+#: Where the paper's values come from.
+PAPER_SOURCE = (
+    "the scenario table of the circulating method summary of Sun & Toneva (arXiv 2603.30002); "
+    "it is not in the paper's public code (no matching step, no encoder-decoder models there)"
+)
+#: The models the paper's values were measured on (none of them ours).
+PAPER_MODELS = "GPT-2 family, 12 vs 24 layers"
+#: The paper's value of each claim (claim id ``<group>_score``, :func:`claim_id`).
+PAPER: dict[str, PaperValue] = {
+    "sanity_score": PaperValue("1 (by construction)", 1.0, 1.0),
+    "seeds_score": PaperValue("≈ 0.85", 0.85, 0.85),
+    "depth_score": PaperValue("≈ 0.6 (12 vs 24 layers)", 0.6, 0.6),
+    "finetune_score": PaperValue("0.4–0.9", 0.4, 0.9),
+    "encoder-decoder_score": PaperValue("≈ 0.3", 0.3, 0.3),
+    # MiniLM is an encoder trained on other data: the summary's row is about encoder–decoders
+    "encoder-other-data_score": PaperValue("≈ 0.3 (for enc–dec vs dec)", 0.3, 0.3),
+}
+#: The sanity copy computes the same function: its logits may differ by float round-off only.
+SANITY_MAX_LOGIT_DIFF = 1e-3
+#: Matched layers this similar are the same layer up to the map; failing them is the map's fault.
+SAME_LAYER_SIMILARITY = 0.999
+
+
+def claim_id(group: str) -> str:
+    """The id of the claim a scenario group tests."""
+    return f"{group}_score"
+
+
+def _ci(interval: Sequence[float]) -> str:
+    return f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def claimed(r: ModelComparison) -> bool | None:
+    """Whether the paired test finds the partners better than the mean-ablation null on the
+    row's validated heads (more heads pass with their partner only, McNemar exact p < α);
+    ``None`` without a null.  Score and null come from the same heads, so their intervals
+    are not compared."""
+    if r.heads.null_passed is None:
+        return None
+    d = r.heads.decision
+    return bool(d.partner_only > d.null_only and d.p_value < d.alpha)
+
+
+def vs_paper(group: str, interval: Sequence[float]) -> str:
+    """Where ``interval`` lies against the paper's range: lower, higher or consistent."""
+    paper = PAPER[claim_id(group)]
+    # 1e-9: a Wilson bound of k = n is 1 up to rounding
+    if interval[1] < paper.low - 1e-9:
+        return "lower"
+    if interval[0] > paper.high + 1e-9:
+        return "higher"
+    return "consistent"
+
+
+def row_verdict(group: str, r: ModelComparison) -> tuple[str, str]:
+    """The row's verdict against the paper (one of the vocabulary) and its reason."""
+    if not r.heads.passed:
+        return "not tested", "no head was validated"
+    if claimed(r) is False:
+        return "unidentified", (
+            "the paired test does not find the partners better than the mean-ablation null "
+            f"({r.heads.decision.reason})"
+        )
+    paper, where = PAPER[claim_id(group)].text, vs_paper(group, r.heads.score_ci)
+    if where == "consistent":
+        return "reproduced", f"the paper's {paper} lies in {_ci(r.heads.score_ci)}"
+    return "not reproduced", f"{_ci(r.heads.score_ci)} lies {where} than the paper's {paper}"
+
+
+def row_caveats(r: ModelComparison) -> tuple[Caveat, ...]:
+    """The comparison's caveats (null passes, no patching, reduced encodings) and, where
+    matched layers that are the same layer up to the map fail when replaced through it, that
+    the layer score measures the map."""
+    out = [Caveat(c.kind, c.message) for c in r.caveats]
+    lv = r.layers
+    if lv is not None and lv.kl:
+        same = [
+            i for i, (s, ok) in enumerate(zip(lv.similarity, lv.passed, strict=True))
+            if s >= SAME_LAYER_SIMILARITY and not ok
+        ]  # fmt: skip
+        if same:
+            failed = ", ".join(
+                f"{lv.pairs[i]}: KL {lv.kl[i]:.2f} nats, top-1 {lv.top1[i]:.2f}" for i in same
+            )
+            out.append(
+                Caveat(
+                    "layer_map_fails",
+                    f"matched layers with CKA ≥ {SAME_LAYER_SIMILARITY} still fail when replaced "
+                    f"through the fitted map ({failed}), so the layer score {lv.score:.2f} "
+                    "measures the map, not the models",
+                )
+            )
+    return tuple(out)
+
+
+def pooled_interval(
+    ks: Sequence[int], ns: Sequence[int], n_boot: int = 2000
+) -> tuple[tuple[float, float], str]:
+    """Interval of a pass rate pooled over model pairs and how it was made.
+
+    Heads of one pair share both models (and pairs of a group share models too), so the
+    heads are no independent sample: with two or more pairs the interval resamples whole
+    pairs (cluster bootstrap, ``n_boot`` draws), with one pair it is that pair's Wilson
+    interval.
+    """
+    keep = [(k, n) for k, n in zip(ks, ns, strict=True) if n > 0]
+    k, n = sum(k for k, _ in keep), sum(n for _, n in keep)
+    if len(keep) < 2:
+        return wilson_interval(k, n), "Wilson, one pair"
+    lo, hi = cluster_bootstrap_ratio_interval(
+        [k for k, _ in keep], [n for _, n in keep], n_boot=n_boot
+    )
+    return (lo, hi), f"cluster bootstrap over {len(keep)} pairs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled:
+    """``k`` of ``n`` components passed, pooled over model pairs, with the interval ``ci``
+    of :func:`pooled_interval` and how it was made (``how``)."""
+
+    k: int
+    n: int
+    ci: tuple[float, float]
+    how: str
+
+    @property
+    def rate(self) -> float:
+        return self.k / self.n
+
+
+def pool(ks: Sequence[int], ns: Sequence[int], n_boot: int) -> Pooled | None:
+    """The pooled rate of ``sum(ks) / sum(ns)`` (``None`` when nothing was counted)."""
+    if not sum(ns):
+        return None
+    interval, how = pooled_interval(ks, ns, n_boot)
+    return Pooled(sum(ks), sum(ns), (float(interval[0]), float(interval[1])), how)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSummary:
+    """One scenario group pooled over its rows: the validated-head score, the null, the
+    score on the heads whose null fails (``informative``), the whole-layer head groups
+    against their all-heads null, how many patched rows the paired test claims, and every
+    row's verdict with its reason (``verdicts``, in row order)."""
+
+    group: str
+    rows: tuple[str, ...]
+    method: str
+    score: Pooled | None
+    null: Pooled | None
+    informative: Pooled | None
+    head_groups: Pooled | None
+    head_groups_null: Pooled | None
+    head_groups_informative: Pooled | None
+    n_patched: int
+    n_claimed: int
+    verdicts: tuple[tuple[str, str], ...]
+
+
+def _counts(rates: Sequence[Any]) -> tuple[list[int], list[int]]:
+    return [r.n_passed if r else 0 for r in rates], [r.n if r else 0 for r in rates]
+
+
+def summarize_group(group: str, rows: Mapping[str, ModelComparison], n_boot: int) -> GroupSummary:
+    """Pool the rows of ``group`` (name -> comparison, in table order)."""
+    rs = list(rows.values())
+    patched = [r for r in rs if r.heads.null_passed is not None]
+    grouped = [g for r in patched if (g := r.head_groups) is not None]
+    null_k = [sum(r.heads.null_passed or ()) for r in patched]
+    return GroupSummary(
+        group=group,
+        rows=tuple(rows),
+        method=rs[0].heads.method,
+        score=pool([sum(r.heads.passed) for r in rs], [len(r.heads.passed) for r in rs], n_boot),
+        null=pool(null_k, [len(r.heads.null_passed or ()) for r in patched], n_boot),
+        informative=pool(*_counts([r.heads.informative for r in patched]), n_boot),
+        head_groups=pool([sum(g.passed) for g in grouped], [len(g.pairs) for g in grouped], n_boot),
+        head_groups_null=pool(
+            [sum(g.null_passed or ()) for g in grouped], [len(g.pairs) for g in grouped], n_boot
+        ),
+        head_groups_informative=pool(*_counts([g.informative for g in grouped]), n_boot),
+        n_patched=len(patched),
+        n_claimed=sum(bool(claimed(r)) for r in patched),
+        verdicts=tuple(row_verdict(group, r) for r in rs),
+    )
+
+
+def _group_verdict(verdicts: Sequence[str]) -> str:
+    """All rows alike -> that verdict; else partly."""
+    kinds = set(verdicts)
+    return kinds.pop() if len(kinds) == 1 else "partly"
+
+
+def group_claim(group: str, rows: Mapping[str, ModelComparison], n_boot: int = 2000) -> Claim:
+    """The claim of one scenario group: the pooled validated-head score against the paper,
+    its verdict from the rows' (:func:`row_verdict`), every row's score, verdict, reason
+    and caveats in ``per_setting``."""
+    s = summarize_group(group, rows, n_boot)
+    per_row = {
+        name: {
+            "score": r.heads.score,
+            "score_ci": list(r.heads.score_ci),
+            "verdict": v,
+            "reason": why,
+            "caveats": [c.to_json() for c in row_caveats(r)],
+        }
+        for (name, r), (v, why) in zip(rows.items(), s.verdicts, strict=True)
+    }
+    return Claim(
+        id=claim_id(group),
+        paper=PAPER[claim_id(group)].text,
+        ours=s.score.rate if s.score else None,
+        ci=s.score.ci if s.score else None,
+        verdict=_group_verdict([v for v, _ in s.verdicts]),
+        settings={"rows": list(s.rows), "validation": s.method,
+                  "interval": s.score.how if s.score else None},
+        ci_reason=None if s.score else "no head was validated",
+        note="; ".join(f"{x}: {v} ({why})" for x, (v, why) in zip(s.rows, s.verdicts, strict=True)),
+        per_setting=per_row,
+    )  # fmt: skip
+
+
+def sanity_claim(checks: Mapping[str, SanityCheck]) -> Claim:
+    """The sanity group is a check (an exact copy scores 1 by construction when the code is
+    right), beside its positive control: the copy computes the same logits and matching
+    finds every planted head partner."""
+    k = sum(sum(c.comparison.heads.passed) for c in checks.values())
+    n = sum(len(c.comparison.heads.passed) for c in checks.values())
+    control = {
+        "passed": bool(checks)
+        and all(
+            c.max_abs_logit_diff < SANITY_MAX_LOGIT_DIFF and c.heads_recovered == 1.0
+            for c in checks.values()
+        ),
+        "what": f"the rotated copy's logits equal the model's (max |Δlogit| < "
+        f"{SANITY_MAX_LOGIT_DIFF:g}) and matching recovers every planted head partner",
+        "max_abs_logit_diff": {x: c.max_abs_logit_diff for x, c in checks.items()},
+        "heads_recovered": {x: c.heads_recovered for x, c in checks.items()},
+    }
+    ok = [c.passed for c in checks.values()]
+    verdict = "reproduced" if ok and all(ok) else "not reproduced" if ok else "not tested"
+    interval, how = pooled_interval([k], [n]) if n else (None, "")
+    return Claim(
+        id=claim_id("sanity"), paper=PAPER[claim_id("sanity")].text,
+        ours=k / n if n else None, ci=interval, verdict=verdict,
+        settings={"rows": list(checks), "interval": how or None}, kind="check",
+        positive_control=control, ci_reason=None if n else "no head was validated",
+        note="; ".join(f"{x}: {c.reason}" for x, c in checks.items())
+        or "the sanity stage did not run",
+    )  # fmt: skip
+
+
+def rows_of(group: str, results: Mapping[str, ModelComparison]) -> dict[str, ModelComparison]:
+    """The rows of ``group`` that ran, in the scenario table's order."""
+    return {
+        sc.name: results[sc.name] for sc in SCENARIOS if sc.group == group and sc.name in results
+    }
+
+
+def claims(
+    results: Mapping[str, ModelComparison],
+    sanity: Mapping[str, SanityCheck],
+    n_boot: Mapping[str, int],
+) -> tuple[Claim, ...]:
+    """One claim per scenario group that ran (rows ``results``, sanity rows' checks
+    ``sanity``), its pooled interval drawn ``n_boot[row]`` times (its first row's protocol:
+    the rows of a group share one)."""
+    out = []
+    for group in dict.fromkeys(sc.group for sc in SCENARIOS):
+        rows = rows_of(group, results)
+        if not rows:
+            continue
+        if group == "sanity":
+            out.append(sanity_claim({x: sanity[x] for x in rows if x in sanity}))
+        else:
+            out.append(group_claim(group, rows, n_boot.get(next(iter(rows)), 2000)))
+    return tuple(out)
+
+
+def row_block(sc: Scenario, r: ModelComparison, protocol: Any) -> dict[str, Any]:
+    """One row of the claims JSON: score, null, layer score, verdict and reason, decisions,
+    the paired test, the representational score, caveats and the protocol."""
+    h, rs = r.heads, r.representational
+    verdict, why = row_verdict(sc.group, r)
+
+    def finite(pair: Sequence[float] | None) -> list[float] | None:
+        return list(pair) if pair is not None and all(map(math.isfinite, pair)) else None
+
+    return {
+        "name": sc.name,
+        "group": sc.group,
+        "score": h.score,
+        "score_ci": finite(h.score_ci),
+        "null_score": h.null_score,
+        "null_score_ci": finite(h.null_score_ci),
+        "layer_score": r.layers.score if r.layers else None,
+        "verdict": verdict,
+        "verdict_reason": why,
+        "decision": r.decision,
+        "decision_reason": r.decision_reason,
+        "congruity_decision": r.congruity.decision if r.congruity else None,
+        "paired_test": h.decision.to_json(),
+        "representational_score": rs.score,
+        "representational_score_ci": finite(rs.score_ci),
+        "representational_min_similarity": protocol.representational_min_similarity,
+        "caveats": [c.to_json() for c in row_caveats(r)],
+        "protocol": protocol.to_json(),
+    }
+
+
+def blocks(
+    results: Mapping[str, ModelComparison],
+    sanity: Mapping[str, SanityCheck],
+    protocols: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The claims document's blocks: where the paper's values come from, the sanity row
+    (SmolLM2's where it ran, else the tiny model's) and every row (:func:`row_block`)."""
+    row = next((x for x in ("sanity-smollm2", "sanity-tiny") if x in results), None)
+    first = results[row] if row else None
+    return {
+        "paper_targets": {"source": PAPER_SOURCE, "in_paper_code": False},
+        "sanity": {
+            "row": row,
+            "head_score": first.heads.score if first else None,
+            "layer_score": first.layers.score if first and first.layers else None,
+            "passed": sanity[row].passed if row is not None and row in sanity else None,
+        },
+        "rows": [
+            row_block(sc, r, protocols[sc.name]) for sc in SCENARIOS if (r := results.get(sc.name))
+        ],  # fmt: skip
+    }
+
+
+def _analysis_row(res: ModelComparison, name: str) -> dict[str, Any]:
+    nan = float("nan")
+    layers = res.layers
+    return {
+        "pair": name,
+        "model_b": res.model_b,
+        "probe": res.probe,
+        "score": res.heads.score,
+        "score_ci": list(res.heads.score_ci),
+        "null_score": nan if res.heads.null_score is None else res.heads.null_score,
+        "null_score_ci": list(res.heads.null_score_ci or (nan, nan)),
+        "layer_score": nan if layers is None else layers.score,
+        "layer_score_ci": [nan, nan] if layers is None else list(layers.score_ci),
+        "decisions": {"matching": res.decision}
+        | ({} if res.congruity is None else {"congruity": res.congruity.decision}),
+        "comparison": to_jsonable(res),
+        "layer_similarity": res.layer_similarity.tolist(),
+    }
+
+
+def section(result: ModelAnalysis) -> Section:
+    """The ``analyze`` section: one row for the sanity copy and one for the second model,
+    their scores and nulls as headline numbers and every caveat, each naming its row."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    caveats: list[Caveat] = []
+    check = result.sanity
+    if result.sanity_error is not None:
+        caveats.append(Caveat("not_run", f"sanity row: {result.sanity_error}"))
+    if check is not None:
+        row = _analysis_row(check.comparison, "rotated + head-permuted copy (known: equivalent)")
+        row["sanity"] = {k: getattr(check, k) for k in ("passed", "reason", "heads_recovered")}
+        rows.append(("sanity", row))
+        caveats += [
+            Caveat(c.kind, f"{row['pair']}: {c.message}.") for c in check.comparison.caveats
+        ]
+        if not check.passed:
+            caveats.append(Caveat("failed_sanity", f"{check.reason}."))
+    if (other := result.compare) is not None:
+        row = _analysis_row(other, f"vs {other.model_b}")
+        rows.append(("compare", row))
+        caveats += [Caveat(c.kind, f"{row['pair']}: {c.message}.") for c in other.caveats]
+    headline = {}
+    for key, r in rows:
+        headline[f"{key}_score"] = Number.of(r["score"], r["score_ci"], "", f"score: {r['pair']}")
+        headline[f"{key}_null"] = Number.of(
+            r["null_score"], r["null_score_ci"], "", f"null score: {r['pair']}"
+        )
+    details = {"rows": [r for _, r in rows], "protocol": result.protocol.to_json()}
+    return Section(headline=headline, caveats=tuple(caveats), details=details)

@@ -1,0 +1,366 @@
+"""NDM's claims, caveats and ``analyze`` section, computed from the stages' results.
+
+:data:`PAPER` is the one table of the paper's values (Huang & Hahn, *Decomposing
+Representation Space into Interpretable Subspaces with Unsupervised Learning*, ICLR 2026).
+The replication's claims are computed from its stage records (the ``ndm train`` /
+``evaluate`` / ``browse`` JSON, the toy and planted-partition records) by the ``*_claim``
+functions; ``structlens analyze``'s section from :class:`structlens.ndm.stages.Analysis` by
+:func:`section`.  Renderers only format what these return.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from structlens.verdicts import Caveat, Claim, Number, Section
+
+if TYPE_CHECKING:
+    from structlens.ndm.stages import (
+        Analysis,
+        GiniSummary,
+        PlantedRecovery,
+        ScreenRow,
+        ToyRecovery,
+    )  # fmt: skip
+
+PAPER: dict[str, Mapping[str, Any]] = {
+    "mean_gini_ndm_vs_baselines": {
+        "text": "mean dimension-normalised Gini over 5 tests: NDM 0.71 vs baselines 0.21–0.38",
+        "model": "GPT-2 small",
+        "ndm": 0.71,
+        "baselines": (0.21, 0.38),
+    },
+    "toy_recovery": {"text": "toy: one subspace per mutually exclusive feature group"},
+    "planted_partition_recovery": {
+        "text": "the toy's groups are recovered (here: planted rotated partitions, over seeds)"
+    },
+    "knowledge_conflict_single_subspace": {
+        "text": "a single subspace nearly matches whole-space patching of the routing",
+        "model": "Qwen2.5-1.5B",
+        "layer": "11 of 28",
+    },
+    "preimage_browser_scale": {
+        "text": "preimage browser over ≥ 100,000 activations (authors: ≈ 1M)",
+        "min_activations": 100_000,
+    },
+    # the paper's setting beside each of ours (GPT-2 small, d = 768, 12 layers)
+    "settings": {
+        "layers (resid_post)": "4, 6, 8, 9 of 12",
+        "training data": "MiniPile, ≈ 400k-key bank per step",
+        "bank / batch": "409,600 keys / 128",
+        "initial subspaces": "32 dims (24)",
+        "steps, merges": "100k; merges every 8k from 20k",
+        "optimiser": "Adam 3e-4",
+        "KSG": "k = 1, 98,304 reference keys",
+        "patching prompts": "1000 per test",
+    },
+}
+
+#: NDM's mean Gini counts as the paper's within this distance of it.
+GINI_TOLERANCE = 0.1
+#: The toy's groups count as recovered above this smallest matched subspace overlap.
+TOY_OVERLAP = 0.9
+#: A subspace "nearly matches" whole-space patching at this share of its context-rate drop.
+CONFLICT_SHARE = 0.8
+
+
+def count_verdict(n_hold: int, n: int) -> str:
+    """``reproduced`` when a claim holds in all ``n`` settings, ``partly`` in some."""
+    if n and n_hold == n:
+        return "reproduced"
+    return "partly" if n_hold else "not reproduced"
+
+
+def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
+    """``(low, high)`` when both ends are finite numbers in order, else ``None``."""
+    if pair is None or len(pair) != 2:
+        return None
+    try:
+        lo, hi = float(pair[0]), float(pair[1])
+    except (TypeError, ValueError):
+        return None
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
+
+
+# --- the replication's claims -------------------------------------------------------------
+
+
+def gini_verdict(
+    screened: Sequence[str],
+    open_layers: Sequence[int],
+    steps: int | None,
+    value: float | None,
+    diff_lows: Mapping[str, float],
+) -> tuple[str, str]:
+    """The verdict on NDM's mean Gini against the baselines, and its reason.
+
+    Not tested when no test passes the screen (``screened`` empty) or when a screened test's
+    layer was not trained to the stopping rule (``open_layers``; a partition mid-training is
+    not the method's answer); otherwise reproduced when NDM is significantly above every
+    baseline (``diff_lows``: the lower 95% bound of NDM minus each baseline, above 0) at a
+    Gini within :data:`GINI_TOLERANCE` of the paper's, partly when above some or all of them
+    (far from the paper's value), not reproduced when above none.
+    """
+    if not screened:
+        return "not tested", "no patching test passes the whole-space-effect screen"
+    if open_layers:
+        return "not tested", (
+            f"training not converged at layer(s) {sorted(open_layers)}: the stopping rule (no "
+            f"pair above the MI threshold) was not reached in {steps} steps"
+        )
+    above = sorted(m for m, lo in diff_lows.items() if lo > 0)
+    below = sorted(set(diff_lows) - set(above))
+    paper = PAPER["mean_gini_ndm_vs_baselines"]["ndm"]
+    if not above:
+        return "not reproduced", f"NDM is not significantly above any baseline ({below})"
+    if below:
+        return "partly", f"NDM is significantly above {above}, not above {below}"
+    if value is not None and value >= paper - GINI_TOLERANCE:
+        return "reproduced", f"NDM {value:.2f} is significantly above every baseline"
+    return "partly", (
+        f"NDM is significantly above every baseline but {value:.2f} is far below the "
+        f"paper's {paper}"
+    )
+
+
+def best_baseline(ev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The baseline with the highest mean dimension-normalised Gini (its value and CI)."""
+    gm = ev["gini_mean"]
+    if gm == "no signal":
+        return None
+    return max(
+        (gm[m]["dimension"] for m in ev["methods"] if m != "ndm"),
+        key=lambda e: e["value"],
+        default=None,
+    )
+
+
+def gini_claim(ev: Mapping[str, Any], tr: Mapping[str, Any]) -> Claim:
+    """``mean_gini_ndm_vs_baselines`` from an ``ndm evaluate`` record ``ev`` and the training
+    record ``tr`` of its rotations."""
+    screened = [row["test"] for row in ev["screen"] if row["screened"]]
+    layers = sorted({int(ev["layers"][t]) for t in screened})
+    open_layers = [layer for layer in layers if not tr["results"][str(layer)]["converged"]]
+    steps = tr["results"][str(open_layers[0])]["steps"] if open_layers else None
+    settings = {"methods": ev.get("methods"), "n_prompts": ev.get("n_prompts"),
+                "n_boot": ev.get("n_boot"), "screened_tests": screened,
+                "min_share": ev.get("min_share")}  # fmt: skip
+    paper = PAPER["mean_gini_ndm_vs_baselines"]["text"]
+    if not screened:
+        verdict, reason = gini_verdict(screened, [], None, None, {})
+        return Claim("mean_gini_ndm_vs_baselines", paper, None, None, verdict, settings,
+                     ci_reason=reason)  # fmt: skip
+    ndm = ev["gini_mean"]["ndm"]["dimension"]
+    lows = {m: float(d["dimension"]["ci"][0]) for m, d in ev["gini_mean_diff"].items()}
+    verdict, reason = gini_verdict(screened, open_layers, steps, float(ndm["value"]), lows)
+    best = best_baseline(ev)
+    ci = finite_ci(ndm.get("ci"))
+    if best is not None:
+        settings["best_baseline"] = {"value": best["value"], "ci": list(best["ci"])}
+    return Claim(
+        "mean_gini_ndm_vs_baselines", paper, float(ndm["value"]), ci, verdict, settings,
+        ci_reason=None if ci else "no finite bootstrap interval", note=reason,
+    )  # fmt: skip
+
+
+def toy_claim(toy: ToyRecovery, guarded: ToyRecovery | None) -> Claim:
+    """``toy_recovery``: the merge rule stops at the toy's feature groups (``toy``), or only
+    with the ``min_subspaces`` stop guard (``guarded``, when run)."""
+    if toy.right_number_of_subspaces and toy.overlap > TOY_OVERLAP:
+        verdict, reason = "reproduced", "the merge rule stops at the ground-truth split"
+    elif guarded is not None and guarded.overlap > TOY_OVERLAP:
+        verdict, reason = "partly", "groups recovered only with the stop guard"
+    else:
+        verdict = "not reproduced"
+        reason = f"no run recovers the groups (min matched overlap ≤ {TOY_OVERLAP})"
+    per_setting = (
+        {"min_subspaces=2": {"partition": list(guarded.partition), "overlap": guarded.overlap}}
+        if guarded is not None
+        else {}
+    )
+    return Claim(
+        "toy_recovery", PAPER["toy_recovery"]["text"], toy.overlap, None, verdict,
+        {"partition": list(toy.partition), "truth": list(toy.truth)},
+        ci_reason="one seeded toy run (min matched overlap)", note=reason,
+        per_setting=per_setting,
+    )  # fmt: skip
+
+
+def planted_claim(planted: Sequence[PlantedRecovery]) -> Claim | None:
+    """``planted_partition_recovery``: the recovery rate over seeds at the most restarts run
+    (Wilson interval); every run goes to ``per_setting``."""
+    from structlens.stats.intervals import wilson_interval
+
+    if not planted:
+        return None
+    best = max(p.restarts for p in planted)
+    headline = [p for p in planted if p.restarts == best]
+    k, n = sum(p.recovered for p in headline), sum(p.n for p in headline)
+    per_setting = {
+        f"{list(p.sizes)}, {p.restarts} run(s)": {"recovered": p.recovered, "n": p.n,
+                                                  "ci": list(p.ci)}
+        for p in planted
+    }  # fmt: skip
+    settings = {"restarts": best, "partitions": [list(p.sizes) for p in headline],
+                "seeds": headline[0].n, "min_overlap": headline[0].min_overlap}  # fmt: skip
+    return Claim(
+        "planted_partition_recovery", PAPER["planted_partition_recovery"]["text"], k / n,
+        wilson_interval(k, n), count_verdict(k, n), settings, per_setting=per_setting,
+    )  # fmt: skip
+
+
+def conflict_routing(conflict: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per corruption: the clean and whole-space context rates, the subspace whose patch
+    drops the context rate most (``best``, its rate) and whether that drop reaches
+    :data:`CONFLICT_SHARE` of the whole-space drop (``close``)."""
+    out = []
+    for name, v in conflict["corruptions"].items():
+        base = v["clean"]["context_rate"]
+        full_drop = base - v["full"]["context_rate"]
+        drops = [base - sub["context_rate"] for sub in v["subspaces"]]
+        best = int(max(range(len(drops)), key=lambda i: drops[i]))
+        out.append({
+            "corruption": name, "clean": base, "full": v["full"]["context_rate"], "best": best,
+            "best_rate": v["subspaces"][best]["context_rate"],
+            "close": bool(full_drop > 0 and drops[best] >= CONFLICT_SHARE * full_drop),
+        })  # fmt: skip
+    return out
+
+
+def conflict_claim(conflict: Mapping[str, Any] | None) -> Claim | None:
+    """``knowledge_conflict_single_subspace`` over the corruptions run (``None`` when the
+    tokenizer could not build the task)."""
+    if not (conflict or {}).get("corruptions"):
+        return None
+    assert conflict is not None
+    close = [r["close"] for r in conflict_routing(conflict)]
+    return Claim(
+        "knowledge_conflict_single_subspace", PAPER["knowledge_conflict_single_subspace"]["text"],
+        f"{sum(close)} of {len(close)} corruptions", None, count_verdict(sum(close), len(close)),
+        {"layer": conflict["layer"], "n": conflict["n"],
+         "corruptions": list(conflict["corruptions"])},
+        ci_reason=f"a count of corruptions where the best subspace reaches {CONFLICT_SHARE:.0%} "
+        "of the whole-space drop; rates over one prompt set",
+    )  # fmt: skip
+
+
+def browser_claim(browse: Sequence[Mapping[str, Any]]) -> Claim:
+    """``preimage_browser_scale``: the activations indexed by the first browser run."""
+    paper = PAPER["preimage_browser_scale"]
+    if not browse:
+        return Claim("preimage_browser_scale", paper["text"], None, None, "not tested", {},
+                     ci_reason="the preimage browser was not run")  # fmt: skip
+    b0 = browse[0]
+    n = int(b0["n_activations"])
+    return Claim(
+        "preimage_browser_scale", paper["text"], n, None,
+        "reproduced" if n >= paper["min_activations"] else "partly", {"layer": b0["layer"]},
+        ci_reason="a count of indexed activations",
+    )  # fmt: skip
+
+
+def claims(R: Mapping[str, Any]) -> list[Claim]:
+    """Every claim of one replication run, in the table's order: ``R`` holds its stage
+    records (``train``, ``evaluate``, ``browse``) and its typed toy and planted results
+    (``toy2``, ``planted``)."""
+    from structlens.ndm.stages import ToyRecovery
+
+    ev = R["evaluate"]
+    found = [
+        gini_claim(ev, R["train"]),
+        toy_claim(ToyRecovery.of(ev["toy"]), R.get("toy2")),
+        planted_claim(R.get("planted") or []),
+        conflict_claim(ev.get("conflict")),
+        browser_claim(R.get("browse") or []),
+    ]
+    return [c for c in found if c is not None]
+
+
+# --- the analyze section ------------------------------------------------------------------
+
+
+def _null_effect(row: ScreenRow, min_share: float) -> Caveat:
+    share = row.whole_space_share
+    removed = (
+        f"removes {share:.1%} of the clean metric"
+        if math.isfinite(share)
+        else "cannot remove a behaviour the model lacks (mean clean metric <= 0)"
+    )
+    lo, hi = row.full_effect_ci
+    return Caveat(
+        "null_effect",
+        f"{row.test}: patching the whole space at layer {row.layer} {removed} (effect "
+        f"{row.full_effect:+.3f}, CI [{lo:+.3f}, {hi:+.3f}]), below the {min_share:.0%} "
+        "screen: no signal, no Gini.",
+    )
+
+
+def gini_details(summary: GiniSummary) -> dict[str, Any]:
+    """The report's Gini table (dimension-normalised variant) of a
+    :class:`~structlens.ndm.stages.GiniSummary`; empty without a screened test."""
+    if summary.mean is None:
+        return {}
+    doc = summary.to_json()
+    diff = doc["gini_mean_diff"] if summary.ndm_minus is not None else {}
+    return {
+        "mean": {m: v["dimension"] for m, v in doc["gini_mean"].items()},
+        "per_test": {
+            t: by if by == "no signal" else {m: v["dimension"] for m, v in by.items()}
+            for t, by in doc["gini"].items()
+        },
+        "ndm_minus": {m: v["dimension"] for m, v in diff.items()},
+        "variant": "dimension-normalised Gini of the mean subspace patching effects, over "
+        "the tests that pass the screen",
+    }
+
+
+def caveats(a: Analysis) -> tuple[Caveat, ...]:
+    """What qualifies :class:`~structlens.ndm.stages.Analysis` ``a``: tests not built, tests
+    below the screen, a browser-only layer, training stopped at the step limit, and NDM's
+    Gini not significantly above a baseline."""
+    out = []
+    if a.skipped:
+        out.append(Caveat("not_run", f"patching tests {list(a.skipped)} need tasks this "
+                          "tokenizer cannot build."))  # fmt: skip
+    out += [_null_effect(row, a.protocol.min_share) for row in a.tests if not row.screened]
+    if a.browser_only:
+        out.append(Caveat(
+            "null_effect", f"no patching test passes the screen; NDM is trained at layer "
+            f"{a.trained[0].layer} for the preimage browser only.",
+        ))  # fmt: skip
+    out += [
+        Caveat("not_converged", f"layer {t.layer}: NDM stopped at the step limit ({t.steps} "
+               "steps) with subspace pairs still above the MI threshold; the partition is not "
+               "the method's fixed point.")
+        for t in a.trained if not t.converged
+    ]  # fmt: skip
+    for m, v in gini_details(a.gini).get("ndm_minus", {}).items():
+        if v["ci"][0] <= 0:
+            out.append(Caveat(
+                "not_significant", f"NDM's Gini is not above the {m} baseline "
+                f"({v['value']:+.3f}, CI [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]).",
+            ))  # fmt: skip
+    return tuple(out)
+
+
+def section(a: Analysis) -> Section:
+    """``analysis.json``'s NDM section of :class:`~structlens.ndm.stages.Analysis` ``a``."""
+    gini = gini_details(a.gini)
+    headline = {
+        f"gini_{m}": Number.of(v["value"], v["ci"], "", f"Gini ({m})")
+        for m, v in gini.get("mean", {}).items()
+    }
+    first = a.trained[0]
+    headline["n_subspaces"] = Number.of(
+        len(first.partition), None, "", f"subspaces (layer {first.layer})"
+    )
+    details = {
+        "protocol": a.protocol.to_json(),
+        "trained": [t.to_json() for t in a.trained],
+        "tests": [row.to_json() for row in a.tests],
+        "gini": gini,
+        "browser": dict(a.browser),
+    }
+    return Section(headline, caveats(a), details)
