@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from structlens.replication.stage import Record, Stage, StageCache
+from structlens.pipeline.cache import Stage, StageCache
+from structlens.replication.stage import Record
 
 
 def test_record_round_trips_nan_and_nested_data(tmp_path):

@@ -42,60 +42,68 @@ _POSITIONS = Holds(
 )
 
 
+SitesOption = Annotated[
+    str,
+    typer.Option(
+        "--sites",
+        help="Comma-separated sites or glob patterns, e.g. 'blocks.*.hook_resid_pre'.",
+    ),
+]
+DataOption = Annotated[
+    str,
+    typer.Option(
+        "--data",
+        help="'corpus' (bundled), a .txt/.jsonl "
+        "file or directory, 'hf:NAME[:CONFIG][:SPLIT]', or "
+        "'task:ioi' / 'task:greater_than' / ...",
+    ),
+    Calls(_check_data),
+]
+PositionsOption = Annotated[
+    str,
+    typer.Option(help="all | last | skip-first | task position names such as 'IO,S2,END'."),
+    _POSITIONS,
+]
+# the messages of structlens.data.corpus.chunk_documents and structlens.capture.capture
+MaxPromptsOption = Annotated[
+    int | None,
+    typer.Option(help="Use at most this many prompts."),
+    at_least(1, "max_prompts must be a positive integer or None, got {value}."),
+]
+PromptTokensOption = Annotated[
+    int,
+    typer.Option(help="Tokens per corpus prompt."),
+    Holds(
+        lambda t, data: data.startswith("task:") or t >= 2,  # a task's prompts: unused
+        "max_tokens must be at least 2, got {value}.",
+        uses=("data",),
+    ),
+]
+BatchSizeOption = Annotated[
+    int,
+    typer.Option(help="Prompts per forward pass."),
+    at_least(1, "batch_size must be >= 1, got {value}"),
+]
+StoreDtypeOption = Annotated[str, typer.Option(help="dtype of stored activations."), KNOWN_DTYPE]
+ShardMbOption = Annotated[
+    float,
+    typer.Option(help="Activation megabytes per shard."),
+    above(0, "shard_mb must be > 0, got {value}"),
+]
+
+
 @common_options(out=Path("results"), executor=True)
 def capture_cmd(
     common: Common,
     model: ModelArg,
-    sites: Annotated[
-        str,
-        typer.Option(
-            "--sites",
-            help="Comma-separated sites or glob patterns, e.g. 'blocks.*.hook_resid_pre'.",
-        ),
-    ],
-    data: Annotated[
-        str,
-        typer.Option(
-            "--data",
-            help="'corpus' (bundled), a .txt/.jsonl "
-            "file or directory, 'hf:NAME[:CONFIG][:SPLIT]', or "
-            "'task:ioi' / 'task:greater_than' / ...",
-        ),
-        Calls(_check_data),
-    ] = "corpus",
-    positions: Annotated[
-        str,
-        typer.Option(help="all | last | skip-first | task position names such as 'IO,S2,END'."),
-        _POSITIONS,
-    ] = "all",
-    # the messages of structlens.data.corpus.chunk_documents and structlens.capture.capture
-    max_prompts: Annotated[
-        int | None,
-        typer.Option(help="Use at most this many prompts."),
-        at_least(1, "max_prompts must be a positive integer or None, got {value}."),
-    ] = None,
-    prompt_tokens: Annotated[
-        int,
-        typer.Option(help="Tokens per corpus prompt."),
-        Holds(
-            lambda t, data: data.startswith("task:") or t >= 2,  # a task's prompts: unused
-            "max_tokens must be at least 2, got {value}.",
-            uses=("data",),
-        ),
-    ] = 128,
-    batch_size: Annotated[
-        int,
-        typer.Option(help="Prompts per forward pass."),
-        at_least(1, "batch_size must be >= 1, got {value}"),
-    ] = 8,
-    store_dtype: Annotated[
-        str, typer.Option(help="dtype of stored activations."), KNOWN_DTYPE
-    ] = "float32",
-    shard_mb: Annotated[
-        float,
-        typer.Option(help="Activation megabytes per shard."),
-        above(0, "shard_mb must be > 0, got {value}"),
-    ] = 256.0,
+    sites: SitesOption,
+    data: DataOption = "corpus",
+    positions: PositionsOption = "all",
+    max_prompts: MaxPromptsOption = None,
+    prompt_tokens: PromptTokensOption = 128,
+    batch_size: BatchSizeOption = 8,
+    store_dtype: StoreDtypeOption = "float32",
+    shard_mb: ShardMbOption = 256.0,
 ) -> None:
     """Capture activations into a content-addressed, resumable store under OUT/activations.
 

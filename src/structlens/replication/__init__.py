@@ -3,7 +3,7 @@
 ``python -m structlens.replication <method> [--profile cpu|gpu|smoke]`` (or
 ``structlens replicate <method>``) runs one replication.  Each method is a package
 ``replication/<method>/`` with ``run.py`` (profiles and stages, every stage cached through
-:class:`~structlens.replication.stage.StageCache`) and ``render.py`` (the markdown and the
+:class:`~structlens.pipeline.cache.StageCache`) and ``render.py`` (the markdown and the
 :class:`~structlens.replication.claims.ClaimsDocument` written beside it, both from the
 stage results).
 """

@@ -1,8 +1,5 @@
-"""A replication stage's JSON record, stored by :class:`structlens.pipeline.cache.StageCache`.
-
-Transitional: the cache itself lives in :mod:`structlens.pipeline.cache`; the names are
-re-exported here until every replication stage returns a typed Result.
-"""
+"""A replication stage's JSON record, stored by :class:`structlens.pipeline.cache.StageCache`
+for the stages that do not return a typed Result yet."""
 
 from __future__ import annotations
 
@@ -10,10 +7,9 @@ import dataclasses
 import json
 from typing import Any
 
-from structlens.pipeline.cache import Stage, StageCache, StageEvent, data_digest, keys
 from structlens.results import Result
 
-__all__ = ["Record", "Stage", "StageCache", "StageEvent", "data_digest", "keys"]
+__all__ = ["Record"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,8 @@ import torch
 from structlens.causal_dim import experiment as ex
 from structlens.causal_dim.protocol import PROFILES as PROTOCOLS
 from structlens.causal_dim.stages import KappaFit, LayerRows, SweepFit
-from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.pipeline.cache import Stage, StageCache, data_digest
+from structlens.replication.stage import Record
 from structlens.results import Result, to_jsonable
 
 R = TypeVar("R", bound=Result)

@@ -27,7 +27,8 @@ from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, SMALL, Scenario
 from structlens.equivalence.stages import ModelComparison, SanityCheck
 from structlens.equivalence.train_small import SmallLMConfig
-from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.pipeline.cache import Stage, StageCache, data_digest
+from structlens.replication.stage import Record
 
 __all__ = ["METHOD", "PROFILES", "SCENARIOS", "EquivalenceReplication", "model_dirs", "run"]
 

@@ -22,7 +22,8 @@ from structlens.koopman import stages as st
 from structlens.koopman.protocol import PROFILES as PROTOCOLS
 from structlens.koopman.protocol import dictionary_label
 from structlens.koopman.verdicts import IOI_K, REDUCTION_ORDERS
-from structlens.replication.stage import Record, Stage, StageCache, data_digest
+from structlens.pipeline.cache import Stage, StageCache, data_digest
+from structlens.replication.stage import Record
 from structlens.results import to_jsonable
 
 METHOD = "koopman"

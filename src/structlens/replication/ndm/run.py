@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from structlens.ndm.protocol import PROFILES as NDM_PROFILES
-from structlens.replication.stage import Record, Stage, StageCache
+from structlens.pipeline.cache import Stage, StageCache
+from structlens.replication.stage import Record
 from structlens.results import write_results
 
 if TYPE_CHECKING:
