@@ -195,6 +195,26 @@ class Section:
         return cls.from_json(read_json_object(path, "structlens analysis section (JSON)"))
 
 
+def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
+    """``(low, high)`` when both ends are finite numbers in order, else ``None`` (a Claim's
+    ``ci`` then needs its ``ci_reason``)."""
+    if pair is None or len(pair) != 2:
+        return None
+    try:
+        lo, hi = float(pair[0]), float(pair[1])
+    except (TypeError, ValueError):
+        return None
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
+
+
+def count_verdict(n_hold: int, n: int) -> str:
+    """``reproduced`` when a claim holds in all ``n`` settings, ``partly`` in some, else
+    ``not reproduced``."""
+    if n and n_hold == n:
+        return "reproduced"
+    return "partly" if n_hold else "not reproduced"
+
+
 def contains(ci: Sequence[float] | None, value: float) -> bool:
     """Whether the finite interval ``ci`` holds ``value`` (``False`` without one)."""
     return ci is not None and all(map(math.isfinite, ci)) and ci[0] <= value <= ci[1]

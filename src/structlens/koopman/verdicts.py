@@ -10,7 +10,6 @@ Each ``*_claim`` function turns the Results of one replication section into a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from structlens.koopman.stages import (
     SplitHalfFit,
 )
 from structlens.results import to_jsonable
-from structlens.verdicts import Caveat, Claim, Number, Section, contains
+from structlens.verdicts import Caveat, Claim, Number, Section, contains, count_verdict, finite_ci
 
 
 @dataclass(frozen=True)
@@ -77,19 +76,6 @@ ALPHA = 0.05
 IOI_K = 4
 
 
-def _finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
-    if pair is None or len(pair) != 2:
-        return None
-    lo, hi = float(pair[0]), float(pair[1])
-    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
-
-
-def _count_verdict(n_hold: int, n: int) -> str:
-    if n and n_hold == n:
-        return "reproduced"
-    return "partly" if n_hold else "not reproduced"
-
-
 def _not_tested(claim_id: str, reason: str) -> Claim:
     return Claim(
         claim_id, PAPER[claim_id].text, None, None, "not tested", {}, ci_reason=reason,
@@ -111,13 +97,13 @@ def split_half_claim(fits: Mapping[str, SplitHalfFit]) -> Claim:
     rate = _paper_value("split_half_rate")
     inside = sum(contains(f.slope_ci, rate) for f in fits.values())
     key, first = next(iter(fits.items()))
-    ci = _finite_ci(first.slope_ci)
+    ci = finite_ci(first.slope_ci)
     return Claim(
         "split_half_rate",
         PAPER["split_half_rate"].text,
         first.slope,
         ci,
-        _count_verdict(inside, len(fits)),
+        count_verdict(inside, len(fits)),
         {"fits": list(fits), "n_blocks": [f.blocks_used for f in fits.values()]},
         ci_reason=None if ci else "no finite jackknife interval",
         note=f"ours is {key}; {rate} lies inside {inside} of {len(fits)} CIs",
@@ -340,7 +326,7 @@ def reduction_claims(rows: Sequence[ReductionRow]) -> list[Claim]:
             PAPER["reduction_bound"].text,
             head.instance_bound,
             None,
-            _count_verdict(sum(tighter), len(tighter)),
+            count_verdict(sum(tighter), len(tighter)),
             {
                 "orders": list(by),
                 "layers": "-".join(map(str, (head.layers[0], head.layers[-1]))),
@@ -356,7 +342,7 @@ def reduction_claims(rows: Sequence[ReductionRow]) -> list[Claim]:
             PAPER["reduction_certificate_cert_holds"].text,
             min(r.bound_ratio for r in rows),
             None,
-            _count_verdict(sum(holds), len(holds)),
+            count_verdict(sum(holds), len(holds)),
             {"orders": list(by), "norm": "‖T_L − T_L^r‖₂ over the horizon"},
             ci_reason=deterministic,
             note="ours = the smallest Enns–Glover bound / error over the orders (>= 1 holds)",
@@ -417,7 +403,7 @@ def universality_claim(comparisons: Sequence[SpectralComparison], reason: str | 
         PAPER[cid].text,
         f"{differ} of {len(seeds)} seed pairs differ beyond sampling error",
         None,
-        _count_verdict(len(seeds) - differ, len(seeds)),
+        count_verdict(len(seeds) - differ, len(seeds)),
         {"pairs": [c.pair for c in seeds], "alpha": ALPHA},
         ci_reason="one test per pair against its own sampling null",
         note=f"W∞ {min(c.distance for c in seeds):.3f}–{max(c.distance for c in seeds):.3f} "

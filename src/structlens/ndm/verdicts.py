@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from structlens.verdicts import Caveat, Claim, Number, Section
+from structlens.verdicts import Caveat, Claim, Number, Section, count_verdict, finite_ci
 
 if TYPE_CHECKING:
     from structlens.ndm.stages import (
@@ -64,24 +64,6 @@ GINI_TOLERANCE = 0.1
 TOY_OVERLAP = 0.9
 #: A subspace "nearly matches" whole-space patching at this share of its context-rate drop.
 CONFLICT_SHARE = 0.8
-
-
-def count_verdict(n_hold: int, n: int) -> str:
-    """``reproduced`` when a claim holds in all ``n`` settings, ``partly`` in some."""
-    if n and n_hold == n:
-        return "reproduced"
-    return "partly" if n_hold else "not reproduced"
-
-
-def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
-    """``(low, high)`` when both ends are finite numbers in order, else ``None``."""
-    if pair is None or len(pair) != 2:
-        return None
-    try:
-        lo, hi = float(pair[0]), float(pair[1])
-    except (TypeError, ValueError):
-        return None
-    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
 
 
 # --- the replication's claims -------------------------------------------------------------

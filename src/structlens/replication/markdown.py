@@ -33,22 +33,6 @@ def value_ci(value: Any, pair: Sequence[Any], nd: int = 2) -> str:
     return f"{fmt(value, nd)} {ci(pair, nd)}"
 
 
-def finite_ci(pair: Sequence[Any] | None) -> tuple[float, float] | None:
-    """``(low, high)`` as floats when both ends are finite and ordered, else ``None``."""
-    if pair is None or len(pair) != 2:
-        return None
-    lo, hi = num(pair[0]), num(pair[1])
-    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None
-
-
-def count_verdict(n_hold: int, n: int) -> str:
-    """``reproduced`` when a claim holds in all ``n`` settings, ``partly`` in some, else
-    ``not reproduced`` (the claims-JSON spelling; the markdown says "partly reproduced")."""
-    if n and n_hold == n:
-        return "reproduced"
-    return "partly" if n_hold else "not reproduced"
-
-
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` atomically (parents created)."""
     from structlens.results import atomic_write_bytes
