@@ -132,14 +132,17 @@ def test_kappa_hat_vs_exact_unidentified_or_not_tested():
 
 
 # ---------------------------------------------------------------- exact κ
-def test_exact_kappa_verdicts_from_convergence_and_share_of_d():
-    lo, hi = kfit(1, kappa_over_d=0.3), kfit(2, kappa_over_d=0.7, erank=44.8)
-    c = V.exact_kappa([lo, hi], D)
-    assert (c.verdict, c.ours, c.ci) == ("reproduced", 44.8, tuple(hi.erank_ci))
-    assert c.settings["layer"] == 2 and set(c.per_setting) == {"1", "2"}
-    assert V.exact_kappa([lo], D).verdict == "not reproduced"
-    c = V.exact_kappa([lo, dataclasses.replace(hi, converged=False, ratio_last_doubling=1.2)], D)
-    assert c.verdict == "unidentified" and "1.01–1.20" in c.note
+def test_exact_kappa_headline_is_the_middle_layer_fixed_in_advance():
+    """The largest κ/d elsewhere never becomes the headline: the middle κ layer is."""
+    lo, mid = kfit(1, kappa_over_d=0.3), kfit(2, kappa_over_d=0.7, erank=44.8)
+    top = kfit(3, kappa_over_d=0.9, erank=57.6)
+    c = V.exact_kappa([top, lo, mid], D)  # any order
+    assert (c.verdict, c.ours, c.ci) == ("reproduced", 44.8, tuple(mid.erank_ci))
+    assert c.settings["layer"] == 2 and set(c.per_setting) == {"1", "2", "3"}
+    c = V.exact_kappa([lo, kfit(2, kappa_over_d=0.3), top], D)
+    assert (c.verdict, c.settings["layer"]) == ("not reproduced", 2)
+    c = V.exact_kappa([lo, dataclasses.replace(mid, converged=False, ratio_last_doubling=1.2)], D)
+    assert c.settings["layer"] == 2 and c.verdict == "unidentified" and "1.20" in c.note
     assert V.exact_kappa([], D).verdict == "not tested"
 
 
@@ -163,12 +166,15 @@ def four(**inflation) -> FourCell:
     return FourCell(width=256, layer=1, architectures=cells)
 
 
-def test_random_encoder_inflation_is_read_off_the_thresholded_saes():
+def test_random_encoder_inflation_is_the_papers_architecture_not_the_largest():
     c = V.random_encoder_inflation(four(topk=1.0, relu=3.0, jumprelu=2.0))
-    assert (c.verdict, c.ours, c.settings["architecture"]) == ("reproduced", 3.0, "relu")
-    c = V.random_encoder_inflation(four(topk=9.0, relu=1.2))  # TopK's inflation is not read
-    assert (c.verdict, c.ours) == ("not reproduced", 1.2)
-    assert V.random_encoder_inflation(four(topk=2.0)).settings["architecture"] == "topk"
+    assert (c.verdict, c.ours, c.settings["architecture"]) == ("reproduced", 2.0, "jumprelu")
+    c = V.random_encoder_inflation(four(topk=9.0, relu=48.7, jumprelu=1.0))
+    assert (c.verdict, c.ours) == ("not reproduced", 1.0) and c.settings["inflation"][
+        "relu"
+    ] == 48.7
+    c = V.random_encoder_inflation(four(topk=2.0, relu=3.0))
+    assert c.verdict == "not tested" and "jumprelu" in c.note
     assert V.random_encoder_inflation(None).verdict == "not tested"
 
 
