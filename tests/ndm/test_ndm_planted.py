@@ -1,5 +1,6 @@
-"""NDM escapes the straddling optimum on planted partitions; restart selection says when the
-kept run's loss is not the lowest."""
+"""NDM escapes the straddling optimum on planted partitions (the re-split check of planned
+merges, the split/undo pass of rounds with nothing to merge); neither splits a planted group;
+restart selection says when the kept run's loss is not the lowest."""
 
 import dataclasses
 
@@ -46,7 +47,7 @@ def test_resplit_recovers_the_straddled_partition():
     res = NDM(_config(resplit_trials=4)).fit(h)
     assert res.partition == [2, 2] and res.converged and res.merge_history == []
     (entry,) = res.resplit_history
-    assert entry["step"] == 20 and entry["pairs"] == [[0, 1]]
+    assert entry["step"] == 20 and entry["kind"] == "merge" and entry["subspaces"] == [[0, 1]]
     assert entry["partition_before"] == entry["partition_after"] == [2, 2]
     # The merge round saw dependent units; the learnt split of their span is independent.
     assert entry["mi_merge"][0] > 0.04 >= entry["mi_split"][0]
@@ -126,3 +127,39 @@ def test_planted_instance_that_merged_wrongly_is_recovered():
     report = recovery_report(res.bases(), planted.bases())
     assert report["min_matched_overlap"] >= 0.95
     assert all(ov >= 0.95 for ov in report["matched_overlap"])
+
+
+def _aligned(sizes, n=3000, seed=0):
+    """Planted groups of ``sizes`` in their own coordinates (group ``g`` in its column block),
+    so that the identity start with ``initial_partition`` puts chosen groups in one block."""
+    planted = planted_partition(sizes, n, seed=seed)
+    h = np.ascontiguousarray(planted.h @ planted.rotation, dtype=np.float32)
+    eye, bounds = np.eye(sum(sizes)), np.cumsum([0, *sizes])
+    return h, [eye[:, bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
+
+
+def test_split_undo_pass_separates_merged_independent_groups():
+    # Planted [2, 2, 2] started at [4, 2], the 4-D block holding groups 0 and 1: the block is
+    # independent of the other, so no round merges, and only the split/undo pass can undo the
+    # (here: initial) merge.  Without re-splitting the run converges at once at [4, 2].
+    h, truth = _aligned([2, 2, 2])
+    assert NDM(_config(initial_partition=[4, 2])).fit(h).partition == [4, 2]
+    res = NDM(_config(initial_partition=[4, 2], resplit_trials=4)).fit(h)
+    assert res.partition == [2, 2, 2] and res.converged and res.merge_history == []
+    (entry,) = res.resplit_history
+    assert entry["kind"] == "final" and entry["subspaces"] == [[0]] and entry["step"] == 20
+    assert entry["mi_merge"] == [None] and entry["mi_split"][0] <= 0.04
+    assert entry["partition_before"] == [4, 2] and entry["partition_after"] == [2, 2, 2]
+    report = recovery_report(res.bases(), truth)
+    assert sorted(c for _, c in report["matching"]) == [0, 1, 2]
+    assert report["min_matched_overlap"] >= 0.99
+
+
+def test_split_undo_pass_never_splits_a_planted_group():
+    # Planted [4, 2] started at its own partition: the split/undo pass tries every split of
+    # the 4-D group on the units' grid and finds none independent, so the run converges there.
+    h, truth = _aligned([4, 2], seed=3)
+    res = NDM(_config(initial_partition=[4, 2], resplit_trials=4)).fit(h)
+    assert res.partition == [4, 2] and res.converged and res.resplit_history == []
+    assert res.steps == 20  # converged at the first round, the pass having split nothing
+    assert recovery_report(res.bases(), truth)["min_matched_overlap"] >= 0.99

@@ -57,8 +57,8 @@ def _run(tmp_path) -> Run:
 def test_claims_of_kappa_and_four_cell(tmp_path):
     run = _run(tmp_path)
     by_id = {c.id: c for c in claims_of(run)}
-    c = by_id["random_encoder_inflation"]
-    assert (c.verdict, c.ours, c.settings["architecture"]) == ("reproduced", 3.0, "relu")
+    c = by_id["random_encoder_inflation"]  # the paper's JumpReLU did not run: no headline
+    assert c.verdict == "not tested" and "jumprelu" in c.note
     c = by_id["kappa_pr_lower_bound"]
     assert (c.kind, c.verdict) == ("check", "reproduced") and c.positive_control["passed"]
     c = by_id["exact_kappa"]

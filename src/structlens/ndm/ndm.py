@@ -9,7 +9,10 @@ query.  Starting from equal small blocks, the KSG mutual information between eve
 subspaces (divided by ``d_a + d_b``) is estimated periodically; pairs above a threshold are
 merged (disjoint pairs, highest first, a few per round), ``R`` is re-based so the merged
 rotation spans the same subspaces, and the optimiser restarts.  Training stops when no pair
-exceeds the threshold.
+exceeds the threshold.  Optionally (``NDMConfig.resplit_trials``, not in the reference code)
+a planned merge is first checked for an independent split of the pair's span, and a round
+with nothing to merge tries to split every subspace (the split/undo pass), so that a merge
+of independent groups is avoided or undone.
 
 ``R`` is parametrised as ``B exp(A - A^T)`` with ``B`` fixed (PyTorch's trivialisation of the
 orthogonal group); each merge sets ``B`` to the current ``R`` with reordered columns and
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -90,14 +94,21 @@ class NDMConfig:
         against a rotation stuck with dimensions of one group inside another's subspace,
         which makes merges join independent groups.
     resplit_trials
-        Before a merge round joins a pair of subspaces, look for a split of their joint span
-        into two independent parts: for each size of the smaller part, NDM on that span alone
-        from ``resplit_trials`` Haar-random rotations of it, keeping the split of lowest loss.
-        If the best split's normalised MI is at most ``merge_threshold``, the pair is replaced
-        by it (sizes may change) instead of merged, and the round merges nothing.  Escapes the
-        local optimum in which two subspaces each hold part of two groups: their MI is high,
-        but merging them joins independent groups, irreversibly.  ``0`` (default) disables
-        it, as in the reference code.
+        Re-splitting, ``0`` (default, as in the reference code) for none.  (1) Before a merge
+        round joins a pair of subspaces, look for a split of their joint span into two
+        independent parts; if the best split's normalised MI is at most ``merge_threshold``,
+        the pair is replaced by it (sizes may change) and not merged.  This escapes the local
+        optimum in which two subspaces each hold part of two groups: their MI is high, but
+        merging them joins independent groups, irreversibly.  (2) The split/undo pass: a
+        round with no pair above the threshold tries to split every subspace larger than a
+        unit the same way, and training continues (not converged) if one splits; this undoes
+        a merge of independent groups that the check before it missed.  A split is searched
+        for each size of the smaller part on the units' grid, by NDM on that span alone from
+        ``resplit_trials`` Haar-random rotations of it (run as one batch), keeping the trial
+        of lowest loss.  On a planted [4, 4, 8] instance (docs/ndm.md) about a third of the
+        trials split the span of the 4- and 8-D groups, hence the benchmark's 8 trials.
+        The grid means a group whose size is not a multiple of the unit is never isolated
+        (nor is it by merges).
     resplit_steps, resplit_lr
         Adam steps and learning rate of each re-split trial.
     log_interval
@@ -213,11 +224,13 @@ class NDMResult(Result):
         ``bank_size`` keys and ``batch_size`` queries, each run at its own partition),
         ``lowest_loss`` (whether no run has a lower one) and ``chosen``; empty otherwise.
     resplit_history
-        One entry per merge round that re-split pairs instead of merging them (see
-        ``NDMConfig.resplit_trials``): ``step``, the re-split ``pairs`` (indices into
-        ``partition_before``), their normalised MI as planned for the merge (``mi_merge``)
-        and between the two parts of the learnt split (``mi_split``, held-out rows),
-        ``partition_before`` and ``partition_after``.
+        One entry per merge round that re-split instead of merging (see
+        ``NDMConfig.resplit_trials``): ``step``, ``kind`` (``"merge"``: planned merge pairs
+        were re-split; ``"final"``: the split/undo pass of a round with nothing to merge split
+        single subspaces), the re-split ``subspaces`` (index lists into ``partition_before``:
+        pairs, or single subspaces), their normalised MI as planned for the merge
+        (``mi_merge``, ``None`` for ``"final"``) and between the two parts of the learnt split
+        (``mi_split``, held-out rows), ``partition_before`` and ``partition_after``.
     chosen_loss_is_lowest
         With restarts: whether the chosen run also has the lowest ``selection_loss``
         (``None`` without restarts).  It can be ``False`` because the rule prefers converged
@@ -813,22 +826,31 @@ class NDM:
 
     def _merge(self, state: TrainState, bank: _Bank) -> bool:
         """Run a merge round; re-base the rotation and restart the optimiser if pairs merge
-        or (with ``resplit_trials``) are re-split instead."""
+        or (with ``resplit_trials``) are re-split instead, or if a round with nothing to merge
+        splits a subspace (the split/undo pass); otherwise training has converged."""
+        cfg = self.config
         with torch.no_grad():
             R_now = state.rotation().detach()
         entry = self._merge_round(bank.keys, R_now, state.partition, state.step)
+        resplit = None
+        if cfg.resplit_trials:
+            unit = min(self._initial_partition(R_now.shape[0]))
+            if entry is None:
+                spans = [[s] for s, size in enumerate(state.partition) if size > unit]
+                mi_merge = None
+            else:
+                spans, mi_merge = entry["pairs"], entry["mi"]
+            resplit = self._resplit(bank, R_now, state.partition, spans, mi_merge, state.step, unit)
+        if resplit is not None:
+            R_new, state.partition, record = resplit
+            state.resplit_history.append(record)
+            state.rotation = _Rotation(R_new).to(R_now.device)
+            state.optimizer = self._optimizer(state.rotation)
+            return True
         if entry is None:
-            state.converged = self.config.stop_when_converged
+            state.converged = cfg.stop_when_converged
             return False
         perm = entry.pop("_perm")
-        if self.config.resplit_trials:
-            resplit = self._resplit(bank, R_now, state.partition, entry, state.step)
-            if resplit is not None:
-                R_new, state.partition, record = resplit
-                state.resplit_history.append(record)
-                state.rotation = _Rotation(R_new).to(R_now.device)
-                state.optimizer = self._optimizer(state.rotation)
-                return True
         state.merge_history.append(entry)
         state.partition = entry["partition_after"]
         state.rotation = _Rotation(R_now[:, perm]).to(R_now.device)
@@ -840,19 +862,24 @@ class NDM:
         bank: _Bank,
         R: torch.Tensor,
         partition: list[int],
-        plan: dict[str, Any],
+        spans: list[list[int]],
+        mi_merge: list[float] | None,
         step: int,
+        unit: int,
     ) -> tuple[torch.Tensor, list[int], dict[str, Any]] | None:
-        """Look for a split of the joint span of each pair of the merge round ``plan`` (an
-        entry of :meth:`_merge_round`) into two independent parts (see
-        ``NDMConfig.resplit_trials``).
+        """Look for a split of the joint span of each group of subspaces in ``spans`` (indices
+        into ``partition``) into two independent parts (see ``NDMConfig.resplit_trials``):
+        the pairs a merge round plans (their MI ``mi_merge``), or single subspaces in the
+        split/undo pass of a round with nothing to merge (``mi_merge`` ``None``).
 
-        For every size ``k`` of the smaller part, 1 to half the span (sizes off the units'
-        grid let a single stray dimension leave a block), the split of lowest NDM loss among
-        the trials is learnt on the first ``mi_samples`` keys and half the query pool; its
-        normalised MI is estimated on the other half.  The split of lowest MI replaces the
-        pair if that MI does not exceed ``merge_threshold``.  Returns the new rotation,
-        partition and history entry, or ``None`` if every pair is inseparable.
+        For every size ``k`` of the smaller part up to half the span that is a multiple of
+        ``gcd(unit, span size)`` (``unit`` = the initial block size: merges and re-splits keep
+        the partition on the units' grid, and trying only sizes on it halves the cost), the
+        split of lowest NDM loss among the trials is learnt on the first ``mi_samples`` keys
+        and half the query pool; its normalised MI is estimated on the other half.  The split
+        of lowest MI replaces the group if that MI does not exceed ``merge_threshold``.
+        Returns the new rotation, partition and history entry, or ``None`` if no group
+        splits.
         """
         cfg = self.config
         keys = bank.keys[: cfg.mi_samples].to(torch.float64)
@@ -862,36 +889,31 @@ class NDM:
         # Seeded by the step, so a resumed run draws the same trials.
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         R_new = R.clone()
-        blocks = {s: list(range(bounds[s], bounds[s + 1])) for s in range(len(partition))}
+        blocks = [list(range(bounds[s], bounds[s + 1])) for s in range(len(partition))]
+        in_spans = {s for group in spans for s in group}
+        parts = [blocks[s] for s in range(len(partition)) if s not in in_spans]
         record: dict[str, Any] = {
-            "step": step, "pairs": [], "mi_merge": [], "mi_split": [],
-            "partition_before": list(partition),
+            "step": step, "kind": "merge" if mi_merge is not None else "final",
+            "subspaces": [], "mi_merge": [], "mi_split": [], "partition_before": list(partition),
         }  # fmt: skip
-        for (a, b), mi_merge in zip(plan["pairs"], plan["mi"], strict=True):
-            cols = blocks[a] + blocks[b]
+        for i, group in enumerate(spans):
+            cols = [c for s in group for c in blocks[s]]
             span = R[:, cols].to(torch.float64)
-            k, fit, test = (x.to(span.device) @ span for x in (keys, pool[:half], pool[half:]))
-            best: tuple[float, torch.Tensor, int] | None = None
-            for small in range(1, len(cols) // 2 + 1):
-                sizes = [len(cols) - small, small]
-                trials = [_fit_split(k, fit, sizes, cfg, gen) for _ in range(cfg.resplit_trials)]
-                Q = min(trials, key=lambda Q: _split_loss(k, test, Q, sizes))
-                mi = subspace_mutual_information(
-                    test @ Q, sizes, k=cfg.mi_k, standardize=True, normalize=True
-                )[0, 1]
-                if best is None or mi < best[0]:
-                    best = (float(mi), Q, sizes[0])
+            grid = math.gcd(unit, len(cols))
+            best = _best_split(span, keys, pool[:half], pool[half:], cfg, gen, grid)
             if best is not None and best[0] <= cfg.merge_threshold:
                 mi, Q, large = best
                 R_new[:, cols] = span @ Q.to(span.device)
-                blocks[a], blocks[b] = cols[:large], cols[large:]
-                record["pairs"].append([a, b])
-                record["mi_merge"].append(mi_merge)
+                parts += [cols[:large], cols[large:]]
+                record["subspaces"].append(list(group))
+                record["mi_merge"].append(None if mi_merge is None else mi_merge[i])
                 record["mi_split"].append(mi)
-        if not record["pairs"]:
+            else:
+                parts += [blocks[s] for s in group]
+        if not record["subspaces"]:
             return None
-        # Largest first, as the partition is kept; stable, so unchanged blocks keep their order.
-        order = sorted(blocks.values(), key=len, reverse=True)
+        # Largest first, as the partition is kept; blocks keep their column order among equals.
+        order = sorted(parts, key=lambda g: (-len(g), g[0]))
         record["partition_after"] = [len(g) for g in order]
         perm = [c for g in order for c in g]
         return R_new[:, perm], record["partition_after"], record
@@ -1000,6 +1022,39 @@ def _haar(d: int, gen: torch.Generator) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r))
 
 
+def _best_split(
+    span: torch.Tensor,
+    keys: torch.Tensor,
+    fit: torch.Tensor,
+    test: torch.Tensor,
+    cfg: NDMConfig,
+    gen: torch.Generator,
+    grid: int = 1,
+) -> tuple[float, torch.Tensor, int] | None:
+    """The split of ``span`` (``(d, b)`` orthonormal columns) into two parts of lowest
+    held-out MI: ``(normalised MI, rotation Q of the span, size of the larger part)``, or
+    ``None`` if ``b < 2 * grid``.  The smaller part's size runs over the multiples of ``grid``
+    up to ``b / 2``; for each, the trial of lowest NDM loss on ``test`` among
+    ``resplit_trials`` fits on ``fit`` is kept (see ``_fit_splits``)."""
+    k, fit, test = (x.to(span.device) @ span for x in (keys, fit, test))
+    b = span.shape[1]
+    larges = [b - small for small in range(grid, b // 2 + 1, grid)]
+    if not larges:
+        return None
+    trials = cfg.resplit_trials
+    Qs = _fit_splits(k, fit, [large for large in larges for _ in range(trials)], cfg, gen)
+    best: tuple[float, torch.Tensor, int] | None = None
+    for i, large in enumerate(larges):
+        sizes = [large, b - large]
+        Q = min(Qs[i * trials : (i + 1) * trials], key=lambda Q: _split_loss(k, test, Q, sizes))
+        mi = subspace_mutual_information(
+            test @ Q, sizes, k=cfg.mi_k, standardize=True, normalize=True
+        )[0, 1]
+        if best is None or mi < best[0]:
+            best = (float(mi), Q, large)
+    return best
+
+
 def _split_nearest(
     keys: torch.Tensor, queries: torch.Tensor, Q: torch.Tensor, sizes: list[int]
 ) -> torch.Tensor:
@@ -1023,28 +1078,51 @@ def _split_loss(
         return float(neighbor_distance_loss(queries, keys, nearest, Q, sizes))
 
 
-def _fit_split(
+def _fit_splits(
     keys: torch.Tensor,
     queries: torch.Tensor,
-    sizes: list[int],
+    larges: list[int],
     cfg: NDMConfig,
     gen: torch.Generator,
-) -> torch.Tensor:
-    """NDM restricted to a pair's span: from a Haar-random split, ``resplit_steps`` Adam steps
-    on batches of ``queries`` against all ``keys`` (``mi_samples`` rows), exact search."""
-    rotation = _Rotation(_haar(sum(sizes), gen)).to(keys.device)
-    opt = torch.optim.Adam([rotation.A], lr=cfg.resplit_lr, betas=cfg.betas)
+) -> list[torch.Tensor]:
+    """NDM restricted to a span, one independent fit per entry of ``larges`` (the size of
+    the first part): from Haar-random rotations ``Q`` of the span, ``resplit_steps`` Adam
+    steps on batches of ``queries`` against all ``keys`` (``mi_samples`` rows, exact search).
+
+    The fits run as one batch (a part is a column mask of its ``Q``), so many trials cost
+    about as much as one; they share each step's query batch.  Adam is elementwise and the
+    gradient is clipped per fit, so each fit is the single-split NDM on its own."""
+    b = keys.shape[1]
+    base = torch.stack([_haar(b, gen) for _ in larges]).to(keys.device)
+    A = torch.zeros_like(base, requires_grad=True)
+    first = (
+        torch.arange(b, device=keys.device)[None, :]
+        < torch.tensor(larges, device=keys.device)[:, None]
+    ).to(keys.dtype)
+    masks = torch.stack([first, 1.0 - first])[:, :, None, :]  # (part, fit, 1, b)
+    opt = torch.optim.Adam([A], lr=cfg.resplit_lr, betas=cfg.betas)
     for _ in range(cfg.resplit_steps):
         q = queries[torch.randint(queries.shape[0], (cfg.batch_size,), generator=gen)]
-        Q = rotation()
-        loss = neighbor_distance_loss(q, keys, _split_nearest(keys, q, Q.detach(), sizes), Q, sizes)
+        Q = base @ torch.linalg.matrix_exp(A - A.transpose(1, 2))
+        with torch.no_grad():
+            qz, kz = q @ Q, keys @ Q  # (fit, n, b)
+            nearest = [
+                torch.cdist(qz * m, kz * m, compute_mode="donot_use_mm_for_euclid_dist").argmin(2)
+                for m in masks
+            ]
+        loss = sum(
+            torch.linalg.vector_norm(((q - keys[idx]) @ Q) * m, dim=2).mean(1)
+            for idx, m in zip(nearest, masks, strict=True)
+        )
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss.sum() / 2).backward()
         if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_([rotation.A], cfg.grad_clip)
+            assert A.grad is not None
+            norm = torch.linalg.vector_norm(A.grad.flatten(1), dim=1)
+            A.grad.mul_((cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0)[:, None, None])
         opt.step()
     with torch.no_grad():
-        return rotation().detach()
+        return list(base @ torch.linalg.matrix_exp(A - A.transpose(1, 2)))
 
 
 def _jsonable_config(cfg: NDMConfig) -> dict[str, Any]:

@@ -8,6 +8,7 @@ model and the activations.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -208,8 +209,9 @@ def planted_recovery(
     ``seed=s``) is fitted to it.  A run *recovers* the partition when its subspace sizes
     equal ``sizes`` (as multisets) and every true subspace is matched with overlap at least
     ``min_overlap`` (:func:`~structlens.ndm.toy.recovery_report`).  Returns the per-seed rows
-    (``seed``, ``partition``, ``overlap``, ``converged``, ``recovered``, ``steps`` and
-    ``resplits``, the number of accepted re-splits, see ``NDMConfig.resplit_trials``),
+    (``seed``, ``partition``, ``overlap``, ``converged``, ``recovered``, ``steps``,
+    ``resplits``, the number of accepted re-splits, see ``NDMConfig.resplit_trials``,
+    ``final_splits``, how many of them the split/undo pass made, and ``seconds``),
     ``recovered`` (the count), ``n``, the rate's 95 % Wilson interval ``ci``, and the
     ``restarts`` and ``resplit_trials`` of ``ndm``.
     """
@@ -222,6 +224,7 @@ def planted_recovery(
         raise ValueError(f"min_overlap must be in (0, 1], got {min_overlap}.")
     rows: list[dict[str, Any]] = []
     for s in seeds:
+        t0 = time.perf_counter()
         planted = planted_partition(sizes, n_samples, seed=int(s))
         fit = NDM(dataclasses.replace(ndm, seed=int(s))).fit(planted.h)
         report: dict[str, Any] = recovery_report(fit.bases(), planted.bases())
@@ -236,6 +239,8 @@ def planted_recovery(
                 "recovered": bool(same_sizes and overlap >= min_overlap),
                 "steps": int(fit.steps),
                 "resplits": len(fit.resplit_history),
+                "final_splits": sum(e["kind"] == "final" for e in fit.resplit_history),
+                "seconds": time.perf_counter() - t0,
             }
         )
     k = sum(r["recovered"] for r in rows)
