@@ -3,7 +3,7 @@
 Run (one core, as measured for docs/ndm.md):
 
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/ndm/planted_recovery.py \\
-        --out benchmarks/ndm/results/planted_recovery.json
+        --out benchmarks/ndm/planted_recovery.json
 
 For each shape and seed ``s`` (seeds 0 to ``--seeds`` - 1), ``planted_partition(sizes, 6000,
 seed=s)`` (d = 16) is decomposed by one NDM run (no restarts) from 2-D units: 2,500
