@@ -58,7 +58,7 @@ def test_reports_print_the_committed_calibration_beside_their_verdicts():
     from structlens.verdicts import calibration_notes
 
     doc = json.loads((Path(__file__).parents[2] / "docs" / "calibration.json").read_text())
-    for method in ("koopman", "causal_dim", "equivalence"):
+    for method in ("koopman", "ndm", "causal_dim", "equivalence"):
         rules = [r for r in doc.get(method, {}).values() if "summary" in r]
         notes = calibration_notes(method)
         assert len(notes) == len(rules)
