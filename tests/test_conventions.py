@@ -85,3 +85,32 @@ def test_the_issue_check_catches_a_mention(tmp_path, line):
     p = tmp_path / "x.md"
     p.write_text(f"text\nsee #ff0000 and 1,000 & #x;\n{line}\n")
     assert len(_issue_mentions([p])) == 1
+
+
+#: The drivers: they run stages and render, so a long function there is science in the wrong
+#: place (verdicts belong in ``<method>/verdicts.py``, computation in ``<method>/stages.py``).
+DRIVERS = ("analyze", "cli", "replication", "calibration")
+MAX_DRIVER_LINES = 80
+
+
+def _long_functions(path: Path, limit: int = MAX_DRIVER_LINES) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return [
+        f"{_where(path)}:{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_driver_function_is_longer_than_80_lines():
+    found = [
+        f for d in DRIVERS for p in sorted((PACKAGE / d).rglob("*.py")) for f in _long_functions(p)
+    ]
+    assert not found, "driver functions over 80 lines:\n" + "\n".join(found)
+
+
+def test_the_length_check_catches_a_long_function(tmp_path):
+    src = tmp_path / "long.py"
+    src.write_text("def f():\n" + "    x = 1\n" * 80 + "\n\ndef g():\n    return 1\n")
+    assert [line.split(": ")[1] for line in _long_functions(src)] == ["f (81 lines)"]

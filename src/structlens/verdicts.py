@@ -10,6 +10,7 @@ parsed back out of rendered text.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -225,19 +226,22 @@ def contains(ci: Sequence[float] | None, value: float) -> bool:
 CALIBRATION = "calibration.json"
 
 
-def calibration_notes(method: str) -> tuple[str, ...]:
-    """One line per calibrated rule of ``method`` (``koopman``, ``causal_dim``,
-    ``equivalence``, ...): the rule and its measured error rates or coverage, from the
-    committed calibration (docs/calibration.md); empty when the method has none."""
+@functools.cache
+def _calibration() -> dict[str, Any]:
+    """The committed calibration document (read once per process; empty if not shipped)."""
     from importlib import resources
 
     source = resources.files("structlens").joinpath(CALIBRATION)
-    if not source.is_file():
-        return ()
-    doc = json.loads(source.read_text("utf-8"))
-    rules = doc.get(method, {})
+    return json.loads(source.read_text("utf-8")) if source.is_file() else {}
+
+
+def calibration_notes(method: str) -> tuple[str, ...]:
+    """One line per calibrated rule of ``method`` (``koopman``, ``ndm``, ``causal_dim``,
+    ``equivalence``): the rule and its measured error rates or coverage, from the committed
+    calibration (docs/calibration.md); empty when the method has none."""
+    doc = _calibration()
     return tuple(
         f"{r['rule']}: {r['summary']} ({doc['profile']} profile; docs/calibration.md)"
-        for r in rules.values()
+        for r in doc.get(method, {}).values()
         if "summary" in r
     )

@@ -23,6 +23,8 @@ from structlens.calibration.koopman import (
     calibrate_henrici,
     calibrate_slope,
 )
+from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
+from structlens.ndm.protocol import PROFILES as NDM
 from structlens.results import atomic_write_bytes, atomic_write_json, to_jsonable
 
 #: Instances per planted family.
@@ -39,12 +41,12 @@ TARGET_FPR = 0.05
 KAPPA_RHOS = (0.0, 0.5, 0.9)
 #: Partner pass probabilities of the equivalence alternatives (the null passes with 0.3).
 PARTNER_PASS = (0.5, 0.6, 0.7, 0.9)
-#: Validated heads: the cpu analyze profile's cap and the paper-subset protocol's.
-HEAD_COUNTS = (12, 30)
+#: Validated heads: a dozen (the cpu analyze profile's cap) and the paper-subset protocol's.
+HEAD_COUNTS = (12, int(EQUIVALENCE["paper-subset"].max_validate_heads or 0))
 #: Correlations of the planted NDM subspace pairs (0: independent) and their dimensions: the
-#: toy's unit, the smoke profile's and the paper protocol's.
+#: toy's unit (2), the smoke profile's and the paper protocol's.
 MERGE_RHOS = (0.0, 0.3, 0.5, 0.7, 0.9)
-MERGE_DIMS = (2, 8, 48)
+MERGE_DIMS = (2, NDM["smoke"].unit_size, NDM["paper"].unit_size)
 
 
 def _ci(rate: float, ci: Any, digits: int = 2) -> str:
@@ -106,6 +108,23 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _decisions(n: int) -> list[equivalence.DecisionRate]:
+    """The equivalence decision on every planted family, head count and unit."""
+    families = [
+        ("null", equivalence.NULL_PASS, False),
+        ("null, layer-shared", equivalence.NULL_PASS, True),
+    ]
+    families += [("alternative", p, False) for p in PARTNER_PASS]
+    return [
+        equivalence.calibrate_decision(
+            family, p, heads, n, shared=shared, unit=unit, first_seed=FIRST_SEED
+        )
+        for heads in HEAD_COUNTS
+        for unit in ("layer", "head")
+        for family, p, shared in families
+    ]
+
+
 def run(profile: str = "cpu") -> dict[str, Any]:
     """Every calibration of ``profile`` as the JSON document."""
     if profile not in PROFILES:
@@ -118,19 +137,7 @@ def run(profile: str = "cpu") -> dict[str, Any]:
         for rho in KAPPA_RHOS
         for unit in ("chunk", "vector")
     ]
-    families = [
-        ("null", equivalence.NULL_PASS, False),
-        ("null, layer-shared", equivalence.NULL_PASS, True),
-    ]
-    families += [("alternative", p, False) for p in PARTNER_PASS]
-    decisions = [
-        equivalence.calibrate_decision(
-            family, p, heads, n, shared=shared, unit=unit, first_seed=FIRST_SEED
-        )
-        for heads in HEAD_COUNTS
-        for unit in ("layer", "head")
-        for family, p, shared in families
-    ]
+    decisions = _decisions(n)
     merges = [
         ndm.calibrate_merge(rho, d, n, first_seed=FIRST_SEED)
         for d in MERGE_DIMS

@@ -53,10 +53,6 @@ def task_sanity(
     from structlens.data.tasks.evaluate import evaluate_task
     from structlens.data.tasks.registry import available_tasks, make_task
 
-    def logits(ids: Any, mask: Any) -> Any:
-        out = model.forward(ids.to(model.device), mask.to(model.device))
-        return getattr(out, "logits", out)
-
     names = tuple(available_tasks())
     scores, unavailable = [], []
     for name in names:
@@ -68,7 +64,10 @@ def task_sanity(
             unavailable.append((name, str(err)))
             continue
         r = evaluate_task(
-            task, logits, batch_size=batch_size, pad_id=model.tokenizer.pad_token_id or 0
+            task,
+            lambda ids, mask: model.forward(ids.to(model.device), mask.to(model.device)),
+            batch_size=batch_size,
+            pad_id=model.tokenizer.pad_token_id or 0,
         )
         scores.append(
             TaskScore(
