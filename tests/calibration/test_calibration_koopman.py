@@ -37,7 +37,7 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
     from structlens.calibration import run as calibration
     from structlens.cli.main import app
 
-    monkeypatch.setitem(calibration.PROFILES, "smoke", 3)
+    monkeypatch.setitem(calibration.PROFILES, "smoke", calibration.Profile(3, merge_rhos=(0.0,)))
     r = CliRunner().invoke(app, ["calibrate", "--profile", "smoke", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "calibration.json").read_text())
