@@ -16,7 +16,9 @@ of independent groups is avoided or undone.
 
 ``R`` is parametrised as ``B exp(A - A^T)`` with ``B`` fixed (PyTorch's trivialisation of the
 orthogonal group); each merge sets ``B`` to the current ``R`` with reordered columns and
-``A = 0`` — the reference code's restart.
+``A = 0`` — the reference code's restart.  ``NDMConfig.retraction="cayley"`` replaces the
+exponential by the Cayley transform (PyTorch's other orthogonal map), whose gradient costs a
+linear solve instead of a ``2d x 2d`` matrix exponential.
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ class NDMConfig:
         (nor is it by merges).
     resplit_steps, resplit_lr
         Adam steps and learning rate of each re-split trial.
+    retraction
+        The map from the skew-symmetric ``W = A - A^T`` to the rotation's factor: ``"exp"``
+        (``exp(W)``, the reference code's) or ``"cayley"`` (``(I - W/2)^{-1} (I + W/2)``).
+        Both are orthogonal for every ``A`` and agree to second order in ``W``, so they take
+        the same first steps after a restart, but trajectories part over many steps.  At
+        ``d = 576`` the exponential's gradient is most of a CPU training step with a small
+        bank (benchmarks/ndm).
     log_interval
         Steps per entry of the loss history.
     seed
@@ -144,6 +153,7 @@ class NDMConfig:
     resplit_trials: int = 0
     resplit_steps: int = 200
     resplit_lr: float = 1e-2
+    retraction: Literal["exp", "cayley"] = "exp"
     log_interval: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -176,6 +186,10 @@ class NDMConfig:
             )
         if self.init not in ("identity", "random"):
             raise ValueError(f"NDMConfig.init must be 'identity' or 'random', got {self.init!r}.")
+        if self.retraction not in ("exp", "cayley"):
+            raise ValueError(
+                f"NDMConfig.retraction must be 'exp' or 'cayley', got {self.retraction!r}."
+            )
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"NDMConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}.")
         if self.resplit_trials < 0:
@@ -277,18 +291,30 @@ class NDMResult(Result):
         }
 
 
+def orthogonal_map(W: torch.Tensor, retraction: str = "exp") -> torch.Tensor:
+    """The orthogonal factor of the skew-symmetric ``W`` (``(..., d, d)``): ``exp(W)`` or the
+    Cayley transform ``(I - W/2)^{-1} (I + W/2)`` (see ``NDMConfig.retraction``)."""
+    if retraction == "exp":
+        return torch.linalg.matrix_exp(W)
+    eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
+    # I - W/2 has eigenvalues 1 - i lambda/2, all of modulus >= 1: the solve is well conditioned.
+    return torch.linalg.solve(eye - 0.5 * W, eye + 0.5 * W)
+
+
 class _Rotation(torch.nn.Module):
-    """``R = B exp(A - A^T)`` in float64: orthogonal for any ``A``; ``B`` is fixed."""
+    """``R = B Q(A - A^T)`` in float64, ``Q`` the ``retraction``'s orthogonal map: orthogonal
+    for any ``A``; ``B`` is fixed."""
 
     base: torch.Tensor
 
-    def __init__(self, base: torch.Tensor) -> None:
+    def __init__(self, base: torch.Tensor, retraction: str = "exp") -> None:
         super().__init__()
         self.register_buffer("base", base.to(torch.float64).clone())
         self.A = torch.nn.Parameter(torch.zeros_like(self.base))
+        self.retraction = retraction
 
     def forward(self) -> torch.Tensor:
-        return self.base @ torch.linalg.matrix_exp(self.A - self.A.T)
+        return self.base @ orthogonal_map(self.A - self.A.T, self.retraction)
 
 
 class _Feed:
@@ -531,6 +557,7 @@ class TrainState:
         directory: Path,
         make_optimizer: Callable[[_Rotation], torch.optim.Adam],
         device: torch.device,
+        retraction: str = "exp",
     ) -> tuple[TrainState, dict[str, Any]] | None:
         """The state saved in ``directory`` and its provenance, or ``None`` if there is none."""
         from safetensors.torch import load_file
@@ -540,7 +567,7 @@ class TrainState:
             return None
         meta = json.loads(meta_path.read_text())
         arrays = load_file(str(directory / "checkpoint.safetensors"))
-        rotation = _Rotation(arrays["base"]).to(device)
+        rotation = _Rotation(arrays["base"], retraction).to(device)
         with torch.no_grad():
             rotation.A.copy_(arrays["A"])
         optimizer = make_optimizer(rotation)
@@ -701,7 +728,7 @@ class NDM:
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
         loaded = (
-            TrainState.load(run_dir, self._optimizer, device)
+            TrainState.load(run_dir, self._optimizer, device, cfg.retraction)
             if run_dir is not None and resume
             else None
         )
@@ -844,7 +871,7 @@ class NDM:
         if resplit is not None:
             R_new, state.partition, record = resplit
             state.resplit_history.append(record)
-            state.rotation = _Rotation(R_new).to(R_now.device)
+            state.rotation = _Rotation(R_new, cfg.retraction).to(R_now.device)
             state.optimizer = self._optimizer(state.rotation)
             return True
         if entry is None:
@@ -853,7 +880,7 @@ class NDM:
         perm = entry.pop("_perm")
         state.merge_history.append(entry)
         state.partition = entry["partition_after"]
-        state.rotation = _Rotation(R_now[:, perm]).to(R_now.device)
+        state.rotation = _Rotation(R_now[:, perm], cfg.retraction).to(R_now.device)
         state.optimizer = self._optimizer(state.rotation)
         return True
 
@@ -937,7 +964,8 @@ class NDM:
         return torch.optim.Adam([rotation.A], lr=self.config.lr, betas=self.config.betas)
 
     def _initial_state(self, d: int, device: torch.device, restart: int = 0) -> TrainState:
-        rotation = _Rotation(self._initial_rotation(d, restart)).to(device)
+        rotation = _Rotation(self._initial_rotation(d, restart), self.config.retraction)
+        rotation = rotation.to(device)
         return TrainState(
             rotation=rotation,
             optimizer=self._optimizer(rotation),
@@ -1103,7 +1131,7 @@ def _fit_splits(
     opt = torch.optim.Adam([A], lr=cfg.resplit_lr, betas=cfg.betas)
     for _ in range(cfg.resplit_steps):
         q = queries[torch.randint(queries.shape[0], (cfg.batch_size,), generator=gen)]
-        Q = base @ torch.linalg.matrix_exp(A - A.transpose(1, 2))
+        Q = base @ orthogonal_map(A - A.transpose(1, 2), cfg.retraction)
         with torch.no_grad():
             qz, kz = q @ Q, keys @ Q  # (fit, n, b)
             nearest = [
@@ -1122,7 +1150,7 @@ def _fit_splits(
             A.grad.mul_((cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0)[:, None, None])
         opt.step()
     with torch.no_grad():
-        return list(base @ torch.linalg.matrix_exp(A - A.transpose(1, 2)))
+        return list(base @ orthogonal_map(A - A.transpose(1, 2), cfg.retraction))
 
 
 def _jsonable_config(cfg: NDMConfig) -> dict[str, Any]:

@@ -9,13 +9,55 @@ computed with a slightly older ``R``), keeps ``rerank`` candidates per query, an
 neighbour among them by the distance recomputed directly from the raw difference ``q - k`` and
 the current ``R``.  The returned neighbour is therefore exact unless the true one fell outside
 the candidate list, which needs a ranking error larger than the gap to the ``rerank``-th key.
+
+The ranking is arranged so that its cost is about that of the score products (one batched
+float32 matrix product per tile of keys, all subspaces of one size at once).  A top-``r``
+selection over every score would cost more than the products, so each tile's keys are cut
+into groups of ``GROUP`` and only a group's minimum score is kept (an elementwise minimum over
+``GROUP`` slices of the tile, so a group's keys are strided).  The ``r`` best keys lie in the
+``r`` groups of smallest minimum (a key among the ``r`` best has at most ``r - 1`` better keys,
+hence at most ``r - 1`` groups with a smaller minimum), so the top ``r`` of the group minima,
+then of the scores of those groups' keys, are the exact top ``r`` of all keys.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+
+GROUP = 16
+"""Keys per group whose minimum score stands for them in the top-``r`` selection."""
+
+TILE = 1024
+"""Keys per score product (a multiple of ``GROUP``): the ``(subspaces, batch, TILE)`` scores
+of one product stay in cache for the group minimum that reads them."""
+
+PROJECT_ROWS = 8192
+"""Keys per matrix product when the bank is projected."""
+
+
+def size_runs(partition: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """Runs of equal consecutive sizes of ``partition``: ``(first subspace, first column,
+    number of subspaces, size)``; the subspaces of a run are searched as one batch."""
+    runs: list[tuple[int, int, int, int]] = []
+    subspace = column = 0
+    for size in partition:
+        if runs and runs[-1][3] == size and runs[-1][0] + runs[-1][2] == subspace:
+            first, col, count, _ = runs[-1]
+            runs[-1] = (first, col, count + 1, size)
+        else:
+            runs.append((subspace, column, 1, size))
+        subspace += 1
+        column += size
+    return runs
+
+
+def _run_columns(matrix: torch.Tensor, column: int, count: int, size: int) -> torch.Tensor:
+    """The ``count`` column blocks of width ``size`` from ``column`` on, as ``(count, d, size)``."""
+    d = matrix.shape[0]
+    return matrix[:, column : column + count * size].reshape(d, count, size).transpose(0, 1)
 
 
 class RotatedKeys:
@@ -30,7 +72,8 @@ class RotatedKeys:
     partition
         Subspace sizes summing to ``d``.
     chunk_size
-        Keys per matrix product; bounds memory at ``batch * chunk_size`` scores.
+        Keys per top-``r`` selection over group minima; bounds the search's memory at about
+        ``subspaces * batch * chunk_size / GROUP`` scores besides the projected bank.
     """
 
     def __init__(
@@ -43,20 +86,26 @@ class RotatedKeys:
         self.keys = keys
         self.center = keys.mean(0)
         self.partition = [int(s) for s in partition]
-        self.chunk_size = chunk_size
+        self.runs = size_runs(self.partition)
+        m = keys.shape[0]
+        self.tile = min(TILE, GROUP * math.ceil(m / GROUP))
+        self.padded = self.tile * math.ceil(m / self.tile)
+        self.chunk_size = self.tile * max(1, chunk_size // self.tile)
         rot = rotation.to(keys.dtype)
         self.rotation = rot
-        self.blocks: list[torch.Tensor] = []
-        self.sq_norms: list[torch.Tensor] = []
-        start = 0
-        for size in self.partition:
-            block = torch.empty(keys.shape[0], size, dtype=keys.dtype, device=keys.device)
-            cols = rot[:, start : start + size]
-            for c0 in range(0, keys.shape[0], chunk_size):
-                block[c0 : c0 + chunk_size] = (keys[c0 : c0 + chunk_size] - self.center) @ cols
-            self.blocks.append(block)
-            self.sq_norms.append((block * block).sum(1))
-            start += size
+        # Per run, the keys' coordinates as (subspaces, padded, size), so a tile of keys is
+        # contiguous in every subspace; padding rows score +inf and are never chosen.
+        self.blocks = [keys.new_zeros(count, self.padded, size) for _, _, count, size in self.runs]
+        for r0 in range(0, m, PROJECT_ROWS):
+            z = (keys[r0 : r0 + PROJECT_ROWS] - self.center) @ rot
+            for block, (_, column, count, size) in zip(self.blocks, self.runs, strict=True):
+                rows = z[:, column : column + count * size].reshape(-1, count, size)
+                block[:, r0 : r0 + rows.shape[0]] = rows.transpose(0, 1)
+        self.sq_norms = []
+        for block in self.blocks:
+            sq = (block * block).sum(2)
+            sq[:, m:] = math.inf
+            self.sq_norms.append(sq)
 
     @torch.no_grad()
     def nearest(
@@ -83,34 +132,63 @@ class RotatedKeys:
         r = min(rerank, self.keys.shape[0])
         centred = queries - self.center
         out = torch.empty(len(self.partition), queries.shape[0], dtype=torch.long)
-        start = 0
-        for s, size in enumerate(self.partition):
+        for i, (first, column, count, size) in enumerate(self.runs):
             # Rank with the rotation the keys were projected with, re-score with the current one.
-            zq = centred @ self.rotation[:, start : start + size]
-            cols = current[:, start : start + size]
-            best_val: torch.Tensor | None = None
-            best_idx: torch.Tensor | None = None
-            for c0 in range(0, self.keys.shape[0], self.chunk_size):
-                kb = self.blocks[s][c0 : c0 + self.chunk_size]
-                # |k|^2 - 2 q.k ranks keys like the squared distance (|q|^2 is constant per row).
-                scores = torch.addmm(
-                    self.sq_norms[s][c0 : c0 + self.chunk_size], zq, kb.T, alpha=-2
-                )
-                val, idx = scores.topk(min(r, kb.shape[0]), dim=1, largest=False)
-                idx = idx + c0
-                if best_val is None or best_idx is None:
-                    best_val, best_idx = val, idx
-                else:
-                    val = torch.cat([best_val, val], 1)
-                    idx = torch.cat([best_idx, idx], 1)
-                    best_val, pos = val.topk(r, dim=1, largest=False)
-                    best_idx = idx.gather(1, pos)
-            assert best_idx is not None
-            diff = queries[:, None, :] - self.keys[best_idx]
-            exact = torch.linalg.vector_norm(diff @ cols, dim=-1)
-            out[s] = best_idx.gather(1, exact.argmin(1, keepdim=True)).squeeze(1).cpu()
-            start += size
+            zq = torch.bmm(
+                centred.expand(count, -1, -1), _run_columns(self.rotation, column, count, size)
+            )
+            cand = self._candidates(i, zq, r)  # (count, b, r)
+            diff = queries[:, None, :] - self.keys[cand]  # (count, b, r, d)
+            proj = torch.bmm(diff.flatten(1, 2), _run_columns(current, column, count, size))
+            exact = torch.linalg.vector_norm(proj, dim=2).view(cand.shape)
+            pick = cand.gather(2, exact.argmin(2, keepdim=True)).squeeze(2)
+            out[first : first + count] = pick.cpu()
         return out
+
+    def _candidates(self, run: int, zq: torch.Tensor, r: int) -> torch.Tensor:
+        """The ``r`` keys of smallest ``|k|^2 - 2 q.k`` for every subspace of ``run`` and query
+        (``zq`` is ``(count, b, size)``, centred queries in the projection's rotation)."""
+        block, sq = self.blocks[run], self.sq_norms[run]
+        count, b, _ = zq.shape
+        per_tile = self.tile // GROUP
+        scores = zq.new_empty(count, b, self.tile)
+        best_val: torch.Tensor | None = None
+        best_grp: torch.Tensor | None = None
+        for c0 in range(0, self.padded, self.chunk_size):
+            c1 = min(c0 + self.chunk_size, self.padded)
+            minima = zq.new_empty(count, b, (c1 - c0) // GROUP)
+            for t0 in range(c0, c1, self.tile):
+                # |k|^2 - 2 q.k ranks keys like the squared distance (|q|^2 is constant per row).
+                torch.baddbmm(
+                    sq[:, None, t0 : t0 + self.tile],
+                    zq,
+                    block[:, t0 : t0 + self.tile].transpose(1, 2),
+                    alpha=-2,
+                    out=scores,
+                )
+                g0 = (t0 - c0) // GROUP
+                # Group j of a tile holds its keys j, j + per_tile, j + 2 per_tile, ...
+                torch.amin(
+                    scores.view(count, b, GROUP, per_tile), 2, out=minima[:, :, g0 : g0 + per_tile]
+                )
+            val, grp = minima.topk(min(r, minima.shape[2]), dim=2, largest=False)
+            grp = grp + c0 // GROUP
+            if best_val is not None and best_grp is not None:
+                val, pos = torch.cat([best_val, val], 2).topk(r, dim=2, largest=False)
+                grp = torch.cat([best_grp, grp], 2).gather(2, pos)
+            best_val, best_grp = val, grp
+        assert best_grp is not None
+        # Keys of the chosen groups, then their scores, then the r best of those.
+        tile0 = (best_grp // per_tile) * self.tile + best_grp % per_tile
+        offsets = torch.arange(GROUP, device=zq.device) * per_tile
+        keys = (tile0[..., None] + offsets).flatten(2)  # (count, b, groups * GROUP)
+        flat = keys.flatten(1)
+        coords = block.gather(1, flat[..., None].expand(-1, -1, block.shape[2]))
+        score = sq.gather(1, flat).view(keys.shape) - 2 * (
+            coords.view(*keys.shape, -1) * zq[:, :, None, :]
+        ).sum(3)
+        pos = score.topk(r, dim=2, largest=False).indices
+        return keys.gather(2, pos)
 
 
 def neighbor_distance_loss(
@@ -131,9 +209,9 @@ def neighbor_distance_loss(
     """
     rot = rotation.to(queries.dtype)
     total = queries.new_zeros(())
-    start = 0
-    for s, size in enumerate(partition):
-        diff = queries - keys[neighbors[s].to(keys.device)]
-        total = total + torch.linalg.vector_norm(diff @ rot[:, start : start + size], dim=1).mean()
-        start += size
+    for first, column, count, size in size_runs(partition):
+        nb = neighbors[first : first + count].to(keys.device)
+        diff = queries - keys[nb]  # (count, b, d)
+        proj = torch.bmm(diff, _run_columns(rot, column, count, size))
+        total = total + torch.linalg.vector_norm(proj, dim=2).mean(1).sum()
     return total / len(partition)
