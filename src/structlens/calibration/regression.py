@@ -70,6 +70,11 @@ def shifts(observed: dict[str, Any], committed: dict[str, Any]) -> list[Shift]:
         for rule, block in observed.get(method, {}).items():
             if not isinstance(block, dict) or not _families(block):
                 continue
+            if rule not in committed.get(method, {}):
+                raise KeyError(
+                    f"{method}.{rule} is not in the committed calibration: rerun `python -m "
+                    "structlens.calibration --profile cpu --doc-dir docs`."
+                )
             reference = {_key(r): r for r in _families(committed[method][rule])}
             for row in _families(block):
                 ref = reference.get(_key(row))
