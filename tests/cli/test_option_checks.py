@@ -1,7 +1,8 @@
 """Bad options fail before the model: every command group rejects a bad option value with one
-line ``error: ...`` and exit 2 without importing torch or transformers, and ``--help`` imports
-neither.  The registries' names that ``structlens.cli.checks`` copies (to check without
-importing them) stay equal to the registries."""
+line ``error: ...`` and exit 2 without importing torch, transformers or SciPy (each costs
+seconds to import on a small machine), and ``--help`` imports none of them.  The registries'
+names that ``structlens.cli.checks`` and the protocols copy (to check without importing them)
+stay equal to the registries."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ SCRIPT = textwrap.dedent(
     try:
         main(sys.argv[1:])
     finally:
-        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "transformers"})
+        heavy = sorted(
+            m for m in sys.modules if m.split(".")[0] in {"torch", "transformers", "scipy"}
+        )
         print("HEAVY=" + json.dumps(heavy))
     """
 )
@@ -120,18 +123,20 @@ def test_copied_names_match_the_registries():
     from structlens.data.tasks import MAX_PROMPTS, available_tasks
     from structlens.equivalence.matching import METRICS
     from structlens.equivalence.probes import MIN_PROMPTS
+    from structlens.equivalence.protocol import METRIC_NAMES, MIN_PROBE_PROMPTS, PROBE_TASKS
     from structlens.execution import EXECUTORS
     from structlens.koopman.pipeline import DICTIONARIES
+    from structlens.koopman.protocol import DICTIONARY_NAMES
     from structlens.models.loading import resolve_dtype
     from structlens.sae import SAE_ARCHITECTURES
 
-    assert list(checks.TASK_NAMES) == available_tasks()
+    assert list(PROBE_TASKS) == available_tasks()
     assert checks.MAX_TASK_PROMPTS == MAX_PROMPTS
-    assert list(checks.DICTIONARY_NAMES) == list(DICTIONARIES)
+    assert list(DICTIONARY_NAMES) == list(DICTIONARIES)
     assert list(checks.SAE_ARCHITECTURE_NAMES) == list(SAE_ARCHITECTURES)
-    assert list(checks.METRIC_NAMES) == ["linear_cka", "linear_cka_debiased", *METRICS]
+    assert list(METRIC_NAMES) == ["linear_cka", "linear_cka_debiased", *METRICS]
     assert list(checks.PROFILE_NAMES) == list(PROFILES)
-    assert checks.MIN_PROBE_PROMPTS == MIN_PROMPTS
+    assert MIN_PROBE_PROMPTS == MIN_PROMPTS
     assert set(EXECUTORS) == {"local", "ray"}  # analyze's --executor check names these two
     for name in checks.DTYPES:
         resolve_dtype(name)

@@ -7,8 +7,9 @@ The names below load their module on first use, so that :mod:`structlens.causal_
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from structlens.lazy import lazy_attributes
 
 # name -> the submodule that defines it
 _EXPORTS = {
@@ -74,11 +75,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

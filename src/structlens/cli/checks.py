@@ -27,20 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from structlens.cli.output import fail
+from structlens.equivalence.protocol import PROBE_TASKS
 from structlens.errors import InputError
 
-# copies of: structlens.data.tasks.TASKS and MAX_PROMPTS, resolve_dtype's names (models.loading),
-# koopman.pipeline.DICTIONARIES, sae.SAE_ARCHITECTURES, the CKA metrics and
-# equivalence.matching.METRICS, analyze.config.PROFILES, equivalence.probes.MIN_PROMPTS
-TASK_NAMES = ("ioi", "greater_than", "knowledge_conflict", "factual_recall")
+# copies of: MAX_PROMPTS of structlens.data.tasks, resolve_dtype's names (models.loading),
+# sae.SAE_ARCHITECTURES, analyze.config.PROFILES (the protocols hold the task, dictionary and
+# metric names and the fewest probe prompts, copies themselves, light to import)
 MAX_TASK_PROMPTS = 10_000
 DTYPES = ("float32", "fp32", "float64", "bfloat16", "bf16", "float16", "fp16")
-DICTIONARY_NAMES = ("identity", "pca", "rff", "rff-features", "relu", "spectral", "sae")
 SAE_ARCHITECTURE_NAMES = ("relu", "topk", "batchtopk", "jumprelu")
-METRIC_NAMES = ("linear_cka", "linear_cka_debiased", "rbf_cka", "svcca", "pwcca", "procrustes",
-                "encoding", "mutual_knn")  # fmt: skip
 PROFILE_NAMES = ("smoke", "cpu", "full")
-MIN_PROBE_PROMPTS = 12
 
 
 class Check:
@@ -145,15 +141,15 @@ def unknown_task(name: str, *, corpus: bool = False) -> str:
     """The message of an unknown task ``name`` (as :func:`structlens.data.tasks.make_task`
     says it, or as the equivalence probes do with ``corpus``)."""
     if corpus:
-        return f"unknown probe task {name!r}; use 'corpus' or one of {', '.join(TASK_NAMES)}."
-    close = difflib.get_close_matches(name, TASK_NAMES, n=3, cutoff=0.5)
+        return f"unknown probe task {name!r}; use 'corpus' or one of {', '.join(PROBE_TASKS)}."
+    close = difflib.get_close_matches(name, PROBE_TASKS, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return f"Unknown task {name!r}; available: {', '.join(TASK_NAMES)}.{hint}"
+    return f"Unknown task {name!r}; available: {', '.join(PROBE_TASKS)}.{hint}"
 
 
 def check_task(name: str, *, also: tuple[str, ...] = ()) -> None:
     """Raise the error of an unknown task ``name`` (``also``: other accepted words)."""
-    if name not in TASK_NAMES and name not in also:
+    if name not in PROBE_TASKS and name not in also:
         raise InputError(unknown_task(name, corpus="corpus" in also))
 
 

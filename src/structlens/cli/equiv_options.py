@@ -13,15 +13,13 @@ from typing import Annotated, Any
 import typer
 
 from structlens.cli.checks import (
-    METRIC_NAMES,
-    MIN_PROBE_PROMPTS,
     Calls,
     at_least,
     check_task,
     choice,
     one_of,
 )
-from structlens.equivalence.protocol import EquivalenceProtocol
+from structlens.equivalence.protocol import METRIC_NAMES, MIN_PROBE_PROMPTS, EquivalenceProtocol
 
 
 def protocol_help(field: str) -> str:

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.checks import DICTIONARY_NAMES, Calls, Holds, Parsed, at_least
+from structlens.cli.checks import Calls, Holds, Parsed, at_least
 from structlens.cli.options import AllowForeign, parse_ints, parse_names
-from structlens.koopman.protocol import KoopmanProtocol
+from structlens.koopman.protocol import DICTIONARY_NAMES, KoopmanProtocol
 
 
 def protocol_help(field: str) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 from structlens.config import Protocol, described
 from structlens.errors import InputError
 
-__all__ = ["EquivalenceProtocol", "PROFILES", "MIN_PROBE_PROMPTS", "PROBE_TASKS"]
+__all__ = ["EquivalenceProtocol", "PROFILES", "METRIC_NAMES", "MIN_PROBE_PROMPTS", "PROBE_TASKS"]
 
 #: Fewest probe prompts: half fit the similarities and maps, half validate.
 MIN_PROBE_PROMPTS = 12
@@ -49,6 +49,13 @@ MIN_PROBE_PROMPTS = 12
 #: copied because the registry imports torch and a protocol is read before any model loads
 #: (a test keeps the two equal).
 PROBE_TASKS = ("ioi", "greater_than", "knowledge_conflict", "factual_recall")
+#: The similarity metrics: the batched linear CKAs and the names of
+#: :data:`structlens.equivalence.matching.METRICS`, copied because that module imports SciPy
+#: (a test keeps the two equal).
+METRIC_NAMES = (
+    "linear_cka", "linear_cka_debiased", "rbf_cka", "svcca", "pwcca", "procrustes", "encoding",
+    "mutual_knn",
+)  # fmt: skip
 
 _CHOICES = {
     "representation": ("auto", "tokens", "sentence"),
@@ -155,15 +162,14 @@ class EquivalenceProtocol(Protocol):
             )
 
     def _check_probe(self) -> None:
-        from structlens.equivalence.matching import METRICS
-
         if self.probe != "corpus" and self.probe not in PROBE_TASKS:
             raise InputError(
                 f"unknown probe {self.probe!r}; use 'corpus' or one of {', '.join(PROBE_TASKS)}."
             )
-        metrics = ("linear_cka", "linear_cka_debiased", *METRICS)
-        if self.metric not in metrics:
-            raise InputError(f"unknown metric {self.metric!r}; choose one of {list(metrics)}.")
+        if self.metric not in METRIC_NAMES:
+            raise InputError(
+                f"unknown metric {self.metric!r}; choose one of {', '.join(METRIC_NAMES)}."
+            )
 
     def compare_config(self) -> Any:
         """The settings of :func:`structlens.equivalence.compare.compare` this protocol runs."""

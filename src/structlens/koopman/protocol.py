@@ -42,7 +42,17 @@ from typing import Any
 from structlens.config import Protocol
 from structlens.errors import InputError
 
-__all__ = ["KoopmanProtocol", "PROFILES", "parse_dictionary", "dictionary_label"]
+__all__ = [
+    "KoopmanProtocol",
+    "PROFILES",
+    "DICTIONARY_NAMES",
+    "parse_dictionary",
+    "dictionary_label",
+]
+
+#: The names of :data:`structlens.koopman.pipeline.DICTIONARIES`, copied because that module
+#: imports SciPy and a protocol is read before any computation (a test keeps the two equal).
+DICTIONARY_NAMES = ("identity", "pca", "rff", "rff-features", "relu", "spectral", "sae")
 
 
 def parse_dictionary(spec: str, default_size: int = 32) -> tuple[str, int]:
@@ -53,12 +63,10 @@ def parse_dictionary(spec: str, default_size: int = 32) -> tuple[str, int]:
     InputError
         The name is not registered or the size is not an integer >= 1.
     """
-    from structlens.koopman.pipeline import DICTIONARIES
-
     name, _, size = spec.partition(":")
-    if name not in DICTIONARIES:
+    if name not in DICTIONARY_NAMES:
         raise InputError(
-            f"unknown dictionary {name!r} in {spec!r}; choose from {', '.join(DICTIONARIES)}."
+            f"unknown dictionary {name!r} in {spec!r}; choose from {', '.join(DICTIONARY_NAMES)}."
         )
     try:
         n = int(size) if size else default_size

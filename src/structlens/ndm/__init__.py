@@ -6,8 +6,9 @@ the command line reads to build its options) imports neither torch nor the train
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from structlens.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the same names, typed, for mypy
     from structlens.ndm.baselines import (
@@ -93,9 +94,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'structlens.ndm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"structlens.ndm.{_HOME[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_attributes(__name__, _HOME)
