@@ -8,7 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from structlens.calibration.koopman import FAMILIES, calibrate_slope, planted_rows
+from structlens.calibration.koopman import (
+    FAMILIES,
+    calibrate_slope,
+    calibrate_universality,
+    planted_rows,
+)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -20,6 +25,18 @@ def test_the_planted_slope_is_recovered_through_the_stage(family):
     assert abs(c.mean_slope - c.truth) < 0.1, c
     assert 0 <= c.coverage_ci[0] <= c.coverage <= c.coverage_ci[1] <= 1
     assert c.mean_width > 0 and c.n == 8
+
+
+def test_the_universality_rule_sees_a_moved_eigenvalue_and_holm_only_removes_rejections():
+    """Known answer: replicas whose last one has its second eigenvalue moved by 0.4 differ
+    in every instance (60 resamples: p can fall to 1/61, below Holm's 0.05 / 3); on
+    replicas of one system the adjusted rule never says "differ" where the unadjusted one
+    does not."""
+    moved = calibrate_universality("full basis", 0.4, 3, first_seed=0, n_resamples=60)
+    assert moved.expected and moved.rate == 1.0 == moved.raw_rate
+    same = calibrate_universality("full basis", 0.0, 3, first_seed=0, n_resamples=60)
+    assert not same.expected and same.rate <= same.raw_rate
+    assert same.seeds == (0, 2) and same.replicas == 3
 
 
 def test_planted_rows_group_rows_into_prompts_and_are_seeded():
@@ -37,7 +54,11 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
     from structlens.calibration import run as calibration
     from structlens.cli.main import app
 
-    monkeypatch.setitem(calibration.PROFILES, "smoke", calibration.Profile(3, merge_rhos=(0.0,)))
+    tiny = calibration.Profile(
+        3, merge_rhos=(0.0,), universality_instances=1,
+        universality_families=(("full basis", 0.0),),
+    )  # fmt: skip
+    monkeypatch.setitem(calibration.PROFILES, "smoke", tiny)
     r = CliRunner().invoke(app, ["calibrate", "--profile", "smoke", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp_path / "calibration.json").read_text())

@@ -94,10 +94,11 @@ def seeds(penalty, mean_cos, share, residual=(0.5, 0.6)):
     )  # fmt: skip
 
 
-def comparison(pair, p, kind="seeds", d=0.3):
+def comparison(pair, p, kind="seeds", d=0.3, n_resamples=200):
     return SpectralComparison(
         pair=pair, kind=kind, test="split-half null, own PCA-8", distance=d, null_q95=0.2,
-        p_value=p, n_samples=[500, 500], shared_distance=None, shared_null_q95=None,
+        p_value=p, n_resamples=n_resamples, n_samples=[500, 500], shared_distance=None,
+        shared_null_q95=None,
         shared_p_value=None,
     )  # fmt: skip
 
@@ -310,6 +311,26 @@ def test_universality_counts_seed_pairs_only():
 def test_universality_all_or_none(p, verdict):
     c = v.universality_claim([comparison("a", p), comparison("b", p)], None)
     _valid(c, verdict)
+
+
+def test_universality_adjusts_for_the_number_of_pairs():
+    """Two pairs at p = 0.03 and 0.04 each differ at 0.05 alone, not after Holm (0.06)."""
+    c = v.universality_claim([comparison("a", 0.03), comparison("b", 0.04)], None)
+    _valid(c, "reproduced")
+    assert c.settings["adjustment"] == "holm"
+    assert c.settings["adjusted_p_values"] == pytest.approx([0.06, 0.06])
+    c = v.universality_claim([comparison("a", 0.01), comparison("b", 0.04)], None)
+    _valid(c, "not reproduced")  # 0.02 and 0.04: both differ
+
+
+def test_universality_with_too_few_resamples_to_reject_is_not_tested():
+    """20 resamples give p >= 1/21 = 0.048 > 0.05 / 3: three pairs could never differ after
+    Holm's adjustment, so "universal" would be a verdict that cannot fail."""
+    c = v.universality_claim([comparison(x, 1 / 21, n_resamples=20) for x in "abc"], None)
+    _valid(c, "not tested")
+    assert "resamples" in c.note
+    c = v.universality_claim([comparison(x, 1 / 201, n_resamples=200) for x in "abc"], None)
+    _valid(c, "not reproduced")
 
 
 def test_universality_without_replicas_gives_the_reason():

@@ -1,5 +1,5 @@
-"""Koopman rules on planted linear systems: the split-half convergence rate and the
-non-normality rule.
+"""Koopman rules on planted linear systems: the split-half convergence rate, the
+non-normality rule and the universality rule.
 
 For a linear depth map ``y = A x + B u + noise`` lifted by the identity dictionary, the
 split-half distance W∞ between the spectra fitted on two independent halves falls as
@@ -18,12 +18,19 @@ The non-normality rule ("the noise-floor-extrapolated relative Henrici departure
 0.1", :func:`~structlens.koopman.stages.spectrum`) is scored on ``A = diag(0.9, 0.6, 0.3,
 −0.4)`` with one off-diagonal entry ``A[0, 1] = c``: ``c = 0`` is normal (the rule must say
 no), and the true relative departure grows with ``c`` (:func:`henrici_departure`).
+
+The universality rule ("no seed pair's spectra differ beyond their sampling null, after
+Holm's adjustment over the pairs") is scored on replicas of one system, each with its own
+samples and its own fitted basis, and on replicas whose last one has an eigenvalue moved
+(:func:`calibrate_universality`).  With a truncated basis each replica's PCA keeps a
+slightly different subspace, which the sampling null (a frozen basis per model) does not
+see: that family measures the dictionary-mismatch confound.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -33,7 +40,8 @@ from structlens.stats.intervals import wilson_interval
 
 __all__ = [
     "FAMILIES", "SlopeCalibration", "RuleRate", "planted_rows", "linear_rows", "calibrate_slope",
-    "calibrate_henrici", "henrici_departure", "PROTOCOL", "HENRICI_THRESHOLD",
+    "calibrate_henrici", "henrici_departure", "PROTOCOL", "HENRICI_THRESHOLD", "REPLICAS",
+    "UNIVERSALITY_SYSTEMS", "UniversalityRate", "calibrate_universality",
 ]  # fmt: skip
 
 Family = Literal["simple", "jordan"]
@@ -64,15 +72,23 @@ def planted_rows(
 
 
 def linear_rows(
-    A: np.ndarray, *, n_prompts: int = 256, rows_per_prompt: int = 16, seed: int = 0
+    A: np.ndarray,
+    *,
+    n_prompts: int = 256,
+    rows_per_prompt: int = 16,
+    seed: int = 0,
+    B: np.ndarray | None = None,
+    scales: np.ndarray | None = None,
 ) -> LayerRows:
-    """Samples of ``y = A x + B u + 0.1 ε`` with standard normal states and 2-d controls,
-    ``B`` drawn from ``seed``, rows grouped into ``n_prompts`` prompts."""
+    """Samples of ``y = A x + B u + 0.1 ε`` with 2-d standard normal controls and normal
+    states (standard, or with standard deviations ``scales``), ``B`` drawn from ``seed``
+    unless given, rows grouped into ``n_prompts`` prompts."""
     rng = np.random.default_rng(seed)
     d = A.shape[0]
-    B = 0.3 * rng.standard_normal((d, 2))
+    drawn = 0.3 * rng.standard_normal((d, 2))
+    B = drawn if B is None else B
     n = n_prompts * rows_per_prompt
-    X = rng.standard_normal((n, d))
+    X = rng.standard_normal((n, d)) * (1.0 if scales is None else scales)
     U = rng.standard_normal((n, 2))
     Y = X @ A.T + U @ B.T + 0.1 * rng.standard_normal((n, d))
     return LayerRows((0,), X, U, Y, np.repeat(np.arange(n_prompts), rows_per_prompt))
@@ -179,4 +195,93 @@ def calibrate_henrici(
     return RuleRate(
         effect=float(offdiag), truth=truth, expected=truth > HENRICI_THRESHOLD, n=n,
         mean_estimate=float(np.mean(estimates)), rate=yes / n, rate_ci=wilson_interval(yes, n),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- universality
+#: Seed replicas of one system per instance; every pair is compared, as the replication
+#: compares its three seed replicas.
+REPLICAS = 3
+#: Resamples of each pair's sampling null (the replication draws 200; 100 resolve a p-value
+#: to 0.01, below Holm's smallest threshold 0.05 / 3).
+UNIVERSALITY_RESAMPLES = 100
+#: The spectra of the planted systems: a 4-d one lifted by its full PCA, and an 8-d one with
+#: decaying state scales lifted by its own PCA-4 (each replica's basis fitted on its own
+#: states, as the replication lifts each model by its own PCA-8).
+UNIVERSALITY_SYSTEMS: dict[str, dict[str, Any]] = {
+    "full basis": {"eigenvalues": (0.9, 0.6, 0.3, -0.4), "own_size": 4},
+    "truncated basis": {
+        "eigenvalues": (0.9, 0.7, 0.5, 0.3, 0.1, -0.2, -0.4, -0.6), "own_size": 4,
+        "scales": tuple(float(2 ** (-j / 2)) for j in range(8)),
+    },
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class UniversalityRate:
+    """How often the universality rule says "not universal" (some seed pair differs after
+    Holm's adjustment over the pairs) on ``n`` instances of ``replicas`` replicas of one
+    planted ``system``, the last one's second eigenvalue moved by ``shift`` (0: all replicas
+    share one system, so the rule must say universal).  ``raw_rate`` is the same with each
+    pair tested alone at α (no adjustment), for contrast."""
+
+    system: str
+    shift: float
+    own_size: int
+    replicas: int
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
+    seeds: tuple[int, int]
+
+
+def calibrate_universality(
+    system: str,
+    shift: float,
+    n: int,
+    *,
+    first_seed: int = 0,
+    protocol: KoopmanProtocol = PROTOCOL,
+    n_resamples: int = UNIVERSALITY_RESAMPLES,
+) -> UniversalityRate:
+    """The universality rule through :func:`~structlens.koopman.stages.compare_spectra`
+    and :func:`~structlens.koopman.verdicts.differing_pairs` on ``n`` instances (seeds
+    ``first_seed, ...``): per instance one ``B``, :data:`REPLICAS` replicas with their own
+    samples, all pairs compared."""
+    from structlens.koopman.stages import compare_spectra
+    from structlens.koopman.verdicts import ALPHA, differing_pairs
+
+    spec = UNIVERSALITY_SYSTEMS[system]
+    lam = np.array(spec["eigenvalues"])
+    scales = np.array(spec["scales"]) if "scales" in spec else None
+    pairs = [(i, j) for i in range(REPLICAS) for j in range(i + 1, REPLICAS)]
+    adjusted = raw = 0
+    for seed in range(first_seed, first_seed + n):
+        B = 0.3 * np.random.default_rng(seed).standard_normal((len(lam), 2))
+        rows = []
+        for r in range(REPLICAS):
+            A = np.diag(lam + (shift if r == REPLICAS - 1 else 0.0) * (np.arange(len(lam)) == 1))
+            rows.append(linear_rows(A, B=B, scales=scales, seed=seed * REPLICAS + r + 1))
+        tests = [
+            compare_spectra(
+                protocol.replace(seed=seed),
+                rows[i],
+                rows[j],
+                pair=f"{i} vs {j}",
+                kind="seeds",
+                n_resamples=n_resamples,
+                own_size=spec["own_size"],
+            )  # fmt: skip
+            for i, j in pairs
+        ]
+        adjusted += differing_pairs(tests).any_rejected
+        raw += any(t.p_value < ALPHA for t in tests)
+    return UniversalityRate(
+        system=system, shift=float(shift), own_size=spec["own_size"], replicas=REPLICAS,
+        expected=shift != 0, n=n, rate=adjusted / n, rate_ci=wilson_interval(adjusted, n),
+        raw_rate=raw / n, raw_rate_ci=wilson_interval(raw, n),
+        seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

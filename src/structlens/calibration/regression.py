@@ -24,9 +24,12 @@ __all__ = ["LEVEL", "Shift", "shifts"]
 #: absorb a few instances that flip with floating-point differences across machines.
 LEVEL = 1e-3
 #: The fields that name a planted family; everything else in a family's row is measured.
-KEYS = ("family", "effect", "rho", "d", "unit", "partner_pass", "n_heads", "shared")
+KEYS = (
+    "family", "effect", "rho", "d", "unit", "partner_pass", "n_heads", "shared", "system",
+    "shift",
+)  # fmt: skip
 #: The measured rates of a family's row that the test compares.
-RATES = ("rate", "coverage", "accepted")
+RATES = ("rate", "raw_rate", "coverage", "accepted")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ from structlens.calibration.koopman import (
     FAMILIES,
     HENRICI_THRESHOLD,
     PROTOCOL,
+    REPLICAS,
+    UNIVERSALITY_RESAMPLES,
     SlopeCalibration,
     calibrate_henrici,
     calibrate_slope,
+    calibrate_universality,
 )
 from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
 from structlens.ndm.protocol import PROFILES as NDM
@@ -47,18 +50,38 @@ MERGE_RHOS = (0.0, 0.3, 0.5, 0.7, 0.9)
 MERGE_DIMS = (2, NDM["smoke"].unit_size, NDM["paper"].unit_size)
 
 
+#: The universality families: (planted system, eigenvalue shift of the last replica).
+UNIVERSALITY_FAMILIES = (
+    ("full basis", 0.0), ("full basis", 0.1), ("full basis", 0.2), ("full basis", 0.4),
+    ("truncated basis", 0.0),
+)  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    """Instances per planted family, and the NDM correlations scored (the KSG estimates are
-    most of the run's time)."""
+    """Instances per planted family, the NDM correlations scored (the KSG estimates are
+    most of the run's time), and the universality rule's instances and families (each
+    instance compares every pair of three replicas against a resampled null)."""
 
     instances: int
     merge_rhos: tuple[float, ...] = MERGE_RHOS
+    universality_instances: int = 100
+    universality_families: tuple[tuple[str, float], ...] = UNIVERSALITY_FAMILIES
+
+    def instances_of(self, rule: str) -> int:
+        """The instances per family of ``rule``."""
+        return self.universality_instances if rule == "universality" else self.instances
 
 
 #: ``smoke`` scores the first instances of the ``cpu`` families (the test suite compares them
 #: with the committed document, :mod:`structlens.calibration.regression`).
-PROFILES = {"smoke": Profile(20, merge_rhos=(0.0, 0.9)), "cpu": Profile(200)}
+PROFILES = {
+    "smoke": Profile(
+        20, merge_rhos=(0.0, 0.9), universality_instances=10,
+        universality_families=(("full basis", 0.0), ("full basis", 0.4)),
+    ),
+    "cpu": Profile(200),
+}  # fmt: skip
 
 
 def _ci(rate: float, ci: Any, digits: int = 2) -> str:
@@ -79,6 +102,16 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     null, alts = nn["effects"][0], [r for r in nn["effects"] if r["expected"]]
     nn["summary"] = f"false-positive rate {_ci(null['rate'], null['rate_ci'])}; power " + ", ".join(
         f"{r['rate']:.2f} at departure {r['truth']:.3f}" for r in alts
+    )
+    u = doc["koopman"]["universality"]
+    null = [r for r in u["families"] if not r["expected"]]
+    u["summary"] = (
+        "says not universal for replicas of one system in "
+        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} ({r['system']})" for r in null)
+        + "; power "
+        + ", ".join(
+            f"{r['rate']:.2f} at shift {r['shift']:g}" for r in u["families"] if r["expected"]
+        )
     )
     m = doc["ndm"]["merge_rule"]
     m["summary"] = "; ".join(
@@ -142,6 +175,11 @@ def run(profile: str = "cpu") -> dict[str, Any]:
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}.")
     n = PROFILES[profile].instances
+    universality = [
+        calibrate_universality(system, shift, PROFILES[profile].universality_instances,
+                               first_seed=FIRST_SEED)
+        for system, shift in PROFILES[profile].universality_families
+    ]  # fmt: skip
     slope = [calibrate_slope(f, n, first_seed=FIRST_SEED) for f in FAMILIES]  # type: ignore[arg-type]
     henrici = [calibrate_henrici(c, n, first_seed=FIRST_SEED) for c in HENRICI_EFFECTS]
     kappa = [
@@ -172,6 +210,15 @@ def run(profile: str = "cpu") -> dict[str, Any]:
                 f"{HENRICI_THRESHOLD}",
                 "stage": "structlens.koopman.stages.spectrum (identity dictionary)",
                 "effects": [dataclasses.asdict(r) for r in henrici],
+            },
+            "universality": {
+                "rule": f"no pair of {REPLICAS} seed replicas differs beyond its split-half "
+                "sampling null (each lifted by its own PCA) after Holm's adjustment over the "
+                "pairs at α = 0.05",
+                "stage": "structlens.koopman.stages.compare_spectra with "
+                "structlens.koopman.verdicts.differing_pairs",
+                "resamples": UNIVERSALITY_RESAMPLES,
+                "families": [dataclasses.asdict(r) for r in universality],
             },
         },
         "ndm": {
@@ -278,6 +325,38 @@ def _koopman(doc: dict[str, Any]) -> list[str]:
         "",
         f"- False-positive rate on the normal A: {null['rate']:.2f} "
         f"[{null['rate_ci'][0]:.2f}, {null['rate_ci'][1]:.2f}] (target ≤ 0.05).",
+        "",
+    ]
+
+
+def _universality(doc: dict[str, Any]) -> list[str]:
+    u = doc["koopman"]["universality"]
+    fpr = doc["target_false_positive_rate"]
+    over = [r for r in u["families"] if not r["expected"] and r["rate_ci"][0] > fpr]
+    return [
+        "## Koopman: universality across seeds",
+        "",
+        f"Rule: {u['rule']}. Stage: `{u['stage']}` ({u['resamples']} resamples per pair). "
+        "Planted linear depth maps (`structlens.calibration.koopman.calibrate_universality`): "
+        "per instance one system, three replicas with their own samples, the last one's "
+        "second eigenvalue moved by the shift (0: one system, the rule must say universal). "
+        "`full basis`: d = 4 lifted by its full PCA; `truncated basis`: d = 8 with decaying "
+        "state scales lifted by each replica's own PCA-4.",
+        "",
+        "| system | shift | rule should say | instances | says not universal (Holm) | unadjusted |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['system']} | {r['shift']:g} | "
+            + ("not universal" if r["expected"] else "universal")
+            + f" | {r['n']} | {_ci(r['rate'], r['rate_ci'])} | "
+            + f"{_ci(r['raw_rate'], r['raw_rate_ci'])} |"
+            for r in u["families"]
+        ),
+        "",
+        f"- False-positive rate above {fpr:g} for: "
+        + (", ".join(r["system"] for r in over) if over else "none")
+        + ". The unadjusted column tests each pair alone at 0.05, as the rule did before "
+        "Holm's adjustment.",
         "",
     ]
 
@@ -424,7 +503,8 @@ def render(doc: dict[str, Any]) -> str:
         "(`structlens.calibration.regression`).",
         "",
     ]
-    return "\n".join(head + _koopman(doc) + _ndm(doc) + _causal(doc) + _equivalence(doc))
+    body = _koopman(doc) + _universality(doc) + _ndm(doc) + _causal(doc) + _equivalence(doc)
+    return "\n".join(head + body)
 
 
 def write(doc: dict[str, Any], doc_dir: str | Path) -> tuple[Path, Path]:

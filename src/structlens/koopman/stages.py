@@ -731,6 +731,8 @@ class SpectralComparison(Result):
     :func:`~structlens.koopman.convergence.spectral_distance_test`; a ``shared_size`` basis
     (fitted on the first model) adds the block-permutation test
     (:func:`~structlens.koopman.convergence.universality_test`, ``shared_*``, else ``None``).
+    ``p_value`` is ``(1 + k) / (1 + n_resamples)``, so it is never below
+    ``1 / (1 + n_resamples)``.
     """
 
     pair: str
@@ -739,26 +741,63 @@ class SpectralComparison(Result):
     distance: float
     null_q95: float
     p_value: float
+    n_resamples: int
     n_samples: list[int]
     shared_distance: float | None
     shared_null_q95: float | None
     shared_p_value: float | None
 
 
-def _blocks(
-    protocol: KoopmanProtocol, model: Any, layer: int, prompts: Any, root: Any, dic: Any, size: int
-) -> Any:
-    from structlens.koopman.data import capture_depth
+def row_blocks(protocol: KoopmanProtocol, rows: LayerRows, dic: Any, size: int) -> Any:
+    """The split-half fit's EDMDc statistics of ``rows`` in 16 prompt blocks, lifted by
+    ``dic`` (None: the PCA-``size`` of the rows' own states)."""
     from structlens.koopman.dictionaries import PCADictionary
     from structlens.koopman.edmdc import EDMDc
 
-    rows = layer_rows(protocol, capture_depth(model, prompts, [layer], root=root), [layer])
     dic = dic or PCADictionary(size).fit(rows.X)
     cfg = protocol.edmdc(split_half=True)
-    stats = EDMDc(dic, cfg).statistics(
+    return EDMDc(dic, cfg).statistics(
         rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=16, seed=protocol.seed
     )
-    return stats, rows.X
+
+
+def compare_spectra(
+    protocol: KoopmanProtocol,
+    rows_a: LayerRows,
+    rows_b: LayerRows,
+    *,
+    pair: str,
+    kind: str,
+    n_resamples: int,
+    own_size: int = 8,
+    shared_size: int | None = None,
+) -> SpectralComparison:
+    """The :class:`SpectralComparison` of two models' rows at one layer each: each lifted
+    by the PCA of its own states (and, with ``shared_size``, both by the PCA of ``rows_a``'s
+    states for the block-permutation test)."""
+    from structlens.koopman.convergence import spectral_distance_test, universality_test
+    from structlens.koopman.dictionaries import PCADictionary
+
+    cfg, seed = protocol.edmdc(split_half=True), protocol.seed
+    blocks_a = row_blocks(protocol, rows_a, None, own_size)
+    blocks_b = row_blocks(protocol, rows_b, None, own_size)
+    t = spectral_distance_test(blocks_a, blocks_b, cfg, n_resamples=n_resamples, seed=seed)
+    test = f"split-half null, own PCA-{own_size}"
+    shared: list[float | None] = [None, None, None]
+    if shared_size is not None:
+        dic = PCADictionary(shared_size).fit(rows_a.X)
+        sa = row_blocks(protocol, rows_a, dic, shared_size)
+        sb = row_blocks(protocol, rows_b, dic, shared_size)
+        u = universality_test(sa, sb, cfg, n_permutations=n_resamples, seed=seed)
+        shared = [float(u.distance), float(np.quantile(u.null, 0.95)), float(u.p_value)]
+        test += f"; permutation null, shared PCA-{shared_size}"
+    return SpectralComparison(
+        pair=pair, kind=kind, test=test, distance=float(t.distance),
+        null_q95=float(np.quantile(t.null, 0.95)), p_value=float(t.p_value),
+        n_resamples=int(t.n_resamples), n_samples=[int(v) for v in t.n_samples],
+        shared_distance=shared[0],
+        shared_null_q95=shared[1], shared_p_value=shared[2],
+    )  # fmt: skip
 
 
 def spectral_comparison(
@@ -774,29 +813,17 @@ def spectral_comparison(
     shared_size: int | None = None,
 ) -> SpectralComparison:
     """Compare models ``a`` and ``b``, each ``(name, model, layer)``, on ``prompts`` (the
-    depth sites are captured, content-hashed, under ``root``)."""
-    from structlens.koopman.convergence import spectral_distance_test, universality_test
-    from structlens.koopman.dictionaries import PCADictionary
+    depth sites are captured, content-hashed, under ``root``) by :func:`compare_spectra`."""
+    from structlens.koopman.data import capture_depth
 
-    cfg, seed = protocol.edmdc(split_half=True), protocol.seed
     (na, ma, la), (nb, mb, lb) = a, b
-    blocks_a, X = _blocks(protocol, ma, la, prompts, root, None, own_size)
-    blocks_b, _ = _blocks(protocol, mb, lb, prompts, root, None, own_size)
-    t = spectral_distance_test(blocks_a, blocks_b, cfg, n_resamples=n_resamples, seed=seed)
-    test = f"split-half null, own PCA-{own_size}"
-    shared: list[float | None] = [None, None, None]
-    if shared_size is not None:
-        dic = PCADictionary(shared_size).fit(X)
-        sa, _ = _blocks(protocol, ma, la, prompts, root, dic, shared_size)
-        sb, _ = _blocks(protocol, mb, lb, prompts, root, dic, shared_size)
-        u = universality_test(sa, sb, cfg, n_permutations=n_resamples, seed=seed)
-        shared = [float(u.distance), float(np.quantile(u.null, 0.95)), float(u.p_value)]
-        test += f"; permutation null, shared PCA-{shared_size}"
-    return SpectralComparison(
-        pair=f"{na}@{la} vs {nb}@{lb}", kind=kind, test=test, distance=float(t.distance),
-        null_q95=float(np.quantile(t.null, 0.95)), p_value=float(t.p_value),
-        n_samples=[int(v) for v in t.n_samples], shared_distance=shared[0],
-        shared_null_q95=shared[1], shared_p_value=shared[2],
+    rows_a, rows_b = (
+        layer_rows(protocol, capture_depth(m, prompts, [layer], root=root), [layer])
+        for m, layer in ((ma, la), (mb, lb))
+    )
+    return compare_spectra(
+        protocol, rows_a, rows_b, pair=f"{na}@{la} vs {nb}@{lb}", kind=kind,
+        n_resamples=n_resamples, own_size=own_size, shared_size=shared_size,
     )  # fmt: skip
 
 
