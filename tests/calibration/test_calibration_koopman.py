@@ -32,9 +32,9 @@ def test_the_universality_rule_sees_a_moved_eigenvalue_and_holm_only_removes_rej
     in every instance (60 resamples: p can fall to 1/61, below Holm's 0.05 / 3); on
     replicas of one system the adjusted rule never says "differ" where the unadjusted one
     does not."""
-    moved = calibrate_universality("full basis", 0.4, 3, first_seed=0, n_resamples=60)
+    moved = calibrate_universality("4-d", "identity", 0.4, 3, first_seed=0, n_resamples=60)
     assert moved.expected and moved.rate == 1.0 == moved.raw_rate
-    same = calibrate_universality("full basis", 0.0, 3, first_seed=0, n_resamples=60)
+    same = calibrate_universality("4-d", "identity", 0.0, 3, first_seed=0, n_resamples=60)
     assert not same.expected and same.rate <= same.raw_rate
     assert same.seeds == (0, 2) and same.replicas == 3
 
@@ -56,7 +56,7 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
 
     tiny = calibration.Profile(
         3, merge_rhos=(0.0,), universality_instances=1,
-        universality_families=(("full basis", 0.0),),
+        universality_families=(("4-d", "identity", 0.0),),
     )  # fmt: skip
     monkeypatch.setitem(calibration.PROFILES, "smoke", tiny)
     r = CliRunner().invoke(app, ["calibrate", "--profile", "smoke", "--out", str(tmp_path)])

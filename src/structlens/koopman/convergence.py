@@ -2,17 +2,20 @@
 
 Both work on per-prompt-block statistics (``accumulate(..., n_blocks=K)``), so halves and
 permutations are always *by prompt* and no activations are re-read: a half is the merge of
-randomly chosen blocks.
+randomly chosen blocks.  The exception is :func:`refit_distance_test`, whose null fits each
+half's dictionary afresh and so reads the rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from structlens.koopman.dictionaries import Dictionary
 from structlens.koopman.edmdc import (
+    EDMDc,
     EDMDcConfig,
     EDMDcStatistics,
     _solve_operator,
@@ -23,6 +26,7 @@ from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
 from structlens.stats.intervals import group_jackknife
 from structlens.stats.matching import bottleneck_distance, wasserstein_distance
+from structlens.stats.robust import block_assignment
 
 
 def _spectrum(stats: EDMDcStatistics, config: EDMDcConfig, V: np.ndarray) -> np.ndarray:
@@ -338,3 +342,71 @@ def spectral_distance_test(
         n_samples=[int(m_a), int(m_b)],
         seed=seed,
     )
+
+
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def refit_distance_test(
+    rows_a: Rows,
+    rows_b: Rows,
+    fit_dictionary: Callable[[np.ndarray], Dictionary],
+    config: EDMDcConfig,
+    *,
+    n_blocks: int = 16,
+    n_resamples: int = 200,
+    seed: int = 0,
+) -> SpectralDistanceTest:
+    """:func:`spectral_distance_test` for models each lifted by a dictionary fitted on its
+    own states, with a null that refits the dictionary on every half.
+
+    ``rows_a`` and ``rows_b`` are ``(X, U, Y, prompt_ids)``; ``fit_dictionary(X)`` returns a
+    dictionary fitted on the states ``X``.  Each model's spectrum comes from its dictionary
+    fitted on all its rows; a null resample splits one model's prompt blocks into two random
+    halves and fits a dictionary on each half's states before the spectra are compared, so the
+    null holds what a fitted basis adds to the sampling error (two replicas of one system
+    lifted by their own PCA-k keep slightly different subspaces: a frozen basis per model
+    leaves that out of the null and reads it as a difference between the models).  The
+    half distances are rescaled as in :func:`spectral_distance_test`.
+    """
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}.")
+    models = [rows_a, rows_b]
+    pooled = [_lifted(fit_dictionary(r[0]), r, config) for r in models]
+    if pooled[0].n_features != pooled[1].n_features:
+        raise ValueError(
+            "the two dictionaries have different numbers of features "
+            f"({pooled[0].n_features} vs {pooled[1].n_features}); compare spectra of equal size."
+        )
+    bases = [control_basis(p, config)[0] for p in pooled]
+    ea, eb = (_spectrum(p, config, V) for p, V in zip(pooled, bases, strict=True))
+    m_a, m_b = pooled[0].n, pooled[1].n
+    scales = [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
+    blocks = [block_assignment(r[3], n_blocks, seed) for r in models]
+    if min(len(np.unique(b)) for b in blocks) < 2:
+        raise ValueError("need at least 2 prompt blocks per model: give each more prompts.")
+    rng = np.random.default_rng(seed)
+    null = np.empty(n_resamples)
+    for i in range(n_resamples):
+        which = i % 2
+        perm = rng.permutation(n_blocks)
+        spectra = []
+        for half in (perm[: n_blocks // 2], perm[n_blocks // 2 : 2 * (n_blocks // 2)]):
+            keep = np.isin(blocks[which], half)
+            part = tuple(a[keep] for a in models[which])
+            stats = _lifted(fit_dictionary(part[0]), part, config)
+            spectra.append(_spectrum(stats, config, bases[which]))
+        null[i] = scales[which] * bottleneck_distance(*spectra)
+    d_inf = bottleneck_distance(ea, eb)
+    p = (1 + int(np.sum(null >= d_inf))) / (1 + n_resamples)
+    return SpectralDistanceTest(
+        distance=d_inf, distance_w2=wasserstein_distance(ea, eb, 2), null=null,
+        null_scale=scales, p_value=p, n_resamples=n_resamples, n_samples=[int(m_a), int(m_b)],
+        seed=seed,
+    )  # fmt: skip
+
+
+def _lifted(
+    dictionary: Dictionary, rows: Sequence[np.ndarray], config: EDMDcConfig
+) -> EDMDcStatistics:
+    return EDMDc(dictionary, config).statistics(rows[0], rows[1], rows[2])[0]

@@ -727,8 +727,8 @@ class SpectralComparison(Result):
     """W∞ between two models' spectra at one layer each against a sampling null.
 
     ``kind``: ``seeds`` (seed replicas of one depth), ``depth`` (replicas of two depths) or
-    ``fine-tune``.  Own bases: each model lifted by the PCA of its own states and compared by
-    :func:`~structlens.koopman.convergence.spectral_distance_test`; a ``shared_size`` basis
+    ``fine-tune``.  ``test`` names the lift and the null (see :func:`compare_spectra`); a
+    ``shared_size`` basis
     (fitted on the first model) adds the block-permutation test
     (:func:`~structlens.koopman.convergence.universality_test`, ``shared_*``, else ``None``).
     ``p_value`` is ``(1 + k) / (1 + n_resamples)``, so it is never below
@@ -748,17 +748,19 @@ class SpectralComparison(Result):
     shared_p_value: float | None
 
 
-def row_blocks(protocol: KoopmanProtocol, rows: LayerRows, dic: Any, size: int) -> Any:
+def row_blocks(protocol: KoopmanProtocol, rows: LayerRows, dic: Any) -> Any:
     """The split-half fit's EDMDc statistics of ``rows`` in 16 prompt blocks, lifted by
-    ``dic`` (None: the PCA-``size`` of the rows' own states)."""
-    from structlens.koopman.dictionaries import PCADictionary
+    ``dic``."""
     from structlens.koopman.edmdc import EDMDc
 
-    dic = dic or PCADictionary(size).fit(rows.X)
     cfg = protocol.edmdc(split_half=True)
     return EDMDc(dic, cfg).statistics(
         rows.X, rows.U, rows.Y, rows.prompt_ids, n_blocks=16, seed=protocol.seed
     )
+
+
+#: The lifts :func:`compare_spectra` compares spectra in.
+COMPARISON_DICTIONARIES = ("identity", "pca")
 
 
 def compare_spectra(
@@ -769,25 +771,47 @@ def compare_spectra(
     pair: str,
     kind: str,
     n_resamples: int,
-    own_size: int = 8,
+    dictionary: str = "identity",
     shared_size: int | None = None,
 ) -> SpectralComparison:
-    """The :class:`SpectralComparison` of two models' rows at one layer each: each lifted
-    by the PCA of its own states (and, with ``shared_size``, both by the PCA of ``rows_a``'s
-    states for the block-permutation test)."""
-    from structlens.koopman.convergence import spectral_distance_test, universality_test
-    from structlens.koopman.dictionaries import PCADictionary
+    """The :class:`SpectralComparison` of two models' rows at one layer each.
+
+    ``dictionary``: ``"identity"`` compares the spectra of the states themselves against the
+    split-half null of :func:`~structlens.koopman.convergence.spectral_distance_test` (no
+    fitted basis, so nothing but the dynamics can differ); ``"pca:K"`` lifts each model by
+    the PCA-K of its own states, with the null of
+    :func:`~structlens.koopman.convergence.refit_distance_test`, which refits the PCA on
+    every half.  With ``shared_size``, both are also lifted by the PCA of ``rows_a``'s states
+    for the block-permutation test.
+    """
+    from structlens.koopman.convergence import (
+        refit_distance_test,
+        spectral_distance_test,
+        universality_test,
+    )
+    from structlens.koopman.dictionaries import IdentityDictionary, PCADictionary
 
     cfg, seed = protocol.edmdc(split_half=True), protocol.seed
-    blocks_a = row_blocks(protocol, rows_a, None, own_size)
-    blocks_b = row_blocks(protocol, rows_b, None, own_size)
-    t = spectral_distance_test(blocks_a, blocks_b, cfg, n_resamples=n_resamples, seed=seed)
-    test = f"split-half null, own PCA-{own_size}"
+    name, size = parse_dictionary(dictionary, default_size=8)
+    if name not in COMPARISON_DICTIONARIES:
+        raise ValueError(
+            f"compare spectra in one of {', '.join(COMPARISON_DICTIONARIES)}; got {dictionary!r}."
+        )
+    if name == "identity":
+        ba, bb = (row_blocks(protocol, r, IdentityDictionary().fit(r.X)) for r in (rows_a, rows_b))
+        t = spectral_distance_test(ba, bb, cfg, n_resamples=n_resamples, seed=seed)
+        test = "split-half null, identity"
+    else:
+        a, b = ((r.X, r.U, r.Y, r.prompt_ids) for r in (rows_a, rows_b))
+        t = refit_distance_test(
+            a, b, lambda X: PCADictionary(size).fit(X), cfg, n_resamples=n_resamples, seed=seed
+        )
+        test = f"split-half null refitting each half's basis, own PCA-{size}"
     shared: list[float | None] = [None, None, None]
     if shared_size is not None:
         dic = PCADictionary(shared_size).fit(rows_a.X)
-        sa = row_blocks(protocol, rows_a, dic, shared_size)
-        sb = row_blocks(protocol, rows_b, dic, shared_size)
+        sa = row_blocks(protocol, rows_a, dic)
+        sb = row_blocks(protocol, rows_b, dic)
         u = universality_test(sa, sb, cfg, n_permutations=n_resamples, seed=seed)
         shared = [float(u.distance), float(np.quantile(u.null, 0.95)), float(u.p_value)]
         test += f"; permutation null, shared PCA-{shared_size}"
@@ -795,8 +819,7 @@ def compare_spectra(
         pair=pair, kind=kind, test=test, distance=float(t.distance),
         null_q95=float(np.quantile(t.null, 0.95)), p_value=float(t.p_value),
         n_resamples=int(t.n_resamples), n_samples=[int(v) for v in t.n_samples],
-        shared_distance=shared[0],
-        shared_null_q95=shared[1], shared_p_value=shared[2],
+        shared_distance=shared[0], shared_null_q95=shared[1], shared_p_value=shared[2],
     )  # fmt: skip
 
 
@@ -809,7 +832,7 @@ def spectral_comparison(
     kind: str,
     root: str | Path,
     n_resamples: int,
-    own_size: int = 8,
+    dictionary: str = "identity",
     shared_size: int | None = None,
 ) -> SpectralComparison:
     """Compare models ``a`` and ``b``, each ``(name, model, layer)``, on ``prompts`` (the
@@ -823,7 +846,7 @@ def spectral_comparison(
     )
     return compare_spectra(
         protocol, rows_a, rows_b, pair=f"{na}@{la} vs {nb}@{lb}", kind=kind,
-        n_resamples=n_resamples, own_size=own_size, shared_size=shared_size,
+        n_resamples=n_resamples, dictionary=dictionary, shared_size=shared_size,
     )  # fmt: skip
 
 
@@ -846,10 +869,11 @@ def universality(
     root: str | Path,
     n_resamples: int,
 ) -> tuple[list[SpectralComparison], dict[str, str]]:
-    """The seed and depth replicas of :data:`REPLICA_LAYER` against each other (own
-    PCA-8, on their own corpus prompts), and ``model`` against its fine-tuned copy
-    ``models["smollm2-ft-ioi"]`` at ``probe_layer`` and layer 20 on ``prompts`` (own PCA-8 and
-    a shared PCA-16).  Returns the comparisons and, per group not compared, why."""
+    """The seed and depth replicas of :data:`REPLICA_LAYER` against each other (the
+    spectra of their states, on their own corpus prompts), and ``model`` against its
+    fine-tuned copy ``models["smollm2-ft-ioi"]`` at ``probe_layer`` and layer 20 on
+    ``prompts`` (the states' spectra, and a shared PCA-16).  Returns the comparisons and, per
+    group not compared, why."""
     from structlens.koopman.data import depth_prompts
     from structlens.models import load_model
 
