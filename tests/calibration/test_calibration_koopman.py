@@ -55,7 +55,7 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
     from structlens.cli.main import app
 
     tiny = calibration.Profile(
-        3, merge_rhos=(0.0,), universality_instances=1,
+        3, merge_rhos=(0.0,), gini_effects=(0.0,), universality_instances=1,
         universality_families=(("4-d", "identity", 0.0),),
     )  # fmt: skip
     monkeypatch.setitem(calibration.PROFILES, "smoke", tiny)

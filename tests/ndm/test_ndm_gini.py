@@ -51,3 +51,19 @@ def test_bad_input():
         gini([1, np.nan])
     with pytest.raises(ValueError, match="one entry per value"):
         gini_dimension_normalized([1, 2], [1, 2, 3])
+
+
+def test_gini_rows_equal_the_one_row_functions_and_mark_a_zero_row():
+    from structlens.stats.gini import gini_rows
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((30, 6))
+    x[3] = 0.0
+    dims, var = [1, 2, 3, 1, 4, 5], rng.uniform(0.5, 2.0, 6)
+    for weights, one in ((None, gini), (dims, lambda r: gini_dimension_normalized(r, dims)),
+                         (var, lambda r: gini_variance_normalized(r, var))):  # fmt: skip
+        got = gini_rows(x, weights)
+        assert np.isnan(got[3])
+        np.testing.assert_allclose(np.delete(got, 3), [one(r) for r in np.delete(x, 3, 0)])
+    with pytest.raises(ValueError, match="n_rows"):
+        gini_rows(x[0])

@@ -210,6 +210,12 @@ def test_gini_summary_and_bootstrap():
     assert out["gini_mean"]["id"]["dimension"]["value"] < 0.01
     lo, hi = out["gini_mean_diff"]["id"]["dimension"]["ci"]
     assert lo > 0.7 and hi <= 0.75 + 1e-12
+    assert out["gini_mean_diff"]["id"]["dimension"]["p_above"] == 0.0  # no draw at or below 0
+    flat = summarize_gini(
+        {"a": {"ndm": run(even), "id": run(even)}}, {"a": [1] * 4},
+        {"a": {"ndm": [1.0] * 4, "id": [1.0] * 4}}, n_boot=200,
+    )  # fmt: skip
+    assert flat["gini_mean_diff"]["id"]["dimension"]["p_above"] == 1.0  # identical: never above
     boots = bootstrap_gini(conc, [1, 1, 1, 1], [1, 1, 1, 1], n_boot=50, seed=1)
     np.testing.assert_allclose(boots["unnormalized"], 0.75)
     with pytest.raises(ValueError, match="n_prompts"):

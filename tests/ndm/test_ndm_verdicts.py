@@ -23,10 +23,10 @@ from structlens.ndm.stages import (
 from structlens.verdicts import VERDICTS
 
 
-def _evaluation(screened, converged, value, lows, methods=("ndm", "pca", "random")):
+def _evaluation(screened, converged, value, p_above, methods=("ndm", "pca", "random")):
     """An evaluation and training record: test t at layer 5, NDM's mean Gini ``value`` (CI
-    value ± 0.05), each baseline's mean 0.3 and the lower CI bound of NDM minus each
-    baseline ``lows``."""
+    value ± 0.05), each baseline's mean 0.3 and the one-sided bootstrap p-value of NDM
+    above each baseline ``p_above``."""
     gm = {m: {"dimension": {"value": 0.3, "ci": [0.25, 0.35]}} for m in methods}
     gm["ndm"] = {"dimension": {"value": value, "ci": [value - 0.05, value + 0.05]}}
     ev = {
@@ -34,23 +34,28 @@ def _evaluation(screened, converged, value, lows, methods=("ndm", "pca", "random
         "screen": [{"test": "t", "layer": 5, "screened": screened}],
         "layers": {"t": 5},
         "gini_mean": gm if screened else "no signal",
-        "gini_mean_diff": {m: {"dimension": {"ci": [lo, lo + 0.2]}} for m, lo in lows.items()},
+        "gini_mean_diff": {
+            m: {"dimension": {"ci": [0.0, 0.2], "p_above": p}} for m, p in p_above.items()
+        },
     }  # fmt: skip
     return ev, {"results": {"5": {"converged": converged, "steps": 60}}}
 
 
 @pytest.mark.parametrize(
-    ("screened", "converged", "value", "lows", "verdict", "reason"),
+    ("screened", "converged", "value", "p_above", "verdict", "reason"),
     [
-        (True, False, 0.7, {"pca": 0.1}, "not tested", "not converged at layer(s) [5]"),
-        (True, True, 0.7, {"pca": 0.1, "random": 0.05}, "reproduced", "every baseline"),
-        (True, True, 0.4, {"pca": 0.1, "random": 0.05}, "partly", "far below the paper's 0.71"),
-        (True, True, 0.7, {"pca": 0.1, "random": -0.05}, "partly", "not above ['random']"),
-        (True, True, 0.7, {"pca": -0.1, "random": 0.0}, "not reproduced", "not significantly"),
+        (True, False, 0.7, {"pca": 0.0}, "not tested", "not converged at layer(s) [5]"),
+        (True, True, 0.7, {"pca": 0.0, "random": 0.01}, "reproduced", "every baseline"),
+        (True, True, 0.4, {"pca": 0.0, "random": 0.01}, "partly", "far below the paper's 0.71"),
+        (True, True, 0.7, {"pca": 0.0, "random": 0.3}, "partly", "not above ['random']"),
+        (True, True, 0.7, {"pca": 0.4, "random": 0.5}, "not reproduced", "not significantly"),
+        # 0.02 alone is below 0.025, not after Holm over two baselines (0.04)
+        (True, True, 0.7, {"pca": 0.02, "random": 0.02}, "not reproduced", "not significantly"),
+        (True, True, 0.7, {"pca": 0.01, "random": float("nan")}, "partly", "not above"),
     ],
 )
-def test_gini_claim_follows_the_evidence(screened, converged, value, lows, verdict, reason):
-    c = V.gini_claim(*_evaluation(screened, converged, value, lows))
+def test_gini_claim_follows_the_evidence(screened, converged, value, p_above, verdict, reason):
+    c = V.gini_claim(*_evaluation(screened, converged, value, p_above))
     assert c.id == "mean_gini_ndm_vs_baselines" and c.verdict == verdict
     assert c.paper == V.PAPER[c.id]["text"]
     assert c.ours == value and c.ci == pytest.approx((value - 0.05, value + 0.05))
@@ -60,7 +65,7 @@ def test_gini_claim_follows_the_evidence(screened, converged, value, lows, verdi
 
 
 def test_gini_claim_without_a_screened_test_is_not_tested_with_its_reason():
-    c = V.gini_claim(*_evaluation(False, True, 0.7, {"pca": 0.1}))
+    c = V.gini_claim(*_evaluation(False, True, 0.7, {"pca": 0.0}))
     assert c.verdict == "not tested" and c.ours is None and c.ci is None
     assert c.ci_reason == "no patching test passes the whole-space-effect screen"
     assert c.settings["screened_tests"] == []
@@ -69,9 +74,9 @@ def test_gini_claim_without_a_screened_test_is_not_tested_with_its_reason():
 def test_gini_reproduced_needs_the_paper_value_within_the_tolerance():
     """At the edge: the paper's value minus the tolerance reproduces, just below it does not."""
     edge = V.PAPER["mean_gini_ndm_vs_baselines"]["ndm"] - V.GINI_TOLERANCE
-    lows = {"pca": 0.1}
-    assert V.gini_claim(*_evaluation(True, True, edge, lows)).verdict == "reproduced"
-    assert V.gini_claim(*_evaluation(True, True, edge - 0.01, lows)).verdict == "partly"
+    p_above = {"pca": 0.0}
+    assert V.gini_claim(*_evaluation(True, True, edge, p_above)).verdict == "reproduced"
+    assert V.gini_claim(*_evaluation(True, True, edge - 0.01, p_above)).verdict == "partly"
 
 
 def _toy(right, overlap, partition=(4, 4)):

@@ -1,4 +1,5 @@
-"""NDM's merge rule on planted pairs of subspaces whose mutual information is known.
+"""NDM's rules on planted structure: the merge rule on planted pairs of subspaces whose
+mutual information is known, and the Gini rule on planted subspace patching effects.
 
 NDM merges two subspaces when their KSG mutual information, normalised by ``d_a + d_b``,
 exceeds the protocol's ``merge_threshold`` (computed on ``mi_samples`` rows by
@@ -8,11 +9,21 @@ correlated pairwise with ``ρ``: ``b = ρ a + √(1 − ρ²) e``, so the normal
 information is known exactly, ``−¼ log(1 − ρ²)`` nats, whatever ``d``.  ``ρ = 0`` is the null
 (independent subspaces: a merge is a false positive); the rule should merge exactly when the
 true value exceeds the threshold.  Scored at the unit sizes NDM starts from.
+
+The Gini rule ("NDM's mean dimension-normalised Gini is significantly above a baseline's",
+one-sided paired bootstrap p-values adjusted by Holm over the baselines) is scored on
+planted per-prompt patching effects (:func:`planted_patch_runs`) through the production
+stage :func:`~structlens.ndm.stages.gini` and :func:`~structlens.ndm.verdicts.above_baselines`:
+every baseline's effects spread over the subspaces with one profile; NDM's concentrate a share
+``c`` of theirs on one subspace (``c = 0``: NDM is no better, so "above a baseline" is a false
+positive).  Prompts share a factor across methods (the same prompts are patched), as real
+patching runs do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +31,10 @@ from structlens.ndm.protocol import PROFILES, NDMProtocol
 from structlens.stats.intervals import wilson_interval
 from structlens.stats.mutual_info import subspace_mutual_information
 
-__all__ = ["PROTOCOL", "MergeRate", "normalized_mi", "planted_pair", "calibrate_merge"]
+__all__ = [
+    "PROTOCOL", "MergeRate", "normalized_mi", "planted_pair", "calibrate_merge", "GiniRate",
+    "planted_patch_runs", "calibrate_gini", "GINI_TESTS", "GINI_SUBSPACES",
+]  # fmt: skip
 
 #: The paper protocol's merge rule (``merge_threshold``, ``mi_samples``).
 PROTOCOL: NDMProtocol = PROFILES["paper"]
@@ -75,4 +89,109 @@ def calibrate_merge(
         rho=float(rho), d=d, truth=truth, expected=truth > protocol.merge_threshold, n=n,
         mean_estimate=float(np.mean(estimates)), rate=merged / n,
         rate_ci=wilson_interval(merged, n), seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+#: Screened tests per planted instance, and the subspaces (equal sizes) of every method.
+GINI_TESTS = 2
+GINI_SUBSPACES = 8
+#: The baselines' effect profile over the subspaces (decaying: a dimension-normalised Gini
+#: of 0.36, near the baselines' in the replication), and the per-prompt noise.
+_PROFILE = np.exp(-np.arange(GINI_SUBSPACES) / 3.0)
+_NOISE = 0.5
+
+
+def _weights(concentration: float) -> np.ndarray:
+    w = _PROFILE / _PROFILE.sum()
+    return (1 - concentration) * w + concentration * (np.arange(GINI_SUBSPACES) == 0)
+
+
+def planted_patch_runs(
+    concentration: float, methods: tuple[str, ...], n_prompts: int, *, seed: int
+) -> dict[str, Any]:
+    """Per method a :class:`~structlens.ndm.evaluate.PatchRun` of ``n_prompts`` prompts:
+    ``effects[i, s] = w_s (1 + ½ z_i) + ½ w̄ ε_is`` with the prompt factor ``z_i`` shared by
+    the methods; the baselines' ``w`` is the decaying profile, NDM's moves a share
+    ``concentration`` of it onto subspace 0."""
+    from structlens.ndm.evaluate import PatchRun
+
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(n_prompts)
+    out = {}
+    for m in methods:
+        w = _weights(concentration if m == "ndm" else 0.0)
+        e = w * (1 + 0.5 * z[:, None]) + _NOISE * w.mean() * rng.standard_normal(
+            (n_prompts, GINI_SUBSPACES)
+        )
+        zero = np.zeros(n_prompts)
+        out[m] = PatchRun(zero, zero, e, e.sum(1), np.zeros(e.shape, int), zero, zero)
+    return out
+
+
+@dataclass(frozen=True)
+class GiniRate:
+    """How often the Gini rule calls NDM above a baseline on ``n`` planted instances at
+    ``concentration`` (``truth``: NDM's noise-free dimension-normalised Gini minus the
+    baselines'; ``expected``: NDM is above them).  ``rate``: some baseline beaten after Holm's
+    adjustment (what a "partly" verdict rests on); ``all_rate``: every baseline beaten;
+    ``raw_rate``: some baseline's paired 95% interval above 0 without adjustment."""
+
+    concentration: float
+    truth: float
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    all_rate: float
+    all_rate_ci: tuple[float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
+    seeds: tuple[int, int]
+
+
+def _p(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def calibrate_gini(
+    concentration: float, n: int, *, first_seed: int = 0, protocol: NDMProtocol = PROTOCOL
+) -> GiniRate:
+    """The Gini rule on ``n`` planted instances (seeds ``first_seed, ...``) of
+    :data:`GINI_TESTS` screened tests with ``protocol``'s patch prompts, baselines and
+    bootstrap resamples, through :func:`~structlens.ndm.stages.gini`."""
+    from structlens.ndm.evaluate import PAPER_TESTS
+    from structlens.ndm.stages import Decomposition, Screen, gini
+    from structlens.ndm.verdicts import above_baselines
+    from structlens.stats.gini import gini_dimension_normalized
+
+    methods = ("ndm", *protocol.baselines)
+    dims = (1,) * GINI_SUBSPACES
+    decomposition = Decomposition(
+        0, dims, {}, {m: [1.0] * GINI_SUBSPACES for m in methods}
+    )  # fmt: skip
+    some = every = raw = 0
+    for seed in range(first_seed, first_seed + n):
+        runs = {
+            t.name: planted_patch_runs(
+                concentration, methods, protocol.patch_prompts, seed=seed * GINI_TESTS + i
+            )
+            for i, t in enumerate(PAPER_TESTS[:GINI_TESTS])
+        }
+        screens = [Screen(t, 0, runs[t.name]["ndm"], 1.0, True) for t in PAPER_TESTS[:GINI_TESTS]]
+        summary = gini(protocol.replace(seed=seed), screens, runs, {0: decomposition})
+        diff = summary.ndm_minus or {}
+        p_above = {m: _p(v["dimension"].p_above) for m, v in diff.items()}
+        beaten = above_baselines(p_above)
+        some += bool(beaten)
+        every += len(beaten) == len(protocol.baselines)
+        raw += any(v["dimension"].ci[0] > 0 for v in diff.values())
+    truth = gini_dimension_normalized(_weights(concentration), dims) - gini_dimension_normalized(
+        _weights(0.0), dims
+    )
+    return GiniRate(
+        concentration=float(concentration), truth=float(truth), expected=concentration > 0,
+        n=n, rate=some / n, rate_ci=wilson_interval(some, n), all_rate=every / n,
+        all_rate_ci=wilson_interval(every, n), raw_rate=raw / n,
+        raw_rate_ci=wilson_interval(raw, n),
+        seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

@@ -26,10 +26,10 @@ LEVEL = 1e-3
 #: The fields that name a planted family; everything else in a family's row is measured.
 KEYS = (
     "family", "effect", "rho", "d", "unit", "partner_pass", "n_heads", "shared", "system",
-    "dictionary", "shift",
+    "dictionary", "shift", "concentration",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.
-RATES = ("rate", "raw_rate", "coverage", "accepted")
+RATES = ("rate", "all_rate", "raw_rate", "coverage", "accepted")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,12 @@ from structlens.interventions.fastrun import metric_logits, resumed, truncated
 from structlens.models.loading import Model
 from structlens.results import Result
 from structlens.sites import site_name
-from structlens.stats.gini import gini, gini_dimension_normalized, gini_variance_normalized
+from structlens.stats.gini import (
+    gini,
+    gini_dimension_normalized,
+    gini_rows,
+    gini_variance_normalized,
+)
 from structlens.stats.intervals import percentile_interval
 
 GINI_VARIANTS = ("unnormalized", "dimension", "variance")
@@ -347,17 +352,15 @@ def bootstrap_gini(
     eff = np.asarray(effects, dtype=np.float64)
     if eff.ndim != 2 or eff.shape[0] < 2:
         raise ValueError(f"effects must be (n_prompts >= 2, n_subspaces), got {eff.shape}.")
-    rng = np.random.default_rng(seed)
-    out = {k: np.empty(n_boot) for k in GINI_VARIANTS}
-    for b in range(n_boot):
-        means = eff[rng.integers(0, eff.shape[0], eff.shape[0])].mean(0)
-        if not np.any(means):
-            for k in GINI_VARIANTS:
-                out[k][b] = np.nan
-            continue
-        for k, v in gini_variants(means, dims, variances).items():
-            out[k][b] = v
-    return out
+    n = eff.shape[0]
+    # every resample's prompts in one draw: the same stream as n_boot draws of n in turn
+    draws = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    means = eff[draws].mean(1)
+    return {
+        "unnormalized": gini_rows(means),
+        "dimension": gini_rows(means, dims),
+        "variance": gini_rows(means, variances),
+    }
 
 
 def summarize_gini(
@@ -374,7 +377,8 @@ def summarize_gini(
     test, ``variances[test][method]`` the activation variance in each of the method's
     subspaces.  Returns ``gini[test][method][variant] = {"value", "ci"}``,
     ``gini_mean[method][variant] = {"value", "ci"}`` and ``gini_mean_diff`` (NDM minus each
-    other method, paired bootstrap) when a method is called ``"ndm"``.
+    other method, paired bootstrap, with the one-sided bootstrap p-value ``p_above``) when a
+    method is called ``"ndm"``.
     """
     table: dict[str, dict[str, dict[str, Any]]] = {}
     boots: dict[str, dict[str, dict[str, np.ndarray]]] = {}
@@ -404,17 +408,26 @@ def summarize_gini(
     out: dict[str, Any] = {"gini": table, "gini_mean": mean}
     if "ndm" in methods:
         out["gini_mean_diff"] = {
-            other: {
-                k: {
-                    "value": mean["ndm"][k]["value"] - mean[other][k]["value"],
-                    "ci": list(percentile_interval(mean_boot["ndm"][k] - mean_boot[other][k])),
-                }
-                for k in GINI_VARIANTS
-            }
+            other: {k: _difference(mean, mean_boot, other, k) for k in GINI_VARIANTS}
             for other in methods
             if other != "ndm"
         }
     return out
+
+
+def _difference(
+    mean: Mapping[str, Any], boot: Mapping[str, Mapping[str, np.ndarray]], other: str, k: str
+) -> dict[str, Any]:
+    """NDM's mean Gini minus ``other``'s: the value, the paired percentile interval and
+    ``p_above``, the share of the paired bootstrap draws in which NDM is not above it (the
+    one-sided bootstrap p-value of "NDM above ``other``"; NaN draws left out)."""
+    diff = boot["ndm"][k] - boot[other][k]
+    finite = diff[np.isfinite(diff)]
+    return {
+        "value": mean["ndm"][k]["value"] - mean[other][k]["value"],
+        "ci": list(percentile_interval(diff)),
+        "p_above": float(np.mean(finite <= 0)) if finite.size else float("nan"),
+    }
 
 
 def routing_rates(run: PatchRun, task: TaskDataset) -> dict[str, Any]:

@@ -284,13 +284,21 @@ def patch(
 
 @dataclass(frozen=True)
 class Estimate:
-    """A point estimate and its 95% percentile-bootstrap interval over prompts."""
+    """A point estimate and its 95% percentile-bootstrap interval over prompts; for a
+    difference of NDM and a baseline, ``p_above`` is the one-sided bootstrap p-value of
+    "NDM above the baseline" (None elsewhere)."""
 
     value: float
     ci: tuple[float, float]
+    p_above: float | None = None
 
 
 Variants = Mapping[str, Estimate]  # unnormalized, dimension, variance
+
+
+def _estimate_json(e: Estimate) -> dict[str, Any]:
+    doc: dict[str, Any] = {"value": e.value, "ci": list(e.ci)}
+    return doc if e.p_above is None else doc | {"p_above": e.p_above}
 
 
 @dataclass(frozen=True)
@@ -314,10 +322,7 @@ class GiniSummary:
         of ``ndm_evaluate.json`` (``"no signal"`` where a test or the mean has none)."""
 
         def table(by: Mapping[str, Variants]) -> dict[str, Any]:
-            return {
-                m: {k: {"value": e.value, "ci": list(e.ci)} for k, e in v.items()}
-                for m, v in by.items()
-            }
+            return {m: {k: _estimate_json(e) for k, e in v.items()} for m, v in by.items()}
 
         return {
             "screen": [
@@ -360,7 +365,8 @@ def gini(
 
     def typed(by: Mapping[str, Any]) -> dict[str, Variants]:
         return {
-            m: {k: Estimate(float(e["value"]), (float(e["ci"][0]), float(e["ci"][1])))
+            m: {k: Estimate(float(e["value"]), (float(e["ci"][0]), float(e["ci"][1])),
+                            None if "p_above" not in e else float(e["p_above"]))
                 for k, e in v.items()}
             for m, v in by.items()
         }  # fmt: skip

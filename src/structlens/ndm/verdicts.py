@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from structlens.stats.multiplicity import holm
 from structlens.verdicts import Caveat, Claim, Number, Section, count_verdict, finite_ci
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ PAPER: dict[str, Mapping[str, Any]] = {
 
 #: NDM's mean Gini counts as the paper's within this distance of it.
 GINI_TOLERANCE = 0.1
+#: One-sided level of "NDM's mean Gini is above a baseline's" (the lower bound of the
+#: paired two-sided 95% bootstrap interval above 0, before the adjustment over baselines).
+GINI_ALPHA = 0.025
 #: The toy's groups count as recovered above this smallest matched subspace overlap.
 TOY_OVERLAP = 0.9
 #: A subspace "nearly matches" whole-space patching at this share of its context-rate drop.
@@ -74,14 +78,15 @@ def gini_verdict(
     open_layers: Sequence[int],
     steps: int | None,
     value: float | None,
-    diff_lows: Mapping[str, float],
+    p_above: Mapping[str, float],
 ) -> tuple[str, str]:
     """The verdict on NDM's mean Gini against the baselines, and its reason.
 
     Not tested when no test passes the screen (``screened`` empty) or when a screened test's
     layer was not trained to the stopping rule (``open_layers``; a partition mid-training is
-    not the method's answer); otherwise reproduced when NDM is significantly above every
-    baseline (``diff_lows``: the lower 95% bound of NDM minus each baseline, above 0) at a
+    not the method's answer).  Otherwise NDM is above a baseline when its one-sided bootstrap
+    p-value (``p_above``) survives Holm's adjustment over the baselines at
+    :data:`GINI_ALPHA` (:func:`above_baselines`); reproduced when above every baseline at a
     Gini within :data:`GINI_TOLERANCE` of the paper's, partly when above some or all of them
     (far from the paper's value), not reproduced when above none.
     """
@@ -92,8 +97,8 @@ def gini_verdict(
             f"training not converged at layer(s) {sorted(open_layers)}: the stopping rule (no "
             f"pair above the MI threshold) was not reached in {steps} steps"
         )
-    above = sorted(m for m, lo in diff_lows.items() if lo > 0)
-    below = sorted(set(diff_lows) - set(above))
+    above = above_baselines(p_above)
+    below = sorted(set(p_above) - set(above))
     paper = PAPER["mean_gini_ndm_vs_baselines"]["ndm"]
     if not above:
         return "not reproduced", f"NDM is not significantly above any baseline ({below})"
@@ -105,6 +110,16 @@ def gini_verdict(
         f"NDM is significantly above every baseline but {value:.2f} is far below the "
         f"paper's {paper}"
     )
+
+
+def above_baselines(p_above: Mapping[str, float]) -> list[str]:
+    """The baselines NDM is significantly above: their one-sided bootstrap p-values adjusted
+    by Holm over the baselines at :data:`GINI_ALPHA` (a baseline without a finite p-value
+    is not beaten).  Holm holds the chance of calling NDM above any baseline it is not
+    above, which a "partly" verdict rests on."""
+    finite = {m: p for m, p in p_above.items() if math.isfinite(p)}
+    tests = holm(list(finite.values()), GINI_ALPHA)
+    return sorted(m for m, r in zip(finite, tests.rejected, strict=True) if r)
 
 
 def best_baseline(ev: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -135,8 +150,9 @@ def gini_claim(ev: Mapping[str, Any], tr: Mapping[str, Any]) -> Claim:
         return Claim("mean_gini_ndm_vs_baselines", paper, None, None, verdict, settings,
                      ci_reason=reason)  # fmt: skip
     ndm = ev["gini_mean"]["ndm"]["dimension"]
-    lows = {m: float(d["dimension"]["ci"][0]) for m, d in ev["gini_mean_diff"].items()}
-    verdict, reason = gini_verdict(screened, open_layers, steps, float(ndm["value"]), lows)
+    p_above = {m: float(d["dimension"]["p_above"]) for m, d in ev["gini_mean_diff"].items()}
+    verdict, reason = gini_verdict(screened, open_layers, steps, float(ndm["value"]), p_above)
+    settings |= {"alpha": GINI_ALPHA, "adjustment": "holm", "p_above": p_above}
     best = best_baseline(ev)
     ci = finite_ci(ndm.get("ci"))
     if best is not None:

@@ -87,6 +87,29 @@ def gini_all(
     return out
 
 
+def gini_rows(
+    values: np.ndarray, weights: Sequence[float] | np.ndarray | None = None
+) -> np.ndarray:
+    """The Gini coefficient of every row of ``values`` (``(n_rows, n)``), of ``|values|``
+    divided by the share ``weights / sum(weights)`` each entry should get (``None``: the
+    unnormalised variant; subspace dimensions or variances: the normalised ones), as
+    :func:`gini`, :func:`gini_dimension_normalized` and :func:`gini_variance_normalized` give
+    for one row.  A row of zeros has no Gini: NaN."""
+    x = np.abs(np.asarray(values, dtype=np.float64))
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"values must be (n_rows, n >= 1), got shape {x.shape}.")
+    total = x.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = x / total
+        if weights is not None:
+            w = _weights(weights, "weights", x.shape[1])
+            x = x / (w / w.sum())
+        n = x.shape[1]
+        ranks = np.arange(1, n + 1)
+        xs = np.sort(x, axis=1)
+        return np.sum((2 * ranks - n - 1) * xs, axis=1) / (n * xs.sum(1))
+
+
 def _gini_of(x: np.ndarray) -> float:
     n = len(x)
     # sum_i sum_j |x_i - x_j| = 2 sum_i (2i - n - 1) x_(i) over the sorted values (i from 1).

@@ -179,7 +179,10 @@ def patching(ev: dict[str, Any]) -> list[str]:
                      + " |")  # fmt: skip
     if diffs := ev.get("gini_mean_diff"):
         lines += ["", "Paired bootstrap difference of the mean dimension-normalised Gini, NDM − "
-                  "baseline: " + "; ".join(f"{m} {_ci(d['dimension'])}" for m, d in diffs.items())
+                  "baseline (one-sided bootstrap p of NDM above it; the verdict adjusts these by "
+                  "Holm over the baselines): "
+                  + "; ".join(f"{m} {_ci(d['dimension'])} (p {d['dimension']['p_above']:.3f})"
+                              for m, d in diffs.items())
                   + "."]  # fmt: skip
     return lines
 
