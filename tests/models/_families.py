@@ -36,10 +36,40 @@ EXPECTED_MISSING = {
     "tiny-gptj": ["ln2_normalized", "ln2_scale", "mlp_pre_linear"],
     "tiny-falcon": ["ln2_normalized", "ln2_scale", "mlp_pre_linear"],
     "tiny-bloom": ["mlp_pre_linear", "rot_k", "rot_q"],
+    "tiny-olmo3": ["ln1_normalized", "ln1_scale", "ln2_normalized", "ln2_scale"],
+    "tiny-gemma3-mm": [],
+    # hybrids: the kinds no layer has (LAYER_LACKS: what some layers lack)
+    "tiny-qwen3-next": ["q"],
+    "tiny-qwen3.5": ["q"],
+    "tiny-gpt-oss": [],
+    "tiny-deepseek-v3": ["k", "q", "rot_k", "rot_q", "v"],
 }
+_LINEAR = ["attn_scores", "k", "pattern", "rot_k", "rot_q", "v", "z"]
+_MOE = ["mlp_post", "mlp_pre", "mlp_pre_linear"]
+#: Per layer, the kinds a model has on other layers but not on this one (hybrid models: linear
+#: attention has no heads; a mixture of experts with a shared expert has no neuron sites).
+LAYER_LACKS = {
+    "tiny-qwen3-next": [_LINEAR, _MOE, sorted(_LINEAR + _MOE)],
+    "tiny-qwen3.5": [_LINEAR, _LINEAR, []],
+    "tiny-deepseek-v3": [[], _MOE, _MOE],
+}
+#: Families with attention sinks: a softmax row shares its mass with one sink logit per head.
+SINKS = {"tiny-gpt-oss"}
+#: Families whose hook_z is gated per feature after the attention (z = (pattern · v) ⊙ σ(gate)).
+GATED_Z = {"tiny-qwen3-next", "tiny-qwen3.5"}
 #: Families whose attention normalises q and k before rotary (so hook_rot_q != rotary(hook_q)
 #: at position 0).
-QK_NORM = {"tiny-qwen3", "tiny-olmo2", "tiny-qwen3-moe", "tiny-cohere", "tiny-stablelm"}
+QK_NORM = {
+    "tiny-qwen3",
+    "tiny-olmo2",
+    "tiny-qwen3-moe",
+    "tiny-cohere",
+    "tiny-stablelm",
+    "tiny-olmo3",
+    "tiny-gemma3-mm",
+    "tiny-qwen3-next",
+    "tiny-qwen3.5",
+}
 
 _dirs: dict[str, str] = {}
 _models: dict[tuple[str, str], object] = {}
@@ -112,6 +142,8 @@ def assert_sites_equal_transformer_lens(model, directory: str) -> list[str]:
             continue  # TL's name is unembed.hook_out, compared under it
         if site.endswith("hook_resid_mid") and model.parallel:
             continue  # parallel blocks: TL has no resid_mid (ours is resid_pre + attn_out)
+        if model.family.moe_experts and ".mlp.hook_" in site:
+            continue  # TL hooks MoE neurons per expert on its routed tokens only (test_moe.py)
         ours, theirs = c[site], tl_cache[site]
         assert ours.shape == theirs.shape, site
         fin = torch.isfinite(theirs)

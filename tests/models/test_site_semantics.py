@@ -6,7 +6,10 @@ import torch
 from _families import (
     EXPECTED_MISSING,
     FAMILY_MODELS,
+    GATED_Z,
+    LAYER_LACKS,
     QK_NORM,
+    SINKS,
     assert_sites_equal_transformer_lens,
     family_model,
     saved_dir,
@@ -37,9 +40,16 @@ def test_sites_offered_per_family(fam):
     name, model = fam
     assert sorted(model.missing_kinds) == EXPECTED_MISSING[name]
     names = model.site_names()
-    for kind, site in (("pattern", "attn.hook_pattern"), ("q", "attn.hook_q")):
-        assert (f"blocks.0.{site}" in names) == (kind not in EXPECTED_MISSING[name])
-    assert ("blocks.0.mlp.hook_post" in names) == ("mlp_post" not in EXPECTED_MISSING[name])
+    lacks = LAYER_LACKS.get(name, [[]] * model.n_layers)
+    for layer in range(model.n_layers):
+        for kind, site in (
+            ("pattern", "attn.hook_pattern"),
+            ("q", "attn.hook_q"),
+            ("z", "attn.hook_z"),
+            ("mlp_post", "mlp.hook_post"),
+        ):
+            offered = kind not in EXPECTED_MISSING[name] and kind not in lacks[layer]
+            assert (f"blocks.{layer}.{site}" in names) == offered, (layer, site)
     ids, mask, c, _ = _run(model)
     b, p = ids.shape
     for site in names:
@@ -65,7 +75,7 @@ def test_attention_identities(fam):
     name, model = fam
     if "pattern" not in model.layer_kinds:
         pytest.skip(f"{name}: attention does not use HF's attention-function interface")
-    _check_attention(model, qk_norm=name in QK_NORM)
+    _check_attention(model, qk_norm=name in QK_NORM, sinks=name in SINKS, gated_z=name in GATED_Z)
 
 
 @pytest.mark.slow
@@ -82,22 +92,35 @@ def _alibi(n_heads, n):
     return slopes[:, None, None] * rel
 
 
-def _check_attention(model, qk_norm, texts=TEXTS):
+def _check_attention(model, qk_norm, texts=TEXTS, sinks=False, gated_z=False):
     ids, mask, c, _ = _run(model, texts)
-    fam_ = model.family
-    causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    n = ids.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
     allowed = mask.bool()[:, None, None, :] & (causal if model.causal else True)
     groups = model.n_heads // model.n_kv_heads
     for layer in range(model.n_layers):
+        if f"blocks.{layer}.attn.hook_pattern" not in c:
+            continue  # a hybrid model's linear-attention layer
+        fam_ = model.family_at(layer)
         site = lambda k, layer=layer: c[f"blocks.{layer}.attn.hook_{k}"]  # noqa: E731
         pattern, scores = site("pattern"), site("attn_scores")
-        # rows sum to one; masked scores are -inf exactly where the mask blocks
-        assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
-        assert torch.equal(torch.isinf(scores), ~allowed.expand_as(scores))
-        assert _close(torch.softmax(scores, -1), pattern)
+        attn = model.layer_module(layer, fam_.attn_module)
+        window = getattr(attn, "sliding_window", None)
+        near = torch.arange(n)[:, None] - torch.arange(n)[None, :] < (window or n)
+        # rows sum to one (less with sinks); masked scores are -inf exactly where the mask and
+        # any sliding window block
+        assert torch.equal(torch.isinf(scores), ~(allowed & near).expand_as(scores))
+        if sinks:
+            sink = attn.sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            assert _close(torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1], pattern)
+            assert bool((pattern.sum(-1) < 1).all())
+        else:
+            assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+            assert _close(torch.softmax(scores, -1), pattern)
+        if "rot_q" not in model.layer_kinds and "q" not in model.layer_kinds:
+            continue  # latent attention: no per-head q/k/v (checked in test_new_families.py)
         # scores = q k^T * scaling (soft-capped where the model soft-caps)
         q, k = (site("rot_q"), site("rot_k")) if fam_.rotary else (site("q"), site("k"))
-        attn = model.layer_module(layer, fam_.attn_module)
         raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, dim=2))
         raw = raw * getattr(attn, "scaling", model.d_head**-0.5)
         if model.config.model_type == "bloom":
@@ -111,9 +134,10 @@ def _check_attention(model, qk_norm, texts=TEXTS):
         if fam_.rotary and not qk_norm:
             assert _close(site("rot_q")[:, 0], site("q")[:, 0], 1e-5)
             assert _close(site("rot_k")[:, 0], site("k")[:, 0], 1e-5)
-        # z = pattern . v (keys/values per KV head)
-        v = site("v").repeat_interleave(groups, dim=2)
-        assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, v), site("z"))
+        # z = pattern . v (keys/values per KV head); gated attention: test_new_families.py
+        if not gated_z:
+            v = site("v").repeat_interleave(groups, dim=2)
+            assert _close(torch.einsum("bhqk,bkhd->bqhd", pattern, v), site("z"))
 
 
 def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
@@ -121,16 +145,17 @@ def test_sublayer_outputs_are_projections_of_z_and_neurons(fam):
     if model.family.name == "bert":
         pytest.skip("post-LN BERT: attn_out/mlp_out are defined as differences, LN included")
     ids, mask, c, _ = _run(model)
-    fam_ = model.family
     for layer in range(model.n_layers):
+        fam_ = model.family_at(layer)
         mod = lambda path, layer=layer: model.layer_module(layer, path)  # noqa: E731
-        z = c[f"blocks.{layer}.attn.hook_z"]
-        attn_out = mod(fam_.z_reader)(z.flatten(-2))  # sum_h z_h W_O^h + b_O
-        attn_out = attn_out * model.residual_scale  # Granite's residual multiplier
-        if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
-            attn_out = mod(fam_.attn_write)(attn_out)
-        assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
-        if "mlp_post" in model.layer_kinds and not fam_.moe_experts:  # MoE: test_moe.py
+        if f"blocks.{layer}.attn.hook_z" in c:  # not on a hybrid's linear-attention layers
+            z = c[f"blocks.{layer}.attn.hook_z"]
+            attn_out = mod(fam_.z_reader)(z.flatten(-2))  # sum_h z_h W_O^h + b_O
+            attn_out = attn_out * model.residual_scale  # Granite's residual multiplier
+            if fam_.attn_write and fam_.attn_write != fam_.attn_module:  # post-sublayer norm
+                attn_out = mod(fam_.attn_write)(attn_out)
+            assert _close(attn_out, c[f"blocks.{layer}.hook_attn_out"]), layer
+        if f"blocks.{layer}.mlp.hook_post" in c and not fam_.moe_experts:  # MoE: test_moe.py
             mlp_out = mod(fam_.mlp_post_reader)(c[f"blocks.{layer}.mlp.hook_post"])
             mlp_out = mlp_out * model.residual_scale
             if fam_.mlp_write and not fam_.mlp_post_reader.startswith(fam_.mlp_write):
@@ -210,6 +235,11 @@ TL_UNSUPPORTED = {
     "tiny-falcon": "TransformerLens does not support FalconForCausalLM",
     "tiny-bert": "BERT is a HookedEncoder in TransformerLens, not a HookedTransformer",
     "tiny-phi": "TransformerLens reads PhiConfig.partial_rotary_factor, gone in transformers 5",
+    "tiny-olmo3": "TransformerLens 3.x builds OLMo-3 as pre-norm: its logits are not HF's",
+    "tiny-gemma3-mm": "TransformerLens does not support Gemma3ForConditionalGeneration",
+    "tiny-qwen3-next": "TransformerLens does not support Qwen3NextForCausalLM",
+    "tiny-qwen3.5": "TransformerLens's HookedTransformer does not support Qwen3_5ForCausalLM",
+    "tiny-deepseek-v3": "TransformerLens's HookedTransformer does not support DeepSeek-V3",
 }
 
 
@@ -236,8 +266,11 @@ def test_sites_command_on_a_saved_directory(tmp_path):
         listed = {row["site"]: row["shape"] for row in rows}
         model = family_model(name)
         assert list(listed) == model.site_names()
-        if "pattern" not in EXPECTED_MISSING[name]:
-            assert listed["blocks.0.attn.hook_pattern"] == [model.n_heads, "query_pos", "key_pos"]
-        assert listed["blocks.0.attn.hook_q"] == [model.n_heads, model.d_head]
-        if "mlp_post" not in EXPECTED_MISSING[name]:
-            assert listed["blocks.0.mlp.hook_post"] == [model.d_mlp]
+        for layer in range(model.n_layers):
+            at = f"blocks.{layer}."
+            assert listed.get(at + "attn.hook_pattern") in (
+                None,
+                [model.n_heads, "query_pos", "key_pos"],
+            )
+            assert listed.get(at + "attn.hook_q") in (None, [model.n_heads, model.d_head])
+            assert listed.get(at + "mlp.hook_post") in (None, [model.d_mlp])

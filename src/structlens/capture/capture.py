@@ -164,8 +164,8 @@ def _read_batch(
 
     def reader(t: torch.Tensor, site: str, share: bool) -> torch.Tensor | None:
         src = t.reshape(-1, *t.shape[2:])
-        if not dense:
-            src = src.index_select(0, flat)
+        if not dense:  # a device_map's later layers may compute on another device
+            src = src.index_select(0, flat.to(src.device))
         if into is not None:
             # asynchronous from a GPU into pinned buffers; the caller synchronises
             into[site][span].copy_(src, non_blocking=True)
@@ -218,16 +218,25 @@ class ModelRef:
     dtype: str = "float32"
     seed: int = 0
     live: Model | None = field(default=None, repr=False, compare=False)
+    #: :attr:`Model.load_options` (device_map, revision, quantization, ...): a worker loads
+    #: the same checkpoint placed the same way
+    options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: Model, seed: int = 0) -> ModelRef:
-        return cls(
-            model.name, str(model.device), str(model.dtype).removeprefix("torch."), seed, model
-        )
+        dtype = str(model.dtype).removeprefix("torch.")
+        return cls(model.name, str(model.device), dtype, seed, model, dict(model.load_options))
 
     def get(self) -> Model:
         if self.live is None:
-            self.live = load_model(self.name, device=self.device, dtype=self.dtype, seed=self.seed)
+            placed = "device_map" in self.options or "quantization" in self.options
+            self.live = load_model(
+                self.name,
+                device=None if placed else self.device,
+                dtype=self.dtype,
+                seed=self.seed,
+                **self.options,
+            )
         return self.live
 
     def __getstate__(self) -> dict[str, Any]:
@@ -252,7 +261,9 @@ class _ShardJob:
         model = self.model.get()
         # the shard's buffers, filled in place by the hooks (no per-batch parts to concatenate)
         dtype = resolve_dtype(self.dtype)
-        pin = model.device.type == "cuda"  # page-locked, so device-to-host copies run async
+        # page-locked, so device-to-host copies run async (from every GPU of a device_map)
+        gpus = [d for d in model.devices if d.type == "cuda"]
+        pin = bool(gpus)
         tensors = {
             s: torch.empty((n_tokens, *model.site_shape(s)), dtype=dtype, pin_memory=pin)
             for s in self.sites
@@ -269,8 +280,8 @@ class _ShardJob:
                 into=tensors,
             )
         )
-        if pin:
-            torch.cuda.synchronize(model.device)  # the last async copies have landed
+        for gpu in gpus:
+            torch.cuda.synchronize(gpu)  # the last async copies have landed
         tensors.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return write_shard(Path(self.store) / f"shard-{index:05d}.safetensors", tensors)
 

@@ -17,7 +17,20 @@ from typer.models import OptionInfo
 
 from structlens.cli.checks import check_arguments, check_executor
 from structlens.cli.loading import executor_or_fail, load_model_or_fail
-from structlens.cli.options import Address, Device, Dtype, ExecutorName, Out, Quiet, Seed
+from structlens.cli.options import (
+    Address,
+    Device,
+    DeviceMap,
+    Dtype,
+    ExecutorName,
+    MaxMemory,
+    Out,
+    Quiet,
+    Revision,
+    Seed,
+    parse_device_map,
+    parse_max_memory,
+)
 from structlens.cli.output import console, fail
 from structlens.errors import is_user_error
 from structlens.results import write_results
@@ -34,11 +47,22 @@ class Common:
     quiet: bool
     executor: str = "local"
     address: str | None = None
+    device_map: str | None = None
+    max_memory: str | None = None
+    revision: str | None = None
 
     def load_model(self, name: str, *, seed: int | None = None) -> Any:
-        """The model ``name`` on ``--device`` in ``--dtype``; exits 2 if it cannot load."""
+        """The model ``name`` on ``--device`` (or spread by ``--device-map``), in ``--dtype``,
+        at ``--revision``; exits 2 if it cannot load."""
         seed = self.seed if seed is None else seed
-        return load_model_or_fail(name, self.device, self.dtype, seed)
+        placement: dict[str, Any] = {"revision": self.revision}
+        if self.device_map is not None:
+            if self.device != "cpu":
+                fail("pass --device (the whole model on one device) or --device-map, not both.")
+            placement["device_map"] = parse_device_map(self.device_map)
+        if self.max_memory is not None:
+            placement["max_memory"] = parse_max_memory(self.max_memory)
+        return load_model_or_fail(name, self.device, self.dtype, seed, **placement)
 
     def runner(self, *, num_gpus_per_task: float | None = None) -> Any:
         """The ``--executor`` (with ``--address``); exits 2 on bad input."""
@@ -67,7 +91,11 @@ class Common:
             console.print(f"[bold yellow]warning:[/] {escape(use)}", soft_wrap=True)
 
 
-def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Parameter]:
+#: The parameter names of commands that load a model (they get the placement options).
+_MODEL_PARAMETERS = frozenset({"model", "model_a", "model_b", "model_name"})
+
+
+def _shared_parameters(out: Path | None, executor: bool, model: bool) -> list[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     empty = inspect.Parameter.empty
     spec: list[tuple[str, Any, Any]] = [
@@ -77,6 +105,9 @@ def _shared_parameters(out: Path | None, executor: bool) -> list[inspect.Paramet
         ("seed", Seed, 0),
         ("quiet", Quiet, False),
     ]
+    if model:
+        spec += [("device_map", DeviceMap, None), ("max_memory", MaxMemory, None)]
+        spec += [("revision", Revision, None)]
     if executor:
         spec += [("executor", ExecutorName, "local"), ("address", Address, None)]
     return [inspect.Parameter(n, kw, annotation=a, default=d) for n, a, d in spec]
@@ -86,7 +117,9 @@ def common_options(
     *, out: Path | None = None, executor: bool = False, flags: dict[str, str] | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add ``--out`` (default ``out``; required if None), ``--device``, ``--dtype``,
-    ``--seed``, ``--quiet`` and, with ``executor``, ``--executor``/``--address`` to a command.
+    ``--seed``, ``--quiet``, for a command with a model argument (a parameter named ``model``,
+    ``model_a``, ``model_b`` or ``model_name``) ``--device-map``/``--max-memory``/``--revision``,
+    and, with ``executor``, ``--executor``/``--address`` to a command.
 
     The command receives them as ``common: Common``.  The checks declared in the options'
     types (:mod:`structlens.cli.checks`) and the executor's run first, before the command's
@@ -100,7 +133,8 @@ def common_options(
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(f, eval_str=True)
         own = [p for p in sig.parameters.values() if p.name != "common"]
-        params = own + _shared_parameters(out, executor)
+        model = any(p.name in _MODEL_PARAMETERS for p in own)
+        params = own + _shared_parameters(out, executor, model)
 
         @functools.wraps(f)
         def command(**kwargs: Any) -> Any:

@@ -7,13 +7,16 @@ from typing import Any
 from structlens.cli.output import fail, fail_user_error
 
 
-def load_model_or_fail(name: str, device: str, dtype: str, seed: int) -> Any:
-    """The model ``name`` (see :func:`structlens.models.load_model`); exits 2 if it cannot
-    load because of the input (an unknown name, a missing file, a bad device or dtype)."""
+def load_model_or_fail(name: str, device: str, dtype: str, seed: int, **placement: Any) -> Any:
+    """The model ``name`` (see :func:`structlens.models.load_model`; ``placement``: its
+    ``device_map``, ``max_memory`` and ``revision``, replacing ``device`` when a device_map is
+    given); exits 2 if it cannot load because of the input (an unknown name, a missing file, a
+    bad device, dtype or placement)."""
     from structlens.models import ModelUnavailableError, load_model
 
+    where = None if placement.get("device_map") is not None else device
     try:
-        return load_model(name, device=device, dtype=dtype, seed=seed)
+        return load_model(name, device=where, dtype=dtype, seed=seed, **placement)
     except (ModelUnavailableError, ValueError, FileNotFoundError) as err:
         fail_user_error(err)
 

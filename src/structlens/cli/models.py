@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -62,13 +63,35 @@ def sites(common: Common, model: ModelArg) -> None:
         "n_heads": m.n_heads,
         "d_head": m.d_head,
         "causal": m.causal,
+        # hybrids: per layer, the sites other layers have and it lacks, with the reason
+        "layer_missing": _layer_missing(m),
     }
     path = common.write("sites", {"model": info, "sites": rows}, command="sites")
     if not common.quiet:
         console.print(f"{m!r}")
         for r in rows:
             typer.echo(f"{r['site']}\t[{', '.join(map(str, dims[r['site']]))}]")
+        for layer, lacking in info["layer_missing"].items():
+            for why, names in _by_reason(lacking).items():
+                typer.echo(f"layer {layer} has no {', '.join(names)}: {why}")
         console.print(f"wrote {path}")
+
+
+def _layer_missing(m: Any) -> dict[str, dict[str, str]]:
+    """Layer -> {site: why} for the layers lacking sites others have; layers are JSON keys,
+    ``"3"`` (``"decoder.3"`` in an encoder–decoder)."""
+    out: dict[str, dict[str, str]] = {}
+    for site, why in m.lacking_sites().items():
+        stack, layer = site.split(".")[:2]
+        out.setdefault(layer if stack == "blocks" else f"{stack}.{layer}", {})[site] = why
+    return out
+
+
+def _by_reason(lacking: dict[str, str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for site, why in lacking.items():
+        grouped.setdefault(why, []).append(site)
+    return grouped
 
 
 def register(app: typer.Typer) -> None:

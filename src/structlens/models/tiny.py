@@ -180,8 +180,110 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
                 attention_dropout=0.0,
             ),
         ),
+        "tiny-olmo3": (
+            "Olmo3Config",
+            dict(
+                common,
+                num_key_value_heads=2,
+                sliding_window=_WINDOW,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            ),
+        ),
+        "tiny-gemma3-mm": (
+            "Gemma3Config",
+            dict(
+                text_config=dict(
+                    common,
+                    num_key_value_heads=2,
+                    head_dim=16,
+                    query_pre_attn_scalar=16,
+                    sliding_window=_WINDOW,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                ),
+                vision_config=dict(
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    image_size=28,
+                    patch_size=14,
+                ),
+                mm_tokens_per_image=4,
+            ),
+        ),
+        # hybrids: Gated DeltaNet layers around a gated full-attention layer
+        "tiny-qwen3-next": (
+            "Qwen3NextConfig",
+            dict(
+                common,
+                **_LINEAR_ATTENTION,
+                num_key_value_heads=2,
+                head_dim=16,
+                layer_types=["linear_attention", "full_attention", "linear_attention"],
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+                mlp_only_layers=[0],  # a dense MLP in layer 0, MoE (with a shared expert) after
+            ),
+        ),
+        "tiny-qwen3.5": (
+            "Qwen3_5TextConfig",
+            dict(
+                common,
+                **_LINEAR_ATTENTION,
+                num_key_value_heads=2,
+                head_dim=16,
+                layer_types=["linear_attention", "linear_attention", "full_attention"],
+            ),
+        ),
+        "tiny-gpt-oss": (
+            "GptOssConfig",
+            dict(
+                common,
+                num_key_value_heads=2,
+                head_dim=16,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=_WINDOW,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            ),
+        ),
+        "tiny-deepseek-v3": (
+            "DeepseekV3Config",
+            dict(
+                common,
+                num_key_value_heads=4,
+                q_lora_rank=32,
+                kv_lora_rank=16,
+                qk_nope_head_dim=8,
+                qk_rope_head_dim=4,
+                v_head_dim=8,
+                first_k_dense_replace=1,  # layer 0 dense, then MoE with a shared expert
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                moe_intermediate_size=32,
+                n_group=2,
+                topk_group=1,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            ),
+        ),
     }
 
+
+#: Sliding-window length of the tiny models with sliding layers: it masks keys of the longest
+#: test prompts, and no row of the padding the shortest get (a fully masked row, whose output
+#: every attention implementation makes up differently).
+_WINDOW = 33
+
+#: Gated DeltaNet (linear attention) heads of the tiny hybrids.
+_LINEAR_ATTENTION: dict[str, Any] = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+)
 
 TINY_NAMES: tuple[str, ...] = tuple(_configs())
 
@@ -197,6 +299,8 @@ def build_tiny(name: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     special = dict(pad_token_id=VOCAB - 1)
     if cls_name != "BertConfig":
         special.update(bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    if "text_config" in kwargs:  # multimodal: the tokens are the text tower's
+        kwargs = {**kwargs, "text_config": {**special, **kwargs["text_config"]}}
     config = getattr(transformers, cls_name)(**{**special, **kwargs})
     auto = transformers.AutoModel if cls_name == "BertConfig" else transformers.AutoModelForCausalLM
     with torch.random.fork_rng():
