@@ -66,7 +66,7 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         n_layers=8, task_prompts=100,
         koopman_corpus=400, koopman_tokens=64,
-        koopman=KOOPMAN["paper"].replace(split_half_repeats=20, spectrum_bootstrap=1000),
+        koopman=KOOPMAN["paper"].replace(spectrum_bootstrap=1000),
         ndm=NDM["cpu"].replace(
             corpus_prompts=1000, corpus_tokens=128, steps=10_500, refresh_interval=50,
             merge_start=1000, merge_interval=500, mi_samples=4096, patch_prompts=48,
