@@ -96,7 +96,8 @@ def _sae_training(widths):
             "prompt_tokens", "epochs", "batch_size", "lr_base"]  # fmt: skip
 
 
-_COMMON = ["out", "device", "dtype", "seed", "quiet"]
+# the shared options, with the placement options every command that takes a model has
+_COMMON = ["out", "device", "dtype", "seed", "quiet", "device_map", "max_memory", "revision"]
 
 
 @pytest.mark.parametrize(
@@ -123,6 +124,8 @@ _COMMON = ["out", "device", "dtype", "seed", "quiet"]
                 "n_blocks",
                 "jacobian_prompts",
                 "jacobian_tokens",
+                "saes",
+                "allow_foreign",
                 *_COMMON,
                 "executor",
                 "address",

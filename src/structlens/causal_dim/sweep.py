@@ -766,6 +766,51 @@ def sweep_analysis(
     return res, stats
 
 
+def pretrained_sweep_saes(
+    specs: Sequence[str],
+    *,
+    model: Any = None,
+    site: str | None = None,
+    d_model: int | None = None,
+    allow_foreign: bool = False,
+) -> dict[int, SparseAutoencoder]:
+    """The published SAEs ``specs`` (registry names ``RELEASE/SAE_ID`` or folders in any
+    layout of :mod:`structlens.sae.formats`) as a width sweep, width → SAE, in float32.
+
+    Each is refused as foreign unless it was made from ``model`` at ``site`` (the sweep's
+    site; ``allow_foreign`` warns instead).  The sweep needs at least two SAEs of one site,
+    one per width, of input width ``d_model``: transcoders (whose features write another
+    site), repeated widths and other input widths are refused with an
+    :class:`~structlens.errors.InputError`.
+    """
+    from structlens.errors import InputError
+    from structlens.sae.formats import check_dictionary
+    from structlens.sae.registry import read_pretrained
+
+    if len(specs) < 2:
+        raise InputError(f"a width sweep needs at least two SAEs; got {len(specs)} (--saes).")
+    saes: dict[int, SparseAutoencoder] = {}
+    names: dict[int, str] = {}
+    for spec in specs:
+        d = read_pretrained(spec, dtype=torch.float32)
+        if not isinstance(d.module, SparseAutoencoder):
+            raise InputError(
+                f"{spec} is a transcoder: its features write {d.output_site or 'another site'}, "
+                "so AtP through its decoder is not the SAE's; the sweep takes SAEs of one site."
+            )
+        check_dictionary(d, model=model, site=site, allow_foreign=allow_foreign)
+        sae = d.module
+        if d_model is not None and sae.d_in != d_model:
+            raise InputError(f"{spec} reads d_in = {sae.d_in}, the model's d is {d_model}.")
+        if sae.d_sae in saes:
+            raise InputError(
+                f"{names[sae.d_sae]} and {spec} both have width {sae.d_sae}: a width sweep "
+                "takes one SAE per width."
+            )
+        saes[sae.d_sae], names[sae.d_sae] = sae, spec
+    return dict(sorted(saes.items()))
+
+
 if TYPE_CHECKING:  # the roles of structlens.estimator, checked by mypy
     from structlens.estimator import Statistics
 

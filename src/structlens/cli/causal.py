@@ -3,6 +3,9 @@ N_causal, wedge, κ̂) and the four-cell encoder/decoder ablation, under a
 :class:`~structlens.causal_dim.protocol.CausalProtocol` (``--protocol``; the other options
 override its fields).  The numbers are those of :mod:`structlens.causal_dim.stages`.
 
+``sweep --saes RELEASE/SAE_ID|FOLDER ...`` runs the sweep on published SAEs
+(:func:`structlens.causal_dim.sweep.pretrained_sweep_saes`) instead of training them.
+
 Every command writes ``causal_<command>.json`` with the ``protocol`` it ran beside the stage
 results (``to_jsonable`` of each, so ``KappaFit.from_dict`` / ``SweepFit.from_dict`` rebuild
 them).
@@ -23,6 +26,7 @@ from structlens.cli.causal_options import (
     check_layers,
     protocol_of,
 )
+from structlens.cli.causal_sweep import kappa_doc, pretrained_sweep, write_sweep
 from structlens.cli.common import Common, common_options, shared_settings
 from structlens.cli.options import ModelArg
 from structlens.errors import InputError
@@ -30,21 +34,6 @@ from structlens.errors import InputError
 app = typer.Typer(
     help="Causal dimensionality: exact κ, width-sweep wedge, controls.", no_args_is_help=True
 )
-
-
-def _kappa_doc(fits: list[Any], d: int) -> dict[str, Any]:
-    """The κ part of a document: the first layer's numbers and every layer's ``KappaFit``."""
-    from structlens.results import to_jsonable
-
-    first = fits[0]
-    return {
-        "kappa": {
-            "layer": first.layer,
-            "erank": first.erank,
-            "participation_ratio": first.participation_ratio,
-        },
-        "by_layer": {"d": d, "layers": [to_jsonable(f) for f in fits]},
-    }
 
 
 @app.command()
@@ -62,7 +51,7 @@ def jacobian(common: Common, model: ModelArg, **settings: Any) -> None:
     layers = check_layers(spec, m.n_layers)
     sets = prompt_sets(protocol, m.tokenizer)
     fits = [kappa(protocol, m, layer, sets) for layer in layers]
-    doc = {"model": m.name, "protocol": protocol.to_json(), **_kappa_doc(fits, m.d_model)}
+    doc = {"model": m.name, "protocol": protocol.to_json(), **kappa_doc(fits, m.d_model)}
     common.write("causal_jacobian", doc, command="causal-dim jacobian")
     plot_spectra({f.layer: f.eigenvalues for f in fits}, common.out / "sigma_spectrum.png")
     for f in fits:
@@ -77,13 +66,22 @@ def jacobian(common: Common, model: ModelArg, **settings: Any) -> None:
 @common_options(executor=True, flags=FLAGS)
 @shared_settings(SWEEP, first=True)
 def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
-    """Width sweep at one layer: TopK SAEs trained to convergence, AtP on the LM loss,
-    N_repr/N_causal, the wedge and κ̂ beside the exact κ there.
+    """Width sweep at one layer: TopK SAEs trained to convergence (or the published SAEs of
+    --saes, nothing trained), AtP on the LM loss, N_repr/N_causal, the wedge and κ̂ beside the
+    exact κ there.
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
     layer = settings.pop("layer")
+    specs, allow_foreign = settings.pop("saes") or [], settings.pop("allow_foreign")
+    if specs and settings.get("widths") is not None:
+        raise InputError(
+            "--widths and --saes exclude each other: the sweep's widths are the SAEs'."
+        )
     protocol = protocol_of(settings, common.seed)  # bad values fail before torch loads
+    if specs:
+        pretrained_sweep(common, model, layer, protocol, specs, allow_foreign=allow_foreign)
+        return
 
     from structlens.causal_dim.stages import (
         eval_rows,
@@ -94,7 +92,6 @@ def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
     )
     from structlens.causal_dim.stages import sweep as sweep_stage
     from structlens.provenance import provenance
-    from structlens.report.causal import plot_width_sweep
     from structlens.results import to_jsonable
     from structlens.sae import save_sae
     from structlens.sites import site_name
@@ -121,20 +118,9 @@ def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
         # cast: the str fields go to save_sae's str keywords, never to ``metadata``
         save_sae(s, common.out / "saes" / str(w), **cast(dict[str, Any], provenance(m, site)))
     doc = {"model": m.name, "protocol": protocol.to_json(), "layer": layer}
-    doc |= _kappa_doc([k], m.d_model) | {"sweep": to_jsonable(fit)}
+    doc |= kappa_doc([k], m.d_model) | {"sweep": to_jsonable(fit)}
     doc["training"] = {str(w): to_jsonable(info) for w, (_, info) in trained.items()}
-    common.write("causal_sweep", doc, command="causal-dim sweep")
-    plot_width_sweep(fit, common.out / "width_sweep.png")
-    kappa_hat = (
-        f"κ̂ {fit.kappa_hat:.0f} {fit.kappa_hat_ci}"
-        if fit.kappa_hat_status == "identified"  # never print a fit pinned at a bound
-        else f"κ̂ {fit.kappa_hat_status} ({fit.kappa_hat_reason or fit.sweep_reason})"
-    )
-    common.say(
-        f"N_repr {fit.n_repr.tolist()}  N_causal {fit.n_causal.tolist()}  wedge "
-        f"{fit.wedge:.2f}  {kappa_hat}  exact κ {k.erank:.1f}",
-        markup=False,
-    )
+    write_sweep(common, doc, fit, k.erank)
 
 
 @app.command()

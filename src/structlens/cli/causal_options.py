@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from structlens.causal_dim.protocol import CausalProtocol
-from structlens.cli.checks import Calls, Parsed
+from structlens.cli.checks import Calls, Holds, Parsed
 from structlens.cli.options import AllowForeign, parse_ints
+from structlens.cli.pretrained_options import unpublished_message, unpublished_saes
 from structlens.cli.sae_options import SAEDir, parse_widths
 from structlens.errors import InputError
 
@@ -114,6 +115,21 @@ Widths = Annotated[
 ]
 
 
+PretrainedSAEs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--saes",
+        help="A published SAE of the sweep: RELEASE/SAE_ID from the registry "
+        "(structlens.sae.registry) or a folder in a published layout (SAELens, Gemma Scope, "
+        "sparsify, Llama Scope); repeat once per width. Given, no SAE is trained.",
+    ),
+    Holds(
+        lambda specs: not unpublished_saes(specs),
+        lambda specs: unpublished_message("--saes", unpublished_saes(specs)[0]),
+    ),
+]
+
+
 def _field(option: str, kind: Any, field: str) -> tuple[Any, None]:
     """An option overriding ``field`` (``None``: the protocol's value)."""
     return (Annotated[kind | None, typer.Option(option, help=protocol_help(field))], None)
@@ -144,6 +160,8 @@ SWEEP = {
     "n_blocks": _field("--blocks", int, "sweep_blocks"),
     "jacobian_prompts": _field("--jacobian-prompts", int, "kappa_max_vectors"),
     "jacobian_tokens": _field("--jacobian-tokens", int, "jacobian_tokens"),
+    "saes": (PretrainedSAEs, None),
+    "allow_foreign": (AllowForeign, False),
 }
 ABLATE = {
     "sae": (SAEDir, inspect.Parameter.empty),

@@ -12,6 +12,7 @@ import typer
 
 from structlens.cli.checks import Calls, Holds, Parsed, at_least
 from structlens.cli.options import AllowForeign, parse_ints, parse_names
+from structlens.cli.pretrained_options import unpublished_message, unpublished_saes
 from structlens.koopman.protocol import DICTIONARY_NAMES, KoopmanProtocol
 
 
@@ -88,8 +89,15 @@ Size = Annotated[
 ]
 SAEPath = Annotated[
     Path | None,
-    typer.Option("--sae", help="SAELens-format SAE directory (for 'sae')."),
-    Holds(Path.exists, "SAE path {value} does not exist."),
+    typer.Option(
+        "--sae",
+        help="SAE or transcoder for 'sae': a folder in a published layout (SAELens, Gemma "
+        "Scope, sparsify, Llama Scope) or RELEASE/SAE_ID from structlens.sae.registry.",
+    ),
+    Holds(
+        lambda p: not unpublished_saes([str(p)]),
+        lambda p: unpublished_message("--sae", str(p)),
+    ),
 ]
 NCorpus = Annotated[
     int, typer.Option("--n-corpus", help="Corpus chunks (prompts)."), at_least(0, DATA_SIZES)

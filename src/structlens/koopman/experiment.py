@@ -29,7 +29,7 @@ from typing import Any, Literal
 from structlens.config import ExperimentReport, check_choices
 from structlens.koopman.collect import DepthData, collect_depth
 from structlens.koopman.protocol import KoopmanProtocol
-from structlens.provenance import check_provenance, provenance
+from structlens.provenance import provenance
 from structlens.results import to_jsonable
 
 __all__ = ["KoopmanExperimentConfig", "KoopmanReport", "run"]
@@ -88,7 +88,10 @@ class KoopmanExperimentConfig:
         # the protocol checks the names (and builds the stages' dictionary list)
         object.__setattr__(self, "protocol", self._protocol_with_specs())
         if "sae" in self.dictionaries and self.sae is None and self.analysis != "modes":
-            raise ValueError("the sae dictionary needs --sae PATH (an SAELens-format directory).")
+            raise ValueError(
+                "the sae dictionary needs --sae PATH (an SAE folder in a published layout, "
+                "or RELEASE/SAE_ID)."
+            )
         if self.n_corpus < 0 or self.n_task < 0 or self.n_corpus + self.n_task == 0:
             raise ValueError("n_corpus and n_task must be >= 0 and not both 0.")
         if self.analysis == "modes" and not 1 <= self.k <= self.size:
@@ -210,21 +213,20 @@ def _check_sae(cfg: KoopmanExperimentConfig, model: Any, pooled: bool) -> list[s
     """Refuse an SAE dictionary made from another model, or from another site than the state
     ``resid_pre(l)`` of each fitted layer (pooled fits: the model only); with
     ``cfg.allow_foreign`` warn instead.  Returns the mismatches."""
-    from structlens.sae import sae_metadata
+    from structlens.sae.formats import check_dictionary
+    from structlens.sae.registry import read_pretrained
     from structlens.sites import site_name
 
     if cfg.sae is None or "sae" not in cfg.dictionaries or cfg.analysis == "modes":
         return []
-    if not (Path(cfg.sae) / "cfg.json").is_file():
-        return []  # a Gemma Scope params.npz records no provenance; the loader checks the rest
-    meta = sae_metadata(cfg.sae)
+    # any published layout or registry name; what it records (model, site) is checked
+    pretrained = read_pretrained(str(cfg.sae))
     sites = [None] if pooled else [site_name("resid_pre", layer) for layer in cfg.layers]
     mismatches: list[str] = []
     for site in sites:
-        for m in check_provenance(
-            meta, what=f"the SAE in {cfg.sae}", model=model, site=site,
-            allow_foreign=cfg.allow_foreign,
-        ):  # fmt: skip
+        for m in check_dictionary(
+            pretrained, model=model, site=site, allow_foreign=cfg.allow_foreign
+        ):
             if m not in mismatches:
                 mismatches.append(m)
     return mismatches

@@ -52,24 +52,29 @@ DICTIONARIES.register(
 @DICTIONARIES.register("sae")
 def _sae_dictionary(size: int, *, sae_path: str | Path | None = None, **_: Any) -> Dictionary:
     if sae_path is None:
-        raise ValueError("the sae dictionary needs --sae PATH (an SAELens-format directory).")
+        raise ValueError("the sae dictionary needs --sae PATH (an SAE folder or RELEASE/SAE_ID).")
     return load_sae_dictionary(sae_path)
 
 
 def load_sae_dictionary(path: str | Path) -> SAEDictionary:
-    """An SAE encoder dictionary from a SAELens-format directory or Gemma Scope ``params.npz``,
-    read by :func:`structlens.sae.load_sae` (exact shapes; provenance is checked by the caller
-    that knows the model, :func:`structlens.koopman.experiment.run`)."""
-    from structlens.sae import load_sae
+    """An SAE (or transcoder) encoder dictionary from a folder in any published layout
+    (SAELens, Gemma Scope 1 and 2, sparsify, Llama Scope) or a registry name
+    ``RELEASE/SAE_ID``, read by :func:`structlens.sae.registry.read_pretrained` (exact shapes;
+    provenance is checked by the caller that knows the model,
+    :func:`structlens.koopman.experiment.run`).  A transcoder's encoder reads its input site."""
+    from structlens.sae.models import SparseAutoencoder
+    from structlens.sae.registry import read_pretrained
 
-    # Any: ``threshold`` exists only on the JumpReLU/BatchTopK subclasses
-    sae: Any = load_sae(path)
+    # Any: ``threshold`` and ``k`` exist only on some architectures
+    sae: Any = read_pretrained(str(path)).module
     activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}[sae.architecture]
-    b_dec = sae.b_dec.detach().numpy()
+    # a transcoder's b_dec is in its output space; its input-side shift is folded into b_enc
+    shift = isinstance(sae, SparseAutoencoder) and sae.apply_b_dec_to_input
+    b_dec = sae.b_dec.detach().numpy() if shift else np.zeros(sae.d_in, dtype=np.float32)
     return SAEDictionary(
         sae.W_enc.detach().numpy(),
         sae.b_enc.detach().numpy(),
-        b_dec if sae.apply_b_dec_to_input else np.zeros_like(b_dec),
+        b_dec,
         activation=activation,
         k=getattr(sae, "k", None),
         threshold=sae.threshold.detach().numpy() if activation == "jumprelu" else None,

@@ -7,6 +7,7 @@ the same ``partition``, are the baseline's subspaces (``z = h @ R``, rows = samp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -42,8 +43,17 @@ def pca_rotation(
 
 def decoder_directions(sae: Any) -> np.ndarray:
     """The ``(n_features, d)`` float64 decoder of an SAE: its ``W_dec`` (a
-    :class:`structlens.sae.SparseAutoencoder` or anything with one, e.g. a SAELens SAE), the
-    ``sae`` of an :class:`structlens.sae.SAETrainingResult`, or an array taken as is."""
+    :class:`structlens.sae.SparseAutoencoder` or anything with one, e.g. a SAELens SAE, or a
+    transcoder, whose rows live at its output site), the ``sae`` of an
+    :class:`structlens.sae.SAETrainingResult`, a pretrained SAE (a folder in any published
+    layout, a registry name ``RELEASE/SAE_ID`` or a
+    :class:`structlens.sae.PretrainedDictionary`), or an array taken as is."""
+    if isinstance(sae, (str, Path)):
+        from structlens.sae.registry import read_pretrained
+
+        sae = read_pretrained(str(sae))
+    if hasattr(sae, "module") and not hasattr(sae, "W_dec"):
+        sae = sae.module
     if hasattr(sae, "sae") and not hasattr(sae, "W_dec"):
         sae = sae.sae
     if hasattr(sae, "W_dec"):

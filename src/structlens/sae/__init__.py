@@ -1,4 +1,6 @@
-"""Sparse autoencoders: architectures, streaming training, evaluation, SAELens-format I/O."""
+"""Sparse autoencoders: architectures, streaming training, evaluation, SAELens-format I/O, the
+published SAE and transcoder layouts (:mod:`structlens.sae.formats`) and the registry of
+published releases (:mod:`structlens.sae.registry`)."""
 
 from structlens.sae.evaluate import (
     CELossResult,
@@ -7,6 +9,13 @@ from structlens.sae.evaluate import (
     ce_loss_recovered,
     evaluate_sae,
 )
+from structlens.sae.formats import (
+    FORMATS,
+    PretrainedDictionary,
+    detect_format,
+    load_dictionary,
+    read_dictionary,
+)
 from structlens.sae.io import load_sae, sae_metadata, save_sae
 from structlens.sae.models import (
     BatchTopKSAE,
@@ -14,7 +23,9 @@ from structlens.sae.models import (
     ReLUSAE,
     SparseAutoencoder,
     TopKSAE,
+    Transcoder,
 )
+from structlens.sae.registry import PretrainedRelease, load_pretrained, pretrained_releases, resolve
 from structlens.sae.train import (
     SAE_ARCHITECTURES,
     SAEArchitecture,
@@ -28,10 +39,13 @@ from structlens.sae.train import (
 )
 
 __all__ = [
+    "FORMATS",
     "SAE_ARCHITECTURES",
     "BatchTopKSAE",
     "CELossResult",
     "JumpReLUSAE",
+    "PretrainedDictionary",
+    "PretrainedRelease",
     "ReLUSAE",
     "SAEArchitecture",
     "SAEEvalAccumulator",
@@ -41,10 +55,17 @@ __all__ = [
     "SAETrainingResult",
     "SparseAutoencoder",
     "TopKSAE",
+    "Transcoder",
     "build_sae",
     "ce_loss_recovered",
+    "detect_format",
     "evaluate_sae",
+    "load_dictionary",
+    "load_pretrained",
     "load_sae",
+    "pretrained_releases",
+    "read_dictionary",
+    "resolve",
     "sae_metadata",
     "save_sae",
     "train_sae",

@@ -1,4 +1,5 @@
-"""Save and load SAEs in SAELens's on-disk format (and Gemma Scope ``params.npz``).
+"""Save and load SAEs in SAELens's on-disk format (other published layouts:
+:mod:`structlens.sae.formats`).
 
 A directory holds ``sae_weights.safetensors`` with ``W_enc`` [d_in, d_sae], ``b_enc``
 [d_sae], ``W_dec`` [d_sae, d_in], ``b_dec`` [d_in] (plus ``threshold`` [d_sae] for JumpReLU)
@@ -20,12 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import structlens
-from structlens.errors import DamagedFileError, InputError, reading
-from structlens.provenance import check_provenance
+from structlens.errors import InputError, reading
 from structlens.results import atomic_write_bytes, atomic_write_json
 from structlens.sae.models import (
     BatchTopKSAE,
@@ -181,44 +180,38 @@ def load_sae(
     site: str | None = None,
     allow_foreign: bool = False,
 ) -> SparseAutoencoder:
-    """Load an SAE from a SAELens directory or a Gemma Scope ``params.npz`` file/directory.
+    """Load an SAE from a SAELens directory or any published layout of
+    :mod:`structlens.sae.formats` (Gemma Scope ``params.npz``, Gemma Scope 2, sparsify,
+    Llama Scope).
 
-    Gemma Scope SAEs are JumpReLU with ``apply_b_dec_to_input = False``.  Files are read with
-    safetensors or ``np.load(allow_pickle=False)``; nothing is unpickled.  Given the ``model``
-    and ``site`` it will be used with, the provenance recorded in ``cfg.json`` must match
+    Files are read with safetensors or ``np.load(allow_pickle=False)``; nothing is unpickled.
+    Given the ``model`` and ``site`` it will be used with, the recorded provenance must match
     (:class:`~structlens.errors.ForeignResultError` otherwise, a warning with
-    ``allow_foreign``).
+    ``allow_foreign``).  A transcoder is refused: :func:`structlens.sae.load_dictionary`
+    loads those.
     """
+    from structlens.sae.formats import check_dictionary, read_dictionary
+
+    d = read_dictionary(path, dtype=dtype)
+    if not isinstance(d.module, SparseAutoencoder):
+        raise InputError(
+            f"{d.path} holds a transcoder ({d.module.d_in} -> {d.module.d_out}), not an SAE; "
+            "load it with structlens.sae.load_dictionary."
+        )
+    check_dictionary(d, model=model, site=site, allow_foreign=allow_foreign)
+    return d.module
+
+
+def load_saelens(path: str | Path, *, dtype: torch.dtype | None = None) -> SparseAutoencoder:
+    """The SAE in the SAELens directory ``path`` (``cfg.json`` + ``sae_weights.safetensors``),
+    every shape checked; provenance is the caller's (:func:`load_sae`)."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    npz = path if path.suffix == ".npz" else path / "params.npz"
-    if npz.is_file():
-        try:
-            # TypeError: torch has no dtype for the array (strings, say): the file's fault
-            with reading(npz, "Gemma Scope params.npz (numpy zip)", also=(TypeError,)):
-                with np.load(npz, allow_pickle=False) as data:
-                    tensors = {
-                        k.replace("w_", "W_"): torch.from_numpy(np.array(data[k])) for k in data
-                    }
-        except DamagedFileError as err:
-            if "allow_pickle" not in str(err.__cause__):
-                raise
-            # object arrays, a pickle posing as .npz, or garbage (which np.load takes for a
-            # pickle) would need unpickling: refused
-            raise DamagedFileError(
-                f"{npz} cannot be read without unpickling, which structlens refuses (it can run "
-                f"any code): it holds object arrays or a pickle, or is damaged ({err.__cause__})"
-            ) from err
-        npz_dtype = dtype or torch.float32
-        cfg: dict[str, Any] = {"apply_b_dec_to_input": False}
-        tensors = {k: v.to(npz_dtype) for k, v in tensors.items()}
-        sae = _from_tensors_of(npz, "jumprelu", tensors, cfg, npz_dtype)
-        return _checked(sae, {}, f"the SAE in {npz}", model, site, allow_foreign)
     if not (path / WEIGHTS_FILENAME).is_file() or not (path / CFG_FILENAME).is_file():
         raise InputError(
             f"{path} is not an SAE directory: expected {WEIGHTS_FILENAME} and {CFG_FILENAME} "
-            "(SAELens format) or params.npz (Gemma Scope)."
+            "(SAELens format)."
         )
     cfg = _read_cfg(path)
     arch = cfg.get("architecture")
@@ -238,8 +231,7 @@ def load_sae(
     tensors = {k: v.to(dt) for k, v in loaded.items()}
     if "log_threshold" in tensors and "threshold" not in tensors:
         tensors["threshold"] = tensors.pop("log_threshold").exp()
-    sae = _from_tensors_of(path / WEIGHTS_FILENAME, arch, tensors, cfg, dt)
-    return _checked(sae, sae_metadata(path), f"the SAE in {path}", model, site, allow_foreign)
+    return _from_tensors_of(path / WEIGHTS_FILENAME, arch, tensors, cfg, dt)
 
 
 def _from_tensors_of(
@@ -250,18 +242,6 @@ def _from_tensors_of(
         return _from_tensors(arch, tensors, cfg, dtype)
     except InputError as err:
         raise InputError(f"{file}: {err}") from err
-
-
-def _checked(
-    sae: SparseAutoencoder,
-    meta: dict[str, Any],
-    what: str,
-    model: Any,
-    site: str | None,
-    allow_foreign: bool,
-) -> SparseAutoencoder:
-    check_provenance(meta, what=what, model=model, site=site, allow_foreign=allow_foreign)
-    return sae
 
 
 def _read_cfg(path: Path) -> dict[str, Any]:

@@ -450,3 +450,79 @@ class JumpReLUSAE(SparseAutoencoder):
 
     def _rescale_thresholds(self, norms: torch.Tensor) -> None:
         self.log_threshold.add_(norms.log())
+
+
+class Transcoder(nn.Module):
+    """A sparse dictionary that reads one site and writes another (a transcoder).
+
+    ``pre = x @ W_enc + b_enc`` (``x`` at ``input_site``, rows), ``f = σ(pre)`` with the
+    ``activation`` of the SAE architectures above (``"jumprelu"``: ``relu(pre)·[pre > θ_i]``,
+    ``"topk"``: ``relu(topk_k(pre))``, ``"standard"``: ``relu(pre)``), and the prediction of
+    the activation at ``output_site``
+    ``ŷ = f @ W_dec + b_dec (+ x @ W_skip for a skip transcoder)``.  ``W_enc`` is
+    ``[d_in, d_sae]``, ``W_dec`` ``[d_sae, d_out]`` (row ``i`` = feature ``i``'s write
+    direction), ``b_dec`` ``[d_out]``, ``W_skip`` ``[d_in, d_out]``.  An input-side bias, where
+    a format has one, is folded into ``b_enc`` when it is read.  For inference only: no
+    training pass.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_sae: int,
+        d_out: int,
+        *,
+        activation: str = "jumprelu",
+        k: int | None = None,
+        skip: bool = False,
+        input_site: str | None = None,
+        output_site: str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if min(d_in, d_sae, d_out) < 1:
+            raise ValueError(f"d_in, d_sae and d_out must be positive, got {d_in, d_sae, d_out}.")
+        if activation not in ("jumprelu", "topk", "standard"):
+            raise ValueError(f"unknown activation {activation!r}; use jumprelu, topk or standard.")
+        if activation == "topk" and (k is None or not 1 <= k <= d_sae):
+            raise ValueError(f"a TopK transcoder needs k in [1, {d_sae}], got {k}.")
+        self.d_in, self.d_sae, self.d_out = int(d_in), int(d_sae), int(d_out)
+        self.architecture = activation
+        self.k = int(k) if k is not None else None
+        self.input_site, self.output_site = input_site, output_site
+        self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae, dtype=dtype))
+        self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
+        self.W_dec = nn.Parameter(torch.zeros(d_sae, d_out, dtype=dtype))
+        self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
+        self.threshold = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
+        self.W_skip = nn.Parameter(torch.zeros(d_in, d_out, dtype=dtype)) if skip else None
+
+    def preacts(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder pre-activations ``[..., d_sae]``."""
+        _check_input(x, self.d_in)
+        return x.to(self.W_enc.dtype) @ self.W_enc + self.b_enc
+
+    def activation(self, pre: torch.Tensor) -> torch.Tensor:
+        if self.architecture == "jumprelu":
+            return torch.relu(pre) * (pre > self.threshold)
+        if self.architecture == "topk":
+            top = pre.topk(int(self.k or 0), dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter_(-1, top.indices, top.values.relu())
+        return torch.relu(pre)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations ``f`` (dense, ``[..., d_sae]``, nonnegative)."""
+        return self.activation(self.preacts(x))
+
+    def decode(self, f: torch.Tensor) -> torch.Tensor:
+        """``f @ W_dec + b_dec`` (without the skip term, which needs the input)."""
+        if f.shape[-1] != self.d_sae:
+            raise ValueError(f"codes have {f.shape[-1]} features, the transcoder has {self.d_sae}.")
+        return f @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted output-site activation ``ŷ`` for inputs ``x``."""
+        out = self.decode(self.encode(x))
+        if self.W_skip is not None:
+            out = out + x.to(self.W_skip.dtype) @ self.W_skip
+        return out
