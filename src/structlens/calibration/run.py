@@ -116,7 +116,9 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         )
         + "; power "
         + ", ".join(
-            f"{r['rate']:.2f} at shift {r['shift']:g}" for r in u["families"] if r["expected"]
+            f"{r['rate']:.2f} at shift {r['shift']:g} ({r['dictionary']})"
+            for r in u["families"]
+            if r["expected"]
         )
     )
     m = doc["ndm"]["merge_rule"]
@@ -383,13 +385,14 @@ def _universality(doc: dict[str, Any]) -> list[str]:
         "Planted linear depth maps (`structlens.calibration.koopman.calibrate_universality`): "
         "per instance one system, three replicas with their own samples, the last one's "
         "second eigenvalue moved by the shift (0: one system, the rule must say universal). "
-        "`full basis`: d = 4 lifted by its full PCA; `truncated basis`: d = 8 with decaying "
-        "state scales lifted by each replica's own PCA-4.",
+        "Lifts: `identity` (the states' own spectra, the replication's) and `pca:4` (each "
+        "replica's own PCA-4, the null refitting the PCA on every half).",
         "",
-        "| system | shift | rule should say | instances | says not universal (Holm) | unadjusted |",
-        "|---|---|---|---|---|---|",
+        "| system | lift | shift | rule should say | instances | says not universal (Holm) | "
+        "unadjusted |",
+        "|---|---|---|---|---|---|---|",
         *(
-            f"| {r['system']} | {r['shift']:g} | "
+            f"| {r['system']} | {r['dictionary']} | {r['shift']:g} | "
             + ("not universal" if r["expected"] else "universal")
             + f" | {r['n']} | {_ci(r['rate'], r['rate_ci'])} | "
             + f"{_ci(r['raw_rate'], r['raw_rate_ci'])} |"
