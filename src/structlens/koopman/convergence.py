@@ -282,6 +282,22 @@ class SpectralDistanceTest(Result):
     seed: int
 
 
+def _between_models(
+    pooled: Sequence[EDMDcStatistics], config: EDMDcConfig
+) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+    """Each model's control basis and spectrum from its pooled statistics, and the factor
+    that rescales its half-split distances to the spread between two full-size estimates."""
+    if pooled[0].n_features != pooled[1].n_features:
+        raise ValueError(
+            "the two dictionaries have different numbers of features "
+            f"({pooled[0].n_features} vs {pooled[1].n_features}); compare spectra of equal size."
+        )
+    bases = [control_basis(p, config)[0] for p in pooled]
+    spectra = [_spectrum(p, config, V) for p, V in zip(pooled, bases, strict=True)]
+    m_a, m_b = pooled[0].n, pooled[1].n
+    return bases, spectra, [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
+
+
 def spectral_distance_test(
     blocks_a: Sequence[EDMDcStatistics],
     blocks_b: Sequence[EDMDcStatistics],
@@ -308,15 +324,8 @@ def spectral_distance_test(
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}.")
     pooled = [merge_statistics(blocks_a), merge_statistics(blocks_b)]
-    if pooled[0].n_features != pooled[1].n_features:
-        raise ValueError(
-            "the two dictionaries have different numbers of features "
-            f"({pooled[0].n_features} vs {pooled[1].n_features}); compare spectra of equal size."
-        )
-    bases = [control_basis(p, config)[0] for p in pooled]
-    ea, eb = (_spectrum(p, config, V) for p, V in zip(pooled, bases, strict=True))
+    bases, (ea, eb), scales = _between_models(pooled, config)
     m_a, m_b = pooled[0].n, pooled[1].n
-    scales = [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
     rng = np.random.default_rng(seed)
     null = np.empty(n_resamples)
     for i in range(n_resamples):
@@ -373,15 +382,8 @@ def refit_distance_test(
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}.")
     models = [rows_a, rows_b]
     pooled = [_lifted(fit_dictionary(r[0]), r, config) for r in models]
-    if pooled[0].n_features != pooled[1].n_features:
-        raise ValueError(
-            "the two dictionaries have different numbers of features "
-            f"({pooled[0].n_features} vs {pooled[1].n_features}); compare spectra of equal size."
-        )
-    bases = [control_basis(p, config)[0] for p in pooled]
-    ea, eb = (_spectrum(p, config, V) for p, V in zip(pooled, bases, strict=True))
+    bases, (ea, eb), scales = _between_models(pooled, config)
     m_a, m_b = pooled[0].n, pooled[1].n
-    scales = [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
     blocks = [block_assignment(r[3], n_blocks, seed) for r in models]
     if min(len(np.unique(b)) for b in blocks) < 2:
         raise ValueError("need at least 2 prompt blocks per model: give each more prompts.")
