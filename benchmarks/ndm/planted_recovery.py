@@ -39,12 +39,16 @@ SHAPES = "4,4,8;2,6,8;4,4,4,4"
 N_SAMPLES = 6000
 
 
-def config(resplit_trials: int, retraction: Literal["exp", "cayley"] = "exp") -> NDMConfig:
+def config(
+    resplit_trials: int,
+    retraction: Literal["exp", "cayley"] = "exp",
+    exp_gradient: Literal["pytorch", "float64", "float32"] = "pytorch",
+) -> NDMConfig:
     return NDMConfig(
         unit_size=2, lr=1e-2, batch_size=64, max_steps=4000, bank_size=1024,
         refresh_interval=40, reproject_interval=10, merge_start=2500, merge_interval=100,
         mi_samples=1000, init="random", log_interval=100, resplit_trials=resplit_trials,
-        retraction=retraction,
+        retraction=retraction, exp_gradient=exp_gradient,
     )  # fmt: skip
 
 
@@ -69,14 +73,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--resplit-trials", type=int, default=8)
     ap.add_argument("--retraction", choices=["exp", "cayley"], default="exp")
+    ap.add_argument("--exp-gradient", choices=["pytorch", "float64", "float32"], default="pytorch")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
-    cfg = config(args.resplit_trials, args.retraction)
+    cfg = config(args.resplit_trials, args.retraction, args.exp_gradient)
     shapes = [[int(x) for x in shape.split(",")] for shape in args.shapes.split(";")]
     record: dict[str, Any] = {
         "command": "benchmarks/ndm/planted_recovery.py "
         + f"--shapes '{args.shapes}' --seeds {args.seeds} --resplit-trials {args.resplit_trials}"
-        + f" --retraction {args.retraction}",
+        + f" --retraction {args.retraction} --exp-gradient {args.exp_gradient}",
         "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",

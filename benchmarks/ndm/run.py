@@ -1,9 +1,12 @@
-"""Benchmark: structlens KSG vs NPEET and scikit-learn; NDM training-step throughput.
+"""Benchmark: structlens KSG vs NPEET and scikit-learn; the NDM training step (step.py).
 
-Run: ``.venv/bin/python benchmarks/ndm/run.py [--npeet PATH_TO/entropy_estimators.py]``.
+Run: ``.venv/bin/python benchmarks/ndm/run.py --reference PATH [--ksg --npeet PATH]``.
 
-NPEET is not on PyPI; fetch github:gregversteeg/NPEET into an ignored folder (e.g. /tmp) and
-pass its ``npeet/entropy_estimators.py``.  Writes results.json next to this file.
+``--reference`` is a checkout of github:Sappique/SubspacePartition outside the repo (run side
+by side, never imported by structlens).  The KSG comparisons run only with ``--ksg`` (their
+previous results are kept otherwise).  NPEET is not on PyPI; fetch github:gregversteeg/NPEET
+into an ignored folder (e.g. /tmp) and pass its ``npeet/entropy_estimators.py``.  Writes
+results.json next to this file.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from step import bench_step
 
-from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
 from structlens.stats.mutual_info import mutual_information
 
 HERE = Path(__file__).parent
@@ -100,72 +103,37 @@ def bench_sklearn(n: int) -> list[dict]:
     return rows
 
 
-def bench_throughput(
-    bank: int, d: int, batch: int, steps: int, n_sub: int, device: str = "cpu"
-) -> dict:
-    """Median NDM training step (matrix_exp + search + exact loss + backward) on ``device``."""
-    dev = torch.device(device)
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    gen = torch.Generator().manual_seed(0)
-    keys = torch.randn(bank, d, generator=gen).to(dev)
-    partition = [d // n_sub] * n_sub
-    R = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0].to(dev)
-    A = torch.zeros(d, d, dtype=torch.float64, device=dev, requires_grad=True)
-    sync()
-    t0 = time.perf_counter()
-    rk = RotatedKeys(keys, R, partition)
-    sync()
-    t_project = time.perf_counter() - t0
-    times = []
-    for _ in range(steps + 1):  # the first step (allocations, kernel selection) is not counted
-        q = torch.randn(batch, d, generator=gen).to(dev)
-        sync()
-        t0 = time.perf_counter()
-        Rt = R @ torch.linalg.matrix_exp(A - A.T)
-        nn = rk.nearest(q, Rt.detach())
-        loss = neighbor_distance_loss(q, keys, nn, Rt, partition)
-        loss.backward()
-        sync()
-        times.append(time.perf_counter() - t0)
-    step = float(np.median(times[1:]))
-    return {
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "bank": bank,
-        "d": d,
-        "batch": batch,
-        "partition": partition,
-        "median_step_s": step,
-        "queries_per_s": batch / step,
-        "key_projection_s": t_project,
-        "note": "step = matrix_exp + search (rerank 8) + exact loss + backward; "
-        "the bank is re-projected every reproject_interval steps (cost key_projection_s)",
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--ksg", action="store_true", help="rerun the KSG comparisons")
     ap.add_argument("--npeet", default=None)
     ap.add_argument("--n", type=int, default=20_000)
-    ap.add_argument("--bank", type=int, default=400_000)
+    ap.add_argument("--reference", type=Path, default=None, help="SubspacePartition checkout")
+    ap.add_argument("--banks", type=int, nargs="+", default=[8192, 409_600])
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (ours and reference)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = HERE / "results.json"
+    previous = json.loads(out.read_text()) if out.exists() else {}
     load_before = os.getloadavg()
     print(f"load average before: {load_before}", flush=True)
     results = {
         "machine": f"{platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} torch threads ({os.cpu_count()} CPU cores)",
         "load_average_before": load_before,
-        "npeet_vector": bench_npeet(args.npeet, args.n, 32, 32),
-        "sklearn_1d": bench_sklearn(args.n),
-        "throughput_cpu": bench_throughput(args.bank, 576, 128, args.steps, 18),
     }
+    if args.ksg:
+        results["npeet_vector"] = bench_npeet(args.npeet, args.n, 32, 32)
+        results["sklearn_1d"] = bench_sklearn(args.n)
+    else:
+        for key in ("npeet_vector", "sklearn_1d"):
+            results[key] = previous.get(key, "not run: pass --ksg")
+        results["ksg_from_run_of"] = previous.get("ksg_from_run_of", "2026-12-01 19:32 UTC")
+    results["ndm_step"] = bench_step(args.reference, args.banks, repeats=args.steps)
     results["load_average_after"] = os.getloadavg()
-    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["ndm_step"], indent=2))
 
 
 if __name__ == "__main__":

@@ -64,3 +64,18 @@ def test_batched_loss_equals_the_per_subspace_sum(rng):
         start += size
     loss = neighbor_distance_loss(queries, keys, nn, R, partition)
     assert float(loss) == pytest.approx(total / len(partition), rel=1e-12)
+
+
+def test_projection_in_chunks_and_reused_buffers_stay_exact(rng, monkeypatch):
+    """A bank projected in several row chunks (one partial), then searched with batches of
+    different sizes that reuse the index's buffers: every answer is the brute-force one."""
+    monkeypatch.setattr("structlens.ndm.search.PROJECT_ROWS", 700)
+    partition = [4, 4, 2, 3]
+    d = sum(partition)
+    keys = torch.tensor(rng.standard_normal((2500, d)) + 5.0, dtype=torch.float32)
+    R = torch.linalg.qr(torch.tensor(rng.standard_normal((d, d)), dtype=torch.float64))[0]
+    index = RotatedKeys(keys, R, partition, chunk_size=1024)
+    for batch in (40, 7, 40):
+        queries = torch.tensor(rng.standard_normal((batch, d)) + 5.0, dtype=torch.float32)
+        expected = _brute(queries.double(), keys.double(), R, partition)
+        assert torch.equal(index.nearest(queries, R, rerank=6), expected)

@@ -18,7 +18,8 @@ of independent groups is avoided or undone.
 orthogonal group); each merge sets ``B`` to the current ``R`` with reordered columns and
 ``A = 0`` — the reference code's restart.  ``NDMConfig.retraction="cayley"`` replaces the
 exponential by the Cayley transform (PyTorch's other orthogonal map), whose gradient costs a
-linear solve instead of a ``2d x 2d`` matrix exponential.
+linear solve instead of a ``2d x 2d`` matrix exponential; ``NDMConfig.exp_gradient`` keeps the
+exponential and computes its gradient from ``d x d`` products (:mod:`structlens.ndm.expm`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from structlens.ndm.expm import matrix_exp
 from structlens.ndm.search import RotatedKeys, neighbor_distance_loss
 from structlens.results import Result, atomic_write_bytes, atomic_write_json
 from structlens.stats.mutual_info import subspace_mutual_information
@@ -120,6 +122,14 @@ class NDMConfig:
         the same first steps after a restart, but trajectories part over many steps.  At
         ``d = 576`` the exponential's gradient is most of a CPU training step with a small
         bank (benchmarks/ndm).
+    exp_gradient
+        How the exponential's gradient is computed in a training step: ``"pytorch"``
+        (autograd's ``2d x 2d`` matrix exponential), or the same Fréchet derivative from
+        ``d x d`` products (:func:`structlens.ndm.expm.frechet_exp`) in ``"float64"`` (agrees
+        with PyTorch's to about 1e-13) or ``"float32"`` (to about 1e-6, the precision of the
+        float32 loss's gradient that it receives).  The others are faster (benchmarks/ndm)
+        but differ from PyTorch's gradient in the last bits, which can move a long training
+        trajectory.
     log_interval
         Steps per entry of the loss history.
     seed
@@ -154,6 +164,7 @@ class NDMConfig:
     resplit_steps: int = 200
     resplit_lr: float = 1e-2
     retraction: Literal["exp", "cayley"] = "exp"
+    exp_gradient: Literal["pytorch", "float64", "float32"] = "pytorch"
     log_interval: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -189,6 +200,11 @@ class NDMConfig:
         if self.retraction not in ("exp", "cayley"):
             raise ValueError(
                 f"NDMConfig.retraction must be 'exp' or 'cayley', got {self.retraction!r}."
+            )
+        if self.exp_gradient not in _ADJOINT_DTYPES:
+            raise ValueError(
+                "NDMConfig.exp_gradient must be 'pytorch', 'float64' or 'float32', "
+                f"got {self.exp_gradient!r}."
             )
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"NDMConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}.")
@@ -291,11 +307,17 @@ class NDMResult(Result):
         }
 
 
-def orthogonal_map(W: torch.Tensor, retraction: str = "exp") -> torch.Tensor:
+def orthogonal_map(
+    W: torch.Tensor, retraction: str = "exp", adjoint_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The orthogonal factor of the skew-symmetric ``W`` (``(..., d, d)``): ``exp(W)`` or the
-    Cayley transform ``(I - W/2)^{-1} (I + W/2)`` (see ``NDMConfig.retraction``)."""
+    Cayley transform ``(I - W/2)^{-1} (I + W/2)`` (see ``NDMConfig.retraction``).  With an
+    ``adjoint_dtype`` the exponential's gradient is :func:`structlens.ndm.expm.matrix_exp`'s,
+    computed in that dtype; without, PyTorch's."""
     if retraction == "exp":
-        return torch.linalg.matrix_exp(W)
+        if adjoint_dtype is None:
+            return torch.linalg.matrix_exp(W)
+        return matrix_exp(W, adjoint_dtype)
     eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
     # I - W/2 has eigenvalues 1 - i lambda/2, all of modulus >= 1: the solve is well conditioned.
     return torch.linalg.solve(eye - 0.5 * W, eye + 0.5 * W)
@@ -313,8 +335,9 @@ class _Rotation(torch.nn.Module):
         self.A = torch.nn.Parameter(torch.zeros_like(self.base))
         self.retraction = retraction
 
-    def forward(self) -> torch.Tensor:
-        return self.base @ orthogonal_map(self.A - self.A.T, self.retraction)
+    def forward(self, adjoint_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``R``; ``adjoint_dtype`` as in :func:`orthogonal_map`."""
+        return self.base @ orthogonal_map(self.A - self.A.T, self.retraction, adjoint_dtype)
 
 
 class _Feed:
@@ -830,7 +853,7 @@ class NDM:
         cfg = self.config
         assert bank.index is not None
         q = bank.batch(state)
-        R = state.rotation()
+        R = state.rotation(_ADJOINT_DTYPES[cfg.exp_gradient])
         neighbors = bank.index.nearest(q, R.detach(), cfg.rerank)
         loss = neighbor_distance_loss(q, bank.keys, neighbors, R, state.partition)
         state.optimizer.zero_grad(set_to_none=True)
@@ -1042,6 +1065,7 @@ class NDM:
 
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_ADJOINT_DTYPES: dict[str, torch.dtype | None] = {"pytorch": None, **_DTYPES}
 
 
 def _haar(d: int, gen: torch.Generator) -> torch.Tensor:

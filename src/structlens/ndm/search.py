@@ -84,6 +84,7 @@ class RotatedKeys:
         chunk_size: int = 65_536,
     ) -> None:
         self.keys = keys
+        self._buffers: dict[str, torch.Tensor] = {}
         self.center = keys.mean(0)
         self.partition = [int(s) for s in partition]
         self.runs = size_runs(self.partition)
@@ -95,17 +96,43 @@ class RotatedKeys:
         self.rotation = rot
         # Per run, the keys' coordinates as (subspaces, padded, size), so a tile of keys is
         # contiguous in every subspace; padding rows score +inf and are never chosen.
-        self.blocks = [keys.new_zeros(count, self.padded, size) for _, _, count, size in self.runs]
+        # Every row is written once (no zero fill of the whole bank first), and the chunks'
+        # temporaries are reused: fresh ones this large are page-faulted in at every use.
+        self.blocks = [keys.new_empty(count, self.padded, size) for _, _, count, size in self.runs]
+        for block in self.blocks:
+            block[:, m:] = 0
+        rows_in = min(PROJECT_ROWS, m)
+        centred = self._workspace("centred", (rows_in, keys.shape[1]))
+        z = self._workspace("projected", (rows_in, keys.shape[1]))
         for r0 in range(0, m, PROJECT_ROWS):
-            z = (keys[r0 : r0 + PROJECT_ROWS] - self.center) @ rot
+            n = min(PROJECT_ROWS, m - r0)
+            torch.sub(keys[r0 : r0 + n], self.center, out=centred[:n])
+            torch.mm(centred[:n], rot, out=z[:n])
             for block, (_, column, count, size) in zip(self.blocks, self.runs, strict=True):
-                rows = z[:, column : column + count * size].reshape(-1, count, size)
-                block[:, r0 : r0 + rows.shape[0]] = rows.transpose(0, 1)
+                rows = z[:n, column : column + count * size].reshape(n, count, size)
+                block[:, r0 : r0 + n] = rows.transpose(0, 1)
         self.sq_norms = []
         for block in self.blocks:
-            sq = (block * block).sum(2)
+            sq = block.new_empty(block.shape[:2])
+            squares = self._workspace("squares", (block.shape[0], rows_in, block.shape[2]))
+            for p0 in range(0, self.padded, rows_in):  # squares of one chunk at a time
+                part = block[:, p0 : p0 + rows_in]
+                prod = squares[:, : part.shape[1]]
+                torch.sum(torch.mul(part, part, out=prod), 2, out=sq[:, p0 : p0 + rows_in])
             sq[:, m:] = math.inf
             self.sq_norms.append(sq)
+        self._buffers.clear()  # the searches' buffers have other shapes
+
+    def _workspace(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A buffer of ``shape`` named ``name``, kept between uses: the scores, group minima and
+        gathered candidate rows are tens of MB, and a fresh allocation that large is mapped
+        from the operating system and page-faulted in at every use, which costs more than
+        the arithmetic done in it."""
+        n = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[name] = self.keys.new_empty(n)
+        return buf[:n].view(shape)
 
     @torch.no_grad()
     def nearest(
@@ -138,7 +165,10 @@ class RotatedKeys:
                 centred.expand(count, -1, -1), _run_columns(self.rotation, column, count, size)
             )
             cand = self._candidates(i, zq, r)  # (count, b, r)
-            diff = queries[:, None, :] - self.keys[cand]  # (count, b, r, d)
+            # k - q in place of a gathered copy of the candidates' rows (same norm as q - k).
+            diff = self._workspace("rows", (cand.numel(), self.keys.shape[1]))
+            torch.index_select(self.keys, 0, cand.flatten(), out=diff)
+            diff = diff.view(*cand.shape, -1).sub_(queries[:, None, :])
             proj = torch.bmm(diff.flatten(1, 2), _run_columns(current, column, count, size))
             exact = torch.linalg.vector_norm(proj, dim=2).view(cand.shape)
             pick = cand.gather(2, exact.argmin(2, keepdim=True)).squeeze(2)
@@ -151,12 +181,12 @@ class RotatedKeys:
         block, sq = self.blocks[run], self.sq_norms[run]
         count, b, _ = zq.shape
         per_tile = self.tile // GROUP
-        scores = zq.new_empty(count, b, self.tile)
+        scores = self._workspace("scores", (count, b, self.tile))
         best_val: torch.Tensor | None = None
         best_grp: torch.Tensor | None = None
         for c0 in range(0, self.padded, self.chunk_size):
             c1 = min(c0 + self.chunk_size, self.padded)
-            minima = zq.new_empty(count, b, (c1 - c0) // GROUP)
+            minima = self._workspace("minima", (count, b, (c1 - c0) // GROUP))
             for t0 in range(c0, c1, self.tile):
                 # |k|^2 - 2 q.k ranks keys like the squared distance (|q|^2 is constant per row).
                 torch.baddbmm(
@@ -182,11 +212,12 @@ class RotatedKeys:
         tile0 = (best_grp // per_tile) * self.tile + best_grp % per_tile
         offsets = torch.arange(GROUP, device=zq.device) * per_tile
         keys = (tile0[..., None] + offsets).flatten(2)  # (count, b, groups * GROUP)
-        flat = keys.flatten(1)
-        coords = block.gather(1, flat[..., None].expand(-1, -1, block.shape[2]))
-        score = sq.gather(1, flat).view(keys.shape) - 2 * (
-            coords.view(*keys.shape, -1) * zq[:, :, None, :]
-        ).sum(3)
+        # Row indices into the run's flattened (count * padded, size) coordinates.
+        rows = (keys + torch.arange(count, device=zq.device)[:, None, None] * self.padded).flatten()
+        coords = self._workspace("coords", (rows.numel(), block.shape[2]))
+        torch.index_select(block.view(-1, block.shape[2]), 0, rows, out=coords)
+        dots = coords.view(*keys.shape, -1).mul_(zq[:, :, None, :]).sum(3)
+        score = sq.view(-1).index_select(0, rows).view(keys.shape) - 2 * dots
         pos = score.topk(r, dim=2, largest=False).indices
         return keys.gather(2, pos)
 
