@@ -228,6 +228,45 @@ def test_ioi_without_prompts_is_not_tested():
     assert c.ours is None and "ioi_layers is empty" in c.note
 
 
+def at_depth(depth, pca, modes, positions="all"):
+    import dataclasses
+
+    return dataclasses.replace(
+        effects(pca, modes, (-0.01, 0.01)), depth_to_readout=depth, layer=30 - depth,
+        positions=positions,
+    )  # fmt: skip
+
+
+def test_the_gap_interval_is_the_widest_the_marginals_allow():
+    gap, ci = v.ablation_gap(effects((-0.6, -0.4), (-0.3, -0.1), (0, 0)))
+    assert gap == pytest.approx(0.5 - 0.2) and ci == pytest.approx((0.4 - 0.3, 0.6 - 0.1))
+
+
+@pytest.mark.parametrize(
+    ("near", "far", "verdict", "order"),
+    [
+        (((0.8, 1.0), (0.1, 0.2)), ((0.3, 0.4), (0.2, 0.3)), "reproduced", "holds"),
+        (((0.3, 0.4), (0.2, 0.3)), ((0.8, 1.0), (0.1, 0.2)), "not reproduced", "reversed"),
+        (((0.5, 0.9), (0.1, 0.4)), ((0.4, 0.8), (0.1, 0.3)), "unidentified", "tie"),
+    ],
+)
+def test_the_depth_half_needs_separated_gaps(near, far, verdict, order):
+    """Nearest gap [0.6, 0.9] above the farthest [0.0, 0.2] holds (ratio 0.75 / 0.1); the
+    same the other way round is reversed; overlapping gaps tie."""
+    c = v.ioi_depth_claim({"L26/all": at_depth(4, *near), "L6/all": at_depth(24, *far)})
+    _valid(c, verdict)
+    row = c.per_setting["all"]
+    assert row["ordering"] == order and row["nearest"]["depth_to_readout"] == 4
+    g_near, g_far = (sum(p) / 2 - sum(m) / 2 for p, m in (near, far))
+    assert c.ours == pytest.approx(g_near / g_far)
+
+
+def test_the_depth_half_without_two_depths_is_not_tested():
+    c = v.ioi_depth_claim({"L6/all": at_depth(24, (0.3, 0.4), (0.1, 0.2))})
+    _valid(c, "not tested")
+    assert "two depths" in c.note
+
+
 # ---------------------------------------------------------------- 5. heavy tails
 @pytest.mark.parametrize(
     ("state", "lifts", "verdict"),

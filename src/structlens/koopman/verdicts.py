@@ -48,6 +48,11 @@ PAPER: dict[str, Paper] = {
         "the SAE's invariance residual exceeds the spectral and random dictionaries'"
     ),
     "ioi_ablation_ordering": Paper("IOI ablation effect |PCA| > |modes| > |random|"),
+    "ioi_gap_falls_with_depth_distance": Paper(
+        "the PCA-over-modes gap of the IOI ablation falls with the distance to the read-out "
+        "(4.1× from the nearest to the farthest layer)",
+        4.1,
+    ),
     "heavy_tails_removed_by_lifting": Paper(
         "lifting removes the heavy tails of the residual states"
     ),
@@ -261,6 +266,73 @@ def ioi_claim(effects: Mapping[str, AblationEffects]) -> Claim:
     )
 
 
+def ablation_gap(effects: AblationEffects) -> tuple[float, tuple[float, float]]:
+    """``|PCA| − |modes|`` and its interval from the two effects' |effect| intervals (the
+    widest the difference can be whatever the two share: their intervals are over the same
+    prompts, so no tighter one can be read off the marginals)."""
+    i = {m: effects.methods.index(m) for m in ("pca", "modes")}
+    pca, modes = (abs_interval(effects.ci[i[m]]) for m in ("pca", "modes"))
+    value = abs(effects.mean[i["pca"]]) - abs(effects.mean[i["modes"]])
+    return value, (pca[0] - modes[1], pca[1] - modes[0])
+
+
+def ioi_depth_claim(effects: Mapping[str, AblationEffects]) -> Claim:
+    """The depth half of the IOI claim: per position set, the gap at the layer nearest the
+    read-out against the farthest one.  It holds where the nearest gap's interval lies above
+    the farthest's, is reversed where it lies below, else ties; reproduced when it holds for
+    every position set, unidentified when all tie."""
+    cid = "ioi_gap_falls_with_depth_distance"
+    by_positions: dict[str, list[AblationEffects]] = {}
+    for e in effects.values():
+        by_positions.setdefault(e.positions, []).append(e)
+    usable = {p: es for p, es in by_positions.items() if len({e.depth_to_readout for e in es}) > 1}
+    if not usable:
+        return _not_tested(cid, "no position set was ablated at two depths")
+    per_setting, ratios = {}, []
+    for positions, es in sorted(usable.items()):
+        near = min(es, key=lambda e: e.depth_to_readout)
+        far = max(es, key=lambda e: e.depth_to_readout)
+        (g_near, ci_near), (g_far, ci_far) = ablation_gap(near), ablation_gap(far)
+        order = (
+            "holds" if ci_near[0] > ci_far[1] else "reversed" if ci_near[1] < ci_far[0] else "tie"
+        )
+        ratio = g_near / g_far if g_far > 0 else float("nan")
+        ratios.append(ratio)
+        per_setting[positions] = {
+            "nearest": {"layer": near.layer, "depth_to_readout": near.depth_to_readout,
+                        "gap": g_near, "gap_ci": list(ci_near)},
+            "farthest": {"layer": far.layer, "depth_to_readout": far.depth_to_readout,
+                         "gap": g_far, "gap_ci": list(ci_far)},
+            "ratio": ratio, "ordering": order,
+        }  # fmt: skip
+    orders = [r["ordering"] for r in per_setting.values()]
+    verdict = (
+        "reproduced" if all(o == "holds" for o in orders)
+        else "partly" if "holds" in orders
+        else "not reproduced" if "reversed" in orders
+        else "unidentified"
+    )  # fmt: skip
+    return Claim(
+        cid,
+        PAPER[cid].text,
+        ratios[0] if len(ratios) == 1 else None,
+        None,
+        verdict,
+        {
+            "positions": sorted(usable),
+            "k": IOI_K,
+            "rule": "the nearest layer's gap interval above the farthest's (intervals of |PCA| − "
+            "|modes| from the two |effect| intervals)",
+        },  # fmt: skip
+        ci_reason="the gap's interval is drawn from the marginal intervals; no interval of "
+        "the ratio",
+        note="; ".join(
+            f"{p}: {r['ordering']}, ratio {r['ratio']:.2f}" for p, r in per_setting.items()
+        ),
+        per_setting=per_setting,
+    )
+
+
 # ---------------------------------------------------------------- 5. heavy tails
 def tails(fits: Mapping[str, SpectrumFit]) -> dict[str, dict[str, float]]:
     """The tail statistics of the states (``L6/state``, once per layer) and of every lift
@@ -461,6 +533,7 @@ def claims(t: ReplicationResults, headline: str, control_energy: float, n: int) 
         non_normal_claim(t.fits, headline, control_energy),
         invariance_gap_claim(list(t.invariance.values()), n),
         ioi_claim(t.ioi),
+        ioi_depth_claim(t.ioi),
         heavy_tails_claim(t.fits),
         *reduction_claims(t.reduction),
         penalty_claim(t.sae_runs),

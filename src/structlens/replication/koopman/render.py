@@ -142,7 +142,8 @@ PARTS = (
         "TopK SAE ({R[sae]}) with the largest code variance or firing frequency.",
     ),
     Part(
-        "4. IOI ablation ordering PCA > modes > random", ("ioi_ablation_ordering",),
+        "4. IOI ablation ordering PCA > modes > random, and its fall with depth",
+        ("ioi_ablation_ordering", "ioi_gap_falls_with_depth_distance"),
         "| layer/positions | layers to read-out | modes | PCA | random | ordering |",
         "| {k} | {e.depth_to_readout} | {m[modes][0]:+.3f} [{m[modes][1]:.3f}] | "
         "{m[pca][0]:+.3f} [{m[pca][1]:.3f}] | {m[random][0]:+.3f} [{m[random][1]:.3f}] | {o} |",
