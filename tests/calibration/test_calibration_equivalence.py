@@ -47,3 +47,15 @@ def test_power_grows_with_the_effect_and_four_layers_can_never_reach_the_level()
     assert head.rate >= layer.rate > 0
     # 12 heads in 4 layers: the smallest sign-flip p-value is 2 / 2**4 > 0.05
     assert calibrate_decision("alt", 0.9, 12, 50, unit="layer", first_seed=7).rate == 0.0
+
+
+def test_the_group_rule_claims_strong_rows_and_holm_only_removes_claims():
+    """Known answer: on 30 heads, partners passing 19 in 20 beat a null passing 3 in 10 in
+    every row of most groups; with partners no better the adjusted rule never claims a row that the
+    unadjusted one does not."""
+    from structlens.calibration.equivalence import calibrate_group
+
+    strong = calibrate_group("alternative", 0.95, 30, 40, first_seed=0)
+    assert strong.expected and strong.all_rate >= 0.8 and strong.rate >= strong.all_rate
+    null = calibrate_group("null", 0.3, 12, 200, first_seed=0)
+    assert not null.expected and null.rate <= null.raw_rate and null.rows == 3

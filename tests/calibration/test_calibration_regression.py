@@ -17,7 +17,7 @@ COMMITTED = json.loads((Path(__file__).parents[2] / "docs" / "calibration.json")
 
 @pytest.fixture(scope="module")
 def smoke() -> dict:
-    return run("smoke")
+    return run("smoke", jobs=2)
 
 
 def test_no_rule_has_moved_from_the_committed_calibration(smoke):

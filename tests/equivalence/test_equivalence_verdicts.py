@@ -176,7 +176,7 @@ def test_the_encoding_caveat_reaches_the_rows():
     (sc,) = [s for s in SCENARIOS if s.name == "seeds-s0-s1"]
     want = [{"kind": "encoding_reduced", "message": reduced.message}]
     assert [c.to_json() for c in v.row_caveats(row)] == want
-    assert v.row_block(sc, row, PROTOCOL)["caveats"] == want
+    assert v.row_block(sc, row, PROTOCOL, v.row_verdict("seeds", row))["caveats"] == want
     assert v.group_claim("seeds", {sc.name: row}).per_setting[sc.name]["caveats"] == want
 
 
@@ -260,3 +260,21 @@ def test_the_fold_check_stage_finds_the_copy_is_the_same_function():
     assert got.max_abs_logit_diff < 1e-4 * got.max_abs_logit
     assert got.max_abs_z_diff < 1e-4 and got.max_abs_resid_rotation_error < 1e-4 * got.max_abs_resid
     assert got.max_abs_resid > 0.1  # the residual is not trivially zero
+
+
+def test_a_group_adjusts_its_rows_p_values_by_holm():
+    """Six heads that pass only with their partner give p = 2 / 2^6 = 0.031: one such row is
+    claimed; three of them in one group are not after Holm's adjustment (0.094 each), and a
+    strong row beside two weak ones still is."""
+    weak = comparison([True] * 6 + [False] * 14, [False] * 20)
+    strong = claimed_row(17, 20)
+    assert weak.heads.decision.p_value == pytest.approx(mcnemar_exact(6, 0))
+    assert v.claimed(weak) is True
+    assert v.claimed_in_group({"x": weak}) == {"x": True}
+    found = v.claimed_in_group({"x": weak, "y": weak, "z": weak})
+    assert found == {"x": False, "y": False, "z": False}
+    found = v.claimed_in_group({"x": strong, "y": weak, "z": weak, "s": comparison([True] * 3)})
+    assert found == {"x": True, "y": False, "z": False, "s": None}  # s has no null
+    claim = v.group_claim("seeds", {"x": weak, "y": weak, "z": weak})
+    assert claim.verdict == "unidentified"
+    assert all("Holm" in claim.per_setting[x]["reason"] for x in "xyz")

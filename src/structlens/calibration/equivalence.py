@@ -31,7 +31,7 @@ from structlens.equivalence.score import component_clusters, decide_paired_null
 from structlens.stats.intervals import wilson_interval
 
 __all__ = ["PROTOCOL", "NULL_PASS", "HEADS_PER_LAYER", "DecisionRate", "planted_outcomes",
-           "calibrate_decision"]  # fmt: skip
+           "calibrate_decision", "GROUP_ROWS", "GroupRate", "calibrate_group"]  # fmt: skip
 
 #: The paper protocol's decision settings (``null_alpha``, ``equivalent_at``).
 PROTOCOL: EquivalenceProtocol = PROFILES["paper"]
@@ -106,4 +106,70 @@ def calibrate_decision(
         unit=unit,
         expected=partner_pass > NULL_PASS, n=n, rate=yes / n, rate_ci=wilson_interval(yes, n),
         seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+#: Rows of one scenario group (the seeds group compares three pairs of replicas).
+GROUP_ROWS = 3
+
+
+@dataclass(frozen=True)
+class GroupRate:
+    """The group rule on ``n`` planted groups of :data:`GROUP_ROWS` comparisons of
+    ``n_heads`` heads each, partners passing with ``partner_pass`` in every row (the null
+    with :data:`NULL_PASS`).  ``rate``: some row claimed after Holm's adjustment over the
+    group's rows (the group's verdict is then not "unidentified"); ``all_rate``: every row
+    claimed; ``raw_rate``: some row claimed at α alone."""
+
+    family: str
+    partner_pass: float
+    n_heads: int
+    rows: int
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    all_rate: float
+    all_rate_ci: tuple[float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
+    seeds: tuple[int, int]
+
+
+def calibrate_group(
+    family: str,
+    partner_pass: float,
+    n_heads: int,
+    n: int,
+    *,
+    first_seed: int = 0,
+    protocol: EquivalenceProtocol = PROTOCOL,
+) -> GroupRate:
+    """The rows' decisions (:func:`~structlens.equivalence.score.decide_paired_null`, heads
+    independent, the protocol's unit) and the group's
+    (:func:`~structlens.equivalence.verdicts.group_decisions`) on ``n`` planted groups."""
+    from structlens.equivalence.verdicts import group_decisions
+
+    pairs = [[[i // HEADS_PER_LAYER, 0], [i // HEADS_PER_LAYER, i]] for i in range(n_heads)]
+    clusters = component_clusters(pairs, protocol.null_unit)
+    some = every = raw = 0
+    for seed in range(first_seed, first_seed + n):
+        decisions = {}
+        for row in range(GROUP_ROWS):
+            partner, null = planted_outcomes(
+                partner_pass, n_heads, shared=False, seed=seed * GROUP_ROWS + row
+            )
+            decisions[str(row)] = decide_paired_null(
+                partner, null, alpha=protocol.null_alpha, min_score=protocol.equivalent_at,
+                clusters=clusters,
+            )  # fmt: skip
+        found = list(group_decisions(decisions).values())
+        some += any(found)
+        every += all(found)
+        raw += any(d.partner_only > d.null_only and d.p_value < d.alpha for d in decisions.values())
+    return GroupRate(
+        family=family, partner_pass=float(partner_pass), n_heads=n_heads, rows=GROUP_ROWS,
+        expected=partner_pass > NULL_PASS, n=n, rate=some / n, rate_ci=wilson_interval(some, n),
+        all_rate=every / n, all_rate_ci=wilson_interval(every, n), raw_rate=raw / n,
+        raw_rate_ci=wilson_interval(raw, n), seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,12 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             if r["expected"]
         )
     )
+    _ndm_summaries(doc)
+    _causal_and_equivalence_summaries(doc)
+    return doc
+
+
+def _ndm_summaries(doc: dict[str, Any]) -> None:
     m = doc["ndm"]["merge_rule"]
     m["summary"] = "; ".join(
         f"{d}-d subspaces: false-positive rate "
@@ -146,6 +155,9 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             if r["expected"]
         )
     )
+
+
+def _causal_and_equivalence_summaries(doc: dict[str, Any]) -> None:
     k = doc["causal_dim"]["kappa_interval"]
     own = [r for r in k["families"] if r["unit"] == k["protocol"]["kappa_unit"]]
     k["summary"] = "coverage " + ", ".join(
@@ -169,7 +181,18 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         )
         for h in dict.fromkeys(r["n_heads"] for r in own)
     )
-    return doc
+    gr = doc["equivalence"]["group_decision"]
+    null = next(r for r in gr["families"] if not r["expected"])
+    gr["summary"] = (
+        f"claims some row of a group whose partners are no better than the null in "
+        f"{_ci(null['rate'], null['rate_ci'], 3)} ({_ci(null['raw_rate'], null['raw_rate_ci'], 3)}"
+        " without the adjustment); power "
+        + ", ".join(
+            f"{r['rate']:.2f} at partner pass {r['partner_pass']:g}"
+            for r in gr["families"]
+            if r["expected"]
+        )
+    )
 
 
 def _decisions(n: int) -> list[equivalence.DecisionRate]:
@@ -189,119 +212,161 @@ def _decisions(n: int) -> list[equivalence.DecisionRate]:
     ]
 
 
-def _koopman_rules(p: Profile) -> dict[str, Any]:
-    n = p.instances
-    slope = [calibrate_slope(f, n, first_seed=FIRST_SEED) for f in FAMILIES]  # type: ignore[arg-type]
-    henrici = [calibrate_henrici(c, n, first_seed=FIRST_SEED) for c in HENRICI_EFFECTS]
+def _slope_rule(p: Profile) -> dict[str, Any]:
+    slope = [calibrate_slope(f, p.instances, first_seed=FIRST_SEED) for f in FAMILIES]  # type: ignore[arg-type]
+    return {
+        "rule": "the split-half slope's 95% CI (jackknife over prompt blocks) contains -0.5",
+        "stage": "structlens.koopman.stages.split_half (identity dictionary)",
+        "protocol": PROTOCOL.to_json(),
+        "families": [dataclasses.asdict(c) for c in slope],
+    }
+
+
+def _henrici_rule(p: Profile) -> dict[str, Any]:
+    henrici = [calibrate_henrici(c, p.instances, first_seed=FIRST_SEED) for c in HENRICI_EFFECTS]
+    return {
+        "rule": f"the noise-floor-extrapolated relative Henrici departure > {HENRICI_THRESHOLD}",
+        "stage": "structlens.koopman.stages.spectrum (identity dictionary)",
+        "effects": [dataclasses.asdict(r) for r in henrici],
+    }
+
+
+def _universality_rule(p: Profile) -> dict[str, Any]:
     universality = [
         calibrate_universality(system, lift, shift, p.universality_instances,
                                first_seed=FIRST_SEED)
         for system, lift, shift in p.universality_families
     ]  # fmt: skip
     return {
-        "split_half_slope": {
-            "rule": "the split-half slope's 95% CI (jackknife over prompt blocks) contains -0.5",
-            "stage": "structlens.koopman.stages.split_half (identity dictionary)",
-            "protocol": PROTOCOL.to_json(),
-            "families": [dataclasses.asdict(c) for c in slope],
-        },
-        "non_normality": {
-            "rule": f"the noise-floor-extrapolated relative Henrici departure > "
-            f"{HENRICI_THRESHOLD}",
-            "stage": "structlens.koopman.stages.spectrum (identity dictionary)",
-            "effects": [dataclasses.asdict(r) for r in henrici],
-        },
-        "universality": {
-            "rule": f"no pair of {REPLICAS} seed replicas differs beyond its split-half "
-            "sampling null after Holm's adjustment over the pairs at α = 0.05",
-            "stage": "structlens.koopman.stages.compare_spectra with "
-            "structlens.koopman.verdicts.differing_pairs",
-            "resamples": UNIVERSALITY_RESAMPLES,
-            "families": [dataclasses.asdict(r) for r in universality],
-        },
+        "rule": f"no pair of {REPLICAS} seed replicas differs beyond its split-half "
+        "sampling null after Holm's adjustment over the pairs at α = 0.05",
+        "stage": "structlens.koopman.stages.compare_spectra with "
+        "structlens.koopman.verdicts.differing_pairs",
+        "resamples": UNIVERSALITY_RESAMPLES,
+        "families": [dataclasses.asdict(r) for r in universality],
     }
 
 
-def _ndm_rules(p: Profile) -> dict[str, Any]:
+def _merge_rule(p: Profile) -> dict[str, Any]:
     merges = [
         ndm.calibrate_merge(rho, d, p.instances, first_seed=FIRST_SEED)
         for d in MERGE_DIMS
         for rho in p.merge_rhos
     ]
+    return {
+        "rule": f"merge two subspaces when their KSG mutual information / (d_a + d_b) "
+        f"> {ndm.PROTOCOL.merge_threshold:g} nats on {ndm.PROTOCOL.mi_samples} rows",
+        "stage": "structlens.stats.mutual_info.subspace_mutual_information (NDM's merge rounds)",
+        "families": [dataclasses.asdict(r) for r in merges],
+    }
+
+
+def _gini_rule(p: Profile) -> dict[str, Any]:
     ginis = [ndm.calibrate_gini(c, p.instances, first_seed=FIRST_SEED) for c in p.gini_effects]
     return {
-        "merge_rule": {
-            "rule": f"merge two subspaces when their KSG mutual information / (d_a + d_b) "
-            f"> {ndm.PROTOCOL.merge_threshold:g} nats on {ndm.PROTOCOL.mi_samples} rows",
-            "stage": "structlens.stats.mutual_info.subspace_mutual_information (NDM's merge "
-            "rounds)",
-            "families": [dataclasses.asdict(r) for r in merges],
-        },
-        "gini_rule": {
-            "rule": "NDM's mean dimension-normalised Gini is above a baseline's when its "
-            "one-sided paired bootstrap p-value survives Holm's adjustment over the "
-            f"{len(ndm.PROTOCOL.baselines)} baselines at α = 0.025",
-            "stage": "structlens.ndm.stages.gini with structlens.ndm.verdicts.above_baselines",
-            "protocol": {k: getattr(ndm.PROTOCOL, k)
-                         for k in ("patch_prompts", "gini_bootstrap", "baselines")},
-            "tests": ndm.GINI_TESTS,
-            "subspaces": ndm.GINI_SUBSPACES,
-            "families": [dataclasses.asdict(r) for r in ginis],
-        },
+        "rule": "NDM's mean dimension-normalised Gini is above a baseline's when its "
+        "one-sided paired bootstrap p-value survives Holm's adjustment over the "
+        f"{len(ndm.PROTOCOL.baselines)} baselines at α = 0.025",
+        "stage": "structlens.ndm.stages.gini with structlens.ndm.verdicts.above_baselines",
+        "protocol": {k: getattr(ndm.PROTOCOL, k)
+                     for k in ("patch_prompts", "gini_bootstrap", "baselines")},
+        "tests": ndm.GINI_TESTS,
+        "subspaces": ndm.GINI_SUBSPACES,
+        "families": [dataclasses.asdict(r) for r in ginis],
     }  # fmt: skip
 
 
-def _causal_rules(p: Profile) -> dict[str, Any]:
+def _kappa_rule(p: Profile) -> dict[str, Any]:
     kappa = [
         causal.calibrate_kappa(rho, unit, p.instances, first_seed=FIRST_SEED)
         for rho in KAPPA_RHOS
         for unit in ("chunk", "vector")
     ]
     return {
-        "kappa_interval": {
-            "rule": "the bias-corrected jackknife t interval of exact κ (95%), after the "
-            "doubling rule κ(n)/κ(n/2) < tolerance",
-            "stage": "structlens.causal_dim.stages.kappa (planted Grams)",
-            "protocol": {
-                k: getattr(causal.PROTOCOL, k)
-                for k in ("kappa_start", "kappa_max_vectors", "kappa_tolerance", "kappa_unit")
-            },
-            "families": [dataclasses.asdict(c) for c in kappa],
+        "rule": "the bias-corrected jackknife t interval of exact κ (95%), after the "
+        "doubling rule κ(n)/κ(n/2) < tolerance",
+        "stage": "structlens.causal_dim.stages.kappa (planted Grams)",
+        "protocol": {
+            k: getattr(causal.PROTOCOL, k)
+            for k in ("kappa_start", "kappa_max_vectors", "kappa_tolerance", "kappa_unit")
         },
+        "families": [dataclasses.asdict(c) for c in kappa],
     }
 
 
-def _equivalence_rules(p: Profile) -> dict[str, Any]:
+def _decision_rule(p: Profile) -> dict[str, Any]:
     return {
-        "paired_decision": {
-            "rule": f"the exact paired test on discordant heads over the protocol's unit "
-            f"({equivalence.PROTOCOL.null_unit}) at α = "
-            f"{equivalence.PROTOCOL.null_alpha:g} with b > c, and a partner pass rate of "
-            f"at least {equivalence.PROTOCOL.equivalent_at:g}",
-            "unit": equivalence.PROTOCOL.null_unit,
-            "stage": "structlens.equivalence.score.decide_paired_null",
-            "null_pass": equivalence.NULL_PASS,
-            "heads_per_layer": equivalence.HEADS_PER_LAYER,
-            "families": [dataclasses.asdict(r) for r in _decisions(p.instances)],
-        },
+        "rule": f"the exact paired test on discordant heads over the protocol's unit "
+        f"({equivalence.PROTOCOL.null_unit}) at α = "
+        f"{equivalence.PROTOCOL.null_alpha:g} with b > c, and a partner pass rate of "
+        f"at least {equivalence.PROTOCOL.equivalent_at:g}",
+        "unit": equivalence.PROTOCOL.null_unit,
+        "stage": "structlens.equivalence.score.decide_paired_null",
+        "null_pass": equivalence.NULL_PASS,
+        "heads_per_layer": equivalence.HEADS_PER_LAYER,
+        "families": [dataclasses.asdict(r) for r in _decisions(p.instances)],
     }
 
 
-def run(profile: str = "cpu") -> dict[str, Any]:
-    """Every calibration of ``profile`` as the JSON document."""
+def _group_rule(p: Profile) -> dict[str, Any]:
+    groups = [
+        equivalence.calibrate_group(
+            "null" if q == equivalence.NULL_PASS else "alternative", q, HEAD_COUNTS[0],
+            p.instances, first_seed=FIRST_SEED,
+        )
+        for q in (equivalence.NULL_PASS, *PARTNER_PASS)
+    ]  # fmt: skip
+    return {
+        "rule": f"a scenario group's row is claimed when its paired test survives Holm's "
+        f"adjustment over the group's {equivalence.GROUP_ROWS} rows at α = "
+        f"{equivalence.PROTOCOL.null_alpha:g}",
+        "stage": "structlens.equivalence.verdicts.group_decisions",
+        "families": [dataclasses.asdict(r) for r in groups],
+    }
+
+
+#: Every calibrated rule: (method, rule) -> the function scoring it on a profile.
+RULES: dict[tuple[str, str], Callable[[Profile], dict[str, Any]]] = {
+    ("koopman", "split_half_slope"): _slope_rule,
+    ("koopman", "non_normality"): _henrici_rule,
+    ("koopman", "universality"): _universality_rule,
+    ("ndm", "merge_rule"): _merge_rule,
+    ("ndm", "gini_rule"): _gini_rule,
+    ("causal_dim", "kappa_interval"): _kappa_rule,
+    ("equivalence", "paired_decision"): _decision_rule,
+    ("equivalence", "group_decision"): _group_rule,
+}
+
+
+def run(profile: str = "cpu", jobs: int = 1) -> dict[str, Any]:
+    """Every calibration of ``profile`` as the JSON document, the rules scored in ``jobs``
+    processes (each rule's instances are seeded, so the document does not depend on it)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}.")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1; got {jobs}.")
     p = PROFILES[profile]
-    doc = {
+    if jobs == 1:
+        blocks = [score(p) for score in RULES.values()]
+    else:
+        spawn = multiprocessing.get_context("spawn")  # no forked torch or BLAS threads
+        with ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
+            blocks = list(pool.map(_score, RULES.values(), [p] * len(RULES)))
+    doc: dict[str, Any] = {
         "profile": profile,
         "target_coverage": list(TARGET_COVERAGE),
         "target_false_positive_rate": TARGET_FPR,
-        "koopman": _koopman_rules(p),
-        "ndm": _ndm_rules(p),
-        "causal_dim": _causal_rules(p),
-        "equivalence": _equivalence_rules(p),
     }
+    for (method, rule), block in zip(RULES, blocks, strict=True):
+        doc.setdefault(method, {})[rule] = block
     return summarize(doc)
+
+
+def _score(rule: Callable[[Profile], dict[str, Any]], p: Profile) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker
+    return rule(p)
 
 
 def _row(c: dict[str, Any]) -> str:
@@ -568,6 +633,31 @@ def _equivalence(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _group(doc: dict[str, Any]) -> list[str]:
+    gr = doc["equivalence"]["group_decision"]
+    return [
+        "## Equivalence: a scenario group's rows",
+        "",
+        f"Rule: {gr['rule']}. Stage: `{gr['stage']}` over the rows' paired tests. Planted "
+        f"groups of {gr['families'][0]['rows']} comparisons of {gr['families'][0]['n_heads']} "
+        "independent heads, partners passing with the same probability in every row (the "
+        "null passes with 0.3).",
+        "",
+        "| partner pass | rule should say | instances | some row claimed (Holm) | every row "
+        "claimed | some row claimed, unadjusted |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['partner_pass']:g} | "
+            + ("claimed" if r["expected"] else "not claimed")
+            + f" | {r['n']} | {_ci(r['rate'], r['rate_ci'], 3)} | "
+            + f"{_ci(r['all_rate'], r['all_rate_ci'], 3)} | "
+            + f"{_ci(r['raw_rate'], r['raw_rate_ci'], 3)} |"
+            for r in gr["families"]
+        ),
+        "",
+    ]
+
+
 def render(doc: dict[str, Any]) -> str:
     """The markdown of a calibration document."""
     head = [
@@ -583,7 +673,7 @@ def render(doc: dict[str, Any]) -> str:
         "",
     ]
     body = _koopman(doc) + _universality(doc) + _ndm(doc) + _gini(doc) + _causal(doc)
-    body += _equivalence(doc)
+    body += _equivalence(doc) + _group(doc)
     return "\n".join(head + body)
 
 
@@ -600,8 +690,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m structlens.calibration", description=__doc__)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--doc-dir", default="docs", help="Where the two documents go.")
+    ap.add_argument("--jobs", type=int, default=1, help="Processes scoring the rules.")
     args = ap.parse_args(argv)
-    md, js = write(run(args.profile), args.doc_dir)
+    md, js = write(run(args.profile, args.jobs), args.doc_dir)
     print(json.dumps({"markdown": str(md), "json": str(js)}))
 
 

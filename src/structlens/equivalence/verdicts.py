@@ -20,9 +20,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from structlens.equivalence.scenarios import SCENARIOS, Scenario
+from structlens.equivalence.score import PairedNullDecision
 from structlens.equivalence.stages import ModelAnalysis, ModelComparison, SanityCheck
 from structlens.results import to_jsonable
 from structlens.stats.intervals import cluster_bootstrap_ratio_interval, wilson_interval
+from structlens.stats.multiplicity import holm
 from structlens.verdicts import Caveat, Claim, Number, Section
 
 __all__ = [
@@ -33,8 +35,11 @@ __all__ = [
     "GroupSummary",
     "claim_id",
     "claimed",
+    "claimed_in_group",
+    "group_decisions",
     "vs_paper",
     "row_verdict",
+    "row_verdicts",
     "row_caveats",
     "pooled_interval",
     "pool",
@@ -93,13 +98,38 @@ def _ci(interval: Sequence[float]) -> str:
 
 def claimed(r: ModelComparison) -> bool | None:
     """Whether the paired test finds the partners better than the mean-ablation null on the
-    row's validated heads (more heads pass with their partner only, McNemar exact p < α);
-    ``None`` without a null.  Score and null come from the same heads, so their intervals
-    are not compared."""
+    row's validated heads alone (more heads pass with their partner only, McNemar exact
+    p < α); ``None`` without a null.  Score and null come from the same heads, so their
+    intervals are not compared."""
     if r.heads.null_passed is None:
         return None
     d = r.heads.decision
     return bool(d.partner_only > d.null_only and d.p_value < d.alpha)
+
+
+def claimed_in_group(rows: Mapping[str, ModelComparison]) -> dict[str, bool | None]:
+    """:func:`claimed` for every row of one scenario group: :func:`group_decisions` of the
+    rows' paired tests (``None`` for a row without a null)."""
+    return group_decisions(
+        {k: None if r.heads.null_passed is None else r.heads.decision for k, r in rows.items()}
+    )
+
+
+def group_decisions(decisions: Mapping[str, PairedNullDecision | None]) -> dict[str, bool | None]:
+    """Per row of one scenario group, whether its paired test finds the partners better than
+    the null (more heads pass with their partner only) with its p-value adjusted by Holm over
+    the group's tests at their α (a group's verdict rests on all of its rows, so one row
+    claimed by chance would change it; the rows of a group share one protocol).  ``None``
+    for a row without a test."""
+    tested = {k: d for k, d in decisions.items() if d is not None}
+    out: dict[str, bool | None] = {k: None for k in decisions}
+    if not tested:
+        return out
+    alpha = next(iter(tested.values())).alpha
+    p = [1.0 if math.isnan(d.p_value) else d.p_value for d in tested.values()]
+    for (k, d), adjusted in zip(tested.items(), holm(p, alpha).adjusted, strict=True):
+        out[k] = bool(d.partner_only > d.null_only and adjusted < d.alpha)
+    return out
 
 
 def vs_paper(group: str, interval: Sequence[float]) -> str:
@@ -113,19 +143,32 @@ def vs_paper(group: str, interval: Sequence[float]) -> str:
     return "consistent"
 
 
-def row_verdict(group: str, r: ModelComparison) -> tuple[str, str]:
-    """The row's verdict against the paper (one of the vocabulary) and its reason."""
+def row_verdict(group: str, r: ModelComparison, is_claimed: bool | None = None) -> tuple[str, str]:
+    """The row's verdict against the paper (one of the vocabulary) and its reason;
+    ``is_claimed`` is the row's :func:`claimed_in_group` (default: the row alone)."""
     if not r.heads.passed:
         return "not tested", "no head was validated"
-    if claimed(r) is False:
+    if (claimed(r) if is_claimed is None else is_claimed) is False:
         return "unidentified", (
             "the paired test does not find the partners better than the mean-ablation null "
-            f"({r.heads.decision.reason})"
+            f"({r.heads.decision.reason}"
+            + (", after Holm's adjustment over the group's rows)" if claimed(r) else ")")
         )
     paper, where = PAPER[claim_id(group)].text, vs_paper(group, r.heads.score_ci)
     if where == "consistent":
         return "reproduced", f"the paper's {paper} lies in {_ci(r.heads.score_ci)}"
     return "not reproduced", f"{_ci(r.heads.score_ci)} lies {where} than the paper's {paper}"
+
+
+def row_verdicts(results: Mapping[str, ModelComparison]) -> dict[str, tuple[str, str]]:
+    """:func:`row_verdict` of every row of the scenario table that ran, each with its
+    group's :func:`claimed_in_group`."""
+    out: dict[str, tuple[str, str]] = {}
+    for group in dict.fromkeys(sc.group for sc in SCENARIOS):
+        rows = rows_of(group, results)
+        found = claimed_in_group(rows)
+        out |= {k: row_verdict(group, r, found[k]) for k, r in rows.items()}
+    return out
 
 
 def row_caveats(r: ModelComparison) -> tuple[Caveat, ...]:
@@ -225,6 +268,7 @@ def _counts(rates: Sequence[Any]) -> tuple[list[int], list[int]]:
 def summarize_group(group: str, rows: Mapping[str, ModelComparison], n_boot: int) -> GroupSummary:
     """Pool the rows of ``group`` (name -> comparison, in table order)."""
     rs = list(rows.values())
+    found = claimed_in_group(rows)
     patched = [r for r in rs if r.heads.null_passed is not None]
     grouped = [g for r in patched if (g := r.head_groups) is not None]
     null_k = [sum(r.heads.null_passed or ()) for r in patched]
@@ -241,8 +285,8 @@ def summarize_group(group: str, rows: Mapping[str, ModelComparison], n_boot: int
         ),
         head_groups_informative=pool(*_counts([g.informative for g in grouped]), n_boot),
         n_patched=len(patched),
-        n_claimed=sum(bool(claimed(r)) for r in patched),
-        verdicts=tuple(row_verdict(group, r) for r in rs),
+        n_claimed=sum(bool(c) for c in found.values()),
+        verdicts=tuple(row_verdict(group, r, found[k]) for k, r in rows.items()),
     )
 
 
@@ -338,11 +382,14 @@ def claims(
     return tuple(out)
 
 
-def row_block(sc: Scenario, r: ModelComparison, protocol: Any) -> dict[str, Any]:
-    """One row of the claims JSON: score, null, layer score, verdict and reason, decisions,
-    the paired test, the representational score, caveats and the protocol."""
+def row_block(
+    sc: Scenario, r: ModelComparison, protocol: Any, row: tuple[str, str]
+) -> dict[str, Any]:
+    """One row of the claims JSON: score, null, layer score, verdict and reason (``row``: its
+    :func:`row_verdicts` entry), decisions, the paired test, the representational score,
+    caveats and the protocol."""
     h, rs = r.heads, r.representational
-    verdict, why = row_verdict(sc.group, r)
+    verdict, why = row
 
     def finite(pair: Sequence[float] | None) -> list[float] | None:
         return list(pair) if pair is not None and all(map(math.isfinite, pair)) else None
@@ -378,6 +425,7 @@ def blocks(
     (SmolLM2's where it ran, else the tiny model's) and every row (:func:`row_block`)."""
     row = next((x for x in ("sanity-smollm2", "sanity-tiny") if x in results), None)
     first = results[row] if row else None
+    verdicts = row_verdicts(results)
     return {
         "paper_targets": {"source": PAPER_SOURCE, "in_paper_code": False},
         "sanity": {
@@ -387,7 +435,9 @@ def blocks(
             "passed": sanity[row].passed if row is not None and row in sanity else None,
         },
         "rows": [
-            row_block(sc, r, protocols[sc.name]) for sc in SCENARIOS if (r := results.get(sc.name))
+            row_block(sc, r, protocols[sc.name], verdicts[sc.name])
+            for sc in SCENARIOS
+            if (r := results.get(sc.name))
         ],  # fmt: skip
     }
 

@@ -26,7 +26,7 @@ from structlens.replication.equivalence.run import METHOD, EquivalenceReplicatio
 from structlens.replication.markdown import ci, fmt, with_calibration, write_text
 
 
-def _row(sc: Scenario, r: ModelComparison, seconds: dict[str, float]) -> str:
+def _row(sc: Scenario, r: ModelComparison, seconds: dict[str, float], verdict: str) -> str:
     cg, h, g = r.congruity, r.heads, r.head_groups
     null = inf = "— (no patching)"
     if h.null_score is not None:
@@ -36,7 +36,6 @@ def _row(sc: Scenario, r: ModelComparison, seconds: dict[str, float]) -> str:
             f"{d.partner_only} vs {d.null_only} discordant heads, p = {d.p_value:.2g}"
         )
         inf = f"{i.n_passed}/{i.n} = {i.score:.2f} {ci(i.score_ci)}" if i and i.n else "0 heads"
-    verdict, _ = v.row_verdict(sc.group, r)
     cells = [
         sc.group, sc.setting, v.PAPER[v.claim_id(sc.group)].text,
         f"**{h.score:.2f}** {ci(h.score_ci)} ({h.method})", str(len(h.passed)), null, inf,
@@ -191,8 +190,9 @@ def render_markdown(
     source: str,
 ) -> str:
     """The scenario table, per-row details, settings and discussion, from the stage results."""
+    verdicts = v.row_verdicts(results)
     lines = [
-        _row(sc, results[sc.name], rep.seconds) if sc.name in results
+        _row(sc, results[sc.name], rep.seconds, verdicts[sc.name][0]) if sc.name in results
         else f"| {sc.group} | {sc.setting} | {v.PAPER[v.claim_id(sc.group)].text} | not run "
         "yet (rerun the script) |" + " |" * 11
         for sc in SCENARIOS if sc.name in results or sc.name in rep.s["scenarios"]
