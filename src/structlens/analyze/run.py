@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from structlens import __version__
 from structlens.analyze.config import CACHE_VERSION, AnalysisReport, AnalyzeConfig
+from structlens.analyze.memory import PeakMemory
 from structlens.causal_dim import stages as causal_stages
 from structlens.causal_dim import verdicts as causal
 from structlens.data.tasks import sanity as tasks
@@ -129,11 +131,16 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
     status: dict[str, dict[str, Any]] = {}
     progress = ProgressBars(cfg.progress)
 
+    memory = PeakMemory()
+    peaks: dict[str, float | None] = {}
+
     def compute(stage: str, _folder: Path) -> Section:  # a section writes no other files
         t0 = time.perf_counter()
+        memory.start()
         with progress.stage(stage, _steps(stage, cfg, layers)) as step:
             torch.manual_seed(cfg.seed)
             section = _section(stage, cfg, model, layers, executor, step)
+        peaks[stage] = memory.stop()
         return dataclasses.replace(section, seconds=round(time.perf_counter() - t0, 1))
 
     with progress.session():
@@ -146,7 +153,12 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
             section = cache.run(key, Section, functools.partial(compute, stage))
             sections[stage] = section.to_json()
             hit = cache.events[-1].hit
-            status[stage] = {"status": "cached" if hit else "computed", "seconds": section.seconds}
+            status[stage] = {
+                "status": "cached" if hit else "computed",
+                "seconds": section.seconds,
+                "peak_rss_gib": peaks.get(stage),  # None when loaded from the cache
+                "load_average": round(os.getloadavg()[0], 2),
+            }
     run = {
         "model": model.name,
         "fingerprint": fingerprint,
@@ -158,6 +170,7 @@ def run_analysis(cfg: AnalyzeConfig, model: Any) -> AnalysisReport:
         "executor": cfg.executor,
         "compare": cfg.compare,
         "stages": status,
+        "peak_rss_gib": memory.overall,  # the process's, model loading and every stage
         "structlens_version": __version__,
     }
     report = AnalysisReport(run=run, sections=sections)

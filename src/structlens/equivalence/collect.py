@@ -37,11 +37,17 @@ def _sites(model: Model) -> tuple[list[str], list[str]]:
     )
 
 
+def _row_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def collect_rows(
     model: Model, tokens: Sequence[Sequence[int]], start: int, sentence: bool, batch_size: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per layer, resid_post rows ``[n, d]`` and hook_z rows ``[n, H, dh]`` (float64):
-    real tokens from position ``start`` on, or one mean row per prompt."""
+    """Per layer, resid_post rows ``[n, d]`` and hook_z rows ``[n, H, dh]``: real tokens
+    from position ``start`` on, in the model's precision (float32 for float32, float16 and
+    bfloat16 models, which float32 holds exactly; the similarities and maps convert to
+    float64 one layer at a time), or one float64 mean row per prompt."""
     resid_sites, z_sites = _sites(model)
     res: list[list[np.ndarray]] = [[] for _ in resid_sites]
     zs: list[list[np.ndarray]] = [[] for _ in z_sites]
@@ -56,18 +62,24 @@ def collect_rows(
         w = keep.double()
         for out, sites in ((res, resid_sites), (zs, z_sites)):
             for l, s in enumerate(sites):
-                a = cache[s].double()
                 if sentence:
+                    a = cache[s].double()
                     flat = a.reshape(*a.shape[:2], -1)
                     m = (flat * w[..., None]).sum(1) / w.sum(1)[:, None]
                     out[l].append(m.reshape(len(idx), *a.shape[2:]).cpu().numpy())
                 else:
-                    out[l].append(a[keep].cpu().numpy())
+                    out[l].append(cache[s][keep].to(_row_dtype(cache[s].dtype)).cpu().numpy())
+        del cache
     return [np.concatenate(r) for r in res], [np.concatenate(z) for z in zs]
 
 
 def prepare_layers(acts: list[np.ndarray], options: Preprocess) -> list[np.ndarray]:
+    """``options`` applied to every layer; with neither clipping nor standardisation the
+    rows are returned as they are (the similarities centre them in float64 themselves, so a
+    float64 copy of every layer here would only double the memory)."""
     opts = dataclasses.replace(options, exclude_bos=False)
+    if opts.clip_quantile is None and not opts.standardize:
+        return list(acts)
     out = []
     for a in acts:
         flat = a.reshape(a.shape[0], -1)

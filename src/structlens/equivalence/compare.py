@@ -419,6 +419,7 @@ def compare(
             (raw_a, raw_b, raw_za, raw_zb), start, model_b.dtype,
             (model_a.output_stack, model_b.output_stack),
         )  # fmt: skip
+        del raw_a, raw_b, raw_za, raw_zb  # the maps are fitted; the patched runs need no rows
         records = validate_patches(
             model_a, model_b, probe.tokens_b, heldout, probe.task_b, start, w.all(), w.a_sites,
             cfg.batch_size,

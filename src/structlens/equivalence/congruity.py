@@ -37,6 +37,8 @@ from .encoding import EncodingConfig, _XEncoder
 __all__ = [
     "accumulated_representation",
     "kl_from_logits",
+    "kl_rows",
+    "log_softmax_rows",
     "rank_heads",
     "SelectivityResult",
     "selectivity_test",
@@ -94,21 +96,31 @@ def accumulated_representation(
     return out
 
 
+def log_softmax_rows(logits: object, name: str = "logits") -> np.ndarray:
+    """Row-wise log-softmax in float64 (``[rows, classes]``)."""
+    p = check_matrix(logits, name, min_rows=1).astype(np.float64)
+    lp = p - p.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    return lp
+
+
+def kl_rows(reference_logp: np.ndarray, patched_logits: object) -> np.ndarray:
+    """Per row, ``KL(softmax(reference) || softmax(patched))`` in nats, from the reference's
+    :func:`log_softmax_rows` (computed once when many patches share one reference)."""
+    lq = log_softmax_rows(patched_logits, "patched_logits")
+    if reference_logp.shape != lq.shape:
+        raise ValueError(f"logit shapes differ: {reference_logp.shape} vs {lq.shape}.")
+    return np.sum(np.exp(reference_logp) * (reference_logp - lq), axis=1)
+
+
 def kl_from_logits(reference_logits: object, patched_logits: object) -> float:
     """Mean ``KL(softmax(reference) || softmax(patched))`` over rows, in **nats**.
 
     Rows are predicted positions (the reference code uses the last token of each prompt,
     ``F.kl_div(log_softmax(patched), softmax(clean), reduction="batchmean")``).
     """
-    p = check_matrix(reference_logits, "reference_logits", min_rows=1).astype(np.float64)
-    q = check_matrix(patched_logits, "patched_logits", min_rows=1).astype(np.float64)
-    if p.shape != q.shape:
-        raise ValueError(f"logit shapes differ: {p.shape} vs {q.shape}.")
-    lp = p - p.max(1, keepdims=True)
-    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
-    lq = q - q.max(1, keepdims=True)
-    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
+    lp = log_softmax_rows(reference_logits, "reference_logits")
+    return float(np.mean(kl_rows(lp, patched_logits)))
 
 
 def rank_heads(kl: object, top_k: int | None = None) -> np.ndarray:

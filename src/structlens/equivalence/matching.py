@@ -55,27 +55,35 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 handled by a batched path that shares the per-component terms."""
 
 
-def _centred_layers(acts: Sequence[object], name: str, n: int | None) -> list[np.ndarray]:
+def _checked_layers(acts: Sequence[object], name: str, n: int | None) -> list[np.ndarray]:
     out = []
     for i, a in enumerate(acts):
-        m = check_matrix(a, f"{name}[{i}]", min_rows=2).astype(np.float64)
+        m = check_matrix(a, f"{name}[{i}]", min_rows=2)
         if n is not None and m.shape[0] != n:
             raise ValueError(
                 f"{name}[{i}] has {m.shape[0]} samples, expected {n}: every component must be "
                 "captured on the same probe set."
             )
         n = m.shape[0]
-        out.append(m - m.mean(0))
+        out.append(m)
     return out
+
+
+def _centred(a: np.ndarray) -> np.ndarray:
+    m = a.astype(np.float64)
+    return m - m.mean(0)
 
 
 def _grouped_linear_cka(
     acts_a: Sequence[object], acts_b: Sequence[object], ga: int, gb: int, debiased: bool
 ) -> np.ndarray:
-    """Linear CKA between every (layer, group) of A and of B: ``[LA, ga, LB, gb]``."""
-    ca = _centred_layers(acts_a, "acts_a", None)
-    cb = _centred_layers(acts_b, "acts_b", ca[0].shape[0])
-    n = ca[0].shape[0]
+    """Linear CKA between every (layer, group) of A and of B: ``[LA, ga, LB, gb]``.
+
+    B's layers are held centred in float64, A's are centred one at a time (inputs may be
+    float32 rows), so memory is one model's centred layers beside the inputs."""
+    ra = _checked_layers(acts_a, "acts_a", None)
+    n = ra[0].shape[0]
+    cb = [_centred(m) for m in _checked_layers(acts_b, "acts_b", n)]
     if debiased and n < 4:
         raise ValueError(f"debiased CKA needs at least 4 samples, got {n}.")
 
@@ -94,7 +102,7 @@ def _grouped_linear_cka(
             t = t - n / (n - 2.0) * np.einsum("ng,ng->g", rows, rows) + tr**2 / ((n - 1) * (n - 2))
         return t, rows, tr
 
-    sa = [self_terms(c, ga) for c in ca]
+    sa = [self_terms(_centred(m), ga) for m in ra]
     sb = [self_terms(c, gb) for c in cb]
     for side, terms in (("acts_a", sa), ("acts_b", sb)):
         for i, (t, _, _) in enumerate(terms):
@@ -103,8 +111,9 @@ def _grouped_linear_cka(
                     f"{side}[{i}] has a head/layer with zero (or, debiased, non-positive) "
                     "self-similarity; constant activations cannot be compared."
                 )
-    out = np.empty((len(ca), ga, len(cb), gb))
-    for i, x in enumerate(ca):
+    out = np.empty((len(ra), ga, len(cb), gb))
+    for i, raw in enumerate(ra):
+        x = _centred(raw)
         tx, px, trx = sa[i]
         for j, y in enumerate(cb):
             ty, py, try_ = sb[j]
@@ -151,8 +160,9 @@ def layer_similarity_matrix(
 
     Notes
     -----
-    Linear CKA keeps the centred layers in float64 and shares the per-layer terms, so it
-    costs one ``d_a x d_b`` product per pair; memory is that of the centred layers.
+    Linear CKA centres the layers in float64 and shares the per-layer terms, so it costs one
+    ``d_a x d_b`` product per pair; memory is that of B's centred layers (float32 inputs
+    stay float32, A's layers are centred one at a time).
     """
     name, fn = _resolve_metric(metric)
     if not len(acts_a) or not len(acts_b):

@@ -20,11 +20,14 @@ from .congruity import (
     accumulated_representation,
     bootstrap_point_test,
     kl_from_logits,
+    kl_rows,
+    log_softmax_rows,
     rank_heads,
     selectivity_test,
 )
 from .encoding import fit_linear_map
 from .layer_map import fit_layer_map
+from .prefix import LayerOutputs, first_layer
 
 if TYPE_CHECKING:
     from .compare import CompareConfig
@@ -60,11 +63,17 @@ def validate(
     """Patch each (site, fn) into B on the held-out prompts; KL, top-1 and metric ratio.
 
     ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch.
+    Each batch is reduced to per-row KL and top-1 agreement before the next: holding every
+    patch's float64 logits (rows x vocabulary) would take gigabytes for a 49k vocabulary.
+    A patched forward takes the unpatched forward's outputs of the layers below its site's
+    layer (:class:`~structlens.equivalence.prefix.LayerOutputs`), which it would recompute
+    unchanged.
     """
-    orig_rows: list[torch.Tensor] = []
-    patched_rows: list[list[torch.Tensor]] = [[] for _ in writers]
+    kl: list[list[np.ndarray]] = [[] for _ in writers]
+    agree: list[list[torch.Tensor]] = [[] for _ in writers]
     orig_metric: list[torch.Tensor] = []
     patched_metric: list[list[torch.Tensor]] = [[] for _ in writers]
+    prefix, first = LayerOutputs(model_b), [first_layer(model_b, site) for site, _ in writers]
     for chunk in _batches(len(heldout), batch_size):
         idx = [heldout[i] for i in chunk]
         toks = [tokens[i] for i in idx]
@@ -72,31 +81,38 @@ def validate(
         with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
             model_a.forward(ids_a, mask_a)
         ids, mask = _pad(toks, model_b)
-        with torch.no_grad():
+        with torch.no_grad(), prefix.record():
             base = model_b.forward(ids, mask)
-        orig_rows.append(_eval_rows(base, mask, task_b, idx, start).double())
+        ref = _eval_rows(base, mask, task_b, idx, start).double()
+        ref_logp, ref_top = log_softmax_rows(ref.cpu().numpy(), "reference_logits"), ref.argmax(-1)
+        del ref
         if task_b is not None:
             orig_metric.append(task_b.metric(task_b.gather_logits(base, idx), idx).double())
+        del base
         for k, (site_b, fn) in enumerate(writers):
 
             def write(act: torch.Tensor, fn=fn, src=cache_a) -> torch.Tensor:
                 return fn(act, src)
 
-            with torch.no_grad(), hooked(model_b, writes={site_b: write}):
+            with (
+                torch.no_grad(),
+                prefix.below(first[k]),
+                hooked(model_b, writes={site_b: write}),
+            ):
                 out = model_b.forward(ids, mask)
-            patched_rows[k].append(_eval_rows(out, mask, task_b, idx, start).double())
+            p = _eval_rows(out, mask, task_b, idx, start).double()
+            kl[k].append(kl_rows(ref_logp, p.cpu().numpy()))
+            agree[k].append(p.argmax(-1) == ref_top)
             if task_b is not None:
                 patched_metric[k].append(
                     task_b.metric(task_b.gather_logits(out, idx), idx).double()
                 )
-    ref = torch.cat(orig_rows)
-    ref_top = ref.argmax(-1)
+            del out, p
     records = []
     for k in range(len(writers)):
-        p = torch.cat(patched_rows[k])
         rec = {
-            "kl": kl_from_logits(ref.numpy(), p.numpy()),
-            "top1": float((p.argmax(-1) == ref_top).double().mean()),
+            "kl": float(np.mean(np.concatenate(kl[k]))),
+            "top1": float(torch.cat(agree[k]).double().mean()),
         }
         if task_b is not None:
             m0 = float(torch.cat(orig_metric).mean())
@@ -293,7 +309,7 @@ def _replace_heads(parts: list[tuple], start: int, stack_a: str) -> Writer:
 
 def _mean_heads(raw_zb: list, lb: int, hbs: list[int], start: int, dtype: torch.dtype) -> Writer:
     """Writer mean-ablating B's heads ``hbs`` of layer ``lb`` (their fit-set means)."""
-    means = torch.as_tensor(raw_zb[lb][:, hbs].mean(0), dtype=dtype)
+    means = torch.as_tensor(np.asarray(raw_zb[lb][:, hbs], np.float64).mean(0), dtype=dtype)
 
     def fn(act: torch.Tensor, src: dict) -> torch.Tensor:
         out = act.clone()

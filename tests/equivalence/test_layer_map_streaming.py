@@ -1,0 +1,143 @@
+"""The equivalence stage holds fit rows at the model's precision and reduces each validation
+batch before the next; these are the known answers it must keep: the float64 layer maps and
+similarities of the same rows, and the KL of every patch's held logits."""
+
+import numpy as np
+import pytest
+import torch
+
+from structlens.equivalence import (
+    fit_layer_map,
+    head_similarity_matrix,
+    kl_from_logits,
+    layer_similarity_matrix,
+)
+from structlens.equivalence.collect import _pad, collect_rows
+from structlens.equivalence.congruity import kl_rows, log_softmax_rows
+from structlens.equivalence.patching import validate
+from structlens.equivalence.probes import corpus_probe
+from structlens.interventions import hooked
+from structlens.models import load_model
+
+
+def _rows(rng, n, d):
+    # anisotropic and off-centre, like a residual stream, rounded to float32 as captured
+    x = rng.standard_normal((n, d)) * np.exp(-np.arange(d) / 10.0) + 2.0
+    return x.astype(np.float32)
+
+
+def test_layer_map_of_float32_rows_is_the_float64_map_and_recovers_a_rotation():
+    rng = np.random.default_rng(0)
+    d = 24
+    x = _rows(rng, 4 * d, d)
+    q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    y = (x.astype(np.float64) @ q).astype(np.float32)
+    held = fit_layer_map(x.astype(np.float64), y.astype(np.float64))
+    streamed = fit_layer_map(x, y)
+    np.testing.assert_array_equal(streamed.weight, held.weight)
+    np.testing.assert_array_equal(streamed.bias, held.bias)
+    # the planted rotation, up to the float32 rounding of y
+    np.testing.assert_allclose(streamed.weight, q, atol=1e-5)
+
+
+def _debiased_hsic(k, l):
+    """Song et al.'s unbiased HSIC from n x n Gram matrices (an independent computation)."""
+    n = k.shape[0]
+    k, l = k - np.diag(np.diag(k)), l - np.diag(np.diag(l))
+    ones = np.ones(n)
+    return (
+        np.trace(k @ l)
+        + (ones @ k @ ones) * (ones @ l @ ones) / ((n - 1) * (n - 2))
+        - 2.0 / (n - 2) * (ones @ k @ l @ ones)
+    ) / (n * (n - 3))
+
+
+def _cka_by_grams(x, y):
+    x = x.astype(np.float64) - x.astype(np.float64).mean(0)
+    y = y.astype(np.float64) - y.astype(np.float64).mean(0)
+    k, l = x @ x.T, y @ y.T
+    return _debiased_hsic(k, l) / np.sqrt(_debiased_hsic(k, k) * _debiased_hsic(l, l))
+
+
+def test_similarities_of_float32_rows_equal_float64_and_the_gram_computation():
+    rng = np.random.default_rng(1)
+    n, d, heads = 60, 12, 3
+    a = [_rows(rng, n, d) for _ in range(3)]
+    b = [_rows(rng, n, d) for _ in range(2)] + [a[1]]
+    s32 = layer_similarity_matrix(a, b, "linear_cka_debiased")
+    s64 = layer_similarity_matrix(
+        [m.astype(np.float64) for m in a], [m.astype(np.float64) for m in b], "linear_cka_debiased"
+    )
+    np.testing.assert_array_equal(s32, s64)
+    want = np.array([[_cka_by_grams(x, y) for y in b] for x in a])
+    np.testing.assert_allclose(s32, want, rtol=1e-10, atol=1e-12)
+    assert s32[1, 2] == pytest.approx(1.0, abs=1e-12)
+    za = [m.reshape(n, heads, d // heads) for m in a]
+    zb = [m.reshape(n, heads, d // heads) for m in b]
+    h32 = head_similarity_matrix(za, zb, "linear_cka_debiased")
+    h64 = head_similarity_matrix(
+        [z.astype(np.float64) for z in za],
+        [z.astype(np.float64) for z in zb],
+        "linear_cka_debiased",
+    )
+    np.testing.assert_array_equal(h32, h64)
+    np.testing.assert_allclose(
+        h32[2, 1, 0, 2], _cka_by_grams(za[2][:, 1], zb[0][:, 2]), rtol=1e-10, atol=1e-12
+    )
+
+
+def test_kl_rows_of_batches_average_to_the_kl_of_all_rows(rng):
+    ref, patched = rng.normal(size=(30, 50)) * 3, rng.normal(size=(30, 50)) * 3
+    held = kl_from_logits(ref, patched)
+    parts = [kl_rows(log_softmax_rows(ref[i : i + 7]), patched[i : i + 7]) for i in range(0, 30, 7)]
+    assert float(np.mean(np.concatenate(parts))) == held
+    want = torch.nn.functional.kl_div(
+        torch.log_softmax(torch.tensor(patched), -1),
+        torch.log_softmax(torch.tensor(ref), -1),
+        reduction="batchmean",
+        log_target=True,
+    )
+    assert held == pytest.approx(float(want), abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-llama", seed=1)
+
+
+def test_collected_rows_keep_the_model_precision(tiny):
+    probe = corpus_probe(tiny, tiny, n=12, max_chars=60)
+    resid, z = collect_rows(tiny, probe.tokens_a[:4], 1, False, 2)
+    assert {r.dtype for r in [*resid, *z]} == {np.dtype(np.float32)}
+    n = sum(len(t) - 1 for t in probe.tokens_a[:4])
+    assert resid[0].shape == (n, tiny.d_model) and z[0].shape[0] == n
+    sent, _ = collect_rows(tiny, probe.tokens_a[:4], 1, True, 2)
+    assert sent[0].dtype == np.float64 and sent[0].shape == (4, tiny.d_model)
+
+
+def test_streamed_validation_equals_the_held_logits(tiny):
+    """KL and top-1 of a patch over batches of 2 equal those of the logits of every held-out
+    prompt held at once and compared in one call (padding moves only float round-off)."""
+    probe = corpus_probe(tiny, tiny, n=12, max_chars=60)
+    heldout = [0, 2, 3, 5, 7]
+    site = "blocks.1.attn.hook_z"
+
+    def ablate(act, src):
+        out = act.clone()
+        out[:, 1:, 0] = 0.0
+        return out
+
+    writers = [(site, lambda act, src: act), (site, ablate)]
+    streamed = validate(tiny, tiny, probe.tokens_b, heldout, None, 1, writers, [site], 2)
+    assert streamed[0]["kl"] == pytest.approx(0.0, abs=1e-12) and streamed[0]["top1"] == 1.0
+    ids, mask = _pad([probe.tokens_b[i] for i in heldout], tiny)
+    keep = mask.bool().clone()
+    keep[:, :1] = False
+    with torch.no_grad():
+        ref = tiny.forward(ids, mask)[keep].double()
+        with hooked(tiny, writes={site: lambda act: ablate(act, None)}):
+            out = tiny.forward(ids, mask)[keep].double()
+    assert streamed[1]["kl"] > 1e-4
+    assert streamed[1]["kl"] == pytest.approx(kl_from_logits(ref.numpy(), out.numpy()), rel=1e-4)
+    top1 = float((out.argmax(-1) == ref.argmax(-1)).double().mean())
+    assert streamed[1]["top1"] == pytest.approx(top1, abs=1.5 / len(ref))
