@@ -19,12 +19,6 @@ Sizes: M = 100,000, N = 512 and M = 200,000, N = 1,024, all three contenders bac
 one process (so outside load hits them alike), each size repeated ``--repeats`` times and the
 best time kept.  The load average before and after goes into results.json.
 
-A loaded round follows: the M = 100,000, N = 512 case again while one other process spins on
-one core (a pure-Python loop, started and stopped by this script), as on a shared machine.
-It records the same ratios (``loaded.speedup_vs_pykoopman``, ``loaded.fraction_of_gemm_bound``)
-and the free cores structlens measured (:func:`structlens.stats.threads.free_cores`), which
-set the BLAS threads of its solve and eigendecomposition.
-
     .venv/bin/python benchmarks/koopman/run.py [--quick] [--repeats 2]
 
 Takes about 2–3 minutes on an idle 2-core machine.  ``--lanes`` instead times the statistics
@@ -40,8 +34,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -178,21 +170,6 @@ def lanes_check(repeats: int) -> dict:
     }
 
 
-def loaded_round(repeats: int, rate: float) -> dict:
-    """The headline case beside one busy process (see the module docstring)."""
-    from structlens.stats.threads import free_cores
-
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(1.0)  # let the scheduler see it
-        free = free_cores(reuse=False)
-        case = one_size(*SIZES[0], repeats, rate)
-    finally:
-        busy.kill()
-        busy.wait()
-    return {"busy_processes": 1, "free_cores_measured": free, **case}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one small size (smoke run)")
@@ -231,17 +208,12 @@ def main() -> None:
         "gemm_rate_flops": rate,
         "cases": [one_size(m, n, args.repeats, rate) for m, n in sizes],
     }
-    if not args.quick:
-        results["loaded"] = loaded_round(args.repeats, rate)
     results["machine"]["load_average_after"] = os.getloadavg()
     head = results["cases"][0]
     for key in ("speedup_vs_pykoopman", "fraction_of_gemm_bound"):
         results[key] = head.get(key)  # the headline case: M = 100k, N = 512
-        if "loaded" in results:
-            results[f"{key}_loaded"] = results["loaded"].get(key)
     results["targets"] = {
         "speedup_vs_pykoopman": ">= 1.0",
-        "speedup_vs_pykoopman_loaded": ">= 1.0",
         "fraction_of_gemm_bound": ">= 0.77 (within 1.3x of the bound)",
     }
     out = HERE / ("results_quick.json" if args.quick else "results.json")

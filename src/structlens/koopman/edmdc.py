@@ -32,7 +32,6 @@ from structlens.koopman.dictionaries import Dictionary
 from structlens.results import Result
 from structlens.stats.moments import ColumnMoments, CrossMoments
 from structlens.stats.robust import block_assignment, geometric_median
-from structlens.stats.threads import matched_blas_threads
 from structlens.stats.validation import check_array
 
 
@@ -440,19 +439,8 @@ def solve(
     """Solve EDMDc from accumulated statistics.
 
     ``dictionary`` supplies the identity block (for the exact read-out) and the provenance;
-    ``basis`` fixes the control basis (e.g. one shared across split halves).  The dense
-    algebra runs on as many BLAS threads as cores are free (:mod:`structlens.stats.threads`).
+    ``basis`` fixes the control basis (e.g. one shared across split halves).
     """
-    with matched_blas_threads():
-        return _solve(stats, config, dictionary, basis)
-
-
-def _solve(
-    stats: EDMDcStatistics,
-    config: EDMDcConfig,
-    dictionary: Dictionary | None,
-    basis: np.ndarray | None,
-) -> EDMDcResult:
     V, kept, _ = control_basis(stats, config)
     if basis is not None:
         V, kept = basis, float("nan")
@@ -499,10 +487,9 @@ def solve_median_of_means(
     if len(blocks) < 3:
         raise ValueError(f"median of means needs at least 3 blocks; got {len(blocks)}.")
     pooled = merge_statistics(blocks)
-    with matched_blas_threads():
-        ref = _solve(pooled, config, dictionary, None)
-        Ks = [np.ravel(_solve_operator(b, config, ref.control_basis)[0]) for b in blocks]
-        K = geometric_median(np.stack(Ks)).reshape(ref.A.shape[0], -1)
+    ref = solve(pooled, config, dictionary)
+    Ks = np.stack([np.ravel(_solve_operator(b, config, ref.control_basis)[0]) for b in blocks])
+    K = geometric_median(Ks).reshape(ref.A.shape[0], -1)
     N = ref.A.shape[0]
     return _replace(
         ref,

@@ -18,7 +18,6 @@ import scipy.linalg
 
 from structlens.koopman.dictionaries import Dictionary
 from structlens.koopman.edmdc import EDMDcResult
-from structlens.stats.threads import matched_blas_threads
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,7 @@ def eigendecomposition(A: np.ndarray) -> Eigendecomposition:
         raise ValueError(f"A must be square; got shape {A.shape}.")
     if not np.all(np.isfinite(A)):
         raise ValueError("A contains NaN/inf.")
-    with matched_blas_threads():
-        lam, wl, vr = scipy.linalg.eig(A, left=True, right=True)
+    lam, wl, vr = scipy.linalg.eig(A, left=True, right=True)
     order = np.lexsort((-lam.imag, -np.abs(lam)))
     lam, wl, vr = lam[order], wl[:, order], vr[:, order]
     vr = vr / np.linalg.norm(vr, axis=0)
