@@ -230,7 +230,9 @@ class NDMReplication:
             write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
             return _read(folder, "ndm_evaluate.json")
 
-        config = {"tests": s["tests"], "protocol": s["protocol"].to_json()}
+        # record 2: the Gini differences carry their one-sided bootstrap p-values (p_above),
+        # which the verdict reads; older records recompute
+        config = {"tests": s["tests"], "protocol": s["protocol"].to_json(), "record": 2}
         stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
         return self.cache.run(stage, Record, run)
 
