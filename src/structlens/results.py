@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -139,8 +140,14 @@ def _restore_floats(obj: Any) -> Any:
 
 
 def _kinds(tp: Any) -> set[Any]:
-    """A field's type and, for a union (``np.ndarray | None``), its members."""
-    return {tp, *typing.get_args(tp)}
+    """A field's type and, for a union (``np.ndarray | None``), its members.
+
+    Only a union is unpacked: the arguments of a generic (``dict[str, float]``) are not the
+    field's kinds.
+    """
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return {tp, *typing.get_args(tp)}
+    return {tp}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +192,12 @@ class Result:
 
     @classmethod
     def load(cls: type[T], directory: str | os.PathLike) -> T:
-        """Read a result written by :meth:`save`; raises ``ValueError`` on a kind mismatch."""
+        """Read a result written by :meth:`save`; raises ``ValueError`` on a kind mismatch.
+
+        Non-finite floats, which :meth:`to_json` writes as the strings ``"nan"``, ``"inf"``
+        and ``"-inf"``, come back as floats in every field not annotated ``str`` (nested
+        lists and dicts included), so a result with NaN fields survives a save and a load.
+        """
         from safetensors.numpy import load_file
 
         directory = Path(directory)
@@ -199,6 +211,7 @@ class Result:
         if (directory / "arrays.safetensors").exists():
             with reading(directory / "arrays.safetensors", "result's arrays (safetensors)"):
                 arrays = load_file(str(directory / "arrays.safetensors"))
+        hints = typing.get_type_hints(cls)
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in arrays:
@@ -206,7 +219,9 @@ class Result:
             elif f.name + ".real" in arrays:
                 kwargs[f.name] = arrays[f.name + ".real"] + 1j * arrays[f.name + ".imag"]
             elif f.name in meta:
-                kwargs[f.name] = meta[f.name]
+                value = meta[f.name]
+                # to_json wrote non-finite floats as strings; a str field keeps its text
+                kwargs[f.name] = value if str in _kinds(hints[f.name]) else _restore_floats(value)
         return cls(**kwargs)
 
     @classmethod

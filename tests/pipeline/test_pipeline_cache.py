@@ -118,3 +118,23 @@ def test_wrong_result_type_and_bad_names_are_clear_errors(tmp_path):
         Stage("a/b")
     with pytest.raises(TypeError, match="returned a Section, not a Squares"):
         StageCache(tmp_path).run(Stage("x"), Squares, lambda _: Section({}, (), {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary(Result):
+    slope: float
+    per_layer: dict[str, list[float]]
+    label: str
+    interval: tuple[float, float] | None = None
+
+
+def test_non_finite_floats_survive_the_cache_in_every_non_str_field(tmp_path):
+    cache = StageCache(tmp_path)
+    made = Summary(
+        slope=float("nan"), per_layer={"3": [1.0, float("inf")]}, label="nan", interval=None
+    )
+    cache.run(Stage("summary"), Summary, lambda _: made)
+    got = StageCache(tmp_path).run(Stage("summary"), Summary, lambda _: pytest.fail("recomputed"))
+    assert np.isnan(got.slope) and got.per_layer["3"] == [1.0, float("inf")]
+    assert got.label == "nan"  # a str field keeps its text
+    assert got.interval is None
