@@ -41,6 +41,7 @@ EXPECTED_MISSING = {
     # hybrids: the kinds no layer has (LAYER_LACKS: what some layers lack)
     "tiny-qwen3-next": ["q"],
     "tiny-qwen3.5": ["q"],
+    "tiny-qwen3.5-moe": ["mlp_post", "mlp_pre", "mlp_pre_linear", "q"],
     "tiny-gpt-oss": [],
     "tiny-deepseek-v3": ["k", "q", "rot_k", "rot_q", "v"],
 }
@@ -51,12 +52,13 @@ _MOE = ["mlp_post", "mlp_pre", "mlp_pre_linear"]
 LAYER_LACKS = {
     "tiny-qwen3-next": [_LINEAR, _MOE, sorted(_LINEAR + _MOE)],
     "tiny-qwen3.5": [_LINEAR, _LINEAR, []],
+    "tiny-qwen3.5-moe": [_LINEAR, _LINEAR, []],
     "tiny-deepseek-v3": [[], _MOE, _MOE],
 }
 #: Families with attention sinks: a softmax row shares its mass with one sink logit per head.
 SINKS = {"tiny-gpt-oss"}
 #: Families whose hook_z is gated per feature after the attention (z = (pattern · v) ⊙ σ(gate)).
-GATED_Z = {"tiny-qwen3-next", "tiny-qwen3.5"}
+GATED_Z = {"tiny-qwen3-next", "tiny-qwen3.5", "tiny-qwen3.5-moe"}
 #: Families whose attention normalises q and k before rotary (so hook_rot_q != rotary(hook_q)
 #: at position 0).
 QK_NORM = {
@@ -69,6 +71,7 @@ QK_NORM = {
     "tiny-gemma3-mm",
     "tiny-qwen3-next",
     "tiny-qwen3.5",
+    "tiny-qwen3.5-moe",
 }
 
 _dirs: dict[str, str] = {}

@@ -13,7 +13,7 @@ from structlens.interventions import hooked
 from structlens.models import Model
 from structlens.sites import SiteError
 
-HYBRIDS = ["tiny-qwen3-next", "tiny-qwen3.5"]
+HYBRIDS = ["tiny-qwen3-next", "tiny-qwen3.5", "tiny-qwen3.5-moe"]
 
 
 def _run(model, sites):

@@ -239,6 +239,7 @@ TL_UNSUPPORTED = {
     "tiny-gemma3-mm": "TransformerLens does not support Gemma3ForConditionalGeneration",
     "tiny-qwen3-next": "TransformerLens does not support Qwen3NextForCausalLM",
     "tiny-qwen3.5": "TransformerLens's HookedTransformer does not support Qwen3_5ForCausalLM",
+    "tiny-qwen3.5-moe": "TransformerLens does not support Qwen3_5MoeForCausalLM",
     "tiny-deepseek-v3": "TransformerLens's HookedTransformer does not support DeepSeek-V3",
 }
 

@@ -237,6 +237,21 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
                 layer_types=["linear_attention", "linear_attention", "full_attention"],
             ),
         ),
+        # every layer a mixture of experts with a shared expert, as in the released MoE
+        "tiny-qwen3.5-moe": (
+            "Qwen3_5MoeTextConfig",
+            dict(
+                common,
+                **_LINEAR_ATTENTION,
+                num_key_value_heads=2,
+                head_dim=16,
+                layer_types=["linear_attention", "linear_attention", "full_attention"],
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+            ),
+        ),
         "tiny-gpt-oss": (
             "GptOssConfig",
             dict(
