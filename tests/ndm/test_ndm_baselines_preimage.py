@@ -75,7 +75,7 @@ def test_sae_baseline_uses_the_given_sae(rng):
     sae, decoder = _planted_sae(rng, spans)
     h = rng.standard_normal((50, 6))  # not used to train anything when the SAE is given
     rot, info = baseline_rotations(h, [3, 2, 1], ["sae"], sae=sae)
-    assert info["sae"] == {"given": True, "d_sae": 90}
+    assert info["sae"] == {"given": True, "source": type(sae).__name__, "d_sae": 90}
     assert np.array_equal(rot["sae"], sae_cluster_rotation(sae, [3, 2, 1]))
     bounds = [0, 3, 5, 6]
     for s, span in enumerate(spans):  # the planted spans of this SAE's decoder, not others
@@ -84,6 +84,24 @@ def test_sae_baseline_uses_the_given_sae(rng):
     other, _ = _planted_sae(rng, [q[:, 2:5], q[:, [0, 5]], q[:, 1:2]])
     R_other = baseline_rotations(h, [3, 2, 1], ["sae"], sae=other)[0]["sae"]
     assert np.abs(R_other[:, :3] @ R_other[:, :3].T - spans[0] @ spans[0].T).max() > 0.1
+
+
+def test_sae_baseline_records_where_a_pretrained_sae_came_from(rng, tmp_path):
+    from structlens.ndm.pipeline import baseline_rotations
+    from structlens.sae.formats import read_dictionary
+    from structlens.sae.io import save_sae
+
+    q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+    sae, _ = _planted_sae(rng, [q[:, :3], q[:, 3:5], q[:, 5:]])
+    folder = save_sae(sae, tmp_path / "sae")
+    meta = {"registry": "demo/L1", "repo": "org/saes", "hook_name": "blocks.1.hook_resid_post"}
+    given = read_dictionary(folder, metadata=meta)
+    h = rng.standard_normal((50, 6))
+    _, info = baseline_rotations(h, [3, 2, 1], ["sae"], sae=given)
+    assert info["sae"]["source"] == str(given.path) and info["sae"]["format"] == given.format
+    assert {k: info["sae"][k] for k in meta} == meta
+    _, by_path = baseline_rotations(h, [3, 2, 1], ["sae"], sae=str(folder))
+    assert by_path["sae"]["source"] == str(folder)
 
 
 def test_baseline_sae_trains_until_fvu_plateaus(rng):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,12 +136,24 @@ def baseline_rotations(
             }
             sae = fit["sae"]
         else:
-            info["sae"] = {"given": True}
+            info["sae"] = {"given": True, **_sae_source(sae)}
         decoder = decoder_directions(sae)
         info["sae"]["d_sae"] = int(decoder.shape[0])
     job = _Baseline(np.asarray(h, dtype=np.float64), list(partition), seed, decoder)
     out = dict(zip(todo, get_executor(executor).map(job, todo, desc="baselines"), strict=True))
     return out, info
+
+
+def _sae_source(sae: Any) -> dict[str, Any]:
+    """Where a given SAE came from, for the record: a registry name or folder as passed, a
+    pretrained dictionary's layout, file and publisher metadata, or the object's type."""
+    if isinstance(sae, (str, Path)):
+        return {"source": str(sae)}
+    if hasattr(sae, "format") and hasattr(sae, "metadata"):  # a PretrainedDictionary
+        keep = ("registry", "repo", "model_name", "hook_name", "hook_name_out", "neuronpedia_id")
+        meta = {k: sae.metadata[k] for k in keep if k in sae.metadata}
+        return {"source": str(sae.path), "format": sae.format, **meta}
+    return {"source": type(sae).__name__}
 
 
 def toy_recovery(
