@@ -19,13 +19,16 @@ Sizes: M = 100,000, N = 512 and M = 200,000, N = 1,024, all three contenders bac
 one process (so outside load hits them alike), each size repeated ``--repeats`` times and the
 best time kept.  The load average before and after goes into results.json.
 
-    .venv/bin/python benchmarks/koopman/run.py [--quick] [--repeats 2]
+    .venv/bin/python benchmarks/koopman/run.py [--quick] [--repeats 2] [--loaded]
 
 Takes about 2–3 minutes on an idle 2-core machine.  ``--lanes`` instead times the statistics
 pass alone at M = 100,000, N = 512 three ways, interleaved: in row lanes (the default), on one
 lane with the BLAS library's own threads (the path before the lanes; ``torch`` limited to one
 thread, which sets the lane count), and on one core (one lane, one BLAS thread), and writes
 ``results_lanes.json`` (``lane_efficiency`` = one-core time / (lanes time × cores)).
+``--loaded`` times the M = 100,000, N = 512 case while one other process spins on a core
+(a busy loop started and stopped by this script) and writes ``results_loaded.json``: the
+ratios a user sees on a shared machine, beside the idle ones of ``results.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -175,6 +180,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one small size (smoke run)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--lanes", action="store_true", help="the statistics pass with/without lanes")
+    ap.add_argument("--loaded", action="store_true", help="M=100k, N=512 beside a busy process")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     load_before = os.getloadavg()
@@ -194,6 +200,20 @@ def main() -> None:
         pass
     rate = gemm_rate()
     print(f"float64 GEMM rate: {rate / 1e9:.1f} GFLOP/s", flush=True)
+    if args.loaded:
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(1.0)  # let the busy loop take its core
+            case = one_size(*SIZES[0], args.repeats, rate)
+        finally:
+            busy.kill()
+        loaded = {"load_average_before": load_before, "busy_processes": 1, "case": case}
+        loaded["load_average_after"] = os.getloadavg()
+        for key in ("speedup_vs_pykoopman", "fraction_of_gemm_bound"):
+            loaded[key] = case.get(key)
+        (HERE / "results_loaded.json").write_text(json.dumps(loaded, indent=2) + "\n")
+        print(json.dumps(loaded, indent=2))
+        return
     sizes = QUICK_SIZES if args.quick else SIZES
     results = {
         "machine": {

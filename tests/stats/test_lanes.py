@@ -163,3 +163,23 @@ def test_a_forked_child_runs_lanes_of_its_own(rng, forced_lanes):
     child.join(timeout=30)
     assert child.exitcode == 0
     np.testing.assert_array_equal(got, parent)
+
+
+@pytest.mark.skipif(not lanes._blas(), reason="threadpoolctl finds no BLAS library to limit")
+def test_serial_blas_holds_one_thread_inside_restores_after_and_lets_lanes_run(forced_lanes):
+    before = _blas_threads()
+
+    @lanes.serial_blas()
+    def inside(fail: bool = False) -> list[int]:
+        if fail:
+            raise RuntimeError("inside")
+        return _blas_threads()
+
+    assert inside() == [1] * len(before) and _blas_threads() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        inside(fail=True)
+    assert _blas_threads() == before
+    with lanes.serial_blas():  # re-entrant, and lanes started inside still run
+        assert lanes.run_in_lanes([inside, inside]) == [[1] * len(before)] * 2
+        assert forced_lanes == [] and _blas_threads() == [1] * len(before)
+    assert _blas_threads() == before

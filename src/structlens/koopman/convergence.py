@@ -25,6 +25,7 @@ from structlens.koopman.edmdc import (
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
 from structlens.stats.intervals import group_jackknife
+from structlens.stats.lanes import serial_blas
 from structlens.stats.matching import bottleneck_distance, wasserstein_distance
 from structlens.stats.robust import block_assignment
 
@@ -117,6 +118,7 @@ def half_sizes_for(n_blocks: int, n_groups: int | None = None, *, smallest: int 
     return [2**i for i in range(top + 1) if 2**i >= smallest]
 
 
+@serial_blas()
 def split_half_convergence(
     blocks: Sequence[EDMDcStatistics],
     config: EDMDcConfig,
@@ -223,6 +225,7 @@ class UniversalityResult(Result):
     seed: int
 
 
+@serial_blas()
 def universality_test(
     blocks_a: Sequence[EDMDcStatistics],
     blocks_b: Sequence[EDMDcStatistics],
@@ -298,6 +301,7 @@ def _between_models(
     return bases, spectra, [float(np.sqrt((1 / m_a + 1 / m_b) / (4 / p.n))) for p in pooled]
 
 
+@serial_blas()
 def spectral_distance_test(
     blocks_a: Sequence[EDMDcStatistics],
     blocks_b: Sequence[EDMDcStatistics],
@@ -356,6 +360,7 @@ def spectral_distance_test(
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
+@serial_blas()
 def refit_distance_test(
     rows_a: Rows,
     rows_b: Rows,

@@ -30,6 +30,7 @@ import scipy.linalg
 
 from structlens.koopman.dictionaries import Dictionary
 from structlens.results import Result
+from structlens.stats.lanes import serial_blas
 from structlens.stats.moments import ColumnMoments, CrossMoments
 from structlens.stats.robust import block_assignment, geometric_median
 from structlens.stats.validation import check_array
@@ -167,6 +168,7 @@ class EDMDcStatistics:
         return out
 
 
+@serial_blas()
 def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> EDMDcStatistics:
     """Pool several statistics into a new object (inputs unchanged).
 
@@ -429,6 +431,7 @@ def _readout(
     return scipy.linalg.solve(g, cxpsi.T, assume_a="pos").T, "least_squares"
 
 
+@serial_blas()
 def solve(
     stats: EDMDcStatistics,
     config: EDMDcConfig,
@@ -476,6 +479,7 @@ def solve(
     )
 
 
+@serial_blas()
 def solve_median_of_means(
     blocks: list[EDMDcStatistics], config: EDMDcConfig, dictionary: Dictionary | None = None
 ) -> EDMDcResult:
