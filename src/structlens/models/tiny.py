@@ -220,10 +220,7 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
                 num_key_value_heads=2,
                 head_dim=16,
                 layer_types=["linear_attention", "full_attention", "linear_attention"],
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=32,
+                **_SHARED_EXPERT_MOE,
                 mlp_only_layers=[0],  # a dense MLP in layer 0, MoE (with a shared expert) after
             ),
         ),
@@ -246,10 +243,7 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
                 num_key_value_heads=2,
                 head_dim=16,
                 layer_types=["linear_attention", "linear_attention", "full_attention"],
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=32,
+                **_SHARED_EXPERT_MOE,
             ),
         ),
         "tiny-gpt-oss": (
@@ -298,6 +292,14 @@ _LINEAR_ATTENTION: dict[str, Any] = dict(
     linear_num_key_heads=2,
     linear_key_head_dim=16,
     linear_value_head_dim=16,
+)
+
+#: Mixtures of experts with a shared expert, of the tiny hybrids.
+_SHARED_EXPERT_MOE: dict[str, Any] = dict(
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
 )
 
 TINY_NAMES: tuple[str, ...] = tuple(_configs())
