@@ -150,6 +150,26 @@ def _kinds(tp: Any) -> set[Any]:
     return {tp}
 
 
+def _result_items(tp: Any) -> type[Result] | None:
+    """The Result class of a ``list[<Result>]`` field, which holds stage Results."""
+    if typing.get_origin(tp) is not list:
+        return None
+    (kind, *_) = typing.get_args(tp) or (None,)
+    return kind if isinstance(kind, type) and issubclass(kind, Result) else None
+
+
+def _field_value(tp: Any, value: Any) -> Any:
+    """A JSON-read field value as the field's type: a ``str`` field keeps its text, a list
+    of stage Results is rebuilt, and elsewhere non-finite floats (which :func:`to_jsonable`
+    writes as strings) become floats again."""
+    if str in _kinds(tp):
+        return value
+    kind = _result_items(tp)
+    if kind is not None and value is not None:
+        return [kind.from_dict(x) for x in value]
+    return _restore_floats(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """Base class for frozen result dataclasses with ``save``/``load``.
@@ -196,7 +216,9 @@ class Result:
 
         Non-finite floats, which :meth:`to_json` writes as the strings ``"nan"``, ``"inf"``
         and ``"-inf"``, come back as floats in every field not annotated ``str`` (nested
-        lists and dicts included), so a result with NaN fields survives a save and a load.
+        lists and dicts included), so a result with NaN fields survives a save and a load.  A
+        field annotated ``list[R]``, ``R`` a Result, comes back as ``R`` instances (a section
+        Result holding stage Results), each rebuilt by :meth:`from_dict`.
         """
         from safetensors.numpy import load_file
 
@@ -219,9 +241,7 @@ class Result:
             elif f.name + ".real" in arrays:
                 kwargs[f.name] = arrays[f.name + ".real"] + 1j * arrays[f.name + ".imag"]
             elif f.name in meta:
-                value = meta[f.name]
-                # to_json wrote non-finite floats as strings; a str field keeps its text
-                kwargs[f.name] = value if str in _kinds(hints[f.name]) else _restore_floats(value)
+                kwargs[f.name] = _field_value(hints[f.name], meta[f.name])
         return cls(**kwargs)
 
     @classmethod
@@ -269,11 +289,8 @@ class Result:
         for f in fields:
             if f.name not in data:
                 continue
-            kinds = _kinds(hints[f.name])
             value = data[f.name]
-            if str in kinds:
-                kwargs[f.name] = value
-            elif np.ndarray in kinds and value is not None:
+            if np.ndarray in _kinds(hints[f.name]) and value is not None:
                 if isinstance(value, dict):
                     raise InputError(
                         f"{cls.__name__}.{f.name} holds no array, only {value} (to_json keeps "
@@ -282,7 +299,7 @@ class Result:
                     )
                 kwargs[f.name] = np.asarray(_restore_floats(value))
             else:
-                kwargs[f.name] = _restore_floats(value)
+                kwargs[f.name] = _field_value(hints[f.name], value)
         return cls(**kwargs)
 
 

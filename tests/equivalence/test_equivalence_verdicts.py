@@ -7,6 +7,8 @@ Caveat and Section fields."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -278,3 +280,15 @@ def test_a_group_adjusts_its_rows_p_values_by_holm():
     claim = v.group_claim("seeds", {"x": weak, "y": weak, "z": weak})
     assert claim.verdict == "unidentified"
     assert all("Holm" in claim.per_setting[x]["reason"] for x in "xyz")
+
+
+def test_a_small_lm_plateaued_only_when_its_rule_stopped_it_early(tmp_path):
+    """The stopping rule firing before the step budget is a plateau; a stall at the budget's
+    last evaluation (the cosine schedule at 0) or a run without held-out evaluations is not."""
+    from structlens.equivalence.stages import SmallLMTraining
+
+    rec = SmallLMTraining({"steps": 2000}, [[800, 1.9]], [[800, 2.0]], 800, True, 3.0)
+    assert rec.plateaued
+    assert not dataclasses.replace(rec, steps_run=2000).plateaued
+    assert not dataclasses.replace(rec, converged=None, held_out_loss=[]).plateaued
+    assert SmallLMTraining.load(rec.save(tmp_path)) == rec

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from structlens.cli import koopman as kcli
 from structlens.koopman.protocol import PROFILES
+from structlens.results import to_jsonable
 
 LAYER, SPEC, LABEL = 1, "pca:8", "pca8"
 DATA = {"n_corpus": 48, "prompt_tokens": 48}  # analyze's smoke profile sizes
@@ -62,10 +63,9 @@ def drivers(tmp_path_factory):
     # the replication's sections, at its smoke profile (same protocol) and the same data
     s = rep.SMOKE | DATA | {"probe_layers": [LAYER]}
     replication = rep.KoopmanReplication(s, tmp / "replication")
-    replication.split_half()
-    replication.fits()
     key = f"L{LAYER}/{LABEL}"
-    out["replication"] = (replication.R["split_half"][key], replication.R["fits"][key])
+    split, fits = replication.split_half()[key], replication.fits()[key]
+    out["replication"] = (to_jsonable(split), to_jsonable(fits))
     return out
 
 

@@ -19,7 +19,6 @@ from structlens.koopman.stages import (
     SpectralComparison,
     SpectrumFit,
     SplitHalfFit,
-    from_record,
 )
 from structlens.results import to_jsonable
 from structlens.verdicts import VERDICTS
@@ -422,15 +421,32 @@ def test_section_maps_a_nonfinite_headline_to_null():
     }  # fmt: skip
 
 
-# ---------------------------------------------------------------- records
-def test_from_record_restores_a_stage_result():
+# ---------------------------------------------------------------- stored Results
+def test_a_spectrum_fit_survives_a_save_and_a_load(tmp_path):
     fit = dataclasses.replace(spec(), henrici_relative=float("nan"))
-    back = from_record(SpectrumFit, to_jsonable(fit))
+    back = SpectrumFit.load(fit.save(tmp_path))
     np.testing.assert_array_equal(back.eigenvalues, fit.eigenvalues)
     assert np.iscomplexobj(back.eigenvalues) and math.isnan(back.henrici_relative)
     assert back.state_tails == fit.state_tails and back.mom_eigenvalues is None
-    with pytest.raises(ValueError, match="lacks"):
-        from_record(SpectrumFit, {k: x for k, x in to_jsonable(fit).items() if k != "kappa_V"})
+
+
+def test_results_holding_results_load_them_typed(tmp_path):
+    """The section Results that hold a list of stage Results give them back as those Results
+    (with their NaN), not as the JSON dicts a plain load would."""
+    from structlens.koopman.stages import Reduction, SAEInvariance, Universality
+
+    u = Universality([comparison("a vs b", float("nan"))], {"fine-tune": "missing"})
+    r = Reduction([red(4), red(8, error=float("inf"))])
+    s = SAEInvariance(16, {"d_sae": 64, "final_fvu": 0.5}, [inv("relu16", 0.4)])
+    for i, result in enumerate((u, r, s)):
+        back = type(result).load(result.save(tmp_path / str(i)))
+        assert to_jsonable(back) == to_jsonable(result)
+    back_u = Universality.load(tmp_path / "0")
+    assert isinstance(back_u.comparisons[0], SpectralComparison)
+    assert math.isnan(back_u.comparisons[0].p_value) and back_u.not_run == u.not_run
+    back_r = Reduction.load(tmp_path / "1")
+    assert [x.order for x in back_r.rows] == [4, 8] and back_r.rows[1].bound_ratio == 0.0
+    assert SAEInvariance.load(tmp_path / "2").fits == s.fits
 
 
 # ---------------------------------------------------------------- the comparison stage

@@ -138,3 +138,33 @@ def test_non_finite_floats_survive_the_cache_in_every_non_str_field(tmp_path):
     assert np.isnan(got.slope) and got.per_layer["3"] == [1.0, float("inf")]
     assert got.label == "nan"  # a str field keeps its text
     assert got.interval is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layers(Result):
+    """A section Result holding stage Results."""
+
+    rows: list[Squares]
+    fits: list[Summary]
+    note: str
+
+
+def test_a_result_holding_results_loads_them_typed(tmp_path):
+    made = Layers(
+        rows=[Squares(values=np.array([0.0, float("nan")]), n=2), Squares(np.zeros(0), 0)],
+        fits=[Summary(slope=float("-inf"), per_layer={}, label="inf", interval=(0.0, 1.0))],
+        note="nan",
+    )
+    cache = StageCache(tmp_path)
+    cache.run(Stage("layers"), Layers, lambda _: made)
+    got = StageCache(tmp_path).run(Stage("layers"), Layers, lambda _: pytest.fail("recomputed"))
+    assert all(isinstance(r, Squares) for r in got.rows) and isinstance(got.fits[0], Summary)
+    np.testing.assert_array_equal(got.rows[0].values, made.rows[0].values)
+    assert got.rows[1].values.shape == (0,) and got.rows[0].n == 2
+    assert got.fits[0].slope == float("-inf") and got.fits[0].label == "inf"
+    assert got.note == "nan"
+    # the JSON form of a command's document rebuilds the same way
+    from structlens.results import to_jsonable
+
+    again = Layers.from_dict(to_jsonable(made))
+    assert again.fits == got.fits and isinstance(again.rows[0].values, np.ndarray)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -289,6 +289,12 @@ SMALL = {
     # an encoder–decoder on the same bytes: T5, 2 encoder + 4 decoder layers, run as an LM
     # over its decoder with an empty source (SmallLMConfig.encoder_layers)
     "ED-s0": SmallLMConfig(n_layers=4, encoder_layers=2, seed=0, **_CONVERGED),
+}
+#: The same models at smoke sizes: a few dozen steps of narrow models, enough to exercise every
+#: stage in seconds.
+SMALL_SMOKE = {
+    n: replace(c, d_model=32, d_mlp=64, n_heads=2, steps=8, seq_len=32, eval_every=4)
+    for n, c in SMALL.items()
 }
 #: The fine-tunes of SmolLM2-135M-Instruct, by name: (task, answer key), the probe's own task
 #: (similar) and factual recall (dissimilar).

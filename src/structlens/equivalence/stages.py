@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from structlens.equivalence.score import (
     representational_score,
 )
 from structlens.results import Result
+
+if TYPE_CHECKING:
+    from structlens.equivalence.train_small import SmallLMConfig
 
 __all__ = [
     "Caveat",
@@ -51,6 +55,10 @@ __all__ = [
     "analysis",
     "FoldCheck",
     "fold_check",
+    "SmallLMTraining",
+    "small_lm",
+    "FineTuneTraining",
+    "finetune",
 ]
 
 Measure = Callable[[EquivalenceProtocol, Any, Any, Probe], ComparisonResult]
@@ -492,3 +500,70 @@ def fold_check(model: Any, prompt: str, *, seed: int, layer: int) -> FoldCheck:
         max_abs_resid_rotation_error=float((ca[resid] @ r - cb[resid]).abs().max()),
         max_abs_resid=float(ca[resid].abs().max()),
     )
+
+
+@dataclass(frozen=True)
+class SmallLMTraining(Result):
+    """The training record of one small byte-level LM (the ``train.json`` of
+    :func:`~structlens.equivalence.train_small.train_small_lm`): its config, the training and
+    held-out loss curves ``[[step, nats/byte]]``, the steps run, whether the stopping rule
+    fired (``None`` without held-out evaluations) and the wall seconds."""
+
+    config: dict[str, Any]
+    loss: list[list[float]]
+    held_out_loss: list[list[float]]
+    steps_run: int
+    converged: bool | None
+    seconds: float
+
+    @property
+    def plateaued(self) -> bool:
+        """The stopping rule ended the run before its step budget (a stall at the budget's
+        last evaluation is the cosine schedule reaching 0, not a plateau)."""
+        return bool(self.converged) and self.steps_run < self.config["steps"]
+
+
+def small_lm(config: SmallLMConfig, folder: Path) -> SmallLMTraining:
+    """Train the small LM of ``config`` into ``folder / "model"`` (a loadable model)."""
+    import json
+
+    from structlens.equivalence.train_small import train_small_lm
+
+    path = train_small_lm(config, folder / "model")
+    return SmallLMTraining(**json.loads((path / "train.json").read_text()))
+
+
+@dataclass(frozen=True)
+class FineTuneTraining(Result):
+    """The training record of one fine-tune (``finetune_scenario`` of
+    :mod:`structlens.equivalence.scenarios`): its task and settings, the loss of every step
+    (nats), the held-out KL curve ``[[step, KL(base ‖ tuned)]]``, the steps run, whether the
+    target KL was reached and the wall seconds."""
+
+    task: str
+    n_prompts: int
+    n_train: int
+    steps: int
+    lr: float
+    batch_size: int
+    train_layers: list[int]
+    eval_every: int
+    seed: int
+    losses: list[float]
+    held_out_kl: list[list[float]]
+    target_kl: float
+    steps_run: int
+    reached: bool | None
+    seconds: float
+
+
+def finetune(base: Any, name: str, folder: Path) -> FineTuneTraining:
+    """Fine-tune ``base`` as :data:`~structlens.equivalence.scenarios.FINETUNES` ``[name]``
+    says and save the tuned model (with the base's tokenizer) to ``folder / name``."""
+    from structlens.equivalence.scenarios import finetune_scenario
+
+    run, info = finetune_scenario(base, name)
+    hf: Any = run.model.hf
+    hf.save_pretrained(folder / name, safe_serialization=True)
+    base.tokenizer.save_pretrained(folder / name)
+    return FineTuneTraining(**info | {"held_out_kl": [list(p) for p in info["held_out_kl"]]})

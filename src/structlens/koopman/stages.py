@@ -13,7 +13,6 @@ whichever driver runs it.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from structlens.koopman.protocol import KoopmanProtocol, dictionary_label, parse_dictionary
-from structlens.results import Result
+from structlens.results import Result, to_jsonable
 
 __all__ = [
     "LayerRows",
@@ -42,13 +41,15 @@ __all__ = [
     "DepthAnalysis",
     "analysis",
     "invariance_size",
+    "SAEInvariance",
     "sae_invariance",
     "SAESeedRun",
-    "sae_seed_runs",
+    "sae_seed_run",
     "SpectralComparison",
     "spectral_comparison",
+    "Universality",
     "universality",
-    "from_record",
+    "Reduction",
 ]
 
 
@@ -488,6 +489,13 @@ def reduction(
     return out
 
 
+@dataclass(frozen=True)
+class Reduction(Result):
+    """The :class:`ReductionRow` of every order of one pooled operator, as one stage Result."""
+
+    rows: list[ReductionRow]
+
+
 # ---------------------------------------------------------------- IOI mode ablation
 @dataclass(frozen=True)
 class AblationEffects(Result):
@@ -627,14 +635,24 @@ def invariance_size(protocol: KoopmanProtocol) -> int:
     return sizes.pop()
 
 
+@dataclass(frozen=True)
+class SAEInvariance(Result):
+    """The invariance residuals of :func:`sae_invariance`: ``sae`` is the wide SAE's training
+    summary (its ``d_sae`` among it), ``fits`` the SAE selections' and the protocol's
+    invariance dictionaries' :class:`InvarianceFit`, all of ``n`` features."""
+
+    n: int
+    sae: dict[str, Any]
+    fits: list[InvarianceFit]
+
+
 def sae_invariance(
     protocol: KoopmanProtocol, rows: LayerRows, n: int, *, width: int, epochs: int
-) -> tuple[dict[str, Any], list[InvarianceFit]]:
+) -> SAEInvariance:
     """The invariance residual of ``n`` features of one wide TopK SAE (``width`` latents),
     chosen by code variance and by firing frequency (``sae_variance<n>``,
     ``sae_frequency<n>``), then of the protocol's invariance dictionaries.  The SAE and its
-    feature choice see the protocol's fit rows only.  Returns the SAE's training summary and
-    the fits."""
+    feature choice see the protocol's fit rows only."""
     from structlens.koopman.invariance import select_sae_features, train_sae_dictionary
 
     train = rows.fit_rows(protocol)
@@ -647,7 +665,8 @@ def sae_invariance(
         chosen = select_sae_features(sae, rows.X[train], n, rule)
         fits.append(invariance(protocol, rows, label, dictionary=chosen, label=label))
     fits += [invariance(protocol, rows, spec) for spec in protocol.invariance_dictionaries]
-    return {k: v for k, v in info.items() if k != "decoder"} | {"d_sae": width}, fits
+    summary = {k: v for k, v in info.items() if k != "decoder"} | {"d_sae": width}
+    return SAEInvariance(n=n, sae=to_jsonable(summary), fits=fits)
 
 
 @dataclass(frozen=True)
@@ -669,16 +688,17 @@ class SAESeedRun(Result):
     share_above: list[float]
 
 
-def sae_seed_runs(
+def sae_seed_run(
     protocol: KoopmanProtocol,
     rows: LayerRows,
-    penalties: Sequence[float],
+    penalty: float,
     n_seeds: int,
     *,
     epochs: int,
     d_sae: int = 256,
-) -> list[SAESeedRun]:
-    """One :class:`SAESeedRun` per penalty; residuals are scored on the held-out prompts."""
+) -> SAESeedRun:
+    """The :class:`SAESeedRun` of ``n_seeds`` seeds at invariance penalty ``penalty``;
+    residuals are scored on the held-out prompts."""
     from structlens.koopman.invariance import (
         decoder_agreement,
         invariance_residual_split,
@@ -689,36 +709,31 @@ def sae_seed_runs(
     (layer,) = rows.layers
     X, U, Y, pid = rows.X, rows.U, rows.Y, rows.prompt_ids
     train = ~prompt_split(pid, protocol.seed)
-    out = []
-    for lam in penalties:
-        decoders, residual, dead, fvu = [], [], [], []
-        for sd in range(n_seeds):
-            dic, info = train_sae_dictionary(
-                X[train], U[train], Y[train], d_sae=d_sae, k=16, invariance_weight=lam,
-                epochs=epochs, batch_size=512, seed=sd,
-            )  # fmt: skip
-            inv = invariance_residual_split(dic, X, U, Y, pid, protocol.edmdc(), seed=protocol.seed)
-            decoders.append(info["decoder"])
-            residual.append(float(inv.pooled))
-            dead.append(int(inv.n_dead))
-            fvu.append(float(info["final_fvu"]))
-        pairs = [[i, j] for i in range(n_seeds) for j in range(i + 1, n_seeds)]
-        agree = [decoder_agreement(decoders[i], decoders[j]) for i, j in pairs]
-        out.append(
-            SAESeedRun(
-                layer=int(layer),
-                penalty=float(lam),
-                d_sae=d_sae,
-                seeds=list(range(n_seeds)),
-                residual=residual,
-                n_dead=dead,
-                fvu=fvu,
-                pairs=pairs,
-                mean_cos=[float(a["mean_cos"]) for a in agree],
-                share_above=[float(a["share_above"]) for a in agree],
-            )  # fmt: skip
-        )
-    return out
+    decoders, residual, dead, fvu = [], [], [], []
+    for sd in range(n_seeds):
+        dic, info = train_sae_dictionary(
+            X[train], U[train], Y[train], d_sae=d_sae, k=16, invariance_weight=penalty,
+            epochs=epochs, batch_size=512, seed=sd,
+        )  # fmt: skip
+        inv = invariance_residual_split(dic, X, U, Y, pid, protocol.edmdc(), seed=protocol.seed)
+        decoders.append(info["decoder"])
+        residual.append(float(inv.pooled))
+        dead.append(int(inv.n_dead))
+        fvu.append(float(info["final_fvu"]))
+    pairs = [[i, j] for i in range(n_seeds) for j in range(i + 1, n_seeds)]
+    agree = [decoder_agreement(decoders[i], decoders[j]) for i, j in pairs]
+    return SAESeedRun(
+        layer=int(layer),
+        penalty=float(penalty),
+        d_sae=d_sae,
+        seeds=list(range(n_seeds)),
+        residual=residual,
+        n_dead=dead,
+        fvu=fvu,
+        pairs=pairs,
+        mean_cos=[float(a["mean_cos"]) for a in agree],
+        share_above=[float(a["share_above"]) for a in agree],
+    )
 
 
 # ---------------------------------------------------------------- universality
@@ -858,6 +873,15 @@ REPLICA_PAIRS = [
 ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Universality(Result):
+    """The :class:`SpectralComparison` of every pair :func:`universality` compared; a group
+    (``seeds``, ``fine-tune``) not compared is in ``not_run`` with why."""
+
+    comparisons: list[SpectralComparison]
+    not_run: dict[str, str]
+
+
 def universality(
     protocol: KoopmanProtocol,
     model: Any,
@@ -868,12 +892,12 @@ def universality(
     n_corpus: int,
     root: str | Path,
     n_resamples: int,
-) -> tuple[list[SpectralComparison], dict[str, str]]:
+) -> Universality:
     """The seed and depth replicas of :data:`REPLICA_LAYER` against each other (the
     spectra of their states, on their own corpus prompts), and ``model`` against its
     fine-tuned copy ``models["smollm2-ft-ioi"]`` at ``probe_layer`` and layer 20 on
-    ``prompts`` (the states' spectra, and a shared PCA-16).  Returns the comparisons and, per
-    group not compared, why."""
+    ``prompts`` (the states' spectra, and a shared PCA-16).  A group that cannot be compared
+    (its models are missing) is in ``not_run``."""
     from structlens.koopman.data import depth_prompts
     from structlens.models import load_model
 
@@ -898,38 +922,4 @@ def universality(
         ) for layer in (probe_layer, 20)]  # fmt: skip
     else:
         not_run["fine-tune"] = "the equivalence replication's smollm2-ft-ioi is missing"
-    return out, not_run
-
-
-# ---------------------------------------------------------------- records
-_NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
-
-
-def _restore(v: Any) -> Any:
-    if isinstance(v, str):
-        return _NON_FINITE.get(v, v)
-    if isinstance(v, list):
-        return [_restore(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _restore(x) for k, x in v.items()}
-    return v
-
-
-def from_record(cls: type[Any], record: typing.Mapping[str, Any]) -> Any:
-    """A stage Result back from its JSON form (:func:`~structlens.results.to_jsonable`): the
-    arrays as numpy arrays (``*eigenvalues`` as complex), non-finite floats restored.  A
-    record without one of the Result's fields raises ``ValueError`` naming it (a cache
-    written by an older version: clear it)."""
-    hints = typing.get_type_hints(cls)
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in record]
-    if missing:
-        raise ValueError(f"a {cls.__name__} record lacks {missing}; it is from an older version.")
-    kw = {}
-    for f in dataclasses.fields(cls):
-        v = _restore(record[f.name])
-        if v is not None and np.ndarray in {hints[f.name], *typing.get_args(hints[f.name])}:
-            v = np.asarray(v, dtype=np.float64)
-            if f.name.endswith("eigenvalues"):
-                v = v.reshape(-1, 2) @ np.array([1.0, 1j])
-        kw[f.name] = v
-    return cls(**kw)
+    return Universality(comparisons=out, not_run=not_run)

@@ -513,7 +513,8 @@ def universality_claim(comparisons: Sequence[SpectralComparison], reason: str | 
 class ReplicationResults:
     """One replication run's sections as stage Results (keys ``L<layer>/<dictionary>`` or
     ``L<layer>/<positions>``); ``not_compared`` says why a universality comparison
-    (``seeds``, ``fine-tune``) did not run."""
+    (``seeds``, ``fine-tune``) did not run, ``sae`` is the training summary of the wide SAE
+    of the invariance section."""
 
     split_half: dict[str, SplitHalfFit]
     fits: dict[str, SpectrumFit]
@@ -523,6 +524,7 @@ class ReplicationResults:
     comparisons: list[SpectralComparison]
     not_compared: dict[str, str]
     reduction: list[ReductionRow]
+    sae: dict[str, Any]
 
 
 def claims(t: ReplicationResults, headline: str, control_energy: float, n: int) -> dict[str, Claim]:

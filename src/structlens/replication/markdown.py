@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +83,19 @@ def with_calibration(markdown: str, method: str) -> str:
         + "\n\n## Calibration of the decision rules\n\nMeasured on planted structure through "
         "the production stages (docs/calibration.md):\n\n" + "".join(f"- {n}\n" for n in notes)
     )
+
+
+class Template:
+    """The blocks of a replication's ``template.md``: ``section NAME`` (a section) and ``row
+    NAME`` (one table row of that section), filled with :meth:`str.format_map`; the file
+    opens with a comment on its use, which is no block."""
+
+    def __init__(self, path: Path) -> None:
+        parts = (p.split(" -->\n", 1) for p in path.read_text().split("<!-- ")[2:])
+        self.blocks = {name: text.strip() for name, text in parts}
+
+    def rows(self, name: str, items: Iterable[Mapping[str, Any]]) -> str:
+        return "\n".join(self.blocks[f"row {name}"].format_map(item) for item in items)
+
+    def section(self, name: str, values: Mapping[str, Any], rows: Iterable[Any] = ()) -> str:
+        return self.blocks[f"section {name}"].format_map({**values, "rows": self.rows(name, rows)})

@@ -13,31 +13,24 @@ models' fingerprints.  CPU-only sizes; see the doc.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from structlens.equivalence import stages as es
 from structlens.equivalence.compare import ComparisonResult
 from structlens.equivalence.probes import Probe
 from structlens.equivalence.protocol import PROFILES as PROTOCOLS
 from structlens.equivalence.protocol import EquivalenceProtocol
-from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, SMALL, Scenario
-from structlens.equivalence.stages import ModelComparison, SanityCheck
+from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, SMALL, SMALL_SMOKE, Scenario
 from structlens.equivalence.train_small import SmallLMConfig
 from structlens.pipeline.cache import Stage, StageCache, data_digest
-from structlens.replication.stage import Record
 
 __all__ = ["METHOD", "PROFILES", "SCENARIOS", "EquivalenceReplication", "model_dirs", "run"]
 
 METHOD = "equivalence"
-# A few dozen steps of narrow models: enough to exercise every stage in seconds.
-SMALL_SMOKE = {
-    n: dataclasses.replace(c, d_model=32, d_mlp=64, n_heads=2, steps=8, seq_len=32, eval_every=4)
-    for n, c in SMALL.items()
-}
 FOLD_PROMPT = "When Mary and John went to the store, John gave a drink to"
 CPU: dict[str, Any] = {
     "profile": "cpu",
@@ -57,10 +50,13 @@ SMOKE = CPU | {
     "fold_check": False,
 }
 PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
+# The version of the training and fold-check stages' Result layout, in their keys, so that a
+# stage cached in an older layout recomputes.
+RECORD = 2
 
 
 def _small_stage(config: SmallLMConfig) -> Stage:
-    return Stage("small-lm", config.key())
+    return Stage("small-lm", config.key() | {"record": RECORD})
 
 
 def model_dirs(profile: str = "cpu", out: str | Path | None = None) -> dict[str, Path | None]:
@@ -87,15 +83,11 @@ class EquivalenceReplication:
     def __init__(self, s: dict[str, Any], out: Path) -> None:
         self.s, self.out = s, out
         self.cache = StageCache(out / "stages")
-        self.small_info: dict[str, dict[str, Any]] = {}
-        self.ft_info: dict[str, dict[str, Any]] = {}
+        self.small_info: dict[str, es.SmallLMTraining] = {}
+        self.ft_info: dict[str, es.FineTuneTraining] = {}
         self.seconds: dict[str, float] = {}
         self.protocols: dict[str, EquivalenceProtocol] = {}
-        self.sanity: dict[str, SanityCheck] = {}
-
-    def protocol(self, sc: Scenario) -> EquivalenceProtocol:
-        """The row's protocol: its own, or this profile's protocol of the small LMs."""
-        return PROTOCOLS[sc.protocol] if sc.protocol else self.s["small_protocol"]
+        self.sanity: dict[str, es.SanityCheck] = {}
 
     def model(self, spec: str, seed: int) -> Any:
         """A scenario's model: ``small:NAME``, ``finetune:NAME`` or a loadable name (the tiny
@@ -110,89 +102,69 @@ class EquivalenceReplication:
         return load_model(spec, seed=seed)
 
     def small_model(self, name: str) -> Any:
-        from structlens.equivalence.train_small import train_small_lm
         from structlens.models import load_model
 
         stage = _small_stage(self.s["small"][name])
-
-        def compute(folder: Path) -> Record:
-            path = train_small_lm(self.s["small"][name], folder / "model")
-            return Record.of(json.loads((path / "train.json").read_text()))
-
-        self.small_info[name] = self.cache.run(stage, Record, compute).data
+        compute = partial(es.small_lm, self.s["small"][name])
+        self.small_info[name] = self.cache.run(stage, es.SmallLMTraining, compute)
         return load_model(str(self.cache.path(stage) / "model"))
 
     def finetuned(self, name: str) -> Any:
-        from structlens.equivalence.scenarios import finetune_scenario, finetune_settings
+        from structlens.equivalence.scenarios import finetune_settings
         from structlens.models import load_model
 
         base = load_model("smollm2-135m")
-        stage = Stage("finetune", finetune_settings(name), model=base.fingerprint())
-
-        def compute(folder: Path) -> Record:
-            run, info = finetune_scenario(base, name)
-            hf: Any = run.model.hf
-            hf.save_pretrained(folder / name, safe_serialization=True)
-            base.tokenizer.save_pretrained(folder / name)
-            return Record.of(info)
-
-        self.ft_info[name] = self.cache.run(stage, Record, compute).data
+        config = finetune_settings(name) | {"record": RECORD}
+        stage = Stage("finetune", config, model=base.fingerprint())
+        self.ft_info[name] = self.cache.run(
+            stage, es.FineTuneTraining, partial(es.finetune, base, name)
+        )
         return load_model(str(self.cache.path(stage) / name))
 
-    def fold_check(self) -> dict[str, Any]:
+    def fold_check(self) -> es.FoldCheck:
         """SmolLM2 against its rotated, head-permuted copy on one IOI-style prompt
         (:func:`~structlens.equivalence.stages.fold_check` at layer 12)."""
-        from structlens.equivalence.stages import fold_check
         from structlens.models import load_model
 
         a = load_model("smollm2-135m")
-        settings = {"seed": 3, "prompt": FOLD_PROMPT, "layer": 12}
+        settings = {"seed": 3, "prompt": FOLD_PROMPT, "layer": 12, "record": RECORD}
         stage = Stage("fold-check", settings, model=a.fingerprint())
-
-        def compute(_: Path) -> Record:
-            return Record.of(dataclasses.asdict(fold_check(a, FOLD_PROMPT, seed=3, layer=12)))
-
-        return self.cache.run(stage, Record, compute).data
+        compute = partial(es.fold_check, a, FOLD_PROMPT, seed=3, layer=12)
+        return self.cache.run(stage, es.FoldCheck, lambda _: compute())
 
     def _measure(self, name: str) -> Callable[..., ComparisonResult]:
         """The stages' model runs of scenario ``name``, each a cached stage keyed by the
-        protocol, the probe texts and both models' fingerprints."""
-        from structlens.equivalence.stages import measure
+        protocol, the probe texts and both models' fingerprints, with its seconds beside it."""
 
         def run(protocol: EquivalenceProtocol, a: Any, b: Any, probe: Probe) -> ComparisonResult:
-            stage = Stage(
-                "compare",
-                {"scenario": name, "protocol": protocol.to_json()},
-                model=f"{a.fingerprint()}:{b.fingerprint()}",
-                data=data_digest(probe.texts),
-            )
+            config = {"scenario": name, "protocol": protocol.to_json()}
+            models, data = f"{a.fingerprint()}:{b.fingerprint()}", data_digest(probe.texts)
+            stage = Stage("compare", config, model=models, data=data)
 
             def compute(folder: Path) -> ComparisonResult:
                 t0 = time.perf_counter()
-                res = measure(protocol, a, b, probe)
+                res = es.measure(protocol, a, b, probe)
                 (folder / "seconds.txt").write_text(f"{time.perf_counter() - t0:.0f}")
                 return res
 
             res = self.cache.run(stage, ComparisonResult, compute)
-            secs = self.cache.path(stage) / "seconds.txt"
-            if secs.exists():
-                self.seconds[name] = float(secs.read_text())
+            self.seconds[name] = float((self.cache.path(stage) / "seconds.txt").read_text())
             return res
 
         return run
 
-    def scenario(self, sc: Scenario) -> ModelComparison:
+    def scenario(self, sc: Scenario) -> es.ModelComparison:
         """One row: the comparison stage (the sanity stage for the sanity rows, whose checks
-        are kept in ``self.sanity``) under the row's protocol."""
-        from structlens.equivalence.stages import compare_models, sanity
-
-        protocol = self.protocols[sc.name] = self.protocol(sc)
+        are kept in ``self.sanity``) under the row's protocol (its own, or this profile's
+        protocol of the small LMs)."""
+        protocol = PROTOCOLS[sc.protocol] if sc.protocol else self.s["small_protocol"]
+        self.protocols[sc.name] = protocol
         a = self.model(sc.model_a, protocol.seed)
         if sc.model_b is None:
-            check = self.sanity[sc.name] = sanity(protocol, a, measure=self._measure(sc.name))
+            check = self.sanity[sc.name] = es.sanity(protocol, a, measure=self._measure(sc.name))
             return check.comparison
         b = self.model(sc.model_b, protocol.seed)
-        return compare_models(protocol, a, b, measure=self._measure(sc.name))
+        return es.compare_models(protocol, a, b, measure=self._measure(sc.name))
 
 
 def run(
@@ -201,7 +173,7 @@ def run(
     doc_dir: str | Path | None = None,
     device: str = "cpu",
     only: list[str] | None = None,
-) -> tuple[dict[str, ModelComparison], StageCache]:
+) -> tuple[dict[str, es.ModelComparison], StageCache]:
     """Run (or resume) the scenarios of ``profile`` (``only``: a subset, in that order) and
     write the markdown and claims JSON."""
     from structlens.replication import default_paths
@@ -219,12 +191,10 @@ def run(
     for name in names:
         t0 = time.perf_counter()
         r = results[name] = rep.scenario(by_name[name])
-        print(
-            f"{name}: score {r.heads.score:.3f} {list(r.heads.score_ci)} null "
-            f"{r.heads.null_score} layers {r.layers.score if r.layers else None} decision "
-            f"{r.decision} ({time.perf_counter() - t0:.0f} s)",
-            flush=True,
-        )
+        layers = r.layers.score if r.layers else None
+        print(f"{name}: score {r.heads.score:.3f} {list(r.heads.score_ci)} null "
+              f"{r.heads.null_score} layers {layers} decision {r.decision} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
     md, js = write(rep, results, fold, doc_dir)
     print(f"wrote {md} and {js}", flush=True)
     return results, rep.cache

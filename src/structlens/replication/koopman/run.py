@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from structlens.koopman import stages as st
+from structlens.koopman import verdicts as v
 from structlens.koopman.protocol import PROFILES as PROTOCOLS
 from structlens.koopman.protocol import dictionary_label
-from structlens.koopman.verdicts import IOI_K, REDUCTION_ORDERS
 from structlens.pipeline.cache import Stage, StageCache, data_digest
-from structlens.replication.stage import Record
-from structlens.results import to_jsonable
+from structlens.results import Result
 
 METHOD = "koopman"
 
@@ -73,8 +74,10 @@ PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
 # Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
 # tiny model at the smoke sizes, so the gpu profile runs end to end on the CPU in the tests.
 TINY_TEST_SIZES = {k: v for k, v in SMOKE.items() if k != "profile"}
-# Stages whose record layout changed carry this in their config, so old records recompute.
-RECORD = 3
+# Every stage's config carries the version of its Result's layout, so that a stage cached in
+# an older layout recomputes.
+RECORD = 4
+T = TypeVar("T", bound=Result)
 
 
 def log(msg: str, t0: float) -> None:
@@ -82,8 +85,8 @@ def log(msg: str, t0: float) -> None:
 
 
 class KoopmanReplication:
-    """The sections of one profile as cached stages over one activation store; ``R`` holds
-    each section's record (the JSON form of its stage Results)."""
+    """The sections of one profile over one activation store, each a method returning its
+    typed stage Results (every one cached); ``settings`` is the claims JSON's block."""
 
     def __init__(self, s: dict[str, Any], out: Path, device: str = "cpu") -> None:
         from structlens.koopman.data import capture_depth, depth_prompts
@@ -103,7 +106,7 @@ class KoopmanReplication:
         self.store = capture_depth(self.model, self.prompts, self.layers, root=out / "activations")
         log(f"captured {self.store.n_tokens} tokens x {len(self.store.sites)} sites", self.t0)
         keys = ("n_corpus", "prompt_tokens", "seed", "n_ioi", "sae_seeds", "sae_epochs")
-        self.R: dict[str, Any] = {"settings": {
+        self.settings: dict[str, Any] = {
             "profile": s["profile"], "model": s["model"], "n_prompts": len(self.prompts),
             **{k: s[k] for k in (*keys, "sae_penalty", "invariance_sae_width")},
             "n_ioi_in_fit": s["n_task"], "tokens_per_layer": int(self.store.n_tokens),
@@ -113,103 +116,117 @@ class KoopmanReplication:
             "exclude_position0": p.exclude_position0, "dictionary_fit_split": p.dictionary_fit,
             "control_energy": p.control_energy, "invariance_n": st.invariance_size(p),
             "henrici_blocks": p.henrici_blocks,
-        }}  # fmt: skip
+        }  # fmt: skip
 
-    def run_stage(self, name: str, config: dict[str, Any], compute: Any) -> Any:
-        config = config | {"protocol": self.protocol.to_json()}
+    def stage(
+        self, name: str, config: dict[str, Any], kind: type[T], compute: Callable[[], T]
+    ) -> T:
+        """``compute()``, cached under ``name`` by ``config``, the protocol, model and prompts."""
+        config = config | {"protocol": self.protocol.to_json(), "record": RECORD}
         stage = Stage(name, config, model=self.model.fingerprint(), data=self.data)
-        data = self.cache.run(stage, Record, lambda _: Record.of(to_jsonable(compute())))
-        log(f"{name} done", self.t0)
-        return data.data
+        got = self.cache.run(stage, kind, lambda _: compute())
+        log(f"{name} {config.get('layer', '')} done", self.t0)
+        return got
 
     def rows(self, layers: list[int], store: Any = None) -> st.LayerRows:
         return st.layer_rows(self.protocol, store or self.store, layers)
 
-    def split_half(self) -> None:
-        p = self.protocol
-        self.R["split_half"] = self.run_stage("split-half", {"probes": self.probes}, lambda: {
-            f"L{r.layers[0]}/{r.dictionary}": r
-            for layer in self.probes for spec in p.split_half_dictionaries
-            for r in [st.split_half(p, self.rows([layer]), spec)]
-        })  # fmt: skip
+    def per_probe(self, name: str, specs: Any, kind: type[T], fn: Any) -> dict[str, T]:
+        """``fn(protocol, rows, spec)`` at every probe layer and dictionary ``spec``, keyed
+        ``L<layer>/<dictionary>``."""
 
-    def fits(self) -> None:
-        p = self.protocol
-        self.R["fits"] = self.run_stage("fits", {"probes": self.probes}, lambda: {"fits": {
-            f"L{r.layers[0]}/{r.dictionary}": r
-            for layer in self.probes for spec in p.fit_dictionaries
-            for r in [st.spectrum(p, self.rows([layer]), spec)]
-        }})["fits"]  # fmt: skip
+        def compute(layer: int, spec: Any) -> T:
+            return fn(self.protocol, self.rows([layer]), spec)
 
-    def invariance(self) -> None:
-        s, p, layer = self.s, self.protocol, self.probes[0]
-        n, width = st.invariance_size(p), s["invariance_sae_width"]
-
-        def compute() -> dict[str, Any]:
-            info, fits = st.sae_invariance(
-                p, self.rows([layer]), n, width=width, epochs=s["sae_epochs"]
+        return {
+            f"L{layer}/{dictionary_label(spec)}": self.stage(
+                name, {"layer": layer, "dictionary": spec}, kind, partial(compute, layer, spec)
             )
-            return {"invariance": {f"L{layer}/{f.dictionary}": f for f in fits}} | {
-                "sae": info, "n": n,
-            }  # fmt: skip
+            for layer in self.probes for spec in specs
+        }  # fmt: skip
 
+    def split_half(self) -> dict[str, st.SplitHalfFit]:
+        specs = self.protocol.split_half_dictionaries
+        return self.per_probe("split-half", specs, st.SplitHalfFit, st.split_half)
+
+    def fits(self) -> dict[str, st.SpectrumFit]:
+        return self.per_probe("fits", self.protocol.fit_dictionaries, st.SpectrumFit, st.spectrum)
+
+    def invariance(self) -> st.SAEInvariance:
+        s, layer = self.s, self.probes[0]
+        n, width = st.invariance_size(self.protocol), s["invariance_sae_width"]
         config = {"layer": layer, "sae_epochs": s["sae_epochs"], "n": n, "sae_width": width}
-        got = self.run_stage("invariance", config, compute)
-        self.R |= {"invariance": got["invariance"], "sae": got["sae"], "invariance_n": got["n"]}
+        return self.stage("invariance", config, st.SAEInvariance, lambda: st.sae_invariance(
+            self.protocol, self.rows([layer]), n, width=width, epochs=s["sae_epochs"]
+        ))  # fmt: skip
 
-    def ioi(self) -> None:
+    def ioi(self) -> dict[str, st.AblationEffects]:
         """IOI ablation ordering (position 0 never ablated; "all" = every other position)."""
         from structlens.data.tasks import make_task
         from structlens.koopman.data import capture_depth
 
-        s, p, self.R["ioi"] = self.s, self.protocol, {}
+        s, p = self.s, self.protocol
         if not s["ioi_layers"]:
-            return
+            return {}
         task = make_task("ioi", self.model.tokenizer, n=s["n_ioi"], seed=s["seed"] + 1)
         extra = [v for v in s["ioi_layers"] if v not in self.layers]
         root = self.out / "activations"
         more = capture_depth(self.model, self.prompts, extra, root=root) if extra else None
-        for layer in s["ioi_layers"]:
+
+        def compute(layer: int, pos: str) -> st.AblationEffects:
             rows = self.rows([layer], self.store if layer in self.layers else more)
-            got = self.run_stage("ioi", {"layer": layer, "n_ioi": s["n_ioi"]}, lambda rows=rows: {
-                pos: st.mode_ablation(
-                    p, self.model, task, rows, p.headline_dictionary, IOI_K, positions=pos,
-                    n_random=3,
-                ) for pos in ("all", "END")
-            })  # fmt: skip
-            self.R["ioi"] |= {f"L{layer}/{pos}": got[pos] for pos in ("all", "END")}
+            return st.mode_ablation(
+                p, self.model, task, rows, p.headline_dictionary, v.IOI_K, positions=pos,
+                n_random=3,
+            )  # fmt: skip
 
-    def sae_seeds(self) -> None:
+        return {
+            f"L{layer}/{pos}": self.stage(
+                "ioi", {"layer": layer, "n_ioi": s["n_ioi"], "positions": pos},
+                st.AblationEffects, partial(compute, layer, pos),
+            )
+            for layer in s["ioi_layers"] for pos in ("all", "END")
+        }  # fmt: skip
+
+    def sae_seeds(self) -> list[st.SAESeedRun]:
         """The invariance penalty: residual and run-to-run variability across SAE seeds."""
-        s, p, layer = self.s, self.protocol, self.probes[0]
-        keys = ("sae_seeds", "sae_epochs", "sae_penalty", "seed")
-        config = {"layer": layer, "record": RECORD, **{k: s[k] for k in keys}}
-        self.R["sae_seeds"] = self.run_stage("sae-seeds", config, lambda: st.sae_seed_runs(
-            p, self.rows([layer]), (0.0, s["sae_penalty"]), s["sae_seeds"], epochs=s["sae_epochs"]
-        ))  # fmt: skip
+        s, layer = self.s, self.probes[0]
+        config = {"layer": layer, **{k: s[k] for k in ("sae_seeds", "sae_epochs", "seed")}}
 
-    def universality(self, seed_models: dict[str, Path | None]) -> None:
+        def compute(lam: float) -> st.SAESeedRun:
+            return st.sae_seed_run(
+                self.protocol, self.rows([layer]), lam, s["sae_seeds"], epochs=s["sae_epochs"]
+            )
+
+        return [
+            self.stage("sae-seeds", config | {"penalty": lam}, st.SAESeedRun, partial(compute, lam))
+            for lam in (0.0, s["sae_penalty"])
+        ]
+
+    def universality(self, seed_models: dict[str, Path | None]) -> st.Universality:
         """Seed and depth replicas, and a fine-tuned copy, against sampling nulls."""
         s, n = self.s, self.s["universality_resamples"]
         models = {k: str(v) if v else None for k, v in sorted(seed_models.items())}
-        config = {"resamples": n, "seed": s["seed"], "models": models, "record": RECORD}
-        self.R["universality"] = self.run_stage("universality", config, lambda: dict(zip(
-            ("comparisons", "not_run"), st.universality(
-                self.protocol, self.model, self.prompts, models, probe_layer=self.probes[-1],
-                n_corpus=s["n_corpus"], root=self.out / "activations", n_resamples=n,
-            ), strict=True,
-        )))  # fmt: skip
+        config = {"resamples": n, "seed": s["seed"], "models": models}
+        return self.stage("universality", config, st.Universality, lambda: st.universality(
+            self.protocol, self.model, self.prompts, models, probe_layer=self.probes[-1],
+            n_corpus=s["n_corpus"], root=self.out / "activations", n_resamples=n,
+        ))  # fmt: skip
 
-    def reduction(self) -> None:
+    def reduction(self) -> st.Reduction:
         p, layers = self.protocol, self.layers
-        spec = p.reduction_dictionary
+        return self.stage("reduction", {"layers": layers}, st.Reduction, lambda: st.Reduction(
+            st.reduction(p, self.rows(layers), p.reduction_dictionary, v.REDUCTION_ORDERS)
+        ))  # fmt: skip
 
-        def compute() -> dict[str, Any]:
-            got = st.reduction(p, self.rows(layers), spec, REDUCTION_ORDERS)
-            label = {"layers": f"{layers[0]}-{layers[-1]}", "horizon": len(layers)}
-            return label | {"dictionary": dictionary_label(spec)} | {str(r.order): r for r in got}
-
-        self.R["reduction"] = self.run_stage("reduction", {"layers": layers}, compute)
+    def results(self, seed_models: dict[str, Path | None]) -> v.ReplicationResults:
+        """Every section, in the document's order of computation."""
+        split, fits, inv, ioi = self.split_half(), self.fits(), self.invariance(), self.ioi()
+        seeds, u = self.sae_seeds(), self.universality(seed_models)
+        return v.ReplicationResults(
+            split, fits, {f"L{self.probes[0]}/{f.dictionary}": f for f in inv.fits}, ioi,
+            seeds, u.comparisons, u.not_run, self.reduction().rows, inv.sae,
+        )  # fmt: skip
 
 
 def run(
@@ -218,7 +235,7 @@ def run(
     doc_dir: str | Path | None = None,
     device: str = "cpu",
     test_sizes: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], StageCache]:
+) -> tuple[v.ReplicationResults, StageCache]:
     """Run (or resume) every section of ``profile``; write the figures, the markdown and the
     claims JSON.  ``test_sizes`` (tests only, e.g. :data:`TINY_TEST_SIZES`) overrides the
     profile's sizes so a profile's code path runs on a tiny model."""
@@ -229,14 +246,7 @@ def run(
     s = PROFILES[profile] | (test_sizes or {})
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = KoopmanReplication(s, out, device)
-    rep.split_half()
-    rep.fits()
-    rep.invariance()
-    rep.ioi()
-    rep.sae_seeds()
-    rep.universality(model_dirs(s["seed_models_profile"]) if s["seed_models_profile"] else {})
-    rep.reduction()
-    rep.R["wall_seconds"] = time.time() - rep.t0
-    md, js = write(rep.R, doc_dir, figure_dir=out)
+    t = rep.results(model_dirs(s["seed_models_profile"]) if s["seed_models_profile"] else {})
+    md, js = write(rep.settings, t, time.time() - rep.t0, doc_dir, figure_dir=out)
     log(f"wrote {md} and {js}", rep.t0)
-    return rep.R, rep.cache
+    return t, rep.cache
