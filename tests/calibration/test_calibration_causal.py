@@ -38,3 +38,28 @@ def test_the_chunk_unit_widens_the_interval_when_windows_of_a_chunk_are_correlat
     assert chunk.mean_plugin == pytest.approx(vector.mean_plugin)
     assert chunk.mean_width > 1.2 * vector.mean_width
     assert abs(chunk.mean_estimate - chunk.truth) < abs(chunk.mean_plugin - chunk.truth)
+
+
+def test_the_interval_width_is_the_bias_corrected_estimates_own_jackknife():
+    """Independent computation: the stage's standard error is the delete-a-chunk jackknife of
+    the bias-corrected κ that :func:`kappa_from_grams` gives on the remaining chunks (32 chunks:
+    one block each), and it exceeds the plain jackknife's, which measures the plug-in."""
+    import functools
+
+    from structlens.calibration.causal import PROTOCOL, _windows
+    from structlens.causal_dim.kappa import kappa_from_grams
+    from structlens.causal_dim.stages import kappa
+    from structlens.stats.intervals import group_jackknife
+
+    prompts, grams = planted_grams(0.9, seed=50_000)
+    fit = kappa(PROTOCOL, None, 0, prompts, grams=functools.partial(_windows, grams))
+    g, chunks = grams[: fit.n_vectors], np.array(prompts.kappa_chunks[: fit.n_vectors])
+    labels = sorted(set(chunks.tolist()))
+    reps = [kappa_from_grams(g[chunks != c], groups=chunks[chunks != c]).erank for c in labels]
+    want = group_jackknife(fit.erank, np.array(reps)).se
+    assert fit.erank_se == pytest.approx(float(want), rel=1e-8)
+    # the plain jackknife of the plug-in, centred on the same bias-corrected estimate
+    plug = [kappa_from_grams(g[chunks != c]).erank_plugin for c in labels]
+    plain = group_jackknife(fit.erank_plugin, np.array(plug))
+    assert fit.erank == pytest.approx(float(plain.bias_corrected))
+    assert fit.erank_se > float(plain.se)

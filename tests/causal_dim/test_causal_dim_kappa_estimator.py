@@ -51,7 +51,10 @@ def test_estimator_equals_kappa_from_grams_when_every_vector_is_its_own_group():
             np.testing.assert_array_equal(a, b)
         else:
             assert a == b, field.name
-    assert res.ci_method == "delete-one jackknife, bias-corrected, t interval"
+    assert res.ci_method == (
+        "delete-one jackknife, bias-corrected, its standard error a jackknife of it over 12 "
+        "blocks of groups, t interval (11 df)"
+    )
     assert res.n_vectors == 12 and res.erank_ci[0] < res.erank < res.erank_ci[1]
 
 

@@ -64,18 +64,24 @@ def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     assert res.informative["n_heads"] == sum(not r["passed"] for r in res.null_validation)
     assert res.informative["n_passed"] == res.informative["n_heads"]
     assert res.head_groups == {}
-    # the decision is calibrated by the paired test on the same heads: McNemar exact on the
-    # heads where only the partner or only the null passes (the protocol's unit is the head)
-    from structlens.stats.intervals import mcnemar_exact
+    # the decision is calibrated by the paired test on the same heads: McNemar's test for
+    # clustered data on the heads where only the partner or only the null passes, B's layers
+    # the clusters (the default unit)
+    from structlens.stats.intervals import clustered_mcnemar, mcnemar_exact
 
     partner = [r["passed"] for r in res.validation]
     null = [r["passed"] for r in res.null_validation]
+    layer = [r["pair"][1][0] for r in res.validation]
     b = sum(p and not q for p, q in zip(partner, null))
     c = sum(q and not p for p, q in zip(partner, null))
+    layers = sorted(set(layer))
+    b_l = [sum(p and not q for p, q, x in zip(partner, null, layer) if x == k) for k in layers]
+    c_l = [sum(q and not p for p, q, x in zip(partner, null, layer) if x == k) for k in layers]
+    p_value = clustered_mcnemar(b_l, c_l)[1] if len(layers) < len(partner) else mcnemar_exact(b, c)
     test = res.verdicts["matching_test"]
     assert (test["partner_only"], test["null_only"]) == (b, c)
-    assert test["p_value"] == mcnemar_exact(b, c) and test["n_clusters"] == len(partner)
-    want = "equivalent" if b > c and mcnemar_exact(b, c) < 0.05 else "unidentified"
+    assert test["p_value"] == pytest.approx(p_value) and test["n_clusters"] == len(layers)
+    want = "equivalent" if b > c and p_value < 0.05 else "unidentified"
     assert res.verdicts["matching"] == want
 
 

@@ -49,7 +49,8 @@ def drivers(tmp_path_factory):
     out = {}
 
     r = CliRunner().invoke(
-        equiv.app, ["sanity", "tiny-llama", "--protocol", "smoke", "--out", str(tmp / "cli"), "-q"]
+        equiv.app,
+        ["sanity", "tiny-llama-deep", "--protocol", "smoke", "--out", str(tmp / "cli"), "-q"],
     )
     assert r.exit_code == 0, r.output
     doc = json.loads((tmp / "cli" / "sanity.json").read_text())
@@ -60,7 +61,7 @@ def drivers(tmp_path_factory):
         profile="smoke", stages=("equivalence",), out=tmp / "analyze", progress=False
     )
     assert cfg.settings.equivalence == protocol
-    section = run_analysis(cfg, load_model("tiny-llama")).sections["equivalence"]
+    section = run_analysis(cfg, load_model("tiny-llama-deep")).sections["equivalence"]
     assert section["details"]["protocol"] == protocol.to_json()
     row = section["details"]["rows"][0]
     out["analyze"] = (row["comparison"], row["sanity"])

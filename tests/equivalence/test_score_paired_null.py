@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from structlens.equivalence import decide_paired_null, decide_with_null
 from structlens.equivalence.score import wilson_interval
@@ -95,16 +96,17 @@ def test_pooled_scores_resample_model_pairs():
 
 
 def test_clusters_make_the_layer_the_unit():
-    """One cluster per head is McNemar's test; whole layers that pass or fail together count
-    once each, so six heads in two layers are two units, not six."""
+    """One cluster per head is McNemar's exact test; with layers as clusters the variance of
+    b − c is estimated over the four layers (d = 3, 3, 3, 0: t = 3 on 3 degrees of freedom)."""
     partner = [True] * 9 + [False] * 3
     null = [False] * 12
     heads = decide_paired_null(partner, null)
     singletons = decide_paired_null(partner, null, clusters=range(12))
     assert singletons.p_value == pytest.approx(heads.p_value) and singletons.n_clusters == 12
+    assert singletons.test == heads.test and "McNemar exact" in heads.test
     layers = decide_paired_null(partner, null, clusters=[i // 3 for i in range(12)])
-    assert layers.n_clusters == 4 and "sign-flip over 4 clusters" in layers.test
-    assert layers.p_value == pytest.approx(2 / 8)  # only ±(3+3+3) reach 9 (a zero layer)
+    assert layers.n_clusters == 4 and "clustered McNemar over 4 clusters" in layers.test
+    assert layers.p_value == pytest.approx(2 * stats.t.sf(3.0, 3))
     assert heads.verdict == "equivalent" and layers.verdict == "unidentified"
     with pytest.raises(ValueError, match="one per component"):
         decide_paired_null(partner, null, clusters=[0, 1])

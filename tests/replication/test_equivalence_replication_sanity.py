@@ -1,5 +1,5 @@
-"""The equivalence replication's smoke profile: the sanity pair (tiny-llama against its rotated,
-head-permuted copy) scores 1 at the head and the layer level and is a check with a passing
+"""The equivalence replication's smoke profile: the sanity pair (tiny-llama-deep against its
+rotated, head-permuted copy) scores 1 at the head and the layer level and is a check with a passing
 positive control; every row's claims carry the null, the score's interval, the paired
 decision, a verdict from the one vocabulary and the representational score; the claims are
 the verdicts of the run's typed results, and every caveat of a row (the reduced CONGRUITY

@@ -4,9 +4,10 @@ A comparison validates ``n`` matched heads twice: each head replaced by its part
 model B still behave?) and, as the null, mean-ablated.  The decision
 (:func:`structlens.equivalence.score.decide_paired_null`, called by every comparison) says
 "equivalent" when partners pass where the null fails significantly more often than the
-reverse (an exact paired test at the protocol's ``null_alpha`` over its ``null_unit``: the
-sign-flip test over B's layers, or McNemar's test over heads) and the partner pass rate
-reaches ``equivalent_at``.  Both units are scored: the protocol's, and the other for contrast.
+reverse (a paired test at the protocol's ``null_alpha`` over its ``null_unit``: McNemar's
+test for clustered data over B's layers, or McNemar's exact test over heads) and the partner
+pass rate reaches ``equivalent_at``.  Both units are scored: the protocol's, and the other
+for contrast.
 
 Planted outcomes, heads grouped in layers of three as a model's are:
 
@@ -14,8 +15,7 @@ Planted outcomes, heads grouped in layers of three as a model's are:
   better than mean ablation, so "equivalent" is a false positive;
 * ``null, layer-shared``: the same, but the three heads of a layer pass or fail together
   (one draw per layer for the partners, one for the null) — McNemar counts heads as
-  independent units, so this family measures what shared fate within a layer does to it
-  (the layer unit is valid here by construction, the head unit is not);
+  independent units, so this family measures what shared fate within a layer does to it;
 * ``alternative``: partners pass with probability ``p`` > 0.3, heads independent — the
   rate of "equivalent" is the power at that effect.
 """

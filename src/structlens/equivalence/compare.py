@@ -135,11 +135,12 @@ class CompareConfig:
         "unidentified" (or "not tested" without a null).
     null_alpha : float
         Level of that paired test (exact, two-sided, on the validated heads).
-    null_unit : {"head", "layer"}
-        Independent unit of the paired test: ``"head"`` (McNemar over heads, the unit the
-        score counts; its level holds only if heads fail independently) or ``"layer"`` (the exact
-        sign-flip test over B's layers, valid when a layer's heads share their fate, but
-        unable to reach ``null_alpha`` with fewer than ``log2(2 / null_alpha)`` layers).
+    null_unit : {"layer", "head"}
+        Independent unit of the paired test: ``"layer"`` (McNemar's test for clustered data
+        over B's layers, :func:`~structlens.stats.intervals.clustered_mcnemar`: its variance is
+        estimated over the layers, so heads of one layer may share their fate) or ``"head"``
+        (McNemar's exact test over heads, the unit the score counts; its level holds only if
+        heads fail independently).
     batch_size, seed, ci
     """
 
@@ -167,7 +168,7 @@ class CompareConfig:
     straps: int = 40
     equivalent_at: float = 0.5
     null_alpha: float = 0.05
-    null_unit: Literal["head", "layer"] = "head"
+    null_unit: Literal["head", "layer"] = "layer"
     batch_size: int = 8
     seed: int = 0
     ci: Literal["wilson", "bootstrap"] = "wilson"

@@ -365,8 +365,8 @@ class Scenario:
 # (equivalence.layer_map).  MiniLM against SmolLM2 has two tokenizers: "paper-sentence".
 _SMOL, _SENT = "paper-subset", "paper-sentence"
 SCENARIOS = (
-    Scenario("sanity-tiny", "sanity", "tiny-llama", None,
-             "tiny-llama vs rotated+permuted copy, corpus"),
+    Scenario("sanity-tiny", "sanity", "tiny-llama-deep", None,
+             "tiny-llama-deep vs rotated+permuted copy, corpus"),
     Scenario("sanity-smollm2", "sanity", "smollm2-135m", None,
              "SmolLM2 vs rotated+permuted copy, IOI", _SMOL),
     Scenario("enc-dec-same-data", "encoder-decoder", "small:ED-s0", "small:L4-s0",

@@ -37,12 +37,16 @@ design; the verdict comes from McNemar's exact test on the discordant components
 passes and null fails, ``b``; the reverse, ``c``): ``"equivalent"`` when ``b > c`` with
 two-sided ``p < alpha`` (and the score reaches ``min_score``), ``"unidentified"`` with the
 reason otherwise, and ``"not tested"`` (with the reason) when no null was measured.  Heads
-of one layer may share their fate; given each component's cluster (its layer of model B,
-:func:`component_clusters`) the test is the exact sign-flip test over clusters on
-``b_L − c_L``, which is McNemar's when every cluster holds one component.  The
-Wilson intervals stay as descriptive numbers.  Scores pooled over several model pairs
-resample whole pairs (:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`):
-heads of one pair are not independent of each other.
+of one layer may share their fate, and McNemar's test, counting heads as independent, then
+says "equivalent" too often.  Given each component's cluster (its layer of model B,
+:func:`component_clusters`) the test is McNemar's test for clustered data
+(:func:`~structlens.stats.intervals.clustered_mcnemar`: Durkalski et al.'s statistic, the
+variance of ``Σ (b_L − c_L)`` estimated over the layers, referred to Student's t with one
+degree of freedom fewer than layers), whose statistic is McNemar's when every cluster holds
+one component.  The Wilson intervals stay as descriptive numbers.  Scores pooled over
+several model pairs resample whole pairs
+(:func:`~structlens.stats.intervals.cluster_bootstrap_ratio_interval`): heads of one pair
+are not independent of each other.
 :func:`informative_heads` picks the components worth validating: those whose mean ablation
 changes B's output most (top-KL), where the null fails.
 """
@@ -55,7 +59,12 @@ from typing import Any
 import numpy as np
 
 from ..results import Result
-from ..stats.intervals import bootstrap_interval, mcnemar_exact, sign_flip_exact, wilson_interval
+from ..stats.intervals import (
+    bootstrap_interval,
+    clustered_mcnemar,
+    mcnemar_exact,
+    wilson_interval,
+)
 from ._checks import to_numpy
 
 __all__ = [
@@ -242,7 +251,7 @@ class PairedNullDecision(Result):
     ``null_only`` (``c``): the reverse; ``both``/``neither``: the concordant ones.
     ``p_value`` is McNemar's exact two-sided p-value (NaN without a null), ``alpha`` its level;
     ``score``/``null_score`` the two pass rates over the ``n_heads`` components.  With
-    clusters, ``p_value`` is the exact sign-flip test over the ``n_clusters`` clusters
+    clusters, ``p_value`` is the clustered McNemar test over the ``n_clusters`` clusters
     (``test`` says which).
     """
 
@@ -311,21 +320,21 @@ def decide_paired_null(
         The same components, in the same order, mean-ablated instead.  ``None`` (no null
         measured, e.g. validation by similarity only) gives ``"not tested"``.
     alpha : float
-        Level of the two-sided exact McNemar test, in (0, 1).
+        Level of the two-sided test, in (0, 1).
     min_score : float
         Smallest partner pass rate that may be called equivalent.
     clusters : sequence or None
         The independent unit of each component (e.g. the layer of model B a head sits in):
-        components of one cluster may share their fate, so the test is the exact sign-flip
-        test over clusters on ``b_L − c_L``
-        (:func:`~structlens.stats.intervals.sign_flip_exact`), which McNemar's test is when
-        every component is its own cluster.  ``None``: every component its own cluster.
+        components of one cluster may share their fate, so the test is McNemar's test for
+        clustered data (:func:`~structlens.stats.intervals.clustered_mcnemar`), its variance
+        estimated over the clusters.  ``None``, or one component per cluster: the components
+        are the units, and the test McNemar's exact test.
 
     Returns
     -------
     PairedNullDecision
         ``verdict`` is ``"equivalent"`` when more components pass with their partner only
-        than with the null only (``b > c``), McNemar's exact ``p < alpha`` and the score is at
+        than with the null only (``b > c``), the paired test's ``p < alpha`` and the score is at
         least ``min_score``; else ``"unidentified"`` (``"not tested"`` without a null);
         ``reason`` says why.
 
@@ -355,22 +364,27 @@ def decide_paired_null(
         )
     b, c = int(np.sum(partner & ~null)), int(np.sum(~partner & null))
     both, neither = int(np.sum(partner & null)), int(np.sum(~partner & ~null))
-    if clusters is None:
-        p, n_clusters, test = mcnemar_exact(b, c), int(partner.size), PairedNullDecision.test
-        how = "McNemar exact p"
+    labels = list(range(partner.size)) if clusters is None else list(clusters)  # type: ignore[call-overload]
+    if len(labels) != partner.size:
+        raise ValueError(
+            f"clusters has {len(labels)} labels for {partner.size} components; give one "
+            "per component, in the same order."
+        )
+    index = {x: k for k, x in enumerate(dict.fromkeys(labels))}
+    n_clusters = len(index)
+    if n_clusters == partner.size:
+        # one component per cluster: the components are the units, for which McNemar's is exact
+        p, test, how = mcnemar_exact(b, c), PairedNullDecision.test, "McNemar exact p"
     else:
-        labels = list(clusters)  # type: ignore[call-overload]
-        if len(labels) != partner.size:
-            raise ValueError(
-                f"clusters has {len(labels)} labels for {partner.size} components; give one "
-                "per component, in the same order."
-            )
-        index = {x: k for k, x in enumerate(dict.fromkeys(labels))}
         idx = np.array([index[x] for x in labels])
-        d = np.bincount(idx, weights=(partner & ~null).astype(float) - (~partner & null))
-        p, n_clusters = sign_flip_exact(np.rint(d).astype(np.int64)), len(index)
-        test = f"exact sign-flip over {n_clusters} clusters, two-sided, on b − c per cluster"
-        how = f"sign-flip over {n_clusters} clusters p"
+        b_l = np.bincount(idx, weights=partner & ~null, minlength=n_clusters)
+        c_l = np.bincount(idx, weights=~partner & null, minlength=n_clusters)
+        _, p = clustered_mcnemar(np.rint(b_l).astype(np.int64), np.rint(c_l).astype(np.int64))
+        test = (
+            f"clustered McNemar over {n_clusters} clusters (variance over clusters, "
+            f"t with {n_clusters - 1} df), two-sided"
+        )
+        how = f"clustered McNemar over {n_clusters} clusters p"
     counts = (
         f"partner passes where the null fails on {b} of {partner.size} components, the null "
         f"where the partner fails on {c} ({how} = {p:.3g})"

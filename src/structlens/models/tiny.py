@@ -1,9 +1,9 @@
 """Tiny random models of each supported family, built locally for tests and examples.
 
 They have random weights (seeded), a byte-level tokenizer with a 257-token vocabulary (the 256
-bytes plus ``<|endoftext|>``), 2–3 layers and a width of 64, so a forward pass takes
-milliseconds.  Their names are the built-in aliases ``tiny-llama``, ``tiny-qwen2``,
-``tiny-mistral``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-neox-seq``, ``tiny-gemma2``,
+bytes plus ``<|endoftext|>``), 2–3 layers (8 for ``tiny-llama-deep``) and a width of 64, so
+a forward pass takes milliseconds.  Their names are the built-in aliases ``tiny-llama``,
+``tiny-qwen2``, ``tiny-mistral``, ``tiny-gpt2``, ``tiny-neox``, ``tiny-neox-seq``, ``tiny-gemma2``,
 ``tiny-bert``, and one per further family (``tiny-phi``, ``tiny-opt``, ``tiny-falcon``, ...;
 :data:`TINY_NAMES` lists them).
 """
@@ -45,6 +45,11 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
     )
     return {
         "tiny-llama": ("LlamaConfig", dict(common, num_key_value_heads=2)),
+        # enough layers for a test whose independent unit is the layer to reach α = 0.05
+        "tiny-llama-deep": (
+            "LlamaConfig",
+            dict(common, num_key_value_heads=2, num_hidden_layers=8),
+        ),
         "tiny-qwen2": ("Qwen2Config", dict(common, num_key_value_heads=2)),
         "tiny-mistral": ("MistralConfig", dict(common, num_key_value_heads=2, sliding_window=None)),
         "tiny-gemma2": (
