@@ -71,3 +71,18 @@ def test_unequal_groups_weight_the_pooled_mean_by_their_rows():
     assert float(r.estimate) == pytest.approx(pooled.mean() ** 2)
     loo = [np.concatenate(x[:g] + x[g + 1 :]).mean() ** 2 for g in range(5)]
     assert float(r.bias_corrected) == pytest.approx(5 * pooled.mean() ** 2 - 4 * np.mean(loo))
+
+
+def test_the_result_does_not_depend_on_the_lanes(monkeypatch):
+    """The block replicates run in lanes; any number of them gives the same numbers."""
+    import structlens.stats.intervals as iv
+
+    rng = np.random.default_rng(4)
+    sums, counts = rng.normal(size=(9, 3)), rng.integers(1, 4, 9).astype(float)
+    got = []
+    for lanes in (1, 2, 5):
+        monkeypatch.setattr(iv, "lane_budget", lambda lanes=lanes: lanes)
+        got.append(bias_corrected_jackknife(sums, counts, lambda m: m**2, max_blocks=7))
+    for r in got[1:]:
+        np.testing.assert_array_equal(r.se, got[0].se)
+        np.testing.assert_array_equal(r.bias_corrected, got[0].bias_corrected)

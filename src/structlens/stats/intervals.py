@@ -12,6 +12,7 @@ pairing.  Percentile intervals use NumPy's default (linear) quantiles.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from structlens.errors import InputError
+from structlens.stats.lanes import lane_budget, run_in_lanes
 
 __all__ = [
     "JackknifeResult",
@@ -336,45 +338,46 @@ def bias_corrected_jackknife(
     sums: Any, counts: Any, statistic: Statistic, *, max_blocks: int = 32
 ) -> JackknifeResult:
     """The bias-corrected delete-a-group jackknife of a statistic of the pooled mean, with the
-    standard error of that bias-corrected estimate.
+        standard error of that bias-corrected estimate.
 
-    ``statistic(mean)`` is evaluated on the pooled mean ``Σ_g S_g / Σ_g n_g`` and on the mean
-    without each group (:func:`leave_one_group_out_means`), as :func:`group_jackknife` takes
-    them; that jackknife's ``se`` is the spread of the plain estimate, but the bias-corrected
-    one ``G·θ̂ − (G − 1)·mean θ̂_(g)`` varies more (its correction is itself estimated).  Here
-    ``se`` jackknifes the bias-corrected estimate: it is recomputed, correction included,
-    without each of ``B = min(G, max_blocks)`` blocks of groups (consecutive runs of groups in
-    their order; the cost is about ``B·G`` evaluations), so an interval centred on it
-    (:meth:`JackknifeResult.interval`, t with ``B − 1`` degrees of freedom) has the width of
-    the estimate it is centred on.
+        ``statistic(mean)`` is evaluated on the pooled mean ``Σ_g S_g / Σ_g n_g`` and on the mean
+        without each group (:func:`leave_one_group_out_means`), as :func:`group_jackknife` takes
+        them; that jackknife's ``se`` is the spread of the plain estimate, but the bias-corrected
+        one ``G·θ̂ − (G − 1)·mean θ̂_(g)`` varies more (its correction is itself estimated).  Here
+        ``se`` jackknifes the bias-corrected estimate: it is recomputed, correction included,
+        without each of ``B = min(G, max_blocks)`` blocks of groups (consecutive runs of groups in
+        their order; the cost is about ``B·G`` evaluations, the ``B`` replicates shared between
+    :func:`~structlens.stats.lanes.run_in_lanes` lanes), so an interval centred on it
+        (:meth:`JackknifeResult.interval`, t with ``B − 1`` degrees of freedom) has the width of
+        the estimate it is centred on.
 
-    Parameters
-    ----------
-    sums : array ``[G, ...]``
-        The sum of the rows of each group (e.g. of per-vector Grams); every group non-empty.
-    counts : array ``[G]``
-        The rows in each group; at least 3 groups.
-    statistic : callable
-        Maps a mean row to a float or an array.
-    max_blocks : int
-        Most blocks of the outer jackknife.
+        Parameters
+        ----------
+        sums : array ``[G, ...]``
+            The sum of the rows of each group (e.g. of per-vector Grams); every group non-empty.
+        counts : array ``[G]``
+            The rows in each group; at least 3 groups.
+        statistic : callable
+            Maps a mean row to a float or an array.
+        max_blocks : int
+            Most blocks of the outer jackknife.
 
-    Returns
-    -------
-    JackknifeResult
-        ``estimate`` the statistic of the pooled mean, ``bias`` and ``bias_corrected`` those
-        of the delete-a-group jackknife, ``se`` the bias-corrected estimate's, ``n`` the
-        blocks.
+        Returns
+        -------
+        JackknifeResult
+            ``estimate`` the statistic of the pooled mean, ``bias`` and ``bias_corrected`` those
+            of the delete-a-group jackknife, ``se`` the bias-corrected estimate's, ``n`` the
+            blocks.
 
-    Examples
-    --------
-    For the mean itself there is no bias and ``se`` is the classical ``s / sqrt(n)``:
+        Examples
+        --------
+        For the mean itself there is no bias and ``se`` is the classical ``s / sqrt(n)``:
 
-    >>> x = np.array([1.0, 2.0, 3.0, 4.0, 6.0])
-    >>> r = bias_corrected_jackknife(x, np.ones(5), lambda m: m)
-    >>> classical = float(x.std(ddof=1)) / 5**0.5
-    >>> round(float(r.bias_corrected), 6), round(float(r.se), 6), round(classical, 6)
-    (3.2, 0.860233, 0.860233)
+        >>> x = np.array([1.0, 2.0, 3.0, 4.0, 6.0])
+        >>> r = bias_corrected_jackknife(x, np.ones(5), lambda m: m)
+        >>> classical = float(x.std(ddof=1)) / 5**0.5
+        >>> round(float(r.bias_corrected), 6), round(float(r.se), 6), round(classical, 6)
+        (3.2, 0.860233, 0.860233)
     """
     s_all = np.asarray(sums, dtype=np.float64)
     c_all = np.asarray(counts, dtype=np.float64)
@@ -390,15 +393,24 @@ def bias_corrected_jackknife(
 
     def corrected(keep: np.ndarray) -> tuple[Any, Any, Any]:
         s, c = s_all[keep], c_all[keep]
-        theta = np.asarray(statistic(s.sum(0) / c.sum()), dtype=np.float64)
-        loo = np.stack([np.asarray(statistic(m)) for m in leave_one_group_out_means(s, c)])
-        m = len(c)
-        return theta, (m - 1) * (loo.mean(0) - theta), m * theta - (m - 1) * loo.mean(0)
+        total, n, m = s.sum(0), c.sum(), len(c)
+        theta = np.asarray(statistic(total / n), dtype=np.float64)
+        # one mean without group j at a time: G of them at once would be G copies of a row
+        loo = np.mean([np.asarray(statistic((total - s[j]) / (n - c[j]))) for j in range(m)], 0)
+        return theta, (m - 1) * (loo - theta), m * theta - (m - 1) * loo
 
     theta, bias, point = corrected(np.ones(g, dtype=bool))
     b = min(g, max_blocks)
     block = np.arange(g) * b // g
-    reps = np.stack([corrected(block != h)[2] for h in range(b)])
+
+    # the B replicates are independent problems: one run of them per lane (each on one BLAS
+    # thread), concatenated in block order, so the result does not depend on the lanes
+    def replicates(blocks: np.ndarray) -> list[Any]:
+        return [corrected(block != h)[2] for h in blocks]
+
+    runs = np.array_split(np.arange(b), min(lane_budget(), b))
+    parts = run_in_lanes([functools.partial(replicates, hs) for hs in runs])
+    reps = np.stack([rep for part in parts for rep in part])
     se = np.sqrt((b - 1) / b * np.sum((reps - reps.mean(0)) ** 2, axis=0))
     return JackknifeResult(estimate=theta, bias=bias, bias_corrected=point, se=se, n=b)
 

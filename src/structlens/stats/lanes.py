@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-__all__ = ["MIN_LANE_ROWS", "lane_count", "run_in_lanes", "serial_blas"]
+__all__ = ["MIN_LANE_ROWS", "lane_budget", "lane_count", "run_in_lanes", "serial_blas"]
 
 # Below this many rows per lane a product is too thin to run near the BLAS rate.
 MIN_LANE_ROWS = 2048
@@ -38,11 +38,20 @@ def lane_count(rows: int, device: Any) -> int:
     inside a lane, or where the BLAS library's threads cannot be limited; else torch's
     intra-op thread budget (``torch.get_num_threads()``, which follows ``OMP_NUM_THREADS``:
     one per Ray worker)."""
-    if device.type != "cpu" or rows < 2 * MIN_LANE_ROWS or getattr(_IN_LANE, "active", False):
+    if device.type != "cpu" or rows < 2 * MIN_LANE_ROWS:
+        return 1
+    return min(lane_budget(), rows // MIN_LANE_ROWS)
+
+
+def lane_budget() -> int:
+    """How many lanes may run now: torch's intra-op thread budget (``torch.get_num_threads()``,
+    which follows ``OMP_NUM_THREADS``: one per Ray worker), or 1 inside a lane or where the
+    BLAS library's threads cannot be limited."""
+    if getattr(_IN_LANE, "active", False):
         return 1
     import torch
 
-    lanes = min(torch.get_num_threads(), rows // MIN_LANE_ROWS)
+    lanes = torch.get_num_threads()
     return lanes if lanes > 1 and _blas() else 1
 
 
