@@ -92,3 +92,29 @@ def test_bad_input_raises(rng):
         subspace_mutual_information(np.hstack([x, x[:, :1]]), [1, 1], k=1)
     with pytest.raises(ValueError, match="duplicate"):
         mutual_information(np.zeros((10, 1)), np.zeros((10, 1)), k=1)
+
+
+def _ksg_block_brute_force(a, b, k):
+    """KSG algorithm 1 in the block metric, every distance a difference (no Gram expansion)."""
+    from scipy.spatial.distance import cdist
+    from scipy.special import digamma
+
+    da, db = cdist(a, a, "sqeuclidean"), cdist(b, b, "sqeuclidean")
+    joint = np.maximum(da, db)
+    np.fill_diagonal(joint, np.inf)
+    eps = np.sort(joint, axis=1)[:, k - 1]
+    na, nb = (da < eps[:, None]).sum(1) - 1, (db < eps[:, None]).sum(1) - 1  # self excluded
+    n = len(a)
+    return digamma(k) + digamma(n) - np.mean(digamma(na + 1) + digamma(nb + 1))
+
+
+def test_rows_equal_up_to_float_noise_are_neighbours_at_their_true_distance(rng):
+    """Activations of one token read twice differ by float noise (1e-9 here): their squared
+    distance (1e-18) is below the Gram expansion's rounding error, which gave zero neighbour
+    distances and an error; the estimate equals the one with every distance a difference."""
+    x, y, _ = _gaussian_pair(rng, 300, 2, 0.8)
+    z = np.hstack([x, y])
+    z = np.vstack([z, z[:6] + 1e-9 * rng.standard_normal((6, 4))])
+    got = subspace_mutual_information(z, [2, 2], k=1, standardize=False, normalize=False)
+    c = z - z.mean(0)
+    assert got[0, 1] == pytest.approx(_ksg_block_brute_force(c[:, :2], c[:, 2:], 1), abs=1e-9)

@@ -162,7 +162,9 @@ def subspace_mutual_information(
     summing to ``d``, block ``s`` being columns ``[sum(partition[:s]), sum(partition[:s+1]))``.
     Each pair uses the block metric (Euclidean inside a block, maximum over the two blocks) and
     KSG algorithm 1 over all ``n`` points (self excluded).  Exact duplicate rows are removed
-    first, since they would give zero neighbour distances.
+    first, since they would give zero neighbour distances; distances are the Gram expansion
+    ``‖x‖² + ‖y‖² − 2x·y`` (one matrix product), recomputed as differences for query rows
+    whose neighbour is closer than its rounding error (rows equal up to float noise).
 
     Parameters
     ----------
@@ -194,6 +196,8 @@ def subspace_mutual_information(
     pairs = [(a, b) for a in range(n_blocks) for b in range(a + 1, n_blocks)]
     psi_sum = {p: 0.0 for p in pairs}
     sq_norms = [(b * b).sum(1) for b in blocks]
+    # below this a squared distance from the Gram expansion is rounding error
+    tol = 1e3 * torch.finfo(dtype).eps * max(float(sq.max()) for sq in sq_norms)
     for start in range(0, n, chunk_size):
         stop = min(n, start + chunk_size)
         rows = torch.arange(stop - start)
@@ -203,16 +207,27 @@ def subspace_mutual_information(
             d2.clamp_(min=0.0)
             dists.append(d2)  # squared distances order the same way as distances
         for a, b in pairs:
-            joint = torch.maximum(dists[a], dists[b])
+            da, db = dists[a], dists[b]
+            joint = torch.maximum(da, db)
             joint[rows, rows + start] = torch.inf
             eps = _kth_smallest(joint, k)
+            near = torch.nonzero(eps < tol).flatten()
+            if near.numel():
+                # ‖x‖² + ‖y‖² − 2x·y loses every digit for near-duplicate rows (activations
+                # equal up to float noise): their distances again, as differences
+                da, db = da.clone(), db.clone()
+                for d2, blk in ((da, blocks[a]), (db, blocks[b])):
+                    d2[near] = ((blk[start + near, None, :] - blk[None, :, :]) ** 2).sum(-1)
+                joint = torch.maximum(da, db)
+                joint[rows, rows + start] = torch.inf
+                eps = _kth_smallest(joint, k)
             if bool((eps <= 0).any()):
                 raise ValueError(
                     f"blocks {a} and {b}: some points have a zero {k}-th-neighbour distance "
                     "(duplicates within the pair's coordinates); add tiny noise or raise k."
                 )
-            na = (dists[a] < eps[:, None]).sum(1)
-            nb = (dists[b] < eps[:, None]).sum(1)
+            na = (da < eps[:, None]).sum(1)
+            nb = (db < eps[:, None]).sum(1)
             psi_sum[(a, b)] += float((digamma(na.cpu().numpy()) + digamma(nb.cpu().numpy())).sum())
     out = np.zeros((n_blocks, n_blocks))
     for a, b in pairs:
