@@ -17,6 +17,7 @@ from structlens.models import load_model
 from structlens.ndm import stages
 from structlens.ndm.experiment import load_rotation
 from structlens.ndm.protocol import PROFILES
+from structlens.results import to_jsonable
 
 # tiny-llama (3 layers) builds only greater_than, at layer 2: analyze then trains layer 2
 LAYER, TESTS = 2, ["greater_than"]
@@ -62,13 +63,14 @@ def drivers(tmp_path_factory):
         s = rep.SMOKE | {"model": "tiny-llama", "layers": [LAYER], "tests": TESTS,
                          "protocol": PROTOCOL}  # fmt: skip
         replication = rep.NDMReplication(s, tmp / "replication")
-        stage, data, per_layer = replication.train()
-        ev = replication.evaluate(stage).data
+        stage, _, per_layer = replication.train()
+        ev = replication.evaluate(stage)
         out["replication"] = {
             "record": per_layer[LAYER],
             "rotation": load_rotation(replication.cache.path(stage) / f"R-L{LAYER}.safetensors")[0],
-            "screen": ev["screen"],
-            "gini_mean": ev["gini_mean"],
+            # as the CLI's JSON document holds them (non-finite floats as strings)
+            "screen": to_jsonable(ev.screen),
+            "gini_mean": "no signal" if ev.gini_mean is None else to_jsonable(ev.gini_mean),
         }
     finally:
         torch.set_num_threads(before)

@@ -10,6 +10,7 @@ import pytest
 
 from structlens.ndm import verdicts as V
 from structlens.ndm.protocol import PROFILES
+from structlens.ndm.runs import BrowseRun, EvaluationRun, TrainingRun
 from structlens.ndm.stages import (
     Analysis,
     Estimate,
@@ -23,10 +24,10 @@ from structlens.ndm.stages import (
 from structlens.verdicts import VERDICTS
 
 
-def _evaluation(screened, converged, value, p_above, methods=("ndm", "pca", "random")):
-    """An evaluation and training record: test t at layer 5, NDM's mean Gini ``value`` (CI
+def _evaluation(screened, converged, value, p_above, methods=("ndm", "pca", "random"), **more):
+    """An evaluation and training run: test t at layer 5, NDM's mean Gini ``value`` (CI
     value ± 0.05), each baseline's mean 0.3 and the one-sided bootstrap p-value of NDM
-    above each baseline ``p_above``."""
+    above each baseline ``p_above`` (``more``: further fields of the evaluation)."""
     gm = {m: {"dimension": {"value": 0.3, "ci": [0.25, 0.35]}} for m in methods}
     gm["ndm"] = {"dimension": {"value": value, "ci": [value - 0.05, value + 0.05]}}
     ev = {
@@ -37,8 +38,11 @@ def _evaluation(screened, converged, value, p_above, methods=("ndm", "pca", "ran
         "gini_mean_diff": {
             m: {"dimension": {"ci": [0.0, 0.2], "p_above": p}} for m, p in p_above.items()
         },
+        "protocol": {}, "partition": {"5": [4, 4]}, "gini": {}, "effects": {},
     }  # fmt: skip
-    return ev, {"results": {"5": {"converged": converged, "steps": 60}}}
+    train = {"layers": [5], "partition": {"5": [4, 4]}, "protocol": {},
+             "results": {"5": {"converged": converged, "steps": 60}}}  # fmt: skip
+    return EvaluationRun.of(ev | more), TrainingRun.of(train)
 
 
 @pytest.mark.parametrize(
@@ -168,9 +172,13 @@ def test_conflict_claim_counts_corruptions_a_subspace_nearly_matches(corruptions
     assert V.conflict_claim(None) is None and V.conflict_claim({"corruptions": {}}) is None
 
 
+def _browse(n):
+    return BrowseRun(layer=12, partition=[4, 4], n_activations=n, query={}, subspaces=[])
+
+
 def test_browser_claim_needs_the_papers_scale():
-    at = V.browser_claim([{"n_activations": 100_000, "layer": 12}])
-    below = V.browser_claim([{"n_activations": 99_999, "layer": 12}])
+    at = V.browser_claim([_browse(100_000)])
+    below = V.browser_claim([_browse(99_999)])
     assert (at.verdict, at.ours, at.settings) == ("reproduced", 100_000, {"layer": 12})
     assert below.verdict == "partly"
     none = V.browser_claim([])
@@ -178,19 +186,15 @@ def test_browser_claim_needs_the_papers_scale():
 
 
 def test_claims_of_a_run_are_in_the_vocabulary_and_replications():
-    ev, tr = _evaluation(True, True, 0.7, {"pca": 0.1})
-    ev |= {
-        "conflict": None,
-        "toy": {
-            "partition": [4, 4],
-            "truth_dims": [4, 4],
-            "overlap": 0.95,
-            "converged": True,
-            "right_number_of_subspaces": True,
-        },
+    toy = {
+        "partition": [4, 4],
+        "truth_dims": [4, 4],
+        "overlap": 0.95,
+        "converged": True,
+        "right_number_of_subspaces": True,
     }
-    R = {"evaluate": ev, "train": tr, "toy2": None, "planted": [], "browse": []}
-    found = V.claims(R)
+    ev, tr = _evaluation(True, True, 0.7, {"pca": 0.1}, conflict=None, toy=toy)
+    found = V.claims(ev, tr)
     assert [c.id for c in found] == [
         "mean_gini_ndm_vs_baselines", "toy_recovery", "preimage_browser_scale",
     ]  # fmt: skip

@@ -26,13 +26,13 @@ def smoke(tmp_path_factory):
 
 def test_tests_block_is_the_runs_screen(smoke):
     R, docs = smoke
-    ev = R["evaluate"]
+    ev = R.evaluate
     doc = ClaimsDocument.load(docs / "ndm.json")
     tests = doc.blocks["tests"]
     assert [t["test"] for t in tests] == ndm_run.SMOKE["tests"]  # the RoPE-transferable set
     assert doc.blocks["screen"] == {"min_whole_space_share": 0.3, "applied_to_gini": True}
     for t in tests:
-        e = ev["effects"][t["test"]]
+        e = ev.effects[t["test"]]
         clean = e["clean_metric_mean"]
         share = e["full_effect_mean"] / clean if clean > 0 else math.nan
         if math.isnan(share):
@@ -49,9 +49,9 @@ def test_tests_block_is_the_runs_screen(smoke):
 def test_restarts_and_sae_settings_reach_the_run(smoke):
     R, docs = smoke
     for layer in map(str, ndm_run.SMOKE["layers"]):
-        table = R["train"]["results"][layer]["restarts"]
+        table = R.train.results[layer]["restarts"]
         assert len(table) == ndm_run.SMOKE["protocol"].restarts == 2
-    sae = R["evaluate"]["baselines"]["0"]["sae"]
+    sae = R.evaluate.baselines["0"]["sae"]
     assert sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.SMOKE["protocol"].sae_epochs
     assert len(sae["fvu_history"]) == sae["epochs"]
     md = (docs / "ndm.md").read_text()
@@ -62,25 +62,25 @@ def test_restarts_and_sae_settings_reach_the_run(smoke):
 
 
 def test_claims_document_holds_the_claims_of_the_runs_records(smoke):
-    """The claims JSON is :func:`structlens.ndm.verdicts.claims` of the run, field by field,
-    with the training record's convergence behind the Gini verdict."""
+    """The claims JSON is :func:`structlens.ndm.verdicts.claims` of the run's typed Results,
+    field by field, with the training run's convergence behind the Gini verdict."""
     from structlens.ndm.verdicts import claims
+    from structlens.results import to_jsonable
 
     R, docs = smoke
     doc = ClaimsDocument.load(docs / "ndm.json")
-    assert [c.to_json() for c in doc.claims] == [c.to_json() for c in claims(R)]
+    found = claims(R.evaluate, R.train, R.toy2, R.planted, R.browse)
+    assert [c.to_json() for c in doc.claims] == to_jsonable([c.to_json() for c in found])
     by_id = {c.id: c for c in doc.claims}
     assert set(by_id) >= {"mean_gini_ndm_vs_baselines", "toy_recovery", "preimage_browser_scale"}
     gini = by_id["mean_gini_ndm_vs_baselines"]
-    screened = [row["test"] for row in R["evaluate"]["screen"] if row["screened"]]
+    screened = [row["test"] for row in R.evaluate.screen if row["screened"]]
     assert gini.settings["screened_tests"] == screened
-    converged = all(
-        R["train"]["results"][str(R["evaluate"]["layers"][t])]["converged"] for t in screened
-    )
+    converged = all(R.train.layer(R.evaluate.layers[t])["converged"] for t in screened)
     if not screened or not converged:  # no signal, or a partition that is not the answer
         assert gini.verdict == "not tested" and (gini.note or gini.ci_reason)
     browser = by_id["preimage_browser_scale"]
-    assert browser.ours == R["browse"][0]["n_activations"]
+    assert browser.ours == R.browse[0].n_activations
 
 
 def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():

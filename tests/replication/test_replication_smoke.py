@@ -116,11 +116,11 @@ def test_ndm_device_training_path_runs_on_the_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setitem(ndm_run.PROFILES, "smoke", ndm_run.SMOKE | {"device_training": True})
     R, cache = _run("ndm", tmp_path)
-    assert R["device_run"] and R["evaluate_cpu"] is not None
+    assert R.device_run and R.evaluate_cpu is not None
     names = [e.name for e in cache.events]
     assert "train-device" in names and names.count("evaluate") == 2
-    assert R["train"]["command"] == "structlens.ndm.device_train train"
-    assert sorted(R["train"]["results"]) == ["0", "1", "2"]
+    assert R.train.command == "structlens.ndm.device_train train"
+    assert sorted(R.train.results) == ["0", "1", "2"]
     md = (tmp_path / "docs" / "ndm.md").read_text()
     assert "Trained with `structlens.ndm.device_train`" in md
     assert ClaimsDocument.load(tmp_path / "docs" / "ndm.json").blocks["settings"]["device_run"]

@@ -44,6 +44,7 @@ from structlens.ndm.evaluate import (
     whole_space_share,
 )
 from structlens.ndm.protocol import NDMProtocol
+from structlens.results import Result
 
 __all__ = [
     "TestPlan", "Screen", "Decomposition", "Estimate", "GiniSummary", "ConflictRouting",
@@ -420,7 +421,7 @@ def conflict(
 
 
 @dataclass(frozen=True)
-class ToyRecovery:
+class ToyRecovery(Result):
     """NDM on the paper's toy autoencoder: the ``partition`` found, the feature groups'
     dimensions (``truth``), ``overlap`` (smallest matched subspace overlap with the feature
     groups, 1 = exact), whether the number of subspaces equals the number of groups, and the
@@ -432,6 +433,11 @@ class ToyRecovery:
     right_number_of_subspaces: bool
     converged: bool
     record: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        # a saved result reads its tuples back as JSON lists
+        object.__setattr__(self, "partition", tuple(self.partition))
+        object.__setattr__(self, "truth", tuple(self.truth))
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> ToyRecovery:
@@ -461,7 +467,7 @@ def toy_guarded(toy: Mapping[str, Any], ndm: Mapping[str, Any]) -> ToyRecovery:
 
 
 @dataclass(frozen=True)
-class PlantedRecovery:
+class PlantedRecovery(Result):
     """How often NDM (with ``restarts`` runs per fit) recovers a planted rotated partition of
     group ``sizes``: ``recovered`` of ``n`` seeds, the rate's 95% Wilson interval ``ci``, the
     overlap a recovery needs, and the full ``record`` of
@@ -474,6 +480,11 @@ class PlantedRecovery:
     ci: tuple[float, float]
     min_overlap: float
     record: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        # a saved result reads its tuples back as JSON lists
+        object.__setattr__(self, "sizes", tuple(self.sizes))
+        object.__setattr__(self, "ci", tuple(self.ci))
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> PlantedRecovery:

@@ -2,10 +2,11 @@
 
 :data:`PAPER` is the one table of the paper's values (Huang & Hahn, *Decomposing
 Representation Space into Interpretable Subspaces with Unsupervised Learning*, ICLR 2026).
-The replication's claims are computed from its stage records (the ``ndm train`` /
-``evaluate`` / ``browse`` JSON, the toy and planted-partition records) by the ``*_claim``
-functions; ``structlens analyze``'s section from :class:`structlens.ndm.stages.Analysis` by
-:func:`section`.  Renderers only format what these return.
+The replication's claims are computed from its stages' typed Results (the ``ndm train`` /
+``evaluate`` / ``browse`` runs of :mod:`structlens.ndm.runs`, the toy and planted-partition
+recoveries) by the ``*_claim`` functions; ``structlens analyze``'s section from
+:class:`structlens.ndm.stages.Analysis` by :func:`section`.  Renderers only format what
+these return.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from structlens.stats.multiplicity import holm
 from structlens.verdicts import Caveat, Claim, Number, Section, count_verdict, finite_ci
 
 if TYPE_CHECKING:
+    from structlens.ndm.runs import BrowseRun, EvaluationRun, TrainingRun
     from structlens.ndm.stages import (
         Analysis,
         GiniSummary,
@@ -122,35 +124,35 @@ def above_baselines(p_above: Mapping[str, float]) -> list[str]:
     return sorted(m for m, r in zip(finite, tests.rejected, strict=True) if r)
 
 
-def best_baseline(ev: Mapping[str, Any]) -> dict[str, Any] | None:
+def best_baseline(ev: EvaluationRun) -> dict[str, Any] | None:
     """The baseline with the highest mean dimension-normalised Gini (its value and CI)."""
-    gm = ev["gini_mean"]
-    if gm == "no signal":
+    gm = ev.gini_mean
+    if gm is None:
         return None
     return max(
-        (gm[m]["dimension"] for m in ev["methods"] if m != "ndm"),
+        (gm[m]["dimension"] for m in ev.methods if m != "ndm"),
         key=lambda e: e["value"],
         default=None,
     )
 
 
-def gini_claim(ev: Mapping[str, Any], tr: Mapping[str, Any]) -> Claim:
-    """``mean_gini_ndm_vs_baselines`` from an ``ndm evaluate`` record ``ev`` and the training
-    record ``tr`` of its rotations."""
-    screened = [row["test"] for row in ev["screen"] if row["screened"]]
-    layers = sorted({int(ev["layers"][t]) for t in screened})
-    open_layers = [layer for layer in layers if not tr["results"][str(layer)]["converged"]]
-    steps = tr["results"][str(open_layers[0])]["steps"] if open_layers else None
-    settings = {"methods": ev.get("methods"), "n_prompts": ev.get("n_prompts"),
-                "n_boot": ev.get("n_boot"), "screened_tests": screened,
-                "min_share": ev.get("min_share")}  # fmt: skip
+def gini_claim(ev: EvaluationRun, tr: TrainingRun) -> Claim:
+    """``mean_gini_ndm_vs_baselines`` from an ``ndm evaluate`` run ``ev`` and the training
+    run ``tr`` of its rotations."""
+    screened = ev.screened
+    layers = sorted({int(ev.layers[t]) for t in screened})
+    open_layers = [layer for layer in layers if not tr.layer(layer)["converged"]]
+    steps = tr.layer(open_layers[0])["steps"] if open_layers else None
+    settings = {"methods": ev.methods, "n_prompts": ev.n_prompts, "n_boot": ev.n_boot,
+                "screened_tests": screened, "min_share": ev.min_share}  # fmt: skip
     paper = PAPER["mean_gini_ndm_vs_baselines"]["text"]
     if not screened:
         verdict, reason = gini_verdict(screened, [], None, None, {})
         return Claim("mean_gini_ndm_vs_baselines", paper, None, None, verdict, settings,
                      ci_reason=reason)  # fmt: skip
-    ndm = ev["gini_mean"]["ndm"]["dimension"]
-    p_above = {m: float(d["dimension"]["p_above"]) for m, d in ev["gini_mean_diff"].items()}
+    assert ev.gini_mean is not None and ev.gini_mean_diff is not None  # a screened test
+    ndm = ev.gini_mean["ndm"]["dimension"]
+    p_above = {m: float(d["dimension"]["p_above"]) for m, d in ev.gini_mean_diff.items()}
     verdict, reason = gini_verdict(screened, open_layers, steps, float(ndm["value"]), p_above)
     settings |= {"alpha": GINI_ALPHA, "adjustment": "holm", "p_above": p_above}
     best = best_baseline(ev)
@@ -244,34 +246,39 @@ def conflict_claim(conflict: Mapping[str, Any] | None) -> Claim | None:
     )  # fmt: skip
 
 
-def browser_claim(browse: Sequence[Mapping[str, Any]]) -> Claim:
+def browser_claim(browse: Sequence[BrowseRun]) -> Claim:
     """``preimage_browser_scale``: the activations indexed by the first browser run."""
     paper = PAPER["preimage_browser_scale"]
     if not browse:
         return Claim("preimage_browser_scale", paper["text"], None, None, "not tested", {},
                      ci_reason="the preimage browser was not run")  # fmt: skip
-    b0 = browse[0]
-    n = int(b0["n_activations"])
+    n, layer = int(browse[0].n_activations), browse[0].layer
     return Claim(
         "preimage_browser_scale", paper["text"], n, None,
-        "reproduced" if n >= paper["min_activations"] else "partly", {"layer": b0["layer"]},
+        "reproduced" if n >= paper["min_activations"] else "partly", {"layer": layer},
         ci_reason="a count of indexed activations",
     )  # fmt: skip
 
 
-def claims(R: Mapping[str, Any]) -> list[Claim]:
-    """Every claim of one replication run, in the table's order: ``R`` holds its stage
-    records (``train``, ``evaluate``, ``browse``) and its typed toy and planted results
-    (``toy2``, ``planted``)."""
+def claims(
+    ev: EvaluationRun,
+    train: TrainingRun,
+    toy2: ToyRecovery | None = None,
+    planted: Sequence[PlantedRecovery] = (),
+    browse: Sequence[BrowseRun] = (),
+) -> list[Claim]:
+    """Every claim of one replication run, in the table's order: from its evaluation (with
+    the toy recovery in ``ev.toy``) and the training run behind it, the toy recovery with
+    the stop guard (``toy2``), the planted recoveries and the browser runs."""
     from structlens.ndm.stages import ToyRecovery
 
-    ev = R["evaluate"]
+    assert ev.toy is not None, "the replication's evaluation runs the toy recovery"
     found = [
-        gini_claim(ev, R["train"]),
-        toy_claim(ToyRecovery.of(ev["toy"]), R.get("toy2")),
-        planted_claim(R.get("planted") or []),
-        conflict_claim(ev.get("conflict")),
-        browser_claim(R.get("browse") or []),
+        gini_claim(ev, train),
+        toy_claim(ToyRecovery.of(ev.toy), toy2),
+        planted_claim(planted),
+        conflict_claim(ev.conflict),
+        browser_claim(browse),
     ]
     return [c for c in found if c is not None]
 

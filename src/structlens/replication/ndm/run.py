@@ -19,18 +19,19 @@ Stages (each a cached stage calling the ``structlens ndm`` commands' library fun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from structlens.ndm.protocol import PROFILES as NDM_PROFILES
+from structlens.ndm.runs import BrowseRun, EvaluationRun, TrainingRun
+from structlens.ndm.stages import PlantedRecovery, ToyRecovery
 from structlens.pipeline.cache import Stage, StageCache
-from structlens.replication.stage import Record
-from structlens.results import write_results
-
-if TYPE_CHECKING:
-    from structlens.ndm.stages import PlantedRecovery, ToyRecovery
+from structlens.results import Result, write_results
 
 METHOD = "ndm"
 
@@ -111,8 +112,40 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _read(folder: Path, name: str) -> Record:
-    return Record.of(json.loads((folder / name).read_text()))
+@dataclasses.dataclass(frozen=True)
+class TinyModel(Result):
+    """The smoke profile's random 3-layer Llama with SmolLM2's tokenizer (saved in ``model/``
+    of its stage)."""
+
+    hidden_size: int
+    layers: int
+    tokenizer: str
+
+
+@dataclasses.dataclass
+class Run:
+    """What the render step reads: the typed Result of every stage of one profile.
+
+    ``train`` is the run the evaluation used (device-trained when ``device_run``), in
+    ``train_dir``; ``per_layer`` the CPU training stages' records by layer (their own
+    timings); ``evaluate_cpu`` the CPU-trained run's evaluation beside a device run's.
+    """
+
+    settings: dict[str, Any]
+    device_run: bool
+    train: TrainingRun
+    train_dir: Path
+    per_layer: dict[int, dict[str, Any]]
+    evaluate: EvaluationRun
+    evaluate_cpu: EvaluationRun | None
+    toy2: ToyRecovery
+    planted: list[PlantedRecovery]
+    browse: list[BrowseRun]
+
+
+# Every stage returns a typed Result; "record": 2 marks the stages that stored a JSON record
+# before, so those caches recompute instead of failing to load.
+RECORD = 2
 
 
 class NDMReplication:
@@ -133,7 +166,7 @@ class NDMReplication:
         if self.s["model"] != "tiny-smol":
             return self.s["model"]
 
-        def build(folder: Path) -> Record:
+        def build(folder: Path) -> TinyModel:
             import torch
             from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -147,19 +180,28 @@ class NDMReplication:
             )  # fmt: skip
             LlamaForCausalLM(cfg).save_pretrained(folder / "model")
             tok.save_pretrained(folder / "model")
-            return Record.of({"hidden_size": 32, "layers": 3, "tokenizer": "smollm2-135m"})
+            return TinyModel(hidden_size=32, layers=3, tokenizer="smollm2-135m")
 
-        stage = Stage("tiny-model", {"name": "tiny-smol", "seed": 0})
-        self.cache.run(stage, Record, build)
+        stage = Stage("tiny-model", {"name": "tiny-smol", "seed": 0, "record": RECORD})
+        self.cache.run(stage, TinyModel, build)
         return str(self.cache.path(stage) / "model")
 
-    # 1. training
     def _model(self, device: str = "cpu") -> Any:
         from structlens.models import load_model
 
         return load_model(self.model, device=device)
 
-    def _train(self, layers: list[int], folder: Path) -> Record:
+    def _trained(self, stage: Stage, fit: Callable[[Path], None]) -> TrainingRun:
+        """``stage``'s training run: ``fit(folder)`` writes an ``ndm train`` directory."""
+
+        def compute(folder: Path) -> TrainingRun:
+            fit(folder)
+            return TrainingRun.of(json.loads((folder / "ndm_train.json").read_text()))
+
+        return self.cache.run(stage, TrainingRun, compute)
+
+    # 1. training
+    def _train(self, layers: list[int], folder: Path) -> None:
         from structlens.ndm.experiment import run
 
         report = run(
@@ -167,131 +209,114 @@ class NDMReplication:
             out=folder, activations=self.activations, checkpoints=self.checkpoints,
         )  # fmt: skip
         write_results(folder, "ndm_train", report.payload(), command="ndm train")
-        return _read(folder, "ndm_train.json")
 
-    def train(self) -> tuple[Stage, dict[str, Any], dict[int, dict[str, Any]]]:
+    def train(self) -> tuple[Stage, TrainingRun, dict[int, dict[str, Any]]]:
+        """One stage per layer (its honest timing), then one collecting their checkpoints."""
         s = self.s
-        protocol = s["protocol"].to_json()
-        per_layer, keys = {}, []
+        config = {"protocol": s["protocol"].to_json(), "record": RECORD}
+        per_layer: dict[int, dict[str, Any]] = {}
+        keys: list[str] = []
         for layer in s["layers"]:
-            stage = Stage("train-layer", {"layer": layer, "protocol": protocol}, model=self.fp)
-
-            def fit(folder: Path, layer: int = layer) -> Record:
-                return self._train([layer], folder)
-
-            per_layer[layer] = self.cache.run(stage, Record, fit).data["results"][str(layer)]
-            keys.append(stage.key)
+            stage = Stage("train-layer", config | {"layer": layer}, model=self.fp)
+            run = self._trained(stage, partial(self._train, [layer]))
+            per_layer[layer], keys = run.layer(layer), [*keys, stage.key]
             log(f"trained layer {layer}")
-        stage = Stage(
-            "train", {"layers": s["layers"], "protocol": protocol}, model=self.fp,
-            inputs=tuple(keys),
-        )  # fmt: skip
-
-        def collect(folder: Path) -> Record:
-            return self._train(list(s["layers"]), folder)
-
-        return stage, self.cache.run(stage, Record, collect).data, per_layer
+        config |= {"layers": s["layers"]}
+        stage = Stage("train", config, model=self.fp, inputs=tuple(keys))
+        return stage, self._trained(stage, partial(self._train, list(s["layers"]))), per_layer
 
     def device_stage(self, cpu_train: Stage) -> Stage:
         config = {"rows": self.s["device_rows"], "overrides": self.s["device_config"]}
-        return Stage("train-device", config, inputs=(cpu_train.key,))
+        return Stage("train-device", config | {"record": RECORD}, inputs=(cpu_train.key,))
 
-    def train_device(self, cpu_train: Stage) -> tuple[Stage, dict[str, Any]]:
+    def train_device(self, cpu_train: Stage) -> tuple[Stage, TrainingRun]:
         """Pack the CPU run's activations and train them on ``self.device`` to convergence."""
         from structlens.ndm import device_train
 
-        stage = self.device_stage(cpu_train)
-
-        def fit(folder: Path) -> Record:
+        def fit(folder: Path) -> None:
             packed = folder / "device-activations.safetensors"
             device_train.pack(
                 self.cache.path(cpu_train), self.s["layers"], packed, self.s["device_rows"]
             )
             device_train.train(packed, self.device, 1e9, folder, dict(self.s["device_config"]))
             packed.unlink()
-            return _read(folder, "ndm_train.json")
 
-        return stage, self.cache.run(stage, Record, fit).data
+        stage = self.device_stage(cpu_train)
+        return stage, self._trained(stage, fit)
 
     # 2. evaluation
-    def evaluate(self, train_stage: Stage) -> Record:
+    def evaluate(self, train_stage: Stage) -> EvaluationRun:
         from structlens.ndm.experiment import evaluate as run_evaluation
         from structlens.report.ndm import plot_evaluation
 
         s = self.s
 
-        def run(folder: Path) -> Record:
+        def run(folder: Path) -> EvaluationRun:
             # on --device: the gpu profile patches 512 prompts per test
             report = run_evaluation(
                 s["protocol"], self._model(self.device), self.cache.path(train_stage),
                 out=folder, tests=s["tests"], batch_size=16,
             )  # fmt: skip
             plot_evaluation(report.meta, folder)
-            write_results(folder, "ndm_evaluate", report.payload(), command="ndm evaluate")
-            return _read(folder, "ndm_evaluate.json")
+            return EvaluationRun.of(report.payload())
 
-        # record 2: the Gini differences carry their one-sided bootstrap p-values (p_above),
-        # which the verdict reads; older records recompute
-        config = {"tests": s["tests"], "protocol": s["protocol"].to_json(), "record": 2}
+        # record 3: a typed Result (2: the Gini differences carry their one-sided bootstrap
+        # p-values, which the verdict reads); older records recompute
+        config = {"tests": s["tests"], "protocol": s["protocol"].to_json(), "record": 3}
         stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
-        return self.cache.run(stage, Record, run)
+        return self.cache.run(stage, EvaluationRun, run)
 
     def toy2(self) -> ToyRecovery:
         """The toy recovery with the ``min_subspaces`` stop guard."""
-        from structlens.ndm import stages
+        from structlens.ndm.stages import toy_guarded
 
         cfg, toy = self.s["toy2"], self.s["toy2_model"]
-
-        def run(_: Path) -> Record:
-            return Record.of(dict(stages.toy_guarded(toy, cfg).record))
-
-        stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy})
-        return stages.ToyRecovery.of(self.cache.run(stage, Record, run).data)
+        stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy, "record": RECORD})
+        return self.cache.run(stage, ToyRecovery, lambda _: toy_guarded(toy, cfg))
 
     def planted(self) -> list[PlantedRecovery]:
         """The recovery rate over seeds on planted rotated partitions, one restart against
         several (a single run can merge groups after settling with dimensions swapped
         between them)."""
-        from structlens.ndm import stages
+        from structlens.ndm.stages import planted
 
-        p = self.s["planted"]
-        found = []
+        p, found = self.s["planted"], []
+
+        def compute(sizes: list[int], cfg: dict[str, Any], _: Path) -> PlantedRecovery:
+            return planted(sizes, p["seeds"], cfg)
+
         for sizes in p["sizes"]:
             for restarts in p["restarts"]:
                 cfg = p["ndm"] | {"restarts": restarts}
-
-                def run(_: Path, sizes: list[int] = sizes, cfg: dict = cfg) -> Record:
-                    return Record.of(dict(stages.planted(sizes, p["seeds"], cfg).record))
-
-                config = {"sizes": sizes, "seeds": p["seeds"], "ndm": cfg}
-                record = self.cache.run(Stage("planted-recovery", config), Record, run).data
-                found.append(stages.PlantedRecovery.of(record))
+                config = {"sizes": sizes, "seeds": p["seeds"], "ndm": cfg, "record": RECORD}
+                found.append(self.cache.run(
+                    Stage("planted-recovery", config), PlantedRecovery,
+                    partial(compute, sizes, cfg),
+                ))  # fmt: skip
                 log(f"planted {sizes}, {restarts} restart(s): {found[-1].recovered}/"
                     f"{p['seeds']} recovered")  # fmt: skip
         return found
 
     # 3. preimage browser
-    def browse(self, train_stage: Stage) -> list[dict[str, Any]]:
+    def browse(self, train_stage: Stage) -> list[BrowseRun]:
         from structlens.ndm.experiment import browse
 
         found = []
         # in order: the first query captures the whole corpus once, the second reuses it
         for text, pos in self.s["queries"]:
 
-            def run(folder: Path, text: str = text, pos: int = pos) -> Record:
+            def run(folder: Path, text: str = text, pos: int = pos) -> BrowseRun:
                 # the index goes into this stage's own folder: the training stage's folder
                 # is verified against its digests and must not change
-                doc = browse(
+                return BrowseRun.of(browse(
                     self._model(), self.cache.path(train_stage), text, position=pos,
                     activations=self.activations, index_dir=folder / "browse-index",
                     **self.s["browse"],
-                )  # fmt: skip
-                write_results(folder, "ndm_browse", doc, command="ndm browse")
-                return _read(folder, "ndm_browse.json")
+                ))  # fmt: skip
 
-            config = {"prompt": text, "position": pos, **self.s["browse"]}
+            config = {"prompt": text, "position": pos, **self.s["browse"], "record": RECORD}
             stage = Stage("browse", config, model=self.fp, inputs=(train_stage.key,))
-            found.append(self.cache.run(stage, Record, run).data)
+            found.append(self.cache.run(stage, BrowseRun, run))
         return found
 
 
@@ -300,7 +325,7 @@ def run(
     out: str | Path | None = None,
     doc_dir: str | Path | None = None,
     device: str = "cpu",
-) -> tuple[dict[str, Any], StageCache]:
+) -> tuple[Run, StageCache]:
     """Run (or resume) every stage of ``profile``; write the markdown and claims JSON."""
     from structlens.replication import default_paths
     from structlens.replication.ndm.render import write
@@ -308,24 +333,24 @@ def run(
     s = PROFILES[profile]
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = NDMReplication(s, out, device)
-    cpu_train, train_data, per_layer = rep.train()
+    cpu_train, train, per_layer = rep.train()
     train_stage = cpu_train
     if s["device_training"] or rep.cache.has(rep.device_stage(cpu_train)):
-        train_stage, train_data = rep.train_device(cpu_train)
+        train_stage, train = rep.train_device(cpu_train)
     device_run = train_stage is not cpu_train
-    R: dict[str, Any] = {
-        "settings": s | {"protocol": s["protocol"].to_json()},
-        "device_run": device_run,
-        "train": train_data,
-        "train_dir": rep.cache.path(train_stage),
-        "per_layer": per_layer,
-        "toy2": rep.toy2(),
-        "planted": rep.planted(),
-        "evaluate": rep.evaluate(train_stage).data,
+    R = Run(
+        settings=s | {"protocol": s["protocol"].to_json()},
+        device_run=device_run,
+        train=train,
+        train_dir=rep.cache.path(train_stage),
+        per_layer=per_layer,
+        toy2=rep.toy2(),
+        planted=rep.planted(),
+        evaluate=rep.evaluate(train_stage),
         # the CPU run's evaluation, for comparison with the device-trained one
-        "evaluate_cpu": rep.evaluate(cpu_train).data if device_run else None,
-    }
-    R["browse"] = rep.browse(train_stage)
+        evaluate_cpu=rep.evaluate(cpu_train) if device_run else None,
+        browse=rep.browse(train_stage),
+    )
     md, js = write(R, doc_dir)
     log(f"wrote {md} and {js}")
     return R, rep.cache
