@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from structlens.causal_dim.protocol import PROFILES as PROTOCOLS
-from structlens.replication.causal_dim.run import PROFILES, SMOKE, TINY_TEST_SIZES, sae_jobs
+from structlens.causal_dim.stages import sae_jobs
+from structlens.replication.causal_dim.run import LAYOUT, PROFILES, SMOKE, TINY_TEST_SIZES
 
 D_MODEL = {"smollm2-135m": 576, "tiny-llama": 64}
 
@@ -25,7 +26,7 @@ def test_base_width_is_at_least_four_d_and_every_sae_job_is_valid(profile):
     if profile == "cpu":
         assert widths[-1] >= 8 * widths[0]  # the span one CPU core trains to convergence
     assert s["ablation_width"] in widths and s["depth_width"] in widths
-    jobs = sae_jobs(s)
+    jobs = sae_jobs(protocol.replace(seed=s["seed"]), **{k: s[k] for k in LAYOUT})
     assert all(cfg.lr is None for _, cfg, _ in jobs)  # the width rule
     assert all(cfg.k == protocol.sae_k and cfg.seed == s["seed"] for _, cfg, _ in jobs)
     rates = [cfg.learning_rate for n, cfg, _ in jobs if n.startswith("topk-")]

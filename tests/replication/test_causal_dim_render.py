@@ -13,12 +13,13 @@ from structlens.causal_dim.protocol import PROFILES
 from structlens.causal_dim.stages import KappaFit
 from structlens.replication.causal_dim.render import (
     IOI_NOT_RUN,
-    Template,
+    TEMPLATE,
     claims,
     claims_of,
     render_markdown,
 )
 from structlens.replication.causal_dim.run import Run
+from structlens.replication.markdown import Template
 
 SETTINGS = {"profile": "smoke", "model": "tiny", "protocol": PROFILES["smoke"].to_json()}
 
@@ -91,7 +92,7 @@ def test_markdown_shows_the_sections_that_ran(tmp_path):
 
 
 def test_every_template_row_belongs_to_a_section():
-    blocks = Template().blocks
+    blocks = Template(TEMPLATE).blocks
     rows = {k.split(" ", 1)[1] for k in blocks if k.startswith("row ")}
     sections = {k.split(" ", 1)[1] for k in blocks if k.startswith("section ")}
     assert rows <= sections and all("{rows}" in blocks[f"section {r}"] for r in rows)

@@ -8,13 +8,14 @@ answer whichever driver runs it.
 
 * :func:`prompt_sets` — the protocol's prompt sets (:class:`PromptSets`).
 * :func:`exact_grams` and :func:`kappa` — exact per-vector Grams ``J(x)ᵀJ(x)`` and κ of one
-  layer under the doubling rule (:class:`KappaFit`).  κ is solved in one place,
+  layer under the doubling rule (:class:`KappaFit`); :func:`blocked_grams` draws a caching
+  driver's Grams in fixed blocks (:class:`GramBlock`).  κ is solved in one place,
   :meth:`structlens.causal_dim.kappa.KappaEstimator.fit_from_statistics` (through
   :func:`~structlens.causal_dim.kappa.kappa_from_grams`, its entry for per-vector Grams).
 * :func:`training_rows`, :func:`eval_rows` — the residuals SAEs train on and the residuals
   with their LM-loss gradients the sweep evaluates on (:class:`LayerRows`).
 * :func:`train_sae`, :func:`train_sweep` — SAEs trained to convergence
-  (:class:`SAETraining`).
+  (:class:`SAETraining`); :func:`sae_jobs` — every SAE the sections on trained SAEs read.
 * :func:`sweep` — the width-sweep wedge, κ̂ and the base-width table (:class:`SweepFit`).
 * :func:`analysis` — what ``structlens analyze`` runs: κ at :func:`kappa_layers` of the
   analysis layers and the width sweep at the middle one (:class:`CausalAnalysis`).
@@ -43,12 +44,16 @@ __all__ = [
     "PromptSets",
     "prompt_sets",
     "exact_grams",
+    "GramBlock",
+    "blocked_grams",
     "KappaFit",
     "kappa",
     "LayerRows",
     "training_rows",
     "eval_rows",
     "SAETraining",
+    "TrainedSAE",
+    "sae_jobs",
     "train_sae",
     "train_sweep",
     "SweepFit",
@@ -146,6 +151,32 @@ def exact_grams(
     return np.stack(
         [g.numpy() for g in vector_grams(model, layer, windows, cfg, outputs=positions)]
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class GramBlock(Result):
+    """Exact ``JᵀJ`` [n, d, d] (float64) of consecutive windows of one layer
+    (:func:`exact_grams`), as a driver caches them."""
+
+    grams: np.ndarray
+
+
+def blocked_grams(
+    block: Callable[[int, int], np.ndarray], size: int
+) -> Callable[[int, int], np.ndarray]:
+    """A Gram source for :func:`kappa` that reads windows ``start:stop`` as blocks
+    ``block(a, b)`` aligned to multiples of ``size`` (so a driver caches each block once,
+    whichever doublings draw it)."""
+
+    def grams(start: int, stop: int) -> np.ndarray:
+        parts, a = [], start
+        while a < stop:
+            b = min(stop, (a // size + 1) * size)
+            parts.append(block(a, b))
+            a = b
+        return np.concatenate(parts)
+
+    return grams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +360,47 @@ class SAETraining(Result):
     l0_matched: bool | None
     dead_fraction: float
     learning_rate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedSAE(SAETraining):
+    """An :class:`SAETraining` with where it ran: the ``layer`` of its rows, its wall-clock
+    ``seconds`` and the torch ``device`` (what a driver's training log shows)."""
+
+    layer: int = 0
+    seconds: float = 0.0
+    device: str = "cpu"
+
+
+def sae_jobs(
+    protocol: CausalProtocol,
+    *,
+    sweep_layer: int,
+    ablation_width: int,
+    arch_controls: Sequence[str],
+    arch_sweep_widths: Sequence[int],
+    depth_layers: Sequence[int],
+    depth_width: int,
+) -> list[tuple[str, Any, int]]:
+    """``(name, SAETrainConfig, layer)`` of every SAE the sections on trained SAEs read, in
+    training order: the width sweep at ``sweep_layer`` (smallest first), the architecture
+    controls at ``ablation_width``, their growth sweeps over ``arch_sweep_widths`` (matched
+    L0), then one TopK SAE of ``depth_width`` per layer of ``depth_layers``; every config
+    from ``protocol``."""
+    p, w0, target = protocol, ablation_width, float(protocol.sae_k)
+    sweep = [(f"topk-{w}", p.sae_config(w), sweep_layer) for w in p.sweep_widths]
+    arch = [(f"{a}-{w0}", p.sae_config(w0, a, target), sweep_layer) for a in arch_controls]
+    growth = [
+        (f"{a}-{w}", p.sae_config(w, a, target), sweep_layer)
+        for a in arch_controls
+        for w in arch_sweep_widths
+        if w != w0  # that one is the architecture control's
+    ]
+    depth = [
+        (f"depth-L{layer}-topk-{depth_width}", p.sae_config(depth_width), layer)
+        for layer in depth_layers
+    ]
+    return sweep + arch + growth + depth
 
 
 def train_sae(

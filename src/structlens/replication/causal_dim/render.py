@@ -10,34 +10,18 @@ Verdicts are the Claims'; nothing here decides one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from structlens.causal_dim import verdicts
 from structlens.replication.causal_dim.run import METHOD, Run
 from structlens.replication.claims import ClaimsDocument
-from structlens.replication.markdown import ci, fmt, with_calibration, write_text
+from structlens.replication.markdown import Template, ci, fmt, with_calibration, write_text
 from structlens.sites import site_name
 from structlens.verdicts import Claim
 
 TEMPLATE = Path(__file__).with_name("template.md")
 IOI_NOT_RUN = "this profile runs no IOI prompts (ioi_prompts = 0)"
-
-
-class Template:
-    """The blocks of ``template.md``: ``section NAME`` (a section) and ``row NAME`` (one
-    table row of that section), filled with :meth:`str.format_map`."""
-
-    def __init__(self, path: Path = TEMPLATE) -> None:
-        parts = (p.split(" -->\n", 1) for p in path.read_text().split("<!-- ")[2:])
-        self.blocks = {name: text.strip() for name, text in parts}
-
-    def rows(self, name: str, items: Iterable[Mapping[str, Any]]) -> str:
-        return "\n".join(self.blocks[f"row {name}"].format_map(item) for item in items)
-
-    def section(self, name: str, values: Mapping[str, Any], rows: Iterable[Any] = ()) -> str:
-        return self.blocks[f"section {name}"].format_map({**values, "rows": self.rows(name, rows)})
 
 
 def _value(x: Any) -> str:
@@ -48,28 +32,15 @@ def claims_of(run: Run) -> list[Claim]:
     """The run's claims, in the table's order."""
     ioi_why = IOI_NOT_RUN if not run.settings.get("ioi_prompts") else "the IOI section failed"
     return verdicts.claims(
-        run.d_model,
-        run.kappa,
-        run.sweep,
-        four=run.fourcell,
-        synthetic=run.synthetic,
-        ioi=run.ioi,
-        ioi_not_run=ioi_why,
-        depth=run.depth,
-        arch=run.arch,
-        growth=run.growth,
-    )
+        run.d_model, run.kappa, run.sweep, four=run.fourcell, synthetic=run.synthetic,
+        ioi=run.ioi, ioi_not_run=ioi_why, depth=run.depth, arch=run.arch, growth=run.growth,
+    )  # fmt: skip
 
 
 def _claim_row(c: Claim) -> dict[str, Any]:
     ours = _value(c.ours) + (f" [{_value(c.ci[0])}, {_value(c.ci[1])}]" if c.ci else "")
-    return {
-        "claim": verdicts.PAPER[c.id][0],
-        "paper": c.paper,
-        "ours": ours,
-        "verdict": c.verdict,
-        "note": c.note,
-    }
+    return {"claim": verdicts.PAPER[c.id][0], "paper": c.paper, "ours": ours,
+            "verdict": c.verdict, "note": c.note}  # fmt: skip
 
 
 def _ce(run: Run, name: str) -> str:
@@ -81,63 +52,39 @@ def _sweep(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
     assert sw is not None
     t0 = run.trained[f"topk-{sw.widths[0]}"]
     rows = [
-        sw.quality[str(w)]
-        | run.trained[f"topk-{w}"]
-        | {
-            "w": w,
-            "n_repr": sw.n_repr[i],
-            "n_repr_lo": sw.n_repr_ci[0][i],
-            "n_repr_hi": sw.n_repr_ci[1][i],
-            "n_causal": sw.n_causal[i],
-            "n_causal_lo": sw.n_causal_ci[0][i],
-            "n_causal_hi": sw.n_causal_ci[1][i],
-            "repr_growth": sw.n_repr_growth[i],
-            "causal_growth": sw.n_causal_growth[i],
+        sw.quality[str(w)] | vars(run.trained[f"topk-{w}"]) | {
+            "w": w, "n_repr": sw.n_repr[i], "n_repr_lo": sw.n_repr_ci[0][i],
+            "n_repr_hi": sw.n_repr_ci[1][i], "n_causal": sw.n_causal[i],
+            "n_causal_lo": sw.n_causal_ci[0][i], "n_causal_hi": sw.n_causal_ci[1][i],
+            "repr_growth": sw.n_repr_growth[i], "causal_growth": sw.n_causal_growth[i],
             "atp_sum": fmt(sw.atp_mass.get(str(w), {}).get("sum"), 3),
             "atp_max": fmt(sw.atp_mass.get(str(w), {}).get("max"), 4),
-            "ce": _ce(run, f"topk-{w}"),
-            "dead_fraction": sw.quality[str(w)]["dead_fraction"],
+            "ce": _ce(run, f"topk-{w}"), "dead_fraction": sw.quality[str(w)]["dead_fraction"],
         }
         for i, w in enumerate(sw.widths)
-    ]
-    ok = sw.sweep_status == "interpretable"
-    gate = (
-        "interpretable (held-out FVU falls with width)"
-        if ok
-        else (f"**not interpretable**: {sw.sweep_reason}; no κ̂ is fitted")
-    )
+    ]  # fmt: skip
+    gate = ("interpretable (held-out FVU falls with width)" if sw.sweep_status == "interpretable"
+            else f"**not interpretable**: {sw.sweep_reason}; no κ̂ is fitted")  # fmt: skip
     values = p | {
-        "site": site_name("resid_pre", sw.layer),
-        "base_width": sw.base_width,
-        "base_over_d": sw.base_width / d,
-        "n_train_tokens": t0["n_train_tokens"],
-        "n_massive": t0.get("n_massive_dropped", 0),
-        "gate": gate,
-        "n_tokens": sw.n_tokens,
-        "epsilon": sw.epsilon,
-        "epsilon_ci": ci(sw.epsilon_ci, 5),
-    }
+        "site": site_name("resid_pre", sw.layer), "base_width": sw.base_width,
+        "base_over_d": sw.base_width / d, "n_train_tokens": t0.n_train_tokens,
+        "n_massive": t0.n_massive_dropped, "gate": gate, "n_tokens": sw.n_tokens,
+        "epsilon": sw.epsilon, "epsilon_ci": ci(sw.epsilon_ci, 5),
+    }  # fmt: skip
     base = [
-        r
-        | {
-            "base": b,
-            "base_over_d": int(b) / d,
-            "n_causal": [int(x) for x in r["n_causal"]],
-            "n_causal_growth": fmt(r["n_causal_growth"]),
-            "kappa_hat": fmt(r["kappa_hat"], 0),
+        r | {
+            "base": b, "base_over_d": int(b) / d, "n_causal": [int(x) for x in r["n_causal"]],
+            "n_causal_growth": fmt(r["n_causal_growth"]), "kappa_hat": fmt(r["kappa_hat"], 0),
             "reason": f" ({r['kappa_hat_reason']})" if r.get("kappa_hat_reason") else "",
         }
         for b, r in sw.base_width_sensitivity.items()
-    ]
+    ]  # fmt: skip
     out = [t.section("sweep", values, rows)]
     if base:
         out.append(t.section("base_width", {}, base))
     fits = [f | {"name": n} for n, f in sw.fits.items()]
-    out.append(
-        t.section("fits", {"n_bootstrap": sw.n_bootstrap}, fits)
-        if fits
-        else t.section("no_fits", {})
-    )
+    out.append(t.section("fits", {"n_bootstrap": sw.n_bootstrap}, fits) if fits
+               else t.section("no_fits", {}))  # fmt: skip
     if run.ce:
         first = next(iter(run.ce.by_sae.values()))
         out.append(t.section("ce", first | {"ce_prompts": p["ce_prompts"]}))
@@ -164,11 +111,8 @@ def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
     out = []
     if run.fourcell:
         keys = ("l0", "n_repr", "n_causal", "inflation")
-        cells = [
-            {"arch": a, "cell": c, **{k: v[k][c] for k in keys}}
-            for a, v in run.fourcell.architectures.items()
-            for c in v["n_causal"]
-        ]
+        cells = [{"arch": a, "cell": c, **{k: v[k][c] for k in keys}}
+                 for a, v in run.fourcell.architectures.items() for c in v["n_causal"]]  # fmt: skip
         out.append(t.section("fourcell", {"width": run.fourcell.width}, cells))
     if run.arch:
         w = run.arch.width
@@ -176,15 +120,9 @@ def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
         out.append(t.section("arch", {"width": w, "layer": run.arch.layer, **p}, rows))
     if run.growth:
         g = run.growth
-        rows = [
-            v
-            | {
-                "arch": a,
-                "fvus": ", ".join(f"{x:.2f}" for x in v["fvu"]),
-                "l0s": ", ".join(f"{x:.1f}" for x in v["l0"]),
-            }
-            for a, v in g.rows.items()
-        ]
+        rows = [v | {"arch": a, "fvus": ", ".join(f"{x:.2f}" for x in v["fvu"]),
+                     "l0s": ", ".join(f"{x:.1f}" for x in v["l0"])}
+                for a, v in g.rows.items()]  # fmt: skip
         out.append(t.section("growth", {"widths": g.widths, "layer": g.layer, "k": g.k}, rows))
     if run.depth:
         out.append(t.section("depth", {"width": run.depth.width, **p}, run.depth.rows))
@@ -192,22 +130,16 @@ def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
         out.append(t.section("ioi", vars(run.ioi)))
     if run.synthetic:
         syn = run.synthetic
-        values = (
-            syn.model
-            | syn.sae
-            | {
-                "samples": 512 * syn.steps,
-                "cos_threshold": next(iter(syn.rotated.values()))["cos_threshold"],
-                "rotated": ", ".join(
-                    f"top {k}: {v['recall']:.3f} (chance {v['chance_recall']:.3f})"
-                    for k, v in syn.rotated.items()
-                ),
-                "atoms": ", ".join(f"top {k}: {v['recall']:.3f}" for k, v in syn.atoms.items()),
-            }
-        )
+        values = syn.model | syn.sae | {
+            "samples": 512 * syn.steps,
+            "cos_threshold": next(iter(syn.rotated.values()))["cos_threshold"],
+            "rotated": ", ".join(f"top {k}: {v['recall']:.3f} (chance {v['chance_recall']:.3f})"
+                                 for k, v in syn.rotated.items()),
+            "atoms": ", ".join(f"top {k}: {v['recall']:.3f}" for k, v in syn.atoms.items()),
+        }  # fmt: skip
         out.append(t.section("synthetic", values))
     if run.trained:
-        rows = [{"converged": "—"} | r | {"name": n} for n, r in sorted(run.trained.items())]
+        rows = [vars(r) | {"name": n} for n, r in sorted(run.trained.items())]
         out.append(t.section("training", {}, rows))
     return out
 
@@ -218,13 +150,9 @@ def render_markdown(run: Run, source: str) -> str:
     Sections whose stage did not run are left out."""
     from structlens.report.causal import plot_kappa_curve, plot_spectrum, plot_width_sweep
 
-    t, p, paper, out = Template(), run.settings["protocol"], verdicts.PAPER_SETTING, run.out
-    head = {f"paper_{k}": v for k, v in paper.items()} | {
-        "source": source,
-        "out": out,
-        "model": run.settings["model"],
-        "d": run.d_model,
-    }
+    t, p, paper, out = Template(TEMPLATE), run.settings["protocol"], verdicts.PAPER_SETTING, run.out
+    head = {f"paper_{k}": v for k, v in paper.items()}
+    head |= {"source": source, "out": out, "model": run.settings["model"], "d": run.d_model}
     parts = [t.section("header", head, map(_claim_row, claims_of(run)))]
     if run.sweep:
         plot_width_sweep(run.sweep, out / "width_sweep.png")
@@ -238,7 +166,7 @@ def render_markdown(run: Run, source: str) -> str:
     if run.sweep:
         w, t0 = run.sweep.widths, run.trained[f"topk-{run.sweep.widths[0]}"]
         scale = (
-            f"SAEs trained on {t0['n_train_tokens']} tokens (to convergence of the held-out FVU, "
+            f"SAEs trained on {t0.n_train_tokens} tokens (to convergence of the held-out FVU, "
             f"at most {p['sae_max_epochs']} epochs) instead of {paper['sae_tokens']}, and a "
             f"{w[-1] / w[0]:.0f}× width span (paper {paper['width_span']}×)"
         )
@@ -252,28 +180,15 @@ def claims(run: Run, source: str) -> ClaimsDocument:
     sw = run.sweep
     if sw is not None:
         status, reason = verdicts.kappa_hat_status(sw)
-        keep = (
-            "layer",
-            "widths",
-            "base_width",
-            "d_model",
-            "heldout_fvu",
-            "fvu_monotone",
-            "sweep_status",
-            "kappa_hat",
-            "base_width_sensitivity",
-        )
-        tokens = {
-            str(w): {"n_train_tokens": r["n_train_tokens"], "token_steps": r["tokens"]}
-            for w in sw.widths
-            for r in [run.trained[f"topk-{w}"]]
-        }
+        keep = ("layer", "widths", "base_width", "d_model", "heldout_fvu", "fvu_monotone",
+                "sweep_status", "kappa_hat", "base_width_sensitivity")  # fmt: skip
+        trained = {w: run.trained[f"topk-{w}"] for w in sw.widths}
+        tokens = {str(w): {"n_train_tokens": r.n_train_tokens, "token_steps": r.tokens}
+                  for w, r in trained.items()}  # fmt: skip
         blocks["sweep"] = {k: getattr(sw, k) for k in keep} | {
-            "sweep_reason": sw.sweep_reason or None,
-            "kappa_hat_status": status,
-            "kappa_hat_reason": reason,
-            "training_tokens": tokens,
-        }
+            "sweep_reason": sw.sweep_reason or None, "kappa_hat_status": status,
+            "kappa_hat_reason": reason, "training_tokens": tokens,
+        }  # fmt: skip
     else:
         keys = ("base_width", "d_model", "fvu_monotone", "kappa_hat_status")
         blocks["sweep"] = dict.fromkeys(keys, None) | {"not_run": "no width sweep in this run"}

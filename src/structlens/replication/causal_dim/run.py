@@ -7,7 +7,7 @@ Every section is a typed stage of :mod:`structlens.causal_dim` (exact κ, SAE tr
 width sweep from :mod:`~structlens.causal_dim.stages` under the profile's protocol, the one
 the CLI and ``analyze`` run; CE recovered, architectures, growth, depth, four-cell, IOI and
 the synthetic model from :mod:`~structlens.causal_dim.experiment`).  This module only caches
-them through :class:`~structlens.replication.stage.StageCache` under ``--out``: exact Grams in
+them through :class:`~structlens.pipeline.cache.StageCache` under ``--out``: exact Grams in
 blocks of 16 vectors, then κ; the training residuals once (``train-acts``) and every SAE on
 that stream (``sae``); the evaluation residuals and their gradients once (``eval-grads``),
 reused by every section.  A failing section is logged and left out; the others still run.
@@ -19,6 +19,7 @@ import dataclasses
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,9 +28,8 @@ import torch
 
 from structlens.causal_dim import experiment as ex
 from structlens.causal_dim.protocol import PROFILES as PROTOCOLS
-from structlens.causal_dim.stages import KappaFit, LayerRows, SweepFit
+from structlens.causal_dim.stages import KappaFit, LayerRows, SweepFit, TrainedSAE, sae_jobs
 from structlens.pipeline.cache import Stage, StageCache, data_digest
-from structlens.replication.stage import Record
 from structlens.results import Result, to_jsonable
 
 R = TypeVar("R", bound=Result)
@@ -88,40 +88,20 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class GramBlock(Result):
-    """Exact ``JᵀJ`` [n, d, d] (float64) of consecutive residual vectors of one layer."""
-
-    grams: np.ndarray
+# the profile's settings that say which SAEs the sections train (stages.sae_jobs)
+LAYOUT = ("sweep_layer", "ablation_width", "arch_controls", "arch_sweep_widths", "depth_layers",
+          "depth_width")  # fmt: skip
 
 
-def sae_jobs(s: dict[str, Any]) -> list[tuple[str, Any, int]]:
-    """(name, SAETrainConfig, layer) in training order: the width sweep (smallest first), the
-    architecture controls, the per-architecture growth sweeps, then the depth SAEs; every
-    config from the profile's protocol."""
-    p = s["protocol"].replace(seed=s["seed"])
-    sweep = [(f"topk-{w}", p.sae_config(w), s["sweep_layer"]) for w in p.sweep_widths]
-    w0, target = s["ablation_width"], float(p.sae_k)
-    arch = [
-        (f"{a}-{w0}", p.sae_config(w0, a, target), s["sweep_layer"]) for a in s["arch_controls"]
-    ]
-    growth = [
-        (f"{a}-{w}", p.sae_config(w, a, target), s["sweep_layer"])
-        for a in s["arch_controls"]
-        for w in s["arch_sweep_widths"]
-        if w != w0  # that one is the architecture control's
-    ]
-    depth = [
-        (f"depth-L{layer}-topk-{s['depth_width']}", p.sae_config(s["depth_width"]), layer)
-        for layer in s["depth_layers"]
-    ]
-    return sweep + arch + growth + depth
+def _given(result: R) -> R:
+    """A computed Result, handed to the cache as its compute."""
+    return result
 
 
 @dataclasses.dataclass
 class Run:
     """What the render step reads: every section's typed Result (``None`` when it did not
-    run), each SAE's training record and the sections that failed."""
+    run), each SAE's training and the sections that failed."""
 
     settings: dict[str, Any]
     out: Path
@@ -135,7 +115,7 @@ class Run:
     depth: ex.DepthEpsilon | None = None
     ioi: ex.IOIRecovery | None = None
     synthetic: ex.SyntheticRecall | None = None
-    trained: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    trained: dict[str, TrainedSAE] = dataclasses.field(default_factory=dict)
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -160,10 +140,11 @@ class CausalReplication:
         """A stage whose config carries the protocol (so every protocol change reaches it)."""
         return Stage(name, config | {"protocol": self.protocol.key()}, **keys)
 
-    def cached(self, stage: Stage, kind: type[R], compute: Callable[[], R]) -> R:
+    def cached(self, stage: Stage, kind: type[R], compute: Callable[[], R], key: str = "") -> R:
         """``stage``'s Result, computed or read back, and the same either way (through its
-        JSON form: string keys, non-finite floats as floats)."""
-        self.keys[stage.name] = stage.key
+        JSON form: string keys, non-finite floats as floats); its key is kept as ``key``
+        (default: the stage's name) for the stages that read it."""
+        self.keys[key or stage.name] = stage.key
         return kind.from_dict(to_jsonable(self.cache.run(stage, kind, lambda _: compute())))
 
     def part(self, name: str, fn: Callable[[], None]) -> None:
@@ -181,7 +162,7 @@ class CausalReplication:
         """``grams(start, stop)`` for :func:`structlens.causal_dim.stages.kappa`: the exact
         Grams of windows ``start:stop`` of ``layer``, computed (or read back) in cached blocks
         of :data:`GRAM_BLOCK` vectors; every block stage used is appended to ``used``."""
-        from structlens.causal_dim.stages import exact_grams
+        from structlens.causal_dim.stages import GramBlock, blocked_grams, exact_grams
 
         windows, p = self.prompts.kappa_windows, self.protocol
         jacobian = {"output": p.jacobian_output, "positions": p.jacobian_positions}
@@ -199,37 +180,21 @@ class CausalReplication:
             used.append(stage)
             return self.cache.run(stage, GramBlock, compute).grams
 
-        def grams(start: int, stop: int) -> np.ndarray:
-            parts, a = [], start
-            while a < stop:
-                b = min(stop, (a // GRAM_BLOCK + 1) * GRAM_BLOCK)
-                parts.append(block(a, b))
-                a = b
-            log(f"layer {layer}: {start}-{stop} vectors drawn")
-            return np.concatenate(parts)
-
-        return grams
+        return blocked_grams(block, GRAM_BLOCK)
 
     def jacobian(self) -> None:
-        """Exact κ of every Jacobian layer (the protocol's stage) from cached Gram blocks."""
+        """Exact κ of every Jacobian layer (the protocol's stage) from cached Gram blocks, one
+        cached :class:`KappaFit` per layer over the blocks it drew."""
         from structlens.causal_dim.stages import kappa
 
-        used: list[Stage] = []
-        fits = [
-            kappa(
-                self.protocol, self.model, layer, self.prompts, grams=self.gram_source(layer, used)
-            )
-            for layer in self.s["jacobian_layers"]
-        ]
-        stage = self.stage(
-            "kappa", {"layers": [f.layer for f in fits]}, inputs=tuple(st.key for st in used)
-        )
-        layers = [to_jsonable(f) for f in fits]
-        got = self.cache.run(stage, Record, lambda _: Record.of({"layers": layers})).data
-        self.keys["kappa"] = stage.key
-        self.run_.kappa = sorted(
-            (KappaFit.from_dict(e) for e in got["layers"]), key=lambda f: f.layer
-        )
+        fits = []
+        for layer in self.s["jacobian_layers"]:
+            used: list[Stage] = []
+            fit = kappa(self.protocol, self.model, layer, self.prompts,
+                        grams=self.gram_source(layer, used))  # fmt: skip
+            stage = self.stage("kappa", {"layer": layer}, inputs=tuple(st.key for st in used))
+            fits.append(self.cached(stage, KappaFit, partial(_given, fit), f"kappa-L{layer}"))
+        self.run_.kappa = sorted(fits, key=lambda f: f.layer)
 
     # -- SAE training ---------------------------------------------------------------------
     def train(self) -> dict[str, Path]:
@@ -246,11 +211,12 @@ class CausalReplication:
             acts_stage, LayerRows, lambda _: training_rows(self.model, layers, train)
         )
         folders = {}
-        for name, config, layer in sae_jobs(s):
-            cfg = {"name": name, "sae": dataclasses.asdict(config), "layer": layer}
+        for name, config, layer in sae_jobs(self.protocol, **{k: s[k] for k in LAYOUT}):
+            # "record": 2 marks the typed Result (a JSON record before), so old caches recompute
+            cfg = {"name": name, "sae": dataclasses.asdict(config), "layer": layer, "record": 2}
             stage = self.stage("sae", cfg | {"device": device}, inputs=(acts_stage.key,))
 
-            def fit(folder: Path, config: Any = config, layer: int = layer) -> Record:
+            def fit(folder: Path, config: Any = config, layer: int = layer) -> TrainedSAE:
                 t = time.time()
                 sae, info = train_sae(self.protocol, acts.of(layer), config, device=device)
                 save_sae(sae, folder / "sae")
@@ -259,10 +225,9 @@ class CausalReplication:
                     f"{info.final_fvu:.3f} L0 {info.final_l0:.1f} {info.epochs} epochs "
                     f"({time.time() - t:.0f} s)"
                 )
-                extra = {"layer": layer, "seconds": time.time() - t, "device": device}
-                return Record.of(to_jsonable(info) | extra)
+                return TrainedSAE(**vars(info), layer=layer, seconds=time.time() - t, device=device)
 
-            self.run_.trained[name] = self.cache.run(stage, Record, fit).data
+            self.run_.trained[name] = self.cache.run(stage, TrainedSAE, fit)
             self.keys[name] = stage.key
             folders[name] = self.cache.path(stage) / "sae"
         return folders
@@ -291,15 +256,18 @@ class CausalReplication:
         for fn in sections + ([self.ioi] if s["ioi_prompts"] else []):
             self.part(fn.__name__, fn)
 
-    def section(self, name: str, config: dict, names: list[str], *extra: str) -> Stage:
-        """A section's stage over the evaluation rows, the SAEs ``names`` and the stages
-        named in ``extra`` (those that ran)."""
+    def section(
+        self, name: str, kind: type[R], config: dict, names: list[str],
+        compute: Callable[[], R], *extra: str,
+    ) -> R:  # fmt: skip
+        """A section's Result, cached over the evaluation rows, the SAEs ``names`` and the
+        stages named in ``extra`` (those that ran)."""
         inputs = (
             self.keys["eval-grads"],
             *(self.keys[n] for n in names),
             *(self.keys[e] for e in extra if e in self.keys),
         )
-        return self.stage(name, config, inputs=inputs)
+        return self.cached(self.stage(name, config, inputs=inputs), kind, compute)
 
     def at(self, archs: list[str], width: int) -> dict[str, Any]:
         """The trained SAEs of ``archs`` at ``width`` by architecture."""
@@ -308,42 +276,35 @@ class CausalReplication:
     def sweep(self) -> None:
         from structlens.causal_dim.stages import sweep
 
-        p, L = self.protocol, self.s["sweep_layer"]
+        p, L, d = self.protocol, self.s["sweep_layer"], self.run_.d_model
         topk = {w: self.saes[f"topk-{w}"] for w in p.sweep_widths if f"topk-{w}" in self.saes}
         if len(topk) < 2:
             return
         exact = next((f.erank for f in self.run_.kappa if f.layer == L), None)
-        st = self.section("sweep", {"layer": L}, [f"topk-{w}" for w in topk], "kappa")
-        self.run_.sweep = self.cached(
-            st,
-            SweepFit,
-            lambda: sweep(
-                p, topk, self.ev, L, self.prompts, exact_kappa=exact, d_model=self.run_.d_model
-            ),
-        )
+        self.run_.sweep = self.section(
+            "sweep", SweepFit, {"layer": L}, [f"topk-{w}" for w in topk],
+            lambda: sweep(p, topk, self.ev, L, self.prompts, exact_kappa=exact, d_model=d),
+            f"kappa-L{L}",
+        )  # fmt: skip
 
     def ce(self) -> None:
         names = [n for n in self.saes if not n.startswith("depth")]
-        st = self.section("ce", {"ce": data_digest(self.prompts.ce)}, names)
-        saes = {n: self.saes[n] for n in names}
-        self.run_.ce = self.cached(
-            st,
-            ex.CERecovered,
-            lambda: ex.ce_recovered(self.model, self.s["sweep_layer"], saes, self.prompts.ce),
-        )
+        saes, L = {n: self.saes[n] for n in names}, self.s["sweep_layer"]
+        self.run_.ce = self.section(
+            "ce", ex.CERecovered, {"ce": data_digest(self.prompts.ce)}, names,
+            lambda: ex.ce_recovered(self.model, L, saes, self.prompts.ce),
+        )  # fmt: skip
 
     def arch(self) -> None:
         s, L, w = self.s, self.s["sweep_layer"], self.s["ablation_width"]
         saes = self.at(["topk", *s["arch_controls"]], w)
         eps = self.run_.sweep.epsilon if self.run_.sweep is not None else None
-        st = self.section("arch", {"width": w}, [f"{a}-{w}" for a in saes], "sweep")
-        self.run_.arch = self.cached(
-            st,
-            ex.ArchitectureCounts,
-            lambda: ex.architecture_counts(
-                saes, self.pairs[L], self.acts[L], width=w, layer=L, sweep_epsilon=eps
-            ),
-        )
+        self.run_.arch = self.section(
+            "arch", ex.ArchitectureCounts, {"width": w}, [f"{a}-{w}" for a in saes],
+            lambda: ex.architecture_counts(saes, self.pairs[L], self.acts[L], width=w, layer=L,
+                                           sweep_epsilon=eps),
+            "sweep",
+        )  # fmt: skip
 
     def growth(self) -> None:
         s, L, widths = self.s, self.s["sweep_layer"], list(self.s["arch_sweep_widths"])
@@ -352,29 +313,21 @@ class CausalReplication:
         if len(widths) < 2 or not have or any(n not in self.saes for n in names):
             return  # no growth sweep in this profile (the cpu profile has none)
         saes = {a: {w: self.saes[f"{a}-{w}"] for w in widths} for a in ["topk", *have]}
-        st = self.section("arch-growth", {"widths": widths}, names)
-        self.run_.growth = self.cached(
-            st,
-            ex.ArchitectureGrowth,
-            lambda: ex.architecture_growth(
-                self.protocol,
-                saes,
-                self.pairs[L],
-                self.acts[L],
-                prompt_ids=self.prompt_ids,
-                layer=L,
-                d_model=self.run_.d_model,
-            ),
-        )
+        self.run_.growth = self.section(
+            "arch-growth", ex.ArchitectureGrowth, {"widths": widths}, names,
+            lambda: ex.architecture_growth(self.protocol, saes, self.pairs[L], self.acts[L],
+                                           prompt_ids=self.prompt_ids, layer=L,
+                                           d_model=self.run_.d_model),
+        )  # fmt: skip
 
     def depth(self) -> None:
         L, w = self.s["sweep_layer"], self.s["depth_width"]
         name = {y: f"topk-{w}" if y == L else f"depth-L{y}-topk-{w}" for y in self.layers}
         saes = {y: self.saes[n] for y, n in name.items() if n in self.saes}
-        st = self.section("depth", {"width": w}, [name[y] for y in saes])
-        self.run_.depth = self.cached(
-            st, ex.DepthEpsilon, lambda: ex.epsilon_by_depth(saes, self.pairs, self.acts, width=w)
-        )
+        self.run_.depth = self.section(
+            "depth", ex.DepthEpsilon, {"width": w}, [name[y] for y in saes],
+            lambda: ex.epsilon_by_depth(saes, self.pairs, self.acts, width=w),
+        )  # fmt: skip
 
     def fourcell(self) -> None:
         # The encoder-as-sparsity-filter mechanism can only be removed where the sparsity
@@ -382,33 +335,23 @@ class CausalReplication:
         # runs on every architecture at the ablation width, L0 per cell.
         s, L, w = self.s, self.s["sweep_layer"], self.s["ablation_width"]
         saes = self.at(["topk", *s["arch_controls"]], w)
-        st = self.section("fourcell", {"seed": s["seed"], "width": w}, [f"{a}-{w}" for a in saes])
-        self.run_.fourcell = self.cached(
-            st,
-            ex.FourCell,
+        self.run_.fourcell = self.section(
+            "fourcell", ex.FourCell, {"seed": s["seed"], "width": w}, [f"{a}-{w}" for a in saes],
             lambda: ex.four_cells(saes, self.pairs[L], width=w, layer=L, seed=s["seed"]),
-        )
+        )  # fmt: skip
 
     def ioi(self) -> None:
         s, L, name = self.s, self.s["sweep_layer"], f"topk-{self.s['ablation_width']}"
         config = {"n_prompts": s["ioi_prompts"], "layer": L, "seed": s["seed"]}
         st = Stage("ioi", config, model=self.fp, inputs=(self.keys[name],))
-        self.run_.ioi = self.cached(
-            st,
-            ex.IOIRecovery,
-            lambda: ex.ioi(
-                self.model, L, self.saes[name], n_prompts=s["ioi_prompts"], seed=s["seed"]
-            ),
-        )
+        self.run_.ioi = self.cached(st, ex.IOIRecovery, lambda: ex.ioi(
+            self.model, L, self.saes[name], n_prompts=s["ioi_prompts"], seed=s["seed"]
+        ))  # fmt: skip
 
     def synthetic(self) -> None:
         steps = self.s["synthetic_steps"]
-        config = {
-            "steps": steps,
-            **ex.SYNTHETIC_SAE,
-            "model": ex.SYNTHETIC_MODEL,
-            "readouts": ["rotated", "atoms"],
-        }
+        config = {"steps": steps, **ex.SYNTHETIC_SAE, "model": ex.SYNTHETIC_MODEL,
+                  "readouts": ["rotated", "atoms"]}  # fmt: skip
         self.run_.synthetic = self.cached(
             Stage("synthetic", config), ex.SyntheticRecall, lambda: ex.synthetic_recall(steps)
         )
