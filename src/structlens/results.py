@@ -247,7 +247,7 @@ class Result:
     @classmethod
     def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
         """Rebuild a result from its JSON form: what :func:`to_jsonable` makes of it, as held
-        by a command's JSON document or a replication stage record.
+        by a command's JSON document.
 
         Keys that are not fields of ``cls`` are ignored (documents keep context beside a
         result's fields); fields missing from ``data`` take their defaults.  The strings
