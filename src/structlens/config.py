@@ -19,9 +19,10 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from structlens.errors import InputError
 from structlens.results import Result, content_key
 
-__all__ = ["check_choices", "choices", "ExperimentReport", "Protocol", "described"]
+__all__ = ["check_choices", "choices", "ExperimentReport", "Protocol", "Settings", "described"]
 
 P = TypeVar("P", bound="Protocol")
+S = TypeVar("S", bound="Settings")
 
 
 def choices(tp: Any) -> tuple[Any, ...] | None:
@@ -169,3 +170,30 @@ class Protocol:
                 f"{spec}: {unknown} are not {what} protocol fields; known: {sorted(known)}."
             )
         return cls(**fields)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (Protocol, Settings)):
+        return value.to_json()
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+class Settings:
+    """Base of a replication profile: a frozen dataclass of a method's protocol and the
+    sizes of the sections only the replication runs (validated in ``__post_init__``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON (tuples as lists, a protocol as its :meth:`Protocol.to_json`),
+        as the claims JSON records them under ``settings``."""
+        return {
+            f.name: _jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+        }
+
+    def replace(self: S, **changes: Any) -> S:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]

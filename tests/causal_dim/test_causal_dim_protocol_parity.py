@@ -72,8 +72,8 @@ def drivers(tmp_path_factory):
     out["analyze"] = (KappaFit.from_dict(k), SweepFit.from_dict(details["sweep_fit"]))
 
     # the replication's κ and sweep sections, at its smoke profile (the same protocol)
-    assert rep.SMOKE["protocol"] == protocol
-    s = rep.SMOKE | {"jacobian_layers": [LAYER], "sweep_layer": LAYER}
+    assert rep.PROFILES["smoke"].protocol == protocol
+    s = rep.PROFILES["smoke"].replace(jacobian_layers=(LAYER,), sweep_layer=LAYER)
     replication = rep.CausalReplication(s, tmp / "replication")
     replication.jacobian()
     replication.analyze(replication.train())

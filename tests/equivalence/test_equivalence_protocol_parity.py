@@ -66,7 +66,7 @@ def drivers(tmp_path_factory):
     row = section["details"]["rows"][0]
     out["analyze"] = (row["comparison"], row["sanity"])
 
-    replication = rep.EquivalenceReplication(rep.SMOKE, tmp / "replication")
+    replication = rep.EquivalenceReplication(rep.PROFILES["smoke"], tmp / "replication")
     (sc,) = [s for s in rep.SCENARIOS if s.name == "sanity-tiny"]
     res = replication.scenario(sc)
     assert replication.protocols["sanity-tiny"] == protocol

@@ -62,3 +62,13 @@ def test_gguf_file_loads_like_the_alias(smollm2):
     ids, mask = smollm2.tokenize(["When Mary and John went to the store, John gave a drink to"])
     assert m.tokenizer(["x y"])["input_ids"] == smollm2.tokenizer(["x y"])["input_ids"]
     assert torch.allclose(m.forward(ids, mask), smollm2.forward(ids, mask), atol=1e-4)
+
+
+def test_tiny_smol_is_a_seeded_tiny_llama_with_smollm2s_tokenizer(smollm2):
+    a, b, c = (load_model("tiny-smol", seed=s) for s in (0, 0, 1))
+    assert (a.n_layers, a.d_model) == (3, 32)
+    text = ["When Mary and John went to the store, John gave a drink to"]
+    assert a.tokenizer(text)["input_ids"] == smollm2.tokenizer(text)["input_ids"]
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+    ids, mask = a.tokenize(text)
+    assert a.forward(ids, mask).shape[-1] == len(smollm2.tokenizer)

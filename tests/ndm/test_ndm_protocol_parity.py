@@ -60,8 +60,9 @@ def drivers(tmp_path_factory):
         (trained,) = section["details"]["trained"]
         out["analyze"] = {"trained": trained, "tests": section["details"]["tests"]}
 
-        s = rep.SMOKE | {"model": "tiny-llama", "layers": [LAYER], "tests": TESTS,
-                         "protocol": PROTOCOL}  # fmt: skip
+        s = rep.PROFILES["smoke"].replace(
+            model="tiny-llama", layers=(LAYER,), tests=tuple(TESTS), protocol=PROTOCOL
+        )
         replication = rep.NDMReplication(s, tmp / "replication")
         stage, _, per_layer = replication.train()
         ev = replication.evaluate(stage)

@@ -47,7 +47,7 @@ def test_sanity_pair_scores_one_at_every_level(claims):
 
 def test_rows_carry_null_interval_and_null_calibrated_decision(claims):
     rows = {r["name"]: r for r in claims["rows"]}
-    assert list(rows) == eq_run.SMOKE["scenarios"]
+    assert list(rows) == list(eq_run.PROFILES["smoke"].scenarios)
     for r in rows.values():
         lo, hi = r["score_ci"]
         assert 0.0 <= lo <= r["score"] <= hi <= 1.0

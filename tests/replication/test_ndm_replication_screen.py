@@ -29,7 +29,9 @@ def test_tests_block_is_the_runs_screen(smoke):
     ev = R.evaluate
     doc = ClaimsDocument.load(docs / "ndm.json")
     tests = doc.blocks["tests"]
-    assert [t["test"] for t in tests] == ndm_run.SMOKE["tests"]  # the RoPE-transferable set
+    assert [t["test"] for t in tests] == list(
+        ndm_run.PROFILES["smoke"].tests
+    )  # the RoPE-transferable set
     assert doc.blocks["screen"] == {"min_whole_space_share": 0.3, "applied_to_gini": True}
     for t in tests:
         e = ev.effects[t["test"]]
@@ -48,16 +50,18 @@ def test_tests_block_is_the_runs_screen(smoke):
 
 def test_restarts_and_sae_settings_reach_the_run(smoke):
     R, docs = smoke
-    for layer in map(str, ndm_run.SMOKE["layers"]):
+    for layer in map(str, ndm_run.PROFILES["smoke"].layers):
         table = R.train.results[layer]["restarts"]
-        assert len(table) == ndm_run.SMOKE["protocol"].restarts == 2
+        assert len(table) == ndm_run.PROFILES["smoke"].protocol.restarts == 2
     sae = R.evaluate.baselines["0"]["sae"]
-    assert sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.SMOKE["protocol"].sae_epochs
+    assert (
+        sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.PROFILES["smoke"].protocol.sae_epochs
+    )
     assert len(sae["fvu_history"]) == sae["epochs"]
     md = (docs / "ndm.md").read_text()
     # protocol history is hand-written in docs/replication/changes-ndm.md, not generated
     assert "## What changed and why" not in md and "| test | layer | positions |" in md
-    for t in ndm_run.SMOKE["tests"]:
+    for t in list(ndm_run.PROFILES["smoke"].tests):
         assert f"| {t} |" in md
 
 
@@ -86,11 +90,11 @@ def test_claims_document_holds_the_claims_of_the_runs_records(smoke):
 def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():
     from structlens.ndm.device_train import DEVICE_CONFIG
 
-    g = ndm_run.GPU
-    cfg = DEVICE_CONFIG | g["device_config"]
-    assert g["protocol"].corpus_prompts * 100 >= 100_000  # windows of <= 128 tokens (~117)
-    assert g["device_rows"] >= 100_000
+    g = ndm_run.PROFILES["gpu"]
+    cfg = DEVICE_CONFIG | g.device_config
+    assert g.protocol.corpus_prompts * 100 >= 100_000  # windows of <= 128 tokens (~117)
+    assert g.device_rows >= 100_000
     # the packed rows are exactly the bank plus one refresh cycle of queries
-    assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g["device_rows"]
+    assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g.device_rows
     assert (cfg["merge_start"], cfg["merge_interval"]) == (20_000, 8_000)  # the paper's
-    assert g["protocol"].patch_prompts >= 500 and g["protocol"].restarts > 1
+    assert g.protocol.patch_prompts >= 500 and g.protocol.restarts > 1

@@ -114,7 +114,8 @@ def test_ndm_device_training_path_runs_on_the_cpu(tmp_path, monkeypatch):
     still evaluates the CPU run for comparison."""
     from structlens.replication.ndm import run as ndm_run
 
-    monkeypatch.setitem(ndm_run.PROFILES, "smoke", ndm_run.SMOKE | {"device_training": True})
+    smoke = ndm_run.PROFILES["smoke"]
+    monkeypatch.setitem(ndm_run.PROFILES, "smoke", smoke.replace(device_training=True))
     R, cache = _run("ndm", tmp_path)
     assert R.device_run and R.evaluate_cpu is not None
     names = [e.name for e in cache.events]
@@ -168,16 +169,12 @@ def _check_causal(raw, md):
 
 
 @pytest.mark.parametrize("method", ["koopman", "causal-dimension"])
-def test_gpu_profile_runs_end_to_end_on_a_tiny_model_on_the_cpu(method, tmp_path):
-    """The gpu profile's path with its sizes overridden (test-only) to the tiny model."""
+def test_gpu_profile_runs_end_to_end_on_a_tiny_model_on_the_cpu(method, tmp_path, monkeypatch):
+    """The gpu profile's path, its sizes those of the smoke profile (the tiny model)."""
     module = importlib.import_module(METHODS[method])
-    module.run(
-        "gpu",
-        out=tmp_path / "cache",
-        doc_dir=tmp_path / "docs",
-        device="cpu",
-        test_sizes=module.TINY_TEST_SIZES,
-    )
+    tiny = module.PROFILES["smoke"].replace(profile="gpu")
+    monkeypatch.setitem(module.PROFILES, "gpu", tiny)
+    module.run("gpu", out=tmp_path / "cache", doc_dir=tmp_path / "docs", device="cpu")
     md = (tmp_path / "docs" / f"{method}.md").read_text()
     assert f"structlens.replication {method} --profile gpu" in md
     raw = json.loads((tmp_path / "docs" / f"{method}.json").read_text())

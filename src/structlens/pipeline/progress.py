@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+
+def log(msg: str) -> None:
+    """One line of a long run's log, stamped with the wall-clock time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class ProgressBars:

@@ -166,7 +166,7 @@ def render_markdown(
         _row(sc, results[sc.name], rep.seconds, verdicts[sc.name][0]) if sc.name in results
         else f"| {sc.group} | {sc.setting} | {v.PAPER[v.claim_id(sc.group)].text} | not run "
         "yet (rerun the script) |" + " |" * 11
-        for sc in SCENARIOS if sc.name in results or sc.name in rep.s["scenarios"]
+        for sc in SCENARIOS if sc.name in results or sc.name in rep.s.scenarios
     ]  # fmt: skip
     train, finetunes = _training(t, rep)
     return t.section("doc", dict(
@@ -176,9 +176,9 @@ def render_markdown(
         table="\n".join([t.blocks["table"], *lines]),
         detail="\n".join(_detail(t, sc, results[sc.name]) for sc in SCENARIOS
                          if sc.name in results),
-        small_cfg=json.dumps(dataclasses.asdict(rep.s["small"]["L4-s0"])),
+        small_cfg=json.dumps(dataclasses.asdict(rep.s.small["L4-s0"])),
         smol_cfg=_protocol_text(PROTOCOLS["paper-subset"]),
-        small_cmp=_protocol_text(rep.s["small_protocol"]),
+        small_cmp=_protocol_text(rep.s.small_protocol),
         enc_cfg=_protocol_text(PROTOCOLS["paper-sentence"]),
     )) + "\n"  # fmt: skip
 
@@ -193,7 +193,7 @@ def write(
     the claims and blocks of :mod:`structlens.equivalence.verdicts`."""
     from structlens.replication import command
 
-    doc_dir, source = Path(doc_dir), command(METHOD, rep.s["profile"])
+    doc_dir, source = Path(doc_dir), command(METHOD, rep.s.profile)
     text = with_calibration(render_markdown(rep, results, fold, source), METHOD)
     md = write_text(doc_dir / f"{METHOD}.md", text)
     n_boot = {name: p.pool_resamples for name, p in rep.protocols.items()}

@@ -24,32 +24,16 @@ from structlens.equivalence.compare import ComparisonResult
 from structlens.equivalence.probes import Probe
 from structlens.equivalence.protocol import PROFILES as PROTOCOLS
 from structlens.equivalence.protocol import EquivalenceProtocol
-from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, SMALL, SMALL_SMOKE, Scenario
+from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, ReplicationProfile, Scenario
+from structlens.equivalence.scenarios import REPLICATION_PROFILES as PROFILES
 from structlens.equivalence.train_small import SmallLMConfig
 from structlens.pipeline.cache import Stage, StageCache, data_digest
+from structlens.pipeline.progress import log
 
 __all__ = ["METHOD", "PROFILES", "SCENARIOS", "EquivalenceReplication", "model_dirs", "run"]
 
 METHOD = "equivalence"
 FOLD_PROMPT = "When Mary and John went to the store, John gave a drink to"
-CPU: dict[str, Any] = {
-    "profile": "cpu",
-    "small": SMALL,
-    "small_protocol": PROTOCOLS["paper"],
-    # MiniLM vs SmolLM2 (an encoder on other data, sentence similarity only) is superseded by
-    # the same-data encoder–decoder row; `only=["enc-dec"]` still runs it.
-    "scenarios": [sc.name for sc in SCENARIOS if sc.name != "enc-dec"],
-    "fold_check": True,
-}
-GPU = CPU | {"profile": "gpu"}  # the CPU sizes; nothing here needs an accelerator
-SMOKE = CPU | {
-    "profile": "smoke",
-    "small": SMALL_SMOKE,
-    "small_protocol": PROTOCOLS["smoke"],
-    "scenarios": ["sanity-tiny", "seeds-s0-s1"],
-    "fold_check": False,
-}
-PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
 # The version of the training and fold-check stages' Result layout, in their keys, so that a
 # stage cached in an older layout recomputes.
 RECORD = 2
@@ -68,7 +52,7 @@ def model_dirs(profile: str = "cpu", out: str | Path | None = None) -> dict[str,
     out = out / profile if out.name == METHOD else out
     cache = StageCache(out / "stages")
     found: dict[str, Path | None] = {}
-    for name, cfg in PROFILES[profile]["small"].items():
+    for name, cfg in PROFILES[profile].small.items():
         path = cache.path(_small_stage(cfg)) / "model"
         found[name] = path if (path / "config.json").exists() else None
     for name in FINETUNES:
@@ -80,7 +64,7 @@ def model_dirs(profile: str = "cpu", out: str | Path | None = None) -> dict[str,
 class EquivalenceReplication:
     """Models, fine-tunes and comparisons of one profile, each a cached stage."""
 
-    def __init__(self, s: dict[str, Any], out: Path) -> None:
+    def __init__(self, s: ReplicationProfile, out: Path) -> None:
         self.s, self.out = s, out
         self.cache = StageCache(out / "stages")
         self.small_info: dict[str, es.SmallLMTraining] = {}
@@ -104,8 +88,8 @@ class EquivalenceReplication:
     def small_model(self, name: str) -> Any:
         from structlens.models import load_model
 
-        stage = _small_stage(self.s["small"][name])
-        compute = partial(es.small_lm, self.s["small"][name])
+        stage = _small_stage(self.s.small[name])
+        compute = partial(es.small_lm, self.s.small[name])
         self.small_info[name] = self.cache.run(stage, es.SmallLMTraining, compute)
         return load_model(str(self.cache.path(stage) / "model"))
 
@@ -157,7 +141,7 @@ class EquivalenceReplication:
         """One row: the comparison stage (the sanity stage for the sanity rows, whose checks
         are kept in ``self.sanity``) under the row's protocol (its own, or this profile's
         protocol of the small LMs)."""
-        protocol = PROTOCOLS[sc.protocol] if sc.protocol else self.s["small_protocol"]
+        protocol = PROTOCOLS[sc.protocol] if sc.protocol else self.s.small_protocol
         self.protocols[sc.name] = protocol
         a = self.model(sc.model_a, protocol.seed)
         if sc.model_b is None:
@@ -180,21 +164,21 @@ def run(
     from structlens.replication.equivalence.render import write
 
     s = PROFILES[profile]
-    names = only if only is not None else s["scenarios"]
+    names = only if only is not None else s.scenarios
     by_name = {sc.name: sc for sc in SCENARIOS}
     if unknown := set(names) - set(by_name):
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {list(by_name)}")
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = EquivalenceReplication(s, out)
-    fold = rep.fold_check() if s["fold_check"] else None
+    fold = rep.fold_check() if s.fold_check else None
     results = {}
     for name in names:
         t0 = time.perf_counter()
         r = results[name] = rep.scenario(by_name[name])
         layers = r.layers.score if r.layers else None
-        print(f"{name}: score {r.heads.score:.3f} {list(r.heads.score_ci)} null "
+        log(f"{name}: score {r.heads.score:.3f} {list(r.heads.score_ci)} null "
               f"{r.heads.null_score} layers {layers} decision {r.decision} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+              f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
     md, js = write(rep, results, fold, doc_dir)
-    print(f"wrote {md} and {js}", flush=True)
+    log(f"wrote {md} and {js}")
     return results, rep.cache

@@ -22,95 +22,47 @@ from typing import Any, TypeVar
 
 from structlens.koopman import stages as st
 from structlens.koopman import verdicts as v
-from structlens.koopman.protocol import PROFILES as PROTOCOLS
-from structlens.koopman.protocol import dictionary_label
+from structlens.koopman.protocol import REPLICATION_PROFILES as PROFILES
+from structlens.koopman.protocol import ReplicationProfile, dictionary_label
 from structlens.pipeline.cache import Stage, StageCache, data_digest
+from structlens.pipeline.progress import log
 from structlens.results import Result
 
 METHOD = "koopman"
 
-CPU: dict[str, Any] = {
-    "profile": "cpu",
-    "model": "smollm2-135m",
-    "n_corpus": 150,
-    "prompt_tokens": 64,
-    "n_task": 40,
-    "layers": [5, 11],
-    "probe_layers": [6, 10],
-    "n_ioi": 24,
-    "ioi_layers": [6, 10, 14, 18, 22],  # layers of the IOI ablation depth sweep
-    "sae_seeds": 3,
-    "sae_epochs": 20,
-    "sae_penalty": 10.0,  # λ of the invariance run
-    # the wide SAE whose features are chosen at the protocol's invariance size N
-    "invariance_sae_width": 1024,
-    "universality_resamples": 200,
-    # the seed replicas and fine-tune come from this profile of the equivalence replication
-    "seed_models_profile": "cpu",
-    "seed": 0,
-    # every scientific choice of the sections: the protocol the CLI and `analyze` run too
-    "protocol": PROTOCOLS["paper"],
-}
-# On an accelerator: the same sections with a wider SAE for the equal-N invariance comparison.
-GPU = CPU | {"profile": "gpu", "invariance_sae_width": 4096}
-SMOKE = CPU | {
-    "profile": "smoke",
-    "model": "tiny-llama",
-    "n_corpus": 64,
-    "prompt_tokens": 32,
-    "n_task": 0,  # the byte-level test tokenizer has no single-token names (no IOI)
-    "layers": [0, 1],
-    "probe_layers": [1],
-    "n_ioi": 0,
-    "ioi_layers": [],
-    "sae_seeds": 2,
-    "sae_epochs": 1,
-    "invariance_sae_width": 64,
-    "universality_resamples": 20,
-    "seed_models_profile": None,  # no trained replicas: the universality claim says so
-    "protocol": PROTOCOLS["smoke"],
-}
-PROFILES = {"cpu": CPU, "gpu": GPU, "smoke": SMOKE}
-# Test-only override of a profile's sizes (``run(..., test_sizes=TINY_TEST_SIZES)``): the
-# tiny model at the smoke sizes, so the gpu profile runs end to end on the CPU in the tests.
-TINY_TEST_SIZES = {k: v for k, v in SMOKE.items() if k != "profile"}
 # Every stage's config carries the version of its Result's layout, so that a stage cached in
 # an older layout recomputes.
 RECORD = 4
 T = TypeVar("T", bound=Result)
 
 
-def log(msg: str, t0: float) -> None:
-    print(f"[{time.time() - t0:7.1f}s] {msg}", flush=True)
-
-
 class KoopmanReplication:
     """The sections of one profile over one activation store, each a method returning its
     typed stage Results (every one cached); ``settings`` is the claims JSON's block."""
 
-    def __init__(self, s: dict[str, Any], out: Path, device: str = "cpu") -> None:
+    def __init__(self, s: ReplicationProfile, out: Path, device: str = "cpu") -> None:
         from structlens.koopman.data import capture_depth, depth_prompts
         from structlens.models import load_model
 
         self.s, self.out, self.t0 = s, out, time.time()
-        self.protocol = p = s["protocol"].replace(seed=s["seed"])
+        self.protocol = p = s.protocol.replace(seed=s.seed)
         self.cache = StageCache(out / "stages")
-        self.layers = list(range(s["layers"][0], s["layers"][1] + 1))
-        self.probes = list(s["probe_layers"])
-        self.model = load_model(s["model"], device=device)
+        self.layers = list(range(s.layers[0], s.layers[1] + 1))
+        self.probes = list(s.probe_layers)
+        self.model = load_model(s.model, device=device)
         self.prompts = depth_prompts(
-            self.model.tokenizer, n_corpus=s["n_corpus"], max_tokens=s["prompt_tokens"],
-            n_task=s["n_task"], seed=s["seed"],
+            self.model.tokenizer, n_corpus=s.n_corpus, max_tokens=s.prompt_tokens,
+            n_task=s.n_task, seed=s.seed,
         )  # fmt: skip
         self.data = data_digest([repr(q) for q in self.prompts])
         self.store = capture_depth(self.model, self.prompts, self.layers, root=out / "activations")
-        log(f"captured {self.store.n_tokens} tokens x {len(self.store.sites)} sites", self.t0)
+        log(f"captured {self.store.n_tokens} tokens x {len(self.store.sites)} sites")
         keys = ("n_corpus", "prompt_tokens", "seed", "n_ioi", "sae_seeds", "sae_epochs")
         self.settings: dict[str, Any] = {
-            "profile": s["profile"], "model": s["model"], "n_prompts": len(self.prompts),
-            **{k: s[k] for k in (*keys, "sae_penalty", "invariance_sae_width")},
-            "n_ioi_in_fit": s["n_task"], "tokens_per_layer": int(self.store.n_tokens),
-            "layers": self.layers, "probe_layers": self.probes, "ioi_layers": s["ioi_layers"],
+            "profile": s.profile, "model": s.model, "n_prompts": len(self.prompts),
+            **{k: getattr(s, k) for k in (*keys, "sae_penalty", "invariance_sae_width")},
+            "n_ioi_in_fit": s.n_task, "tokens_per_layer": int(self.store.n_tokens),
+            "layers": self.layers, "probe_layers": self.probes, "ioi_layers": list(s.ioi_layers),
             "machine": f"{platform.machine()}, 2 shared CPU cores", "protocol": p.to_json(),
             # the protocol's row and split rules, also at the top (the claims schema's keys)
             "exclude_position0": p.exclude_position0, "dictionary_fit_split": p.dictionary_fit,
@@ -125,7 +77,7 @@ class KoopmanReplication:
         config = config | {"protocol": self.protocol.to_json(), "record": RECORD}
         stage = Stage(name, config, model=self.model.fingerprint(), data=self.data)
         got = self.cache.run(stage, kind, lambda _: compute())
-        log(f"{name} {config.get('layer', '')} done", self.t0)
+        log(f"{name} {config.get('layer', '')} done")
         return got
 
     def rows(self, layers: list[int], store: Any = None) -> st.LayerRows:
@@ -154,10 +106,10 @@ class KoopmanReplication:
 
     def invariance(self) -> st.SAEInvariance:
         s, layer = self.s, self.probes[0]
-        n, width = st.invariance_size(self.protocol), s["invariance_sae_width"]
-        config = {"layer": layer, "sae_epochs": s["sae_epochs"], "n": n, "sae_width": width}
+        n, width = st.invariance_size(self.protocol), s.invariance_sae_width
+        config = {"layer": layer, "sae_epochs": s.sae_epochs, "n": n, "sae_width": width}
         return self.stage("invariance", config, st.SAEInvariance, lambda: st.sae_invariance(
-            self.protocol, self.rows([layer]), n, width=width, epochs=s["sae_epochs"]
+            self.protocol, self.rows([layer]), n, width=width, epochs=s.sae_epochs
         ))  # fmt: skip
 
     def ioi(self) -> dict[str, st.AblationEffects]:
@@ -166,10 +118,10 @@ class KoopmanReplication:
         from structlens.koopman.data import capture_depth
 
         s, p = self.s, self.protocol
-        if not s["ioi_layers"]:
+        if not s.ioi_layers:
             return {}
-        task = make_task("ioi", self.model.tokenizer, n=s["n_ioi"], seed=s["seed"] + 1)
-        extra = [v for v in s["ioi_layers"] if v not in self.layers]
+        task = make_task("ioi", self.model.tokenizer, n=s.n_ioi, seed=s.seed + 1)
+        extra = [v for v in s.ioi_layers if v not in self.layers]
         root = self.out / "activations"
         more = capture_depth(self.model, self.prompts, extra, root=root) if extra else None
 
@@ -182,35 +134,35 @@ class KoopmanReplication:
 
         return {
             f"L{layer}/{pos}": self.stage(
-                "ioi", {"layer": layer, "n_ioi": s["n_ioi"], "positions": pos},
+                "ioi", {"layer": layer, "n_ioi": s.n_ioi, "positions": pos},
                 st.AblationEffects, partial(compute, layer, pos),
             )
-            for layer in s["ioi_layers"] for pos in ("all", "END")
+            for layer in s.ioi_layers for pos in ("all", "END")
         }  # fmt: skip
 
     def sae_seeds(self) -> list[st.SAESeedRun]:
         """The invariance penalty: residual and run-to-run variability across SAE seeds."""
         s, layer = self.s, self.probes[0]
-        config = {"layer": layer, **{k: s[k] for k in ("sae_seeds", "sae_epochs", "seed")}}
+        config = {"layer": layer, **{k: getattr(s, k) for k in ("sae_seeds", "sae_epochs", "seed")}}
 
         def compute(lam: float) -> st.SAESeedRun:
             return st.sae_seed_run(
-                self.protocol, self.rows([layer]), lam, s["sae_seeds"], epochs=s["sae_epochs"]
+                self.protocol, self.rows([layer]), lam, s.sae_seeds, epochs=s.sae_epochs
             )
 
         return [
             self.stage("sae-seeds", config | {"penalty": lam}, st.SAESeedRun, partial(compute, lam))
-            for lam in (0.0, s["sae_penalty"])
+            for lam in (0.0, s.sae_penalty)
         ]
 
     def universality(self, seed_models: dict[str, Path | None]) -> st.Universality:
         """Seed and depth replicas, and a fine-tuned copy, against sampling nulls."""
-        s, n = self.s, self.s["universality_resamples"]
+        s, n = self.s, self.s.universality_resamples
         models = {k: str(v) if v else None for k, v in sorted(seed_models.items())}
-        config = {"resamples": n, "seed": s["seed"], "models": models}
+        config = {"resamples": n, "seed": s.seed, "models": models}
         return self.stage("universality", config, st.Universality, lambda: st.universality(
             self.protocol, self.model, self.prompts, models, probe_layer=self.probes[-1],
-            n_corpus=s["n_corpus"], root=self.out / "activations", n_resamples=n,
+            n_corpus=s.n_corpus, root=self.out / "activations", n_resamples=n,
         ))  # fmt: skip
 
     def reduction(self) -> st.Reduction:
@@ -234,19 +186,17 @@ def run(
     out: str | Path | None = None,
     doc_dir: str | Path | None = None,
     device: str = "cpu",
-    test_sizes: dict[str, Any] | None = None,
 ) -> tuple[v.ReplicationResults, StageCache]:
     """Run (or resume) every section of ``profile``; write the figures, the markdown and the
-    claims JSON.  ``test_sizes`` (tests only, e.g. :data:`TINY_TEST_SIZES`) overrides the
-    profile's sizes so a profile's code path runs on a tiny model."""
+    claims JSON."""
     from structlens.replication import default_paths
     from structlens.replication.equivalence.run import model_dirs
     from structlens.replication.koopman.render import write
 
-    s = PROFILES[profile] | (test_sizes or {})
+    s = PROFILES[profile]
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = KoopmanReplication(s, out, device)
-    t = rep.results(model_dirs(s["seed_models_profile"]) if s["seed_models_profile"] else {})
+    t = rep.results(model_dirs(s.seed_models_profile) if s.seed_models_profile else {})
     md, js = write(rep.settings, t, time.time() - rep.t0, doc_dir, figure_dir=out)
-    log(f"wrote {md} and {js}", rep.t0)
+    log(f"wrote {md} and {js}")
     return t, rep.cache
