@@ -63,3 +63,24 @@ def test_the_interval_width_is_the_bias_corrected_estimates_own_jackknife():
     plain = group_jackknife(fit.erank_plugin, np.array(plug))
     assert fit.erank == pytest.approx(float(plain.bias_corrected))
     assert fit.erank_se > float(plain.se)
+
+
+def test_the_doubling_rule_is_scored_against_the_planted_kappa():
+    from structlens.calibration.causal import PROTOCOL, STOPPING_SPECTRA, calibrate_stopping
+
+    # a cap at the first size leaves the rule no doubling to stop on: it never says identified
+    capped = PROTOCOL.replace(kappa_start=16, kappa_max_vectors=16)
+    never = calibrate_stopping("d=16, j^-1", 5, first_seed=1, protocol=capped)
+    assert never.rate == never.false_stop_rate == 0 and never.mean_vectors == 16
+    # 16 rank-2 windows cannot show a 64-d flat spectrum: the plug-in is far below κ = 64
+    assert never.truth == true_kappa(STOPPING_SPECTRA["d=16, j^-1"])
+    flat = calibrate_stopping("d=64, flat", 3, first_seed=1, protocol=capped)
+    assert (
+        flat.truth == pytest.approx(64.0)
+        and flat.mean_plugin < 0.5 * flat.truth
+        and flat.plugin_close == 0
+    )
+    # a loose tolerance stops at the first size (κ(16)/κ(8)), whatever the plug-in has reached
+    loose = PROTOCOL.replace(kappa_tolerance=10.0)
+    early = calibrate_stopping("d=64, flat", 3, first_seed=1, protocol=loose)
+    assert early.rate == 1 and early.mean_vectors == 16 and early.false_stop_rate == 1

@@ -13,6 +13,11 @@ rule, then the bias-corrected delete-a-group jackknife over the protocol's unit)
 planted Grams in place of the model's; the unit ``"vector"`` (every window its own group) is
 scored beside the protocol's ``"chunk"`` to show what the unit changes when windows of one
 chunk are correlated.
+
+:func:`calibrate_stopping` scores the doubling rule itself as a decision: κ(n)/κ(n/2) below
+the tolerance before the vector cap reads as "κ is identified", a ratio still above it at the
+cap as "the κ found is a lower bound".  Its planted families (:data:`STOPPING_SPECTRA`) range
+from spectra that 128 rank-2 windows resolve to spectra they cannot.
 """
 
 from __future__ import annotations
@@ -26,13 +31,25 @@ from structlens.causal_dim.protocol import PROFILES, CausalProtocol
 from structlens.causal_dim.stages import PromptSets, kappa
 from structlens.stats.intervals import wilson_interval
 
-__all__ = ["PROTOCOL", "SPECTRUM", "KappaCalibration", "planted_grams", "true_kappa",
-           "calibrate_kappa"]  # fmt: skip
+__all__ = ["PROTOCOL", "SPECTRUM", "STOPPING_SPECTRA", "KappaCalibration", "StoppingCalibration",
+           "planted_grams", "true_kappa", "calibrate_kappa", "calibrate_stopping"]  # fmt: skip
 
 #: The paper protocol's κ rules (start, cap, tolerance, unit, level).
 PROTOCOL: CausalProtocol = PROFILES["paper"]
 #: The planted spectrum ``m_j = j^-1`` in d = 16 dimensions.
 SPECTRUM = np.arange(1, 17, dtype=np.float64) ** -1.0
+
+
+#: The planted spectra of the doubling rule's calibration, by label: ``j^-1`` in 16, 32 and 64
+#: dimensions and a flat spectrum in 64.
+STOPPING_SPECTRA: dict[str, np.ndarray] = {
+    "d=16, j^-1": SPECTRUM,
+    "d=32, j^-1": np.arange(1, 33, dtype=np.float64) ** -1.0,
+    "d=64, j^-1": np.arange(1, 65, dtype=np.float64) ** -1.0,
+    "d=64, flat": np.ones(64),
+}
+#: Relative error within which a κ counts as found (the doubling rule's own tolerance).
+STOPPING_CLOSE = 0.05
 
 
 def true_kappa(m: np.ndarray = SPECTRUM) -> float:
@@ -126,5 +143,70 @@ def calibrate_kappa(
         mean_plugin=float(np.mean(plugins)), mean_width=float(np.mean(widths)),
         coverage=covered / n, coverage_ci=wilson_interval(covered, n),
         mean_vectors=float(np.mean(vectors)), converged=converged / n,
+        seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StoppingCalibration:
+    """The doubling rule on ``n`` instances of one planted spectrum (``family``, true κ
+    ``truth``; independent windows, the protocol's unit).
+
+    ``rate`` is the share of instances in which the rule stopped by its tolerance (says "κ is
+    identified"), with its Wilson interval; ``false_stop_rate`` the share in which it did so
+    while the plug-in κ (the κ(n) its ratio reads) was still more than
+    :data:`STOPPING_CLOSE` below the truth; ``plugin_close`` / ``estimate_close`` the shares
+    of all instances whose plug-in / bias-corrected κ lies within :data:`STOPPING_CLOSE` of
+    it; ``coverage`` that of the bias-corrected interval; ``mean_vectors`` the windows used.
+    """
+
+    family: str
+    d: int
+    truth: float
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    false_stop_rate: float
+    false_stop_ci: tuple[float, float]
+    plugin_close: float
+    estimate_close: float
+    mean_plugin: float
+    mean_estimate: float
+    coverage: float
+    coverage_ci: tuple[float, float]
+    mean_vectors: float
+    seeds: tuple[int, int]
+
+
+def calibrate_stopping(
+    family: str, n: int, *, first_seed: int = 0, protocol: CausalProtocol = PROTOCOL
+) -> StoppingCalibration:
+    """Run :func:`~structlens.causal_dim.stages.kappa` on ``n`` instances of planted spectrum
+    ``family`` (a key of :data:`STOPPING_SPECTRA`) with seeds from ``first_seed`` under
+    ``protocol``, and score its doubling rule as a decision."""
+    m = STOPPING_SPECTRA[family]
+    truth, close = true_kappa(m), STOPPING_CLOSE
+    stops = false_stops = plugin_close = estimate_close = covered = 0
+    plugins, points, vectors = [], [], []
+    for seed in range(first_seed, first_seed + n):
+        prompts, grams = planted_grams(0.0, seed=seed, m=m)
+        fit = kappa(protocol.replace(seed=seed), None, 0, prompts,
+                    grams=functools.partial(_windows, grams))  # fmt: skip
+        lo, hi = fit.erank_ci
+        stops += fit.converged
+        false_stops += fit.converged and fit.erank_plugin < (1 - close) * truth
+        plugin_close += abs(fit.erank_plugin - truth) <= close * truth
+        estimate_close += abs(fit.erank - truth) <= close * truth
+        covered += lo <= truth <= hi
+        plugins.append(fit.erank_plugin)
+        points.append(fit.erank)
+        vectors.append(fit.n_vectors)
+    return StoppingCalibration(
+        family=family, d=len(m), truth=truth, n=n, rate=stops / n,
+        rate_ci=wilson_interval(stops, n), false_stop_rate=false_stops / n,
+        false_stop_ci=wilson_interval(false_stops, n), plugin_close=plugin_close / n,
+        estimate_close=estimate_close / n, mean_plugin=float(np.mean(plugins)),
+        mean_estimate=float(np.mean(points)), coverage=covered / n,
+        coverage_ci=wilson_interval(covered, n), mean_vectors=float(np.mean(vectors)),
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip
