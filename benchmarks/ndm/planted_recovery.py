@@ -15,7 +15,9 @@ ones and every matched subspace overlap is >= 0.95
 (``structlens.ndm.pipeline.planted_recovery``).  ``--resplit-trials 0`` measures the same
 schedule without either step.  Seeds run in the outer loop and shapes in the inner one, and
 ``--out`` is rewritten after every run, so an interrupted measurement leaves the same seeds
-0..k-1 for every shape.  Prints one line per shape at the end.
+0..k-1 for every shape.  Prints one line per shape at the end.  ``--exp-gradient`` defaults to
+``pytorch`` (autograd's gradient of the exponential, with which ``planted_recovery.json`` was
+measured), not to ``NDMConfig``'s ``float64``, the same derivative to round-off.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ step (with the re-projection amortised over ``P`` steps); 1 would be every FLOP 
 rate.  The exponential's backward is counted as the block-triangular float32 adjoint, the
 least arithmetic known here for the float32 loss's gradient, whichever gradient a variant
 uses.  ``speedup_vs_reference`` is the reference step's time over ours (per variant, and for
-the bank as a whole that of the default configuration).  Neither side's optimiser step is
+the bank as a whole that of ``exp``).  Neither side's optimiser step is
 timed.  The reference projects every key with the current ``R`` in every step (its
 ``search_steps`` blocks of ``block_len`` keys), recomputes PyTorch's orthogonal
 parametrisation at each use, and keeps ``R`` in float32.
@@ -59,7 +59,9 @@ VARIANTS: dict[str, tuple[str, torch.dtype | None]] = {
     "cayley": ("cayley", None),
 }
 """Our steps timed: retraction and the exponential's gradient (``NDMConfig.exp_gradient``);
-``exp`` is the default configuration, whose numbers are the bank's headline ones."""
+``exp`` is PyTorch's gradient (``exp_gradient="pytorch"``, the default when ``results.json``
+was measured; the default is now ``"float64"``, not timed here), whose numbers are the bank's
+headline ones."""
 
 THETA_EXP = 1.090863719290036
 """PyTorch's float64 threshold for its degree-18 Taylor approximant (``|W|_1`` after scaling)."""

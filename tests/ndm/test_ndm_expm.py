@@ -1,13 +1,14 @@
 """The exponential's block-triangular gradient: the Fréchet derivative it computes agrees with a
 known closed form, with finite differences and with PyTorch's own gradient, in float64 and (to
-float32 rounding) in float32, for single and batched matrices of small and large norm, and a
-training run with the float32 gradient recovers planted subspaces as one with PyTorch's does."""
+float32 rounding) in float32, for single and batched matrices of small and large norm; NDM's
+default (float64) gradient is PyTorch's to round-off; and a training run with the float32
+gradient recovers planted subspaces as one with PyTorch's does."""
 
 import pytest
 import torch
 
 from structlens.ndm.expm import frechet_exp, matrix_exp
-from structlens.ndm.ndm import NDM, NDMConfig, orthogonal_map
+from structlens.ndm.ndm import _ADJOINT_DTYPES, NDM, NDMConfig, orthogonal_map
 from structlens.ndm.toy import planted_partition, recovery_report
 
 
@@ -60,6 +61,22 @@ def test_the_rotation_map_uses_it_and_stays_exact():
     expected, W.grad = W.grad, None
     orthogonal_map(W, "exp", torch.float64).backward(G)
     assert _rel(W.grad, expected) < 1e-12
+
+
+@pytest.mark.parametrize("norm", [5.0, 25.0])
+def test_the_default_gradient_is_pytorchs_to_round_off(norm):
+    """NDMConfig's default exponential gradient, through the rotation map a training step
+    uses, equals autograd's on a d = 64 skew matrix of |W|_1 = norm (4 and 6 squarings of the
+    block-triangular pair)."""
+    W = _skew(64, 1.0, 7)
+    W = (W * (norm / float(torch.linalg.matrix_norm(W, 1)))).requires_grad_()
+    G = torch.randn(64, 64, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    torch.linalg.matrix_exp(W).backward(G)
+    expected, W.grad = W.grad, None
+    adjoint = _ADJOINT_DTYPES[NDMConfig().exp_gradient]
+    assert adjoint is not None  # the default is the block-triangular gradient, not autograd's
+    orthogonal_map(W, "exp", adjoint).backward(G)
+    assert _rel(W.grad, expected) < 1e-10
 
 
 def test_an_unknown_gradient_option_is_refused():

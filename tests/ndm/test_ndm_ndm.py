@@ -246,10 +246,13 @@ def test_restart_selection_prefers_converged_finer_then_lower_loss(rng):
     assert NDM(_small_config(restarts=2)).fit(h).restarts[0]["restart"] == 0
 
 
-@pytest.mark.parametrize("seed", [2, 4])
+@pytest.mark.parametrize("seed", [21, 23])
 def test_restarts_recover_planted_partition_a_single_run_misses(seed):
     # Two independent 4-D groups, rotated; from 2-D units one run settles with dimensions of
     # one group inside the other's units, merges them and ends at [8].  Restarts recover it.
+    # The seeds are witnesses of a chaotic trajectory (a gradient change in the last bits can
+    # move which run fails): 21 and 23 have restart 0 at [8] and a best of three at [4, 4]
+    # with each of exp_gradient "float64" (the default), "pytorch" and "float32".
     planted = planted_partition([4, 4], 3000, seed=seed)
     cfg = NDMConfig(
         unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
@@ -271,11 +274,12 @@ def test_planted_recovery_counts_each_seed_against_the_truth():
         reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
         init="random", log_interval=50,
     )  # fmt: skip
-    out = planted_recovery([4, 4], [0, 2], cfg, n_samples=3000)
+    out = planted_recovery([4, 4], [1, 21], cfg, n_samples=3000)
     by_seed = {r["seed"]: r for r in out["rows"]}
-    # seed 0 recovers [4, 4]; seed 2 merges the groups into [8] without restarts (see above)
-    assert by_seed[0]["recovered"] and by_seed[0]["overlap"] >= 0.95
-    assert by_seed[2]["partition"] == [8] and not by_seed[2]["recovered"]
+    # seed 1 recovers [4, 4]; seed 21 merges the groups into [8] without restarts (see above);
+    # both with each of the three exponential gradients
+    assert by_seed[1]["recovered"] and by_seed[1]["overlap"] >= 0.95
+    assert by_seed[21]["partition"] == [8] and not by_seed[21]["recovered"]
     assert out["recovered"] == 1 and out["n"] == 2 and out["restarts"] == 1
     assert tuple(out["ci"]) == wilson_interval(1, 2)
     with pytest.raises(ValueError, match="seed"):
