@@ -21,6 +21,7 @@ from structlens.koopman import (
     iter_chunks,
     load_dictionary,
     merge_statistics,
+    merge_statistics_many,
     solve,
 )
 
@@ -93,6 +94,42 @@ def test_weighted_merge_equals_merging_the_repeated_parts(rng):
     np.testing.assert_allclose(weighted.zy.s_xx, repeated.zy.s_xx, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(weighted.zy.s_xy, repeated.zy.s_xy, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(weighted.tails.m4, repeated.tails.m4, rtol=1e-10)
+
+
+@pytest.mark.parametrize("make", [lambda: PCADictionary(3), lambda: IdentityDictionary()])
+def test_merge_statistics_many_equals_merge_statistics_per_row(rng, make):
+    # separate state moments (PCA) or the state inside Z (identity); a large state mean
+    s = linear_system(rng, LAM, n_controls=3, n_samples=900, noise=0.1)
+    X, Y = s["X"] + 1e3, s["Y"] + 1e3
+    dic = make().fit(X)
+    parts = accumulate(dic, iter_chunks(X, s["U"], Y, s["ids"], 64), n_blocks=6)
+    W = np.array([[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], [2, 0, 1, 3, 0, 0], [0] * 6])
+    for w, got in zip(W, merge_statistics_many(parts, W, chunk_bytes=1)):
+        want = merge_statistics(parts, w)
+        assert got.n == want.n and (got.state is None) == (want.state is None)
+        if want.n == 0:
+            continue
+        accs = [(got.zy, want.zy)] + ([(got.state, want.state)] if want.state else [])
+        for a, b in accs:
+            for name in ("mean_x", "mean_y", "s_xx", "s_xy", "s_yy"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(y)), name
+        np.testing.assert_allclose(got.tails.m4, want.tails.m4, rtol=1e-10)
+    # the operator's moments alone: the same operator, no state moments to read out from
+    from structlens.koopman.edmdc import _solve_operator, control_basis
+
+    cfg = EDMDcConfig(alpha=1e-6, control_rank=2)
+    (lean,) = merge_statistics_many(parts, W[:1], with_state=False)
+    full = merge_statistics(parts, W[0])
+    assert lean.state is None
+    ops = [_solve_operator(st, cfg, control_basis(st, cfg)[0])[0] for st in (lean, full)]
+    np.testing.assert_allclose(ops[0], ops[1], rtol=1e-9, atol=1e-12)
+    if full.state is not None:
+        with pytest.raises(ValueError, match="no state moments"):
+            lean.state_moments(True)
+    other = accumulate(dic, [(X, s["U"][:, :2], Y)])[0]  # two controls, not three
+    with pytest.raises(ValueError, match="different shapes"):
+        merge_statistics_many([parts[0], other], W[:1, :2])
 
 
 @pytest.mark.parametrize("center", [True, False])

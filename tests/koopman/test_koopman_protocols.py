@@ -16,8 +16,10 @@ from structlens.koopman import (
     invariance_residual,
     invariance_residual_split,
     load_dictionary,
+    merge_statistics,
     prompt_split,
     select_sae_features,
+    solve,
     split_half_convergence,
 )
 from structlens.koopman.diagnostics import henrici_noise_floor, lifting_tails, tail_statistics
@@ -121,6 +123,52 @@ def test_henrici_noise_floor_separates_sampling_from_non_normality():
     X, U, Y, ids = _system(rng, skew, 4000, 1.0)
     blocks = EDMDc(PCADictionary(3).fit(X), cfg).statistics(X, U, Y, ids, n_blocks=8)
     assert henrici_noise_floor(blocks, cfg, n_repeats=2).n_features == 3
+
+
+def _merged_one_by_one(parts, weights, *, with_state=True, chunk_bytes=0):
+    """The loop the batched pooling replaces: merge_statistics of each row of weights."""
+    parts = list(parts)
+    return iter([merge_statistics(parts, w) for w in np.asarray(weights)])
+
+
+def test_batched_pooling_gives_the_resampling_loops_numbers(monkeypatch):
+    # split halves (and their jackknife), noise-floor halves and quarters, permutations and
+    # bootstrap resamples of the blocks, pooled in one pass each: the same draws and the same
+    # numbers as pooling every half or resample by itself; a large state mean
+    from structlens.koopman import convergence, diagnostics, stages
+
+    cfg = EDMDcConfig(alpha=1e-6, control_rank=2)
+    models = []
+    for seed in (7, 8):
+        s = linear_system(np.random.default_rng(seed), LAM, n_controls=3, n_samples=3200, noise=0.3)
+        X, Y = s["X"] + 1e3, s["Y"] + 1e3
+        dic = PCADictionary(3).fit(X)
+        models.append((dic, EDMDc(dic, cfg).statistics(X, s["U"], Y, s["ids"], n_blocks=16)))
+    (dic, blocks), (_, other) = models
+
+    def resampled():
+        sh = split_half_convergence(blocks, cfg, n_repeats=4)
+        hn = henrici_noise_floor(blocks, cfg, n_repeats=3)
+        ut = convergence.universality_test(blocks, other, cfg, n_permutations=5)
+        st = convergence.spectral_distance_test(blocks, other, cfg, n_resamples=5)
+        return [
+            sh.w_inf, sh.w2, sh.n_samples, [sh.slope, *sh.slope_ci, hn.henrici, hn.noise_floor],
+            [hn.henrici_extrapolated, hn.n_samples_half], ut.null, st.null,
+        ]  # fmt: skip
+
+    batched = resampled()
+    monkeypatch.setattr(convergence, "merge_statistics_many", _merged_one_by_one)
+    monkeypatch.setattr(diagnostics, "merge_statistics_many", _merged_one_by_one)
+    for got, want in zip(batched, resampled(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+    # the spectral-radius bootstrap against a full solve of each resample, pooled by itself
+    draws, radii = np.random.default_rng(0), []
+    for _ in range(20):
+        counts = np.bincount(draws.integers(0, 16, 16), minlength=16)
+        radii.append(np.max(np.abs(solve(merge_statistics(blocks, counts), cfg, dic).eigenvalues)))
+    np.testing.assert_allclose(
+        stages._radius_bootstrap(blocks, cfg, 20, 0), np.percentile(radii, [2.5, 97.5]), rtol=1e-10
+    )
 
 
 def test_tail_statistics_known_answers():

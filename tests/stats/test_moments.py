@@ -203,6 +203,115 @@ def test_pool_rejects_bad_weights_and_mixed_widths():
         CrossMoments.pool([a, _acc(np.arange(9.0).reshape(3, 3))])
 
 
+POOL_KINDS = {
+    "x only": ({}, None),
+    "diag y": ({"second_y": "diag"}, 3),
+    "full y": ({"fourth_order": False}, 4),
+    "grouped full y": ({"fourth_order": False, "groups_x": 2, "groups_y": 2}, 4),
+    "diag y with tails": ({"second_y": "diag", "tails_x": 4}, 3),
+    "fourth order": ({"groups_x": 2}, 4),
+}
+# a row per pooling, a column per part: all once, nothing, only the empty part (both give an
+# empty accumulator, as pool does), bootstrap counts, one part, a half
+POOL_WEIGHTS = np.array(
+    [[1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0], [0, 0, 0, 5, 0, 0], [3, 0, 2, 1, 0, 4],
+     [0, 0, 1, 0, 0, 0], [1, 0, 1, 0, 1, 0]]
+)  # fmt: skip
+
+
+def _parts_of(rows, ys, **kw):
+    dy = None if ys[0] is None else ys[0].shape[1]
+    parts = [CrossMoments(rows[0].shape[1], dy, **kw) for _ in rows]
+    return [p.update(r, y) if len(r) else p for p, r, y in zip(parts, rows, ys)]
+
+
+def _assert_pooled_alike(got, want, tol):
+    assert got.n == want.n and got._key == want._key
+    if want.n == 0:
+        assert got._xx is None
+        return
+    assert _relmax(got.mean_x, want.mean_x) < tol
+    assert _relmax(got.s_xx, want.s_xx) < tol
+    np.testing.assert_array_equal(got.s_xx, got.s_xx.T)
+    if want._d_y is not None:
+        assert _relmax(got.mean_y, want.mean_y) < tol
+        assert _relmax(got.s_xy, want.s_xy) < tol
+        assert _relmax(got.s_yy, want.s_yy) < tol
+        if got.s_yy.ndim == 2:
+            np.testing.assert_array_equal(got.s_yy, got.s_yy.T)
+    if want.tails is not None:
+        assert got.tails.n == want.tails.n
+        for name in ("mean", "m2", "m3", "m4"):
+            assert _relmax(getattr(got.tails, name), getattr(want.tails, name)) < 100 * tol, name
+
+
+@pytest.mark.parametrize("kind", list(POOL_KINDS))
+def test_pool_many_equals_pool_for_every_row(rng, kind):
+    kw, dy = POOL_KINDS[kind]
+    rows = [rng.standard_normal((n, 6)) * 2 + 5.0 for n in (7, 1, 12, 0, 30, 5)]
+    ys = [None if dy is None else r[:, :dy] * 0.5 + rng.standard_normal((len(r), dy)) for r in rows]
+    parts = _parts_of(rows, ys, **kw)
+    # one row per product, and every row in one product
+    for chunk_bytes in (1, 1 << 20):
+        pooled = list(CrossMoments.pool_many(parts, POOL_WEIGHTS, chunk_bytes=chunk_bytes))
+        assert len(pooled) == len(POOL_WEIGHTS)
+        for w, got in zip(POOL_WEIGHTS, pooled):
+            want = CrossMoments.pool(parts, w)
+            _assert_pooled_alike(got, want, 1e-12)
+            if kw.get("groups_x") and want.n > 4:  # the grouped HSIC terms read the same
+                debiased = bool(want.fourth_order)
+                for a, b in zip(got.hsic_terms(debiased), want.hsic_terms(debiased)):
+                    assert _relmax(a, b) < 1e-10
+    assert parts[0].n == 7 and parts[3].n == 0  # inputs unchanged
+
+
+def test_pool_many_keeps_the_digits_of_a_large_mean(rng):
+    # SmolLM2-like "massive" coordinates: mean 1e3 against a spread of 1, where sums about
+    # zero would lose six digits; every pooling against a two-pass float64 computation
+    rows = [rng.standard_normal((n, 8)) + 1e3 for n in rng.integers(20, 60, size=12)]
+    ys = [r[:, :3] * 0.3 + rng.standard_normal((len(r), 3)) - 1e3 for r in rows]
+    parts = _parts_of(rows, ys, second_y="diag", tails_x=3)
+    W = np.vstack([rng.multinomial(12, np.full(12, 1 / 12), size=20), np.eye(12, dtype=int)])
+    W[-1, :6] = 1  # a half
+    for w, got in zip(W, CrossMoments.pool_many(parts, W)):
+        x = np.vstack([r for r, k in zip(rows, w) for _ in range(k)])
+        y = np.vstack([r for r, k in zip(ys, w) for _ in range(k)])
+        xc, yc = x - x.mean(0), y - y.mean(0)
+        assert got.n == len(x)
+        assert _relmax(got.mean_x, x.mean(0)) < 1e-14
+        assert _relmax(got.mean_y, y.mean(0)) < 1e-14
+        assert _relmax(got.s_xx, xc.T @ xc) < 1e-10
+        assert _relmax(got.s_xy, xc.T @ yc) < 1e-10
+        assert _relmax(got.s_yy, (yc**2).sum(0)) < 1e-10
+        for p, m in ((2, got.tails.m2), (3, got.tails.m3), (4, got.tails.m4)):
+            assert _relmax(m, (xc[:, :3] ** p).sum(0)) < 1e-10, p
+
+
+def test_pool_many_pools_a_row_far_from_the_reference_on_its_own_mean(rng):
+    # two parts a million apart: their common reference is half-way, so a row holding one
+    # part only would difference sums of 1e11 down to ~30; that row is pooled by pool
+    rows = [rng.standard_normal((30, 4)), rng.standard_normal((20, 4)) + 1e6]
+    parts = _parts_of(rows, [None, None])
+    far, both = CrossMoments.pool_many(parts, [[0, 2], [1, 1]])
+    want = CrossMoments.pool(parts, [0, 2])
+    np.testing.assert_array_equal(far.s_xx, want.s_xx)
+    _assert_pooled_alike(both, CrossMoments.pool(parts, [1, 1]), 1e-12)
+
+
+def test_pool_many_rejects_bad_weights_and_mixed_widths():
+    a = _acc(np.ones((3, 2)) + np.arange(6).reshape(3, 2))
+    for bad in ([1, 1], [[1, -1]], [[1, 0.5]], [[1, 1, 1]], [[np.nan, 1]]):
+        with pytest.raises(ValueError, match="non-negative integers"):
+            CrossMoments.pool_many([a, a], bad)
+    with pytest.raises(ValueError, match="different widths"):
+        CrossMoments.pool_many([a, _acc(np.arange(9.0).reshape(3, 3))], [[1, 1]])
+    with pytest.raises(ValueError, match="nothing to pool"):
+        CrossMoments.pool_many([], np.zeros((1, 0)))
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        CrossMoments.pool_many([a], [[1]], chunk_bytes=0)
+    assert list(CrossMoments.pool_many([a, a], np.zeros((0, 2), dtype=int))) == []
+
+
 def test_project_x_equals_the_moments_of_the_projected_rows():
     rng = np.random.default_rng(5)
     x, y = rng.normal(loc=2.0, size=(40, 6)), rng.normal(size=(40, 3))

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the same names, typed, for mypy
         control_basis,
         iter_chunks,
         merge_statistics,
+        merge_statistics_many,
         solve,
         solve_median_of_means,
     )
@@ -115,6 +116,7 @@ _HOME = {
     "markov_parameters": "reduction",
     "median_heuristic_gamma": "dictionaries",
     "merge_statistics": "edmdc",
+    "merge_statistics_many": "edmdc",
     "modal_principal_dissociation": "spectral",
     "mode_ablation": "spectral",
     "non_normality": "spectral",
@@ -168,6 +170,7 @@ __all__ = [
     "markov_parameters",
     "median_heuristic_gamma",
     "merge_statistics",
+    "merge_statistics_many",
     "modal_principal_dissociation",
     "mode_ablation",
     "non_normality",

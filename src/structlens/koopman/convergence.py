@@ -21,6 +21,7 @@ from structlens.koopman.edmdc import (
     _solve_operator,
     control_basis,
     merge_statistics,
+    merge_statistics_many,
 )
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
@@ -92,11 +93,17 @@ def _split_half_curve(
     R = orders.shape[1]
     w_inf = np.empty((R, len(half_sizes)))
     w2, n_half = np.empty_like(w_inf), np.empty_like(w_inf)
+    # every half as a 0/1 weighting of the blocks, all pooled in one pass (a fit reads zy only)
+    weights = np.zeros((len(half_sizes), R, 2, len(blocks)), dtype=np.int64)
     for s, j in enumerate(half_sizes):
         for r in range(R):
             order = orders[s, r][keep[orders[s, r]]]
-            h1 = merge_statistics([blocks[i] for i in order[:j]])
-            h2 = merge_statistics([blocks[i] for i in order[j : 2 * j]])
+            weights[s, r, 0, order[:j]] = 1
+            weights[s, r, 1, order[j : 2 * j]] = 1
+    halves = merge_statistics_many(blocks, weights.reshape(-1, len(blocks)), with_state=False)
+    for s in range(len(half_sizes)):
+        for r in range(R):
+            h1, h2 = next(halves), next(halves)
             e1, e2 = _spectrum(h1, config, V), _spectrum(h2, config, V)
             w_inf[r, s] = bottleneck_distance(e1, e2)
             w2[r, s] = wasserstein_distance(e1, e2, 2)
@@ -254,13 +261,15 @@ def universality_test(
     pool = list(blocks_a) + list(blocks_b)
     na = len(blocks_a)
     rng = np.random.default_rng(seed)
+    perms = [rng.permutation(len(pool)) for _ in range(n_permutations)]
+    weights = np.zeros((n_permutations, 2, len(pool)), dtype=np.int64)
+    for i, perm in enumerate(perms):
+        weights[i, 0, perm[:na]] = 1
+        weights[i, 1, perm[na:]] = 1
+    groups = merge_statistics_many(pool, weights.reshape(-1, len(pool)), with_state=False)
     null = np.empty(n_permutations)
     for i in range(n_permutations):
-        perm = rng.permutation(len(pool))
-        null[i] = dist(
-            merge_statistics([pool[j] for j in perm[:na]]),
-            merge_statistics([pool[j] for j in perm[na:]]),
-        )[0]
+        null[i] = dist(next(groups), next(groups))[0]
     p = (1 + int(np.sum(null >= d_inf))) / (1 + n_permutations)
     return UniversalityResult(d_inf, d2, null, p, n_permutations, seed)
 
@@ -331,18 +340,28 @@ def spectral_distance_test(
     bases, (ea, eb), scales = _between_models(pooled, config)
     m_a, m_b = pooled[0].n, pooled[1].n
     rng = np.random.default_rng(seed)
-    null = np.empty(n_resamples)
+    models = (blocks_a, blocks_b)
+    # resample i splits model i % 2; its halves as 0/1 weightings, pooled per model in one pass
+    weights: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     for i in range(n_resamples):
-        which = i % 2
-        blocks = (blocks_a, blocks_b)[which]
+        blocks = models[i % 2]
         perm = rng.permutation(len(blocks))
         half = len(blocks) // 2
-        h1 = merge_statistics([blocks[j] for j in perm[:half]])
-        h2 = merge_statistics([blocks[j] for j in perm[half : 2 * half]])
+        w = np.zeros((2, len(blocks)), dtype=np.int64)
+        w[0, perm[:half]] = 1
+        w[1, perm[half : 2 * half]] = 1
+        weights[i % 2].append(w)
+    null = np.empty(n_resamples)
+    for which, (blocks, rows) in enumerate(zip(models, weights, strict=True)):
+        if not rows:
+            continue
+        halves = merge_statistics_many(blocks, np.concatenate(rows), with_state=False)
         V = bases[which]
-        null[i] = scales[which] * bottleneck_distance(
-            _spectrum(h1, config, V), _spectrum(h2, config, V)
-        )
+        for i in range(which, n_resamples, 2):
+            h1, h2 = next(halves), next(halves)
+            null[i] = scales[which] * bottleneck_distance(
+                _spectrum(h1, config, V), _spectrum(h2, config, V)
+            )
     d_inf = bottleneck_distance(ea, eb)
     p = (1 + int(np.sum(null >= d_inf))) / (1 + n_resamples)
     return SpectralDistanceTest(

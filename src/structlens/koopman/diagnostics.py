@@ -31,6 +31,7 @@ from structlens.koopman.edmdc import (
     _solve_operator,
     control_basis,
     merge_statistics,
+    merge_statistics_many,
 )
 from structlens.koopman.spectral import non_normality
 from structlens.results import Result
@@ -99,14 +100,21 @@ def henrici_noise_floor(
     rng = np.random.default_rng(seed)
     dep2: dict[int, list[float]] = {2: [], 4: []}
     sizes: dict[int, list[int]] = {2: [], 4: []}
+    # each repeat's two halves and four quarters as 0/1 weightings, pooled in one pass
+    weights, split = [], []
     for _ in range(n_repeats):
         perm = rng.permutation(K)
         for parts in (2, 4):
             size = K // parts
             for p in range(parts):
-                h = merge_statistics([blocks[i] for i in perm[p * size : (p + 1) * size]])
-                dep2[parts].append(non_normality(_operator(h, config, V)).henrici ** 2)
-                sizes[parts].append(h.n)
+                w = np.zeros(K, dtype=np.int64)
+                w[perm[p * size : (p + 1) * size]] = 1
+                weights.append(w)
+                split.append(parts)
+    pieces = merge_statistics_many(blocks, np.stack(weights), with_state=False)
+    for parts, h in zip(split, pieces, strict=True):
+        dep2[parts].append(non_normality(_operator(h, config, V)).henrici ** 2)
+        sizes[parts].append(h.n)
     M = float(pooled.n)
     Mh, Mq = float(np.mean(sizes[2])), float(np.mean(sizes[4]))
     d2 = full.henrici**2

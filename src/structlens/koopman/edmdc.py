@@ -31,7 +31,7 @@ import scipy.linalg
 from structlens.koopman.dictionaries import Dictionary
 from structlens.results import Result
 from structlens.stats.lanes import serial_blas
-from structlens.stats.moments import ColumnMoments, CrossMoments
+from structlens.stats.moments import POOL_CHUNK_BYTES, ColumnMoments, CrossMoments
 from structlens.stats.robust import block_assignment, geometric_median
 from structlens.stats.validation import check_array
 
@@ -76,8 +76,10 @@ class EDMDcStatistics:
     ``zy`` holds moments of ``Z = [Ψ(x), u]`` against ``Ψ(y)``; ``state`` holds moments of ``x``
     against ``Ψ(x)`` (for the least-squares read-out and the state covariance) and is ``None``
     when Ψ contains the state at columns ``state_start:state_start + state_dim`` (then those
-    moments are a block of ``zy``); :attr:`tails` holds per-feature 4th moments of ``Ψ(x)``
-    for the heavy-tail diagnostic (kept by ``zy`` from its working buffer).
+    moments are a block of ``zy``, or when they were left out of a pooling
+    (:func:`merge_statistics_many` with ``with_state=False``: the operator's solve reads only
+    ``zy``); :attr:`tails` holds per-feature 4th moments of ``Ψ(x)`` for the heavy-tail
+    diagnostic (kept by ``zy`` from its working buffer).
     """
 
     n_features: int
@@ -105,7 +107,10 @@ class EDMDcStatistics:
     def state_moments(self, center: bool) -> tuple[np.ndarray, np.ndarray]:
         """Covariance (or raw second moment) and mean of the state ``x``."""
         if self.state is None:
-            assert self.state_start is not None  # the state is a block of zy
+            if self.state_start is None:
+                raise ValueError(
+                    "these statistics carry no state moments (pooled with with_state=False)."
+                )
             cov, _, mean, _ = _moments(self.zy, center)
             sl = slice(self.state_start, self.state_start + self.state_dim)
             return cov[sl, sl], mean[sl]
@@ -174,8 +179,9 @@ def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> E
 
     ``weights`` are integer multiplicities, one per part (default: each once): a bootstrap
     resample of prompt blocks is ``weights = np.bincount(draw, minlength=len(parts))``.  The
-    cross moments are pooled in one pass (:meth:`CrossMoments.pool`), which a split-half or
-    bootstrap loop calls thousands of times.
+    cross moments are pooled in one pass (:meth:`CrossMoments.pool`); many weightings of the
+    same parts (split halves, bootstrap resamples) pool faster together with
+    :func:`merge_statistics_many`.
     """
     parts = list(parts)
     if not parts:
@@ -190,6 +196,60 @@ def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> E
     if out.state is not None:
         out.state = CrossMoments.pool([p.state for p in parts], w)  # type: ignore[misc]
     return out
+
+
+def merge_statistics_many(
+    parts: Iterable[EDMDcStatistics],
+    weights: Any,
+    *,
+    with_state: bool = True,
+    chunk_bytes: int = POOL_CHUNK_BYTES,
+) -> Iterator[EDMDcStatistics]:
+    """:func:`merge_statistics` of the same ``parts`` for every row of ``weights`` ``[B, K]``.
+
+    Yields ``B`` new statistics in row order, the ``b``-th equal to
+    ``merge_statistics(parts, weights[b])`` up to float64 rounding: all rows are pooled by
+    one matrix product per chunk (:meth:`CrossMoments.pool_many`), where a loop of
+    :func:`merge_statistics` reads every part's matrices again per row.  For the split
+    halves, noise-floor halves and bootstrap resamples of one block list.
+
+    Parameters
+    ----------
+    parts : statistics of one dictionary and control (e.g. per prompt block).
+    weights : non-negative integer multiplicities, a row per pooling, a column per part.
+    with_state : also pool the separate state moments (``False``: the outputs' ``state`` is
+        ``None``; enough for the operator, :func:`control_basis` and the sample count, but
+        not for a least-squares read-out, so not for :func:`solve` without a selector).
+    chunk_bytes : size of the rows pooled at once (see :meth:`CrossMoments.pool_many`).
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("nothing to merge.")
+    shapes = {(p.n_features, p.n_controls, p.state_dim, p.state_start) for p in parts}
+    if len(shapes) > 1:
+        raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
+    first = parts[0]
+    zy = CrossMoments.pool_many([p.zy for p in parts], weights, chunk_bytes=chunk_bytes)
+    state = None
+    if with_state and first.state is not None:
+        state = CrossMoments.pool_many(
+            [p.state for p in parts],  # type: ignore[misc]
+            weights,
+            chunk_bytes=chunk_bytes,
+        )
+    return _merged_rows(first, zy, state)
+
+
+def _merged_rows(
+    first: EDMDcStatistics, zy: Iterator[CrossMoments], state: Iterator[CrossMoments] | None
+) -> Iterator[EDMDcStatistics]:
+    for acc in zy:
+        out = EDMDcStatistics(
+            first.n_features, first.n_controls, first.state_dim, first.state_start
+        )
+        out.zy = acc
+        out.state = None if state is None else next(state)
+        yield out
 
 
 def _check_triplet(

@@ -238,18 +238,26 @@ class SpectrumFit(Result):
 
 
 def _radius_bootstrap(
-    blocks: Sequence[Any], cfg: Any, dic: Any, n_boot: int, seed: int
+    blocks: Sequence[Any], cfg: Any, n_boot: int, seed: int
 ) -> list[float] | None:
-    from structlens.koopman.edmdc import merge_statistics, solve
+    """95% percentile interval of the spectral radius over ``n_boot`` block-bootstrap
+    resamples (multinomial counts of the blocks, all pooled in one pass).  Each resample's
+    eigenvalues are :func:`structlens.koopman.edmdc.solve`'s -- its own control basis, the
+    operator's spectrum -- without the read-out and state moments, which they do not use."""
+    from structlens.koopman.edmdc import _solve_operator, control_basis, merge_statistics_many
+    from structlens.stats.lanes import serial_blas
 
     if n_boot == 0:
         return None
     rng = np.random.default_rng(seed)
+    K = len(blocks)
+    counts = np.stack([np.bincount(rng.integers(0, K, K), minlength=K) for _ in range(n_boot)])
     radii = np.empty(n_boot)
-    for b in range(n_boot):
-        counts = np.bincount(rng.integers(0, len(blocks), len(blocks)), minlength=len(blocks))
-        ev = solve(merge_statistics(blocks, counts), cfg, dic).eigenvalues
-        radii[b] = float(np.max(np.abs(ev)))
+    with serial_blas():
+        for b, stats in enumerate(merge_statistics_many(blocks, counts, with_state=False)):
+            V = control_basis(stats, cfg)[0]
+            ev = np.linalg.eigvals(_solve_operator(stats, cfg, V)[0][:, : stats.n_features])
+            radii[b] = float(np.max(np.abs(ev)))
     return [float(v) for v in np.percentile(radii, [2.5, 97.5])]
 
 
@@ -315,7 +323,7 @@ def spectrum(
         n_samples=int(res.n_samples),
         eigenvalues=np.asarray(res.eigenvalues),
         spectral_radius=float(np.max(np.abs(res.eigenvalues))),
-        spectral_radius_ci=_radius_bootstrap(blocks, cfg, dic, protocol.spectrum_bootstrap, seed),
+        spectral_radius_ci=_radius_bootstrap(blocks, cfg, protocol.spectrum_bootstrap, seed),
         henrici_relative=float(nn.henrici_relative),
         henrici_noise_floor_relative=floor.noise_floor_relative if floor else None,
         henrici_extrapolated_relative=floor.henrici_extrapolated_relative if floor else None,

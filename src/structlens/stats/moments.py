@@ -25,12 +25,12 @@ import copy
 import functools
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from structlens.stats.lanes import MIN_LANE_ROWS, lane_count, run_in_lanes
+from structlens.stats.lanes import MIN_LANE_ROWS, lane_count, run_in_lanes, serial_blas
 from structlens.stats.validation import check_array, check_finite, check_shape
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "PRECISIONS", "ColumnMoments", "CrossMoments", "symmetric_gram"]
@@ -39,6 +39,12 @@ DEFAULT_CHUNK_ROWS = 16384
 PRECISIONS = ("float64", "float32")
 # Column tile of the blocked symmetric product: wide enough for an efficient GEMM panel.
 _TILE = 256
+# CrossMoments.pool_many: bytes of one chunk of pooled rows (the working product), the row
+# band of a packed symmetric matrix, and the largest ratio of a diagonal entry's sum about the
+# common reference to the entry itself before a row is pooled about its own mean instead.
+POOL_CHUNK_BYTES = 1 << 28
+_BAND = 64
+_POOL_RATIO = 1e3
 
 
 def _is_tensor(x: object) -> bool:
@@ -330,6 +336,177 @@ def _gram(d: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def _symmetric(g: np.ndarray) -> np.ndarray:
     return 0.5 * (g + g.T)
+
+
+def _bands(d: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, offset)`` of the row bands of a packed symmetric ``d × d`` matrix: the
+    band ``[start:stop, start:]`` (a diagonal tile and the rows to its right) at ``offset``."""
+    out, offset = [], 0
+    for s in range(0, d, _BAND):
+        e = min(s + _BAND, d)
+        out.append((s, e, offset))
+        offset += (e - s) * (d - s)
+    return out
+
+
+def _packed_width(d: int) -> int:
+    """Values of a packed symmetric ``d × d`` matrix (about ``d²/2``, see :func:`_bands`)."""
+    s, e, offset = _bands(d)[-1]
+    return offset + (e - s) * (d - s)
+
+
+def _pack(m: np.ndarray, out: np.ndarray) -> None:
+    """Write the row bands of the symmetric ``m`` into the vector ``out``."""
+    d = m.shape[0]
+    for s, e, o in _bands(d):
+        out[o : o + (e - s) * (d - s)].reshape(e - s, d - s)[...] = m[s:e, s:]
+
+
+def _packed_diagonal(d: int) -> np.ndarray:
+    """Positions of the diagonal entries of a packed ``d × d`` matrix."""
+    idx = np.empty(d, dtype=np.intp)
+    for s, e, o in _bands(d):
+        r = np.arange(e - s)
+        idx[s:e] = o + r * (d - s) + r
+    return idx
+
+
+def _unpack_recentred(v: np.ndarray, f: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``T − f gᵀ`` as a new ``d × d`` matrix from the packed symmetric ``T`` (``v``) and a
+    symmetric rank-1 term (``g ∝ f``): computed on the upper triangle band by band, the lower
+    triangle mirrored, so the result is exactly symmetric."""
+    d = f.shape[0]
+    out = np.empty((d, d))
+    for s, e, o in _bands(d):
+        blk = out[s:e, s:]
+        np.multiply(f[s:e, None], g[None, s:], out=blk)
+        np.subtract(v[o : o + (e - s) * (d - s)].reshape(e - s, d - s), blk, out=blk)
+        out[e:, s:e] = blk[:, e - s :].T
+        tile = out[s:e, s:e]
+        np.copyto(tile, tile.T.copy(), where=_strictly_lower(e - s))
+    return out
+
+
+@functools.cache
+def _strictly_lower(k: int) -> np.ndarray:
+    """Boolean mask of the strictly lower triangle of a ``k × k`` tile."""
+    return np.tri(k, k, -1, dtype=bool)
+
+
+def _reference_mean(pairs: list[tuple[int, np.ndarray]], d: int) -> np.ndarray:
+    """The mean of parts given as ``(count, mean)`` (zeros without any)."""
+    total = sum(n for n, _ in pairs)
+    if not total:
+        return np.zeros(d)
+    return np.asarray(sum(n * m for n, m in pairs), dtype=np.float64) / total
+
+
+def _well_centred(about_ref: np.ndarray, own: np.ndarray, n: float, ref: np.ndarray) -> bool:
+    """Whether diagonal sums about the reference exceed the recentred ones by at most
+    ``_POOL_RATIO`` (so at most about three digits go in the rank-1 correction).  Entries
+    below ``n (64 ε |ref|)²`` -- a constant column whose mean the reference misses by an
+    ulp -- are rounding in any pooling and pass."""
+    floor = n * (64.0 * np.finfo(np.float64).eps * np.abs(ref)) ** 2
+    return bool(np.all(about_ref <= _POOL_RATIO * own + floor))
+
+
+class _PoolStack:
+    """The moments of K parts about common reference means, one row per part, so that the
+    moments of any pooling are a weighted sum of rows (see :meth:`CrossMoments.pool_many`).
+
+    Columns: the count; the packed ``S_xx + n δδᵀ`` and ``n δ`` (``δ`` the part's mean
+    minus the reference); with ``Y`` the cross block, ``S_yy`` (packed, or its diagonal) and
+    ``n δ_y``; with tails their count, ``n δ`` and the power sums ``Σ (x − c)^p``, p = 2..4.
+    """
+
+    def __init__(self, parts: list[CrossMoments]) -> None:
+        first = self.template = parts[0]
+        dx, dy, k = first.d_x, first._d_y, first.tails_x
+        self.full_y = dy is not None and first.second_y == "full"
+        widths = {"n": 1, "xx": _packed_width(dx), "mx": dx}
+        if dy is not None:
+            widths |= {"xy": dx * dy, "yy": _packed_width(dy) if self.full_y else dy, "my": dy}
+        if k:
+            widths |= {"tn": 1, "tm": k, "t2": k, "t3": k, "t4": k}
+        self.at: dict[str, slice] = {}
+        start = 0
+        for name, width in widths.items():
+            self.at[name] = slice(start, start + width)
+            start += width
+        self.width = start
+        self.diag_x = _packed_diagonal(dx)
+        self.diag_y = _packed_diagonal(dy) if dy is not None and self.full_y else None
+        live = [p for p in parts if p.n > 0]
+        self.cx = _reference_mean([(p.n, p.mean_x) for p in live], dx)
+        self.cy = None if dy is None else _reference_mean([(p.n, p.mean_y) for p in live], dy)
+        tails = [p.tails for p in live if p.tails is not None and p.tails.n > 0]
+        self.ct = _reference_mean([(t.n, t.mean) for t in tails], k) if k else None
+        self.stacked = np.zeros((len(parts), self.width))
+        for row, p in zip(self.stacked, parts):
+            if p.n > 0:
+                self._write(row, p)
+
+    def _write(self, row: np.ndarray, p: CrossMoments) -> None:
+        at, n = self.at, float(p.n)
+        assert p._xx is not None
+        ex = p.mean_x - self.cx
+        row[at["n"]] = n
+        row[at["mx"]] = n * ex
+        _pack(p._xx.cross + n * np.outer(ex, ex), row[at["xx"]])
+        if self.cy is not None:
+            assert p._xy is not None and p._yy is not None
+            ey = p.mean_y - self.cy
+            row[at["my"]] = n * ey
+            row[at["xy"]] = (p._xy.cross + n * np.outer(ex, ey)).ravel()
+            if isinstance(p._yy, _Pair):
+                _pack(p._yy.cross + n * np.outer(ey, ey), row[at["yy"]])
+            else:
+                row[at["yy"]] = p._yy + n * ey * ey
+        t = p.tails
+        if self.ct is not None and t is not None and t.n > 0:
+            nt, d = float(t.n), t.mean - self.ct
+            row[at["tn"]] = nt
+            row[at["tm"]] = nt * d
+            row[at["t2"]] = t.m2 + nt * d**2
+            row[at["t3"]] = t.m3 + 3.0 * d * t.m2 + nt * d**3
+            row[at["t4"]] = t.m4 + 4.0 * d * t.m3 + 6.0 * d**2 * t.m2 + nt * d**4
+
+    def moments(self, v: np.ndarray) -> CrossMoments | None:
+        """The accumulator of one pooled row ``v`` (a weighted sum of rows), recentred on its
+        own means; ``None`` when the reference is too far from them (see
+        :func:`_well_centred`)."""
+        at, out = self.at, CrossMoments._like(self.template)
+        n = float(v[at["n"]][0])
+        if n == 0:
+            return out
+        ex = v[at["mx"]] / n
+        xx = v[at["xx"]]
+        s_xx = _unpack_recentred(xx, n * ex, ex)
+        if not _well_centred(xx[self.diag_x], np.diagonal(s_xx), n, self.cx):
+            return None
+        out.n, out.mean_x, out._xx = int(round(n)), self.cx + ex, _Pair(s_xx)
+        if self.cy is not None:
+            ey, yy = v[at["my"]] / n, v[at["yy"]]
+            s_yy: _Pair | np.ndarray
+            if self.full_y:
+                s_yy = _Pair(_unpack_recentred(yy, n * ey, ey))
+                about_ref, own = yy[self.diag_y], np.diagonal(s_yy.cross)
+            else:
+                s_yy = yy - n * ey * ey
+                about_ref, own = yy, s_yy
+            if not _well_centred(about_ref, own, n, self.cy):
+                return None
+            out._mean_y, out._yy = self.cy + ey, s_yy
+            xy = v[at["xy"]].reshape(self.template.d_x, -1)
+            out._xy = _Pair(xy - np.outer(n * ex, ey))
+        if self.ct is not None:
+            nt = float(v[at["tn"]][0])
+            if nt > 0:
+                out.tails = ColumnMoments._from_shifted_sums(
+                    int(round(nt)), self.ct, v[at["tm"]] / nt, v[at["t2"]], v[at["t3"]],
+                    v[at["t4"]],
+                )  # fmt: skip
+        return out
 
 
 class _LaneSums:
@@ -861,7 +1038,8 @@ class CrossMoments:
         ``S = Σ w_i S_i + Σ w_i n_i d_i d_iᵀ`` with ``d_i`` the part's mean minus the pooled
         mean, which reads each part's matrices once where K pairwise merges copy and recentre
         the running sum K times; equal to merging the copies up to float64 rounding.
-        Accumulators with fourth-order terms are merged pairwise.
+        Accumulators with fourth-order terms are merged pairwise.  Many weightings of the
+        same parts pool faster together: :meth:`pool_many`.
 
         >>> rng = np.random.default_rng(0)
         >>> x, y = rng.normal(size=(30, 3)), rng.normal(size=(30, 2))
@@ -881,18 +1059,8 @@ class CrossMoments:
             raise ValueError(
                 f"weights must be {len(parts)} non-negative integers (one per part); got {w}."
             )
-        first = parts[0]
-        for p in parts[1:]:
-            if p._key != first._key:
-                raise ValueError(
-                    "cannot pool CrossMoments with different widths, groups, second_y, tails_x "
-                    f"or fourth_order: {first._key} vs {p._key}."
-                )
-        out = cls(
-            first.d_x, first._d_y, first.groups_x, first.groups_y, second_y=first.second_y,
-            chunk_rows=first.chunk_rows, precision=first.precision, tails_x=first.tails_x,
-            fourth_order=first.fourth_order,
-        )  # fmt: skip
+        cls._check_poolable(parts)
+        out = cls._like(parts[0])
         keep = [(p, int(k)) for p, k in zip(parts, w) if k > 0 and p.n > 0]
         if not keep:
             return out
@@ -922,6 +1090,118 @@ class CrossMoments:
             )
         out.n = int(round(total))
         return out
+
+    @classmethod
+    def pool_many(
+        cls,
+        parts: Sequence[CrossMoments],
+        weights: Any,
+        *,
+        chunk_bytes: int = POOL_CHUNK_BYTES,
+    ) -> Iterator[CrossMoments]:
+        """:meth:`pool` of the same ``parts`` for every row of ``weights`` ``[B, K]``.
+
+        Yields ``B`` new accumulators in row order, the ``b``-th equal to
+        ``CrossMoments.pool(parts, weights[b])`` up to float64 rounding (relative ~1e-13 on
+        well-conditioned data; a row without weight on a non-empty part gives an empty
+        accumulator, as there).  Every part's moments are written once about one reference
+        point ``c``, the mean of all parts: ``S_i + n_i δ_i δ_iᵀ`` with ``δ_i = x̄_i − c``
+        (likewise the cross and ``Y`` blocks, the first moments ``n_i δ_i`` and the
+        :attr:`tails`' power sums ``Σ (x − c)^p``, p = 2, 3, 4), which are linear in the
+        multiplicities.  Stacked as ``[K, p]`` (symmetric matrices by their upper triangle),
+        one matrix product ``weights @ stacked`` gives every pooling's sums about ``c``, and a
+        rank-1 correction ``S = T − N e eᵀ`` (``e`` the pooled mean minus ``c``) recentres
+        each on its own mean -- one product for all rows where :meth:`pool` reads every part's
+        matrices again per row.  The reference is a mean, not zero: raw sums would difference
+        ``N x̄ x̄ᵀ`` against a scatter many orders smaller when features have large means.
+
+        Parameters
+        ----------
+        parts : accumulators of the same kind (widths, groups, ``second_y``, tails).
+        weights : non-negative integer multiplicities, one row per pooling and one column
+            per part (e.g. 0/1 halves, or bootstrap counts).
+        chunk_bytes : size of the rows pooled at once (the working product); the stacked
+            parts take about as much memory as the parts themselves.
+
+        Notes
+        -----
+        Rows are pooled lazily, a chunk at a time (consume the iterator to keep memory at one
+        chunk; ``list(...)`` keeps them all).  A row whose means lie so far from ``c`` that a
+        diagonal sum about ``c`` exceeds the recentred one by more than 1e3 is pooled by
+        :meth:`pool` instead, so no pooling loses more than about three digits to the
+        reference (never on data whose parts' means are close against the spread).
+        Accumulators with fourth-order terms have no linear form here and are pooled row by
+        row with :meth:`pool`.  The product runs on one BLAS thread (see
+        :func:`structlens.stats.lanes.serial_blas`).
+
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(30, 3)) + 1e3
+        >>> parts = [CrossMoments(3).update(x[i : i + 10]) for i in (0, 10, 20)]
+        >>> many = list(CrossMoments.pool_many(parts, [[1, 0, 2], [0, 1, 1]]))
+        >>> [acc.n for acc in many]
+        [30, 20]
+        >>> bool(np.allclose(many[1].s_xx, CrossMoments.pool(parts, [0, 1, 1]).s_xx))
+        True
+        """
+        parts = list(parts)
+        if not parts:
+            raise ValueError("nothing to pool: pass at least one accumulator.")
+        w = np.asarray(weights)
+        if (
+            w.ndim != 2
+            or w.shape[1] != len(parts)
+            or not np.issubdtype(w.dtype, np.number)
+            or np.any(w < 0)
+            or np.any(w != np.round(w))
+        ):
+            raise ValueError(
+                f"weights must be a [B, {len(parts)}] matrix of non-negative integers (a row "
+                f"per pooling, a column per part); got shape {w.shape}."
+            )
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}.")
+        cls._check_poolable(parts)
+        if parts[0].fourth_order:
+            return (cls.pool(parts, row) for row in w)
+        return cls._pool_rows(parts, w, chunk_bytes)
+
+    @classmethod
+    def _pool_rows(
+        cls, parts: list[CrossMoments], w: np.ndarray, chunk_bytes: int
+    ) -> Iterator[CrossMoments]:
+        """The rows of :meth:`pool_many` (validated), a chunk of rows per product."""
+        if not len(w):
+            return
+        stack = _PoolStack(parts)
+        weights = w.astype(np.float64)
+        rows = max(1, min(len(w), chunk_bytes // (8 * stack.width)))
+        buf = np.empty((rows, stack.width))
+        for lo in range(0, len(w), rows):
+            chunk = weights[lo : lo + rows]
+            with serial_blas():
+                sums = np.matmul(chunk, stack.stacked, out=buf[: len(chunk)])
+            for row, v in zip(w[lo : lo + rows], sums):
+                pooled = stack.moments(v)
+                yield cls.pool(parts, row) if pooled is None else pooled
+
+    @staticmethod
+    def _check_poolable(parts: Sequence[CrossMoments]) -> None:
+        first = parts[0]
+        for p in parts[1:]:
+            if p._key != first._key:
+                raise ValueError(
+                    "cannot pool CrossMoments with different widths, groups, second_y, tails_x "
+                    f"or fourth_order: {first._key} vs {p._key}."
+                )
+
+    @classmethod
+    def _like(cls, first: CrossMoments) -> CrossMoments:
+        """A new, empty accumulator of the same kind and settings as ``first``."""
+        return cls(
+            first.d_x, first._d_y, first.groups_x, first.groups_y, second_y=first.second_y,
+            chunk_rows=first.chunk_rows, precision=first.precision, tails_x=first.tails_x,
+            fourth_order=first.fourth_order,
+        )  # fmt: skip
 
     def project_x(self, T: np.ndarray) -> CrossMoments:
         """A new accumulator of the features ``x T`` (``T`` ``[d_x, k]``), from the moments
