@@ -89,7 +89,7 @@ def test_the_issue_check_catches_a_mention(tmp_path, line):
 
 #: The drivers: they run stages and render, so a long function there is science in the wrong
 #: place (verdicts belong in ``<method>/verdicts.py``, computation in ``<method>/stages.py``).
-DRIVERS = ("analyze", "cli", "replication", "calibration")
+DRIVERS = ("analyze", "cli", "replication", "calibration", "report")
 MAX_DRIVER_LINES = 80
 
 

@@ -11,6 +11,7 @@ script as text (the browser), so prompts cannot inject HTML.
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import json
@@ -213,6 +214,49 @@ def _tasks(sec: dict[str, Any]) -> str:
     return out
 
 
+def _koopman_convergence(layers: Sequence[dict[str, Any]], fig: Any) -> None:
+    import numpy as np
+
+    ax = fig.add_subplot(111)
+    for r in layers:
+        m, w = np.array(r["half_samples"]), np.array(r["w_inf_mean"])
+        ax.loglog(m, w, "o-", label=f"layer {r['layer']} (slope {r['slope']:+.2f})")
+    if layers:
+        m = np.array(layers[0]["half_samples"])
+        ref = layers[0]["w_inf_mean"][0] * (m / m[0]) ** -0.5
+        ax.loglog(m, ref, "k--", label="M^-1/2 reference")
+    ax.set_xlabel("samples per half M (token positions)")
+    ax.set_ylabel("split-half W∞ distance of spectra")
+    ax.legend(fontsize=7)
+
+
+def _koopman_spectrum(r: dict[str, Any], fig: Any) -> None:
+    import numpy as np
+
+    ax = fig.add_subplot(111)
+    ev = np.array(r["eigenvalues"])
+    if r.get("mom_eigenvalues"):
+        mom = np.array(r["mom_eigenvalues"])
+        ax.scatter(mom[:, 0], mom[:, 1], s=10, marker="x", color="tab:gray",
+                   label="median-of-means fit")  # fmt: skip
+    ax.scatter(ev[:, 0], ev[:, 1], s=14, color="tab:blue", label="pooled fit")
+    t = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.cos(t), np.sin(t), "k:", lw=0.8, label="unit circle")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel("Re λ (dimensionless)")
+    ax.set_ylabel("Im λ (dimensionless)")
+    ax.set_title(f"layer {r['layer']}, {r['dictionary']}")
+    ax.legend(fontsize=7)
+
+
+def _koopman_invariance(rows: Sequence[dict[str, Any]], fig: Any) -> None:
+    ax = fig.add_subplot(111)
+    ax.bar(range(len(rows)), [r["pooled"] for r in rows], color="tab:green")
+    ax.set_xticks(range(len(rows)), [r["dictionary"] for r in rows])
+    ax.set_xlabel("dictionary")
+    ax.set_ylabel("held-out 1 − R² (pooled)")
+
+
 def _koopman(sec: dict[str, Any]) -> str:
     det = sec["details"]
     layers = det["layers"]
@@ -228,59 +272,16 @@ def _koopman(sec: dict[str, Any]) -> str:
         ],
         "koopman-table",
     )  # fmt: skip
-
-    def conv(fig: Any) -> None:
-        import numpy as np
-
-        ax = fig.add_subplot(111)
-        for r in layers:
-            m, w = np.array(r["half_samples"]), np.array(r["w_inf_mean"])
-            ax.loglog(m, w, "o-", label=f"layer {r['layer']} (slope {r['slope']:+.2f})")
-        if layers:
-            m = np.array(layers[0]["half_samples"])
-            ref = layers[0]["w_inf_mean"][0] * (m / m[0]) ** -0.5
-            ax.loglog(m, ref, "k--", label="M^-1/2 reference")
-        ax.set_xlabel("samples per half M (token positions)")
-        ax.set_ylabel("split-half W∞ distance of spectra")
-        ax.legend(fontsize=7)
-
-    def spectrum(fig: Any) -> None:
-        import numpy as np
-
-        ax = fig.add_subplot(111)
-        r = layers[len(layers) // 2]
-        ev = np.array(r["eigenvalues"])
-        if r.get("mom_eigenvalues"):
-            mom = np.array(r["mom_eigenvalues"])
-            ax.scatter(mom[:, 0], mom[:, 1], s=10, marker="x", color="tab:gray",
-                       label="median-of-means fit")  # fmt: skip
-        ax.scatter(ev[:, 0], ev[:, 1], s=14, color="tab:blue", label="pooled fit")
-        t = np.linspace(0, 2 * np.pi, 200)
-        ax.plot(np.cos(t), np.sin(t), "k:", lw=0.8, label="unit circle")
-        ax.set_aspect("equal", adjustable="datalim")
-        ax.set_xlabel("Re λ (dimensionless)")
-        ax.set_ylabel("Im λ (dimensionless)")
-        ax.set_title(f"layer {r['layer']}, {r['dictionary']}")
-        ax.legend(fontsize=7)
-
-    def invariance(fig: Any) -> None:
-        ax = fig.add_subplot(111)
-        rows = det["invariance"]
-        ax.bar(range(len(rows)), [r["pooled"] for r in rows], color="tab:green")
-        ax.set_xticks(range(len(rows)), [r["dictionary"] for r in rows])
-        ax.set_xlabel("dictionary")
-        ax.set_ylabel("held-out 1 − R² (pooled)")
-
     out += _figure(
         "fig-koopman-convergence",
         "Split-half spectral distance against samples per half (log-log).",
-        conv,
+        functools.partial(_koopman_convergence, layers),
     )
     if layers:
         out += _figure(
             "fig-koopman-spectrum",
             "Eigenvalues of the lifted layer map: the pooled fit and the median-of-means fit.",
-            spectrum,
+            functools.partial(_koopman_spectrum, layers[len(layers) // 2]),
             (4.5, 4.2),
         )
     out += "<h3>Invariance residual by dictionary</h3>" + _table(
@@ -293,7 +294,7 @@ def _koopman(sec: dict[str, Any]) -> str:
         "fig-koopman-invariance",
         f"Held-out one-step residual of the dictionary features (layer {det['invariance_layer']},"
         " dictionary and operator fitted on the other half of the prompts).",
-        invariance, (5, 3),
+        functools.partial(_koopman_invariance, det["invariance"]), (5, 3),
     )  # fmt: skip
     return out
 
