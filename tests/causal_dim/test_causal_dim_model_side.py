@@ -78,6 +78,24 @@ def test_compressed_head_gives_the_same_sigma(model, output):
     assert full.participation_ratio <= full.erank <= full.numerical_rank
 
 
+def test_unembedding_moments_are_cached_per_weight_and_follow_in_place_edits():
+    from structlens.causal_dim import model as side
+
+    weight = torch.nn.Parameter(torch.randn(40_000, 6, dtype=torch.float32))  # > one row block
+    w = weight.detach().double()
+    gram, ones = side._unembedding_moments(weight)
+    assert torch.allclose(gram, w.T @ w, rtol=1e-12) and torch.allclose(ones, w.sum(0))
+    assert side._unembedding_moments(weight)[0] is gram  # served from the cache
+    with torch.no_grad():
+        weight.mul_(2.0)  # an in-place edit moves the version: recomputed
+    assert torch.allclose(side._unembedding_moments(weight)[0], 4 * w.T @ w, rtol=1e-12)
+    p = torch.softmax(torch.randn(3, 40_000, dtype=torch.float64), -1)
+    assert torch.allclose(side._weighted_rows(p, weight), p @ (2 * w), rtol=1e-12)
+    key = id(weight)
+    del weight
+    assert key not in side._UNEMBEDDING  # the entry leaves with its tensor
+
+
 def test_sae_splice_with_error_leaves_logits_unchanged(model):
     sae = TopKSAE(model.d_model, 128, 4, seed=0)
     ids = torch.tensor([TOKS[0]])

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -157,6 +158,43 @@ def residual_function(
     return f, h0
 
 
+#: ``id(weight) -> (weakref, version, W_Uᵀ W_U, W_Uᵀ 1)`` in float64: the Gram costs ``V d²``
+#: multiply-adds (33 GFLOP for SmolLM2, 107 for Gemma 3), once per model, not once per window.
+#: Keyed by identity (tensors compare elementwise); an entry leaves with its tensor.
+_UNEMBEDDING: dict[int, tuple[weakref.ref, int, torch.Tensor, torch.Tensor]] = {}
+#: Rows of the unembedding converted to float64 at a time (bounds the transient copy).
+_ROWS = 16_384
+
+
+@torch.no_grad()
+def _unembedding_moments(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_Uᵀ W_U, W_Uᵀ 1)`` of the unembedding ``weight`` [V, d] in float64, cached per
+    weight tensor and recomputed when the tensor is modified in place (its version moves)."""
+    hit = _UNEMBEDDING.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2], hit[3]
+    d = weight.shape[1]
+    gram = torch.zeros(d, d, dtype=torch.float64, device=weight.device)
+    ones = torch.zeros(d, dtype=torch.float64, device=weight.device)
+    for s in range(0, weight.shape[0], _ROWS):
+        w = weight[s : s + _ROWS].double()
+        gram += w.T @ w
+        ones += w.sum(0)
+    key = id(weight)
+    if hit is None or hit[0]() is not weight:
+        weakref.finalize(weight, _UNEMBEDDING.pop, key, None)
+    _UNEMBEDDING[key] = (weakref.ref(weight), weight._version, gram, ones)
+    return gram, ones
+
+
+def _weighted_rows(p: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``p @ W_U`` [P, d] in float64, ``W_U`` converted a block of rows at a time."""
+    out = torch.zeros(p.shape[0], weight.shape[1], dtype=torch.float64, device=weight.device)
+    for s in range(0, weight.shape[0], _ROWS):
+        out += p[:, s : s + _ROWS] @ weight[s : s + _ROWS].double()
+    return out
+
+
 @torch.no_grad()
 def _head_factors(
     model: Model, ids: torch.Tensor, t: int, outputs: Outputs, output: str
@@ -166,21 +204,20 @@ def _head_factors(
         raise ValueError(f"compress_head must be 'raw' or 'log_probs', got {output!r}.")
     if getattr(model.hf.config, "final_logit_softcapping", None):
         raise ValueError(f"{model.name} soft-caps its logits; use compress_head=None.")
-    w = model.hf.get_output_embeddings().weight.double()  # [V, d]
-    gram = w.T @ w
+    weight = model.hf.get_output_embeddings().weight  # [V, d]
+    gram, u = _unembedding_moments(weight)
     stop = t + 1 if outputs == "same" else ids.shape[1]
     if output == "raw":
         mats = gram[None].expand(stop - t, -1, -1)
     else:
         p = torch.softmax(model.forward(ids)[0, t:stop].double(), dim=-1)  # [P, V]
-        u = w.sum(0)  # W_Uᵀ 1
-        wp = p @ w  # W_Uᵀ p, [P, d]
+        wp = _weighted_rows(p, weight)  # W_Uᵀ p, [P, d]
         # (I − 1pᵀ)ᵀ(I − 1pᵀ) = I − p1ᵀ − 1pᵀ + V ppᵀ, sandwiched by W_U.
         mats = (
             gram[None]
             - wp[:, :, None] * u[None, None, :]
             - u[None, :, None] * wp[:, None, :]
-            + w.shape[0] * wp[:, :, None] * wp[:, None, :]
+            + weight.shape[0] * wp[:, :, None] * wp[:, None, :]
         )
     lam, q = torch.linalg.eigh((mats + mats.transpose(1, 2)) / 2)
     return (q * lam.clamp_min(0).sqrt()[:, None, :]).float()
