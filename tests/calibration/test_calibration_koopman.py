@@ -1,18 +1,26 @@
 """The Koopman calibration runs the production split-half stage on planted linear systems
-whose convergence rate is known, and its documents report what it measured."""
+whose convergence rate is known, and the heavy-tail decision on planted states whose kurtosis
+is known, and its documents report what it measured."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 from structlens.calibration.koopman import (
     FAMILIES,
+    MASSIVE_COORDINATES,
+    MASSIVE_SHARE,
+    calibrate_heavy_tails,
     calibrate_slope,
     calibrate_universality,
+    planted_kurtosis,
     planted_rows,
+    planted_states,
+    spike_size,
 )
 
 
@@ -56,7 +64,7 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
 
     tiny = calibration.Profile(
         3, merge_rhos=(0.0,), gini_effects=(0.0,), universality_instances=1,
-        universality_families=(("4-d", "identity", 0.0),),
+        universality_families=(("4-d", "identity", 0.0),), tail_sizes=((16, 256),),
     )  # fmt: skip
     monkeypatch.setitem(calibration.PROFILES, "smoke", tiny)
     r = CliRunner().invoke(app, ["calibrate", "--profile", "smoke", "--out", str(tmp_path)])
@@ -69,6 +77,73 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
     assert all("summary" in doc[m][r] for m in ("causal_dim", "equivalence") for r in doc[m])
     md = (tmp_path / "calibration.md").read_text()
     assert f"| simple | -0.50 | 3 | {families[0]['mean_slope']:+.3f}" in md
+
+
+def _sample_excess_kurtosis(x: np.ndarray) -> np.ndarray:
+    """Per-column excess kurtosis, computed here and not by the code under test."""
+    z = x - x.mean(0)
+    return (z**4).mean(0) / (z**2).mean(0) ** 2 - 3
+
+
+@pytest.mark.parametrize("kurtosis", [5.0, 8.0, 15.0, 50.0])
+def test_the_massive_coordinates_have_the_stated_kurtosis(kurtosis):
+    """Known answer: the spike size solved from the cumulant formula gives the planted
+    excess kurtosis exactly in the mixture (1 − p)·N(0, 1) + p·N(a, 1), whose central moments
+    are computed here from its raw moments; 400 000 rows land within 5% of it on each massive
+    coordinate, and the other coordinates stay Gaussian."""
+    a, p = spike_size(kurtosis), MASSIVE_SHARE
+    normal = (1.0, 0.0, 1.0, 0.0, 3.0)  # E Z^k, k = 0..4
+    raw = [(1 - p) * normal[k] + p * sum(
+        math.comb(k, j) * a ** (k - j) * normal[j] for j in range(k + 1)
+    ) for k in range(5)]  # fmt: skip
+    mu = raw[1]
+    m2 = raw[2] - mu**2
+    m4 = raw[4] - 4 * mu * raw[3] + 6 * mu**2 * raw[2] - 3 * mu**4
+    assert m4 / m2**2 - 3 == pytest.approx(kurtosis, rel=1e-9)
+    assert planted_kurtosis("massive coordinates", kurtosis) == kurtosis
+    k = np.sort(_sample_excess_kurtosis(planted_states("massive coordinates", kurtosis, 8,
+                                                       400_000, seed=1)))  # fmt: skip
+    assert k[-MASSIVE_COORDINATES:] == pytest.approx(kurtosis, rel=0.05)
+    assert np.abs(k[:-MASSIVE_COORDINATES]).max() < 0.06
+
+
+def test_the_gaussian_and_student_t_states_have_the_stated_kurtosis():
+    """Known answers: Gaussian coordinates (isotropic or correlated) have excess kurtosis 0;
+    t_ν has 6 / (ν − 4) (scipy's value), which 400 000 rows of t_10 reproduce (its eighth
+    moment is finite, so the sample kurtosis converges)."""
+    from scipy import stats
+
+    for family in ("isotropic Gaussian", "correlated Gaussian"):
+        assert planted_kurtosis(family, 0.0) == 0.0
+        k = _sample_excess_kurtosis(planted_states(family, 0.0, 8, 400_000, seed=2))
+        assert np.abs(k).max() < 0.06, family
+    for nu in (10.0, 6.0, 5.0, 4.5):
+        assert planted_kurtosis("Student-t", nu) == pytest.approx(float(stats.t(nu).stats("k")))
+    k = _sample_excess_kurtosis(planted_states("Student-t", 10.0, 8, 400_000, seed=3))
+    assert k.mean() == pytest.approx(1.0, abs=0.1)
+    with pytest.raises(ValueError, match="ν > 4"):
+        planted_kurtosis("Student-t", 4.0)
+    with pytest.raises(ValueError, match="family"):
+        planted_states("Cauchy", 1.0, 4, 10)
+    with pytest.raises(ValueError, match="share"):
+        spike_size(1000.0)
+
+
+def test_the_heavy_tail_rule_is_scored_through_the_production_decision(monkeypatch):
+    """Gaussian states are never heavy and 50-kurtosis massive coordinates always are; the
+    rate is the production decision's (raising koopman.verdicts.HEAVY silences it)."""
+    from structlens.koopman import verdicts
+
+    null = calibrate_heavy_tails("correlated Gaussian", 0.0, 32, 1000, 5, first_seed=7)
+    assert not null.expected and null.rate == 0.0 and null.seeds == (7, 11)
+    assert null.n == 5 and null.quantiles[0] <= null.quantiles[1] <= null.quantiles[2] < 1
+    heavy = calibrate_heavy_tails("massive coordinates", 50.0, 32, 2000, 5, first_seed=7)
+    assert heavy.expected and heavy.kurtosis == 50.0 and heavy.rate == 1.0
+    assert heavy.rate_ci[0] < 1.0 == heavy.rate_ci[1]
+    monkeypatch.setattr(verdicts, "HEAVY", 1e9)
+    silenced = calibrate_heavy_tails("massive coordinates", 50.0, 32, 2000, 5, first_seed=7)
+    assert silenced.rate == 0.0 and not silenced.expected
+    assert silenced.mean_estimate == heavy.mean_estimate
 
 
 def test_reports_print_the_committed_calibration_beside_their_verdicts():

@@ -48,8 +48,9 @@ def _one(doc: dict, method: str, rule: str, **key) -> dict:
 
 
 def test_a_planted_regression_is_caught_and_an_unchanged_count_is_not():
-    """Positive control: a null family whose false-positive rate rose from the committed
-    0.00 to 5 in 20, and an interval whose coverage fell to 12 in 20, are reported; the
+    """Positive control: null families whose false-positive rate rose from the committed
+    0.00 to 5 in 20 (the merge rule's, and the heavy-tail rule's on Gaussian states of one
+    size of two), and an interval whose coverage fell to 12 in 20, are reported; the
     committed rates themselves, at 20 instances, are not."""
     doc = copy.deepcopy(COMMITTED)
     methods = ("koopman", "ndm", "causal_dim", "equivalence")
@@ -65,10 +66,16 @@ def test_a_planted_regression_is_caught_and_an_unchanged_count_is_not():
     null["rate"] = 5 / 20
     kappa = _one(doc, "causal_dim", "kappa_interval", rho=0.0, unit="chunk")
     kappa["coverage"] = 12 / 20
+    gaussian = dict(family="isotropic Gaussian", d=64)
+    assert _one(COMMITTED, "koopman", "heavy_tails", **gaussian)["rate"] == 0.0
+    _one(doc, "koopman", "heavy_tails", **gaussian)["rate"] = 5 / 20
     moved = shifts(doc, COMMITTED)
     assert {(s.rule, s.measure) for s in moved} == {
         ("merge_rule", "rate"),
         ("kappa_interval", "coverage"),
+        ("heavy_tails", "rate"),
     }
+    (tails,) = [s for s in moved if s.rule == "heavy_tails"]
+    assert tails.family == {"family": "isotropic Gaussian", "effect": 0.0, "d": 64, "m": 1984}
     assert all(s.p_value < LEVEL for s in moved)
     assert "5/20" in str(next(s for s in moved if s.rule == "merge_rule"))

@@ -292,6 +292,17 @@ def test_heavy_tails(state, lifts, verdict):
         assert "not heavy-tailed" in c.note
 
 
+def test_the_heavy_tail_decision_is_one_function_the_claim_calls(monkeypatch):
+    """is_heavy is strict at HEAVY, and the claim decides through it (the calibration scores
+    the same function): raising HEAVY turns heavy states into "not tested"."""
+    assert not v.is_heavy({"max_excess_kurtosis": v.HEAVY})
+    assert v.is_heavy({"max_excess_kurtosis": v.HEAVY + 1e-9})
+    fits = {"L6/identity": spec("identity", state=50.0), "L6/pca8": spec("pca8", lift=1.0)}
+    assert v.heavy_tails_claim(fits).verdict == "reproduced"
+    monkeypatch.setattr(v, "HEAVY", 100.0)
+    assert v.heavy_tails_claim(fits).verdict == "not tested"
+
+
 def test_tails_lists_each_layers_states_once():
     fits = {"L6/identity": spec("identity", 6), "L6/pca8": spec("pca8", 6)}
     assert list(v.tails(fits)) == ["L6/state", "L6/pca8_lifted"]

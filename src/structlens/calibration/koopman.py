@@ -25,6 +25,14 @@ samples, and on replicas whose last one has an eigenvalue moved
 (:func:`calibrate_universality`), in the identity lift and in each replica's own PCA-4 with
 the null that refits the PCA per half (each replica's PCA keeps a slightly different
 subspace: the dictionary-mismatch confound, which the null must hold).
+
+The heavy-tail rule ("a coordinate set is heavy-tailed when its maximum over coordinates of
+the sample excess kurtosis exceeds ``HEAVY = 10``", :func:`~structlens.koopman.verdicts.is_heavy`
+on :func:`~structlens.koopman.diagnostics.tail_statistics`) is scored on planted states
+``X (m, d)`` whose population excess kurtosis is known in closed form
+(:func:`planted_states`, :func:`planted_kurtosis`): Gaussian states (the null), a few
+"massive" coordinates spiking on a small share of rows, and Student-t coordinates
+(:func:`calibrate_heavy_tails`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ from structlens.stats.intervals import wilson_interval
 __all__ = [
     "FAMILIES", "SlopeCalibration", "RuleRate", "planted_rows", "linear_rows", "calibrate_slope",
     "calibrate_henrici", "henrici_departure", "PROTOCOL", "HENRICI_THRESHOLD", "REPLICAS",
-    "UNIVERSALITY_SYSTEMS", "UniversalityRate", "calibrate_universality",
+    "UNIVERSALITY_SYSTEMS", "UniversalityRate", "calibrate_universality", "TAIL_FAMILIES",
+    "MASSIVE_COORDINATES", "MASSIVE_SHARE", "spike_size", "planted_kurtosis", "planted_states",
+    "TailRate", "calibrate_heavy_tails",
 ]  # fmt: skip
 
 Family = Literal["simple", "jordan"]
@@ -286,4 +296,139 @@ def calibrate_universality(
         expected=shift != 0, n=n, rate=adjusted / n, rate_ci=wilson_interval(adjusted, n),
         raw_rate=raw / n, raw_rate_ci=wilson_interval(raw, n),
         seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- heavy tails
+#: The planted state families of the heavy-tail rule (see :func:`planted_states`).
+TAIL_FAMILIES = (
+    "isotropic Gaussian", "correlated Gaussian", "massive coordinates", "Student-t",
+)  # fmt: skip
+#: Coordinates that carry the spikes of the ``massive coordinates`` family, and the share of
+#: rows (token positions) on which they spike.
+MASSIVE_COORDINATES = 4
+MASSIVE_SHARE = 0.005
+
+
+def spike_size(kurtosis: float, p: float = MASSIVE_SHARE) -> float:
+    """The spike size ``a`` whose coordinate ``g + a·B`` (``g ~ N(0, 1)``, ``B ~
+    Bernoulli(p)``) has excess kurtosis ``kurtosis`` (see :func:`planted_kurtosis`)."""
+    v = p * (1 - p)
+    r = np.sqrt(kurtosis * v / (1 - 6 * v))
+    if not 0 <= r < 1:
+        top = (1 - 6 * v) / v
+        raise ValueError(
+            f"a spike on a share {p} of rows reaches excess kurtosis below {top:.0f}; "
+            f"got {kurtosis}."
+        )
+    return float(np.sqrt(r / (1 - r) / v))
+
+
+def planted_kurtosis(family: str, effect: float) -> float:
+    """The population excess kurtosis of the heaviest coordinate of :func:`planted_states`.
+
+    * ``isotropic Gaussian`` and ``correlated Gaussian``: 0 (every coordinate is marginally
+      normal; ``effect`` is ignored).
+    * ``massive coordinates``: ``effect`` itself.  A massive coordinate is ``g + a·B`` with
+      ``g`` its unit-variance normal part and ``B ~ Bernoulli(p)`` independent of it; cumulants
+      of independent parts add, so with ``v = p(1 − p)`` its excess kurtosis is
+      ``a⁴ v (1 − 6v) / (1 + a² v)²``, and ``a`` is solved from it (``p`` =
+      :data:`MASSIVE_SHARE`).
+    * ``Student-t``: ``effect`` is the degrees of freedom ν > 4, and the excess kurtosis of
+      t_ν is ``6 / (ν − 4)``.
+    """
+    if family not in TAIL_FAMILIES:
+        raise ValueError(f"family must be one of {list(TAIL_FAMILIES)}; got {family!r}.")
+    if family == "massive coordinates":
+        return float(effect)
+    if family == "Student-t":
+        if effect <= 4:
+            raise ValueError(f"t_ν has a finite kurtosis only for ν > 4; got ν = {effect}.")
+        return 6.0 / (effect - 4.0)
+    return 0.0
+
+
+def planted_states(family: str, effect: float, d: int, m: int, *, seed: int = 0) -> np.ndarray:
+    """``m`` planted states of width ``d`` (rows are token positions), drawn from ``seed``.
+
+    * ``isotropic Gaussian``: ``N(0, I)``.
+    * ``correlated Gaussian``: ``N(0, Σ)``, ``Σ = Q diag(1/j) Qᵀ`` with ``Q`` a random
+      orthogonal matrix (a decaying spectrum in random directions).
+    * ``massive coordinates``: the correlated Gaussian states, and on a share
+      :data:`MASSIVE_SHARE` of rows (the same rows for all of them) :data:`MASSIVE_COORDINATES`
+      random coordinates each add ``a·σ_j`` (``σ_j`` the coordinate's standard deviation,
+      ``a`` from the planted excess kurtosis ``effect``; one sign, as the massive activations
+      of LLM residual streams have).
+    * ``Student-t``: every coordinate independent t with ``effect`` degrees of freedom.
+
+    :func:`planted_kurtosis` gives the heaviest coordinate's population excess kurtosis.
+    """
+    planted_kurtosis(family, effect)  # checks family and effect
+    rng = np.random.default_rng(seed)
+    if family == "isotropic Gaussian":
+        return rng.standard_normal((m, d))
+    if family == "Student-t":
+        return rng.standard_t(effect, size=(m, d))
+    Q, R = np.linalg.qr(rng.standard_normal((d, d)))
+    Q *= np.sign(np.diag(R))  # Haar-distributed
+    scales = 1.0 / np.sqrt(np.arange(1, d + 1))
+    X = (rng.standard_normal((m, d)) * scales) @ Q.T
+    if family == "correlated Gaussian":
+        return X
+    cols = rng.choice(d, size=min(MASSIVE_COORDINATES, d), replace=False)
+    sd = np.sqrt((Q[cols] ** 2) @ scales**2)
+    rows = rng.random(m) < MASSIVE_SHARE
+    X[np.ix_(rows, cols)] += spike_size(effect) * sd
+    return X
+
+
+@dataclass(frozen=True)
+class TailRate:
+    """How often the heavy-tail rule says "heavy" on ``n`` instances of planted states
+    (:func:`planted_states`) of one ``family`` and parameter ``effect`` at width ``d`` and
+    ``m`` rows.
+
+    ``kurtosis`` is the planted population excess kurtosis of the heaviest coordinate (the
+    truth) and ``expected`` whether it exceeds the threshold, i.e. whether "heavy" is right
+    there; ``rate`` is the share of instances the rule calls heavy, with its Wilson interval.
+    ``mean_estimate`` and ``quantiles`` (5%, 50%, 95%) summarise the statistic it thresholds,
+    the maximum over coordinates of the sample excess kurtosis.
+    """
+
+    family: str
+    effect: float
+    kurtosis: float
+    d: int
+    m: int
+    expected: bool
+    n: int
+    mean_estimate: float
+    quantiles: tuple[float, float, float]
+    rate: float
+    rate_ci: tuple[float, float]
+    seeds: tuple[int, int]
+
+
+def calibrate_heavy_tails(
+    family: str, effect: float, d: int, m: int, n: int, *, first_seed: int = 0
+) -> TailRate:
+    """The heavy-tail rule, :func:`~structlens.koopman.verdicts.is_heavy` on
+    :func:`~structlens.koopman.diagnostics.tail_statistics`, on ``n`` instances of
+    :func:`planted_states` with seeds ``first_seed, first_seed + 1, ...``."""
+    from structlens.koopman.diagnostics import tail_statistics
+    from structlens.koopman.verdicts import HEAVY, is_heavy
+
+    truth = planted_kurtosis(family, effect)
+    estimates, yes = [], 0
+    for seed in range(first_seed, first_seed + n):
+        # the rule reads the coordinates' kurtosis only: no Gram-entry tails (max_coords=2)
+        stats = tail_statistics(planted_states(family, effect, d, m, seed=seed), max_coords=2)
+        estimates.append(stats["max_excess_kurtosis"])
+        yes += is_heavy(stats)
+    q = np.quantile(estimates, (0.05, 0.5, 0.95))
+    return TailRate(
+        family=family, effect=float(effect), kurtosis=truth, d=d, m=m, expected=truth > HEAVY,
+        n=n, mean_estimate=float(np.mean(estimates)),
+        quantiles=(float(q[0]), float(q[1]), float(q[2])), rate=yes / n,
+        rate_ci=wilson_interval(yes, n), seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

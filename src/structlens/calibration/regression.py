@@ -25,7 +25,7 @@ __all__ = ["LEVEL", "Shift", "shifts"]
 LEVEL = 1e-3
 #: The fields that name a planted family; everything else in a family's row is measured.
 KEYS = (
-    "family", "effect", "rho", "d", "unit", "partner_pass", "n_heads", "shared", "system",
+    "family", "effect", "rho", "d", "m", "unit", "partner_pass", "n_heads", "shared", "system",
     "dictionary", "shift", "concentration",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.

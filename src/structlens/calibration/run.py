@@ -22,15 +22,19 @@ from structlens.calibration import causal, equivalence, ndm
 from structlens.calibration.koopman import (
     FAMILIES,
     HENRICI_THRESHOLD,
+    MASSIVE_COORDINATES,
+    MASSIVE_SHARE,
     PROTOCOL,
     REPLICAS,
     UNIVERSALITY_RESAMPLES,
     SlopeCalibration,
+    calibrate_heavy_tails,
     calibrate_henrici,
     calibrate_slope,
     calibrate_universality,
 )
 from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
+from structlens.koopman.verdicts import HEAVY
 from structlens.ndm.protocol import PROFILES as NDM
 from structlens.results import atomic_write_bytes, atomic_write_json, to_jsonable
 
@@ -62,13 +66,26 @@ UNIVERSALITY_FAMILIES = (
     ("4-d", "identity", 0.4), ("8-d, decaying scales", "identity", 0.0),
     ("8-d, decaying scales", "pca:4", 0.0), ("8-d, decaying scales", "pca:4", 0.2),
 )  # fmt: skip
+#: The heavy-tail rule's planted states (family, parameter): Gaussian nulls, massive
+#: coordinates by their excess kurtosis, Student-t coordinates by their degrees of freedom
+#: (excess kurtosis 6 / (ν − 4): 3, 6 and 12).
+TAIL_EFFECTS = (
+    ("isotropic Gaussian", 0.0), ("correlated Gaussian", 0.0), ("massive coordinates", 5.0),
+    ("massive coordinates", 8.0), ("massive coordinates", 15.0), ("massive coordinates", 50.0),
+    ("Student-t", 6.0), ("Student-t", 5.0), ("Student-t", 4.5),
+)  # fmt: skip
+#: The states' (width d, rows m): the tiny test model's width at the Koopman replication's
+#: smoke size (64 prompts of 32 tokens less position 0), and SmolLM2-135M's width at the
+#: replication's cpu size (9827 token positions per layer).
+TAIL_SIZES = ((64, 64 * 31), (576, 9827))
 
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """Instances per planted family, the NDM correlations scored (the KSG estimates are
-    most of the run's time), and the universality rule's instances and families (each
-    instance compares every pair of three replicas against a resampled null)."""
+    most of the run's time), the universality rule's instances and families (each
+    instance compares every pair of three replicas against a resampled null), and the
+    (width, rows) of the heavy-tail rule's planted states."""
 
     instances: int
     merge_rhos: tuple[float, ...] = MERGE_RHOS
@@ -76,6 +93,7 @@ class Profile:
     universality_families: tuple[tuple[str, str, float], ...] = UNIVERSALITY_FAMILIES
     gini_effects: tuple[float, ...] = GINI_EFFECTS
     kappa_spectra: tuple[str, ...] = tuple(causal.STOPPING_SPECTRA)
+    tail_sizes: tuple[tuple[int, int], ...] = TAIL_SIZES
 
     def instances_of(self, rule: str) -> int:
         """The instances per family of ``rule``."""
@@ -88,7 +106,7 @@ PROFILES = {
     "smoke": Profile(
         20, merge_rhos=(0.0, 0.9), gini_effects=(0.0, 0.2), universality_instances=10,
         universality_families=(("4-d", "identity", 0.0), ("4-d", "identity", 0.4)),
-        kappa_spectra=("d=16, j^-1", "d=64, j^-1"),
+        kappa_spectra=("d=16, j^-1", "d=64, j^-1"), tail_sizes=TAIL_SIZES[:1],
     ),
     "cpu": Profile(200),
 }  # fmt: skip
@@ -127,9 +145,38 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             if r["expected"]
         )
     )
+    _tail_summary(doc)
     _ndm_summaries(doc)
     _causal_and_equivalence_summaries(doc)
     return doc
+
+
+def _tail_summary(doc: dict[str, Any]) -> None:
+    t = doc["koopman"]["heavy_tails"]
+    parts = []
+    for d, m in dict.fromkeys((r["d"], r["m"]) for r in t["families"]):
+        rows = [r for r in t["families"] if (r["d"], r["m"]) == (d, m)]
+        null = [r for r in rows if r["kurtosis"] == 0]
+        below = [r for r in rows if r["kurtosis"] > 0 and not r["expected"]]
+        above = [r for r in rows if r["expected"]]
+        parts.append(
+            f"{d}-d states of {m} rows: says heavy on Gaussian states in "
+            + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} ({r['family']})" for r in null)
+            + f"; below the threshold (population kurtosis ≤ {t['threshold']:g}) in "
+            + ", ".join(
+                f"{r['rate']:.2f} at kurtosis {r['kurtosis']:g} ({_tail_name(r)})" for r in below
+            )
+            + "; power "
+            + ", ".join(
+                f"{r['rate']:.2f} at kurtosis {r['kurtosis']:g} ({_tail_name(r)})" for r in above
+            )
+        )
+    t["summary"] = "; ".join(parts)
+
+
+def _tail_name(r: dict[str, Any]) -> str:
+    """A short name of a heavy-tail family's row: its family, with t's degrees of freedom."""
+    return f"t{r['effect']:g}" if r["family"] == "Student-t" else r["family"]
 
 
 def _ndm_summaries(doc: dict[str, Any]) -> None:
@@ -263,6 +310,24 @@ def _universality_rule(p: Profile) -> dict[str, Any]:
     }
 
 
+def _tail_rule(p: Profile) -> dict[str, Any]:
+    rows = [
+        calibrate_heavy_tails(family, effect, d, m, p.instances, first_seed=FIRST_SEED)
+        for d, m in p.tail_sizes
+        for family, effect in TAIL_EFFECTS
+    ]
+    return {
+        "rule": f"a coordinate set is heavy-tailed when its maximum over coordinates of the "
+        f"sample excess kurtosis exceeds {HEAVY:g}",
+        "stage": "structlens.koopman.diagnostics.tail_statistics with "
+        "structlens.koopman.verdicts.is_heavy",
+        "threshold": HEAVY,
+        "massive_coordinates": MASSIVE_COORDINATES,
+        "massive_share": MASSIVE_SHARE,
+        "families": [dataclasses.asdict(r) for r in rows],
+    }
+
+
 def _merge_rule(p: Profile) -> dict[str, Any]:
     merges = [
         ndm.calibrate_merge(rho, d, p.instances, first_seed=FIRST_SEED)
@@ -361,6 +426,7 @@ RULES: dict[tuple[str, str], Callable[[Profile], dict[str, Any]]] = {
     ("koopman", "split_half_slope"): _slope_rule,
     ("koopman", "non_normality"): _henrici_rule,
     ("koopman", "universality"): _universality_rule,
+    ("koopman", "heavy_tails"): _tail_rule,
     ("ndm", "merge_rule"): _merge_rule,
     ("ndm", "gini_rule"): _gini_rule,
     ("causal_dim", "kappa_interval"): _kappa_rule,
@@ -530,6 +596,68 @@ def _universality(doc: dict[str, Any]) -> list[str]:
         "Holm's adjustment.",
         "",
     ]
+
+
+def _tails(doc: dict[str, Any]) -> list[str]:
+    t = doc["koopman"]["heavy_tails"]
+    fpr = doc["target_false_positive_rate"]
+    rows = t["families"]
+    null = [r for r in rows if r["kurtosis"] == 0]
+    wrong = [r for r in rows if r["kurtosis"] > 0 and not r["expected"] and r["rate"] > fpr]
+    weak = [r for r in rows if r["expected"] and r["rate"] < 1 - fpr]
+    over = [r for r in null if r["rate_ci"][0] > fpr]
+    return [
+        "## Koopman: heavy tails",
+        "",
+        f"Rule: {t['rule']}. Stage: `{t['stage']}` (the rule the heavy-tail claim applies to "
+        "the states and to every lift). Planted states `X (m, d)` "
+        "(`structlens.calibration.koopman.planted_states`), rows as token positions: "
+        "isotropic Gaussian; correlated Gaussian (`Σ = Q diag(1/j) Qᵀ`, Q random "
+        f"orthogonal); massive coordinates: the correlated states with "
+        f"{t['massive_coordinates']} coordinates spiking together by a·σ_j on a share "
+        f"{t['massive_share']:g} of rows (excess kurtosis `a⁴v(1 − 6v)/(1 + a²v)²`, "
+        "v = p(1 − p)); Student-t: every coordinate independent t_ν (excess kurtosis "
+        "6/(ν − 4)). The truth is the planted population excess kurtosis of the heaviest "
+        f"coordinate: \"heavy\" is right above {t['threshold']:g} and wrong at or below it.",
+        "",
+        "| family | parameter | population kurtosis | d | rows | rule should say | instances | "
+        "max sample kurtosis (5%, 50%, 95%) | says heavy |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['family']} | "
+            + ("—" if r["kurtosis"] == 0 else
+               f"ν = {r['effect']:g}" if r["family"] == "Student-t" else f"{r['effect']:g}")
+            + f" | {r['kurtosis']:g} | {r['d']} | {r['m']} | "
+            + ("heavy" if r["expected"] else "not heavy")
+            + f" | {r['n']} | "
+            + ", ".join(f"{q:.1f}" for q in r["quantiles"])
+            + f" | {_ci(r['rate'], r['rate_ci'])} |"
+            for r in rows
+        ),
+        "",
+        "- False-positive rate on Gaussian states: "
+        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} ({r['family']}, d = {r['d']})"
+                    for r in null)
+        + (f"; above the target {fpr:g} for: " + ", ".join(
+            f"{r['family']}, d = {r['d']}" for r in over) if over
+           else f"; none above the target {fpr:g}")
+        + ".",
+        f"- Where the planted kurtosis is at most {t['threshold']:g} the rule still says heavy "
+        f"in more than {fpr:g} of instances for: "
+        + (", ".join(f"{_tail_name(r)} at kurtosis {r['kurtosis']:g}, d = {r['d']} "
+                     f"({r['rate']:.2f})" for r in wrong) if wrong else "none")
+        + "."
+        + (" The statistic is a maximum over coordinates of sample kurtoses; t_ν has no "
+           "finite eighth moment for ν ≤ 8, so its sample kurtosis has no finite variance "
+           "and the maximum over many coordinates lands far above the population value: "
+           "for such tails \"heavy\" does not show a population kurtosis above "
+           f"{t['threshold']:g}." if any(r["family"] == "Student-t" for r in wrong) else ""),
+        f"- Misses heavy tails in more than {fpr:g} of instances for: "
+        + (", ".join(f"{_tail_name(r)} at kurtosis {r['kurtosis']:g}, d = {r['d']} "
+                     f"({1 - r['rate']:.2f})" for r in weak) if weak else "none")
+        + ".",
+        "",
+    ]  # fmt: skip
 
 
 def _ndm(doc: dict[str, Any]) -> list[str]:
@@ -776,7 +904,8 @@ def render(doc: dict[str, Any]) -> str:
         "(`structlens.calibration.regression`).",
         "",
     ]
-    body = _koopman(doc) + _universality(doc) + _ndm(doc) + _gini(doc) + _causal(doc)
+    body = _koopman(doc) + _universality(doc) + _tails(doc) + _ndm(doc) + _gini(doc)
+    body += _causal(doc)
     body += _equivalence(doc) + _group(doc)
     return "\n".join(head + body)
 

@@ -345,12 +345,23 @@ def tails(fits: Mapping[str, SpectrumFit]) -> dict[str, dict[str, float]]:
     return out
 
 
+def is_heavy(stats: Mapping[str, float]) -> bool:
+    """Whether a coordinate set is heavy-tailed: its ``max_excess_kurtosis`` (the maximum over
+    coordinates of the sample excess kurtosis, from
+    :func:`~structlens.koopman.diagnostics.tail_statistics`) exceeds :data:`HEAVY`.  The one
+    decision :func:`heavy_tails_claim` makes for states and lifts alike, and the one
+    ``structlens.calibration.koopman`` scores on planted states."""
+    return bool(stats["max_excess_kurtosis"] > HEAVY)
+
+
 def heavy_tails_claim(fits: Mapping[str, SpectrumFit]) -> Claim:
-    """Not tested when the states are not heavy-tailed (nothing for lifting to remove);
-    else reproduced when no lift is heavy, partly when some are."""
+    """Not tested when the states are not heavy-tailed (:func:`is_heavy` at no probe layer:
+    nothing for lifting to remove); else reproduced when no lift is heavy, partly when some
+    are."""
     rows = tails(fits)
     raw = [v["max_excess_kurtosis"] for k, v in rows.items() if k.endswith("/state")]
-    lifted = [v["max_excess_kurtosis"] for k, v in rows.items() if k.endswith("_lifted")]
+    states_heavy = [is_heavy(v) for k, v in rows.items() if k.endswith("/state")]
+    heavy = [is_heavy(v) for k, v in rows.items() if k.endswith("_lifted")]
     settings = {
         "statistic": "max excess kurtosis over coordinates",
         "heavy": f"> {HEAVY}",
@@ -359,7 +370,7 @@ def heavy_tails_claim(fits: Mapping[str, SpectrumFit]) -> Claim:
         },
         "norm_kurtosis": {k: v["norm_kurtosis"] for k, v in rows.items()},
     }
-    if not any(x > HEAVY for x in raw):
+    if not any(states_heavy):
         reason = (
             "the residual states are not heavy-tailed at these layers (max excess kurtosis "
             f"≤ {HEAVY}), so there is nothing for lifting to remove"
@@ -369,7 +380,6 @@ def heavy_tails_claim(fits: Mapping[str, SpectrumFit]) -> Claim:
             max(raw), None, "not tested", settings,
             ci_reason="a maximum over coordinates of one sample", note=reason,
         )  # fmt: skip
-    heavy = [x > HEAVY for x in lifted]
     verdict = "reproduced" if not any(heavy) else "partly" if not all(heavy) else "not reproduced"
     return Claim(
         "heavy_tails_removed_by_lifting",
