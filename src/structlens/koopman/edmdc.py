@@ -173,6 +173,17 @@ class EDMDcStatistics:
         return out
 
 
+def _same_shape(parts: Iterable[EDMDcStatistics]) -> list[EDMDcStatistics]:
+    """``parts`` as a list, checked to be non-empty and of one dictionary and control."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("nothing to merge.")
+    shapes = {(p.n_features, p.n_controls, p.state_dim, p.state_start) for p in parts}
+    if len(shapes) > 1:
+        raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
+    return parts
+
+
 @serial_blas()
 def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> EDMDcStatistics:
     """Pool several statistics into a new object (inputs unchanged).
@@ -183,12 +194,7 @@ def merge_statistics(parts: Iterable[EDMDcStatistics], weights: Any = None) -> E
     same parts (split halves, bootstrap resamples) pool faster together with
     :func:`merge_statistics_many`.
     """
-    parts = list(parts)
-    if not parts:
-        raise ValueError("nothing to merge.")
-    shapes = {(p.n_features, p.n_controls, p.state_dim, p.state_start) for p in parts}
-    if len(shapes) > 1:
-        raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
+    parts = _same_shape(parts)
     first = parts[0]
     out = EDMDcStatistics(first.n_features, first.n_controls, first.state_dim, first.state_start)
     w = np.ones(len(parts), dtype=np.int64) if weights is None else np.asarray(weights)
@@ -222,12 +228,7 @@ def merge_statistics_many(
         not for a least-squares read-out, so not for :func:`solve` without a selector).
     chunk_bytes : size of the rows pooled at once (see :meth:`CrossMoments.pool_many`).
     """
-    parts = list(parts)
-    if not parts:
-        raise ValueError("nothing to merge.")
-    shapes = {(p.n_features, p.n_controls, p.state_dim, p.state_start) for p in parts}
-    if len(shapes) > 1:
-        raise ValueError("cannot merge statistics of different shapes (dictionary/control).")
+    parts = _same_shape(parts)
     first = parts[0]
     zy = CrossMoments.pool_many([p.zy for p in parts], weights, chunk_bytes=chunk_bytes)
     state = None
