@@ -22,6 +22,7 @@ from structlens.koopman.edmdc import (
     control_basis,
     merge_statistics,
     merge_statistics_many,
+    state_operator,
 )
 from structlens.koopman.spectral import eigendecomposition
 from structlens.results import Result
@@ -32,8 +33,7 @@ from structlens.stats.robust import block_assignment
 
 
 def _spectrum(stats: EDMDcStatistics, config: EDMDcConfig, V: np.ndarray) -> np.ndarray:
-    K, _ = _solve_operator(stats, config, V)
-    return np.linalg.eigvals(K[:, : stats.n_features])
+    return np.linalg.eigvals(state_operator(stats, config, V))
 
 
 def _slope(m: np.ndarray, d: np.ndarray) -> float:

@@ -28,10 +28,10 @@ from structlens.koopman.dictionaries import Dictionary
 from structlens.koopman.edmdc import (
     EDMDcConfig,
     EDMDcStatistics,
-    _solve_operator,
     control_basis,
     merge_statistics,
     merge_statistics_many,
+    state_operator,
 )
 from structlens.koopman.spectral import non_normality
 from structlens.results import Result
@@ -69,10 +69,6 @@ class HenriciNoiseFloor(Result):
     seed: int
 
 
-def _operator(stats: EDMDcStatistics, config: EDMDcConfig, V: np.ndarray) -> np.ndarray:
-    return _solve_operator(stats, config, V)[0][:, : stats.n_features]
-
-
 def henrici_noise_floor(
     blocks: Sequence[EDMDcStatistics],
     config: EDMDcConfig,
@@ -95,7 +91,7 @@ def henrici_noise_floor(
     blocks = [b.project_controls(V) for b in blocks]
     V = np.eye(V.shape[1])
     pooled = merge_statistics(blocks)
-    A = _operator(pooled, config, V)
+    A = state_operator(pooled, config, V)
     full = non_normality(A)
     rng = np.random.default_rng(seed)
     dep2: dict[int, list[float]] = {2: [], 4: []}
@@ -113,7 +109,7 @@ def henrici_noise_floor(
                 split.append(parts)
     pieces = merge_statistics_many(blocks, np.stack(weights), with_state=False)
     for parts, h in zip(split, pieces, strict=True):
-        dep2[parts].append(non_normality(_operator(h, config, V)).henrici ** 2)
+        dep2[parts].append(non_normality(state_operator(h, config, V)).henrici ** 2)
         sizes[parts].append(h.n)
     M = float(pooled.n)
     Mh, Mq = float(np.mean(sizes[2])), float(np.mean(sizes[4]))

@@ -475,6 +475,13 @@ def _solve_operator(
     return scipy.linalg.cho_solve(factor, h, check_finite=False).T, _cond(g)
 
 
+def state_operator(stats: EDMDcStatistics, config: EDMDcConfig, V: np.ndarray) -> np.ndarray:
+    """``A`` (``Ψ(x) → Ψ(y)``, ``N × N``) of the fit from ``stats`` with control basis ``V``:
+    :func:`solve`'s ``A`` for the same basis, without the read-out and state moments (so
+    statistics pooled without their state moments suffice)."""
+    return _solve_operator(stats, config, V)[0][:, : stats.n_features]
+
+
 def _readout(
     stats: EDMDcStatistics, config: EDMDcConfig, dictionary: Dictionary | None
 ) -> tuple[np.ndarray, str]:

@@ -244,7 +244,7 @@ def _radius_bootstrap(
     resamples (multinomial counts of the blocks, all pooled in one pass).  Each resample's
     eigenvalues are :func:`structlens.koopman.edmdc.solve`'s -- its own control basis, the
     operator's spectrum -- without the read-out and state moments, which they do not use."""
-    from structlens.koopman.edmdc import _solve_operator, control_basis, merge_statistics_many
+    from structlens.koopman.edmdc import control_basis, merge_statistics_many, state_operator
     from structlens.stats.lanes import serial_blas
 
     if n_boot == 0:
@@ -256,7 +256,7 @@ def _radius_bootstrap(
     with serial_blas():
         for b, stats in enumerate(merge_statistics_many(blocks, counts, with_state=False)):
             V = control_basis(stats, cfg)[0]
-            ev = np.linalg.eigvals(_solve_operator(stats, cfg, V)[0][:, : stats.n_features])
+            ev = np.linalg.eigvals(state_operator(stats, cfg, V))
             radii[b] = float(np.max(np.abs(ev)))
     return [float(v) for v in np.percentile(radii, [2.5, 97.5])]
 
