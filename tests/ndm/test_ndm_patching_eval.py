@@ -1,5 +1,8 @@
 """Subspace patching evaluation on a tiny random Llama with SmolLM2's tokenizer."""
 
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -159,6 +162,53 @@ def test_effects_add_up_for_a_linear_metric(tiny, ioi):
     run = runs["r"]
     assert np.abs(run.full_effect).max() > 1e-3
     np.testing.assert_allclose(run.effects.sum(1), run.full_effect, atol=1e-5)
+
+
+def _patch_with_rows(args, stack_rows):
+    """``patch_subspaces``'s runs and the rows of each resumed pass (one-token probes left
+    out), seen by the last layer, which only resumed passes and probes compute."""
+    rows = []
+
+    def record(_module, inputs, _output):
+        if inputs[0].shape[1] > 1:
+            rows.append(inputs[0].shape[0])
+
+    handle = args[0].layers[-1].register_forward_hook(record)
+    try:
+        return patch_subspaces(*args, batch_size=4, stack_rows=stack_rows), rows
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("names", [["IO+1", "S2"], ["ALL"]])
+def test_stacked_subspaces_match_one_pass_per_subspace(tiny, ioi, names):
+    # float64 weights, so stacking can change the numbers by double round-off only; batches
+    # of 4, 4 and 2 prompts, each with 3 + 5 + 2 + 0 residuals (clean, corrupted, whole space,
+    # then the methods' subspaces), stacked 3 (10 is not a multiple of 3) and 6 at a time
+    model = Model(copy.deepcopy(tiny.hf).double(), tiny.tokenizer, "tiny-llama-smol-f64", "test")
+    bases = {
+        "a": _blocks(random_rotation(32, seed=7), [8, 8, 4, 4, 8]),
+        "b": _blocks(random_rotation(32, seed=8), [16, 16]),
+        "none": [],
+    }
+    args = (model, ioi, corrupted_prompts(ioi, "abc"), 1, patch_positions(ioi, names), bases)
+    one, one_rows = _patch_with_rows(args, 1)
+    stacked, stacked_rows = _patch_with_rows(args, 12)
+    assert one_rows == [4] * 20 + [2] * 10
+    assert stacked_rows == [12, 12, 12, 4] * 2 + [12, 8]
+    assert one.keys() == stacked.keys()
+    for method, run in one.items():
+        assert run.effects.shape == (10, len(bases[method]))
+        for field in dataclasses.fields(run):
+            want, got = getattr(run, field.name), getattr(stacked[method], field.name)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+            else:
+                np.testing.assert_array_equal(got, want)
+    assert np.abs(one["a"].effects).max() > 1e-3  # the patches do change the metric
+    with pytest.raises(ValueError, match="stack_rows"):
+        patch_subspaces(*args, stack_rows=0)
 
 
 def test_name_swap_and_positions(ioi):

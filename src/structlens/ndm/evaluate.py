@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -222,15 +223,20 @@ def patch_subspaces(
     bases: Mapping[str, Sequence[np.ndarray | torch.Tensor]],
     *,
     batch_size: int = 16,
+    stack_rows: int = 256,
 ) -> dict[str, PatchRun]:
     """Patch every subspace of every method from the corrupted run at ``resid_post`` of
     ``layer`` and the given positions (``None``: all), and score the task metric.
 
     ``bases`` maps a method name to its list of ``(d, d_s)`` orthonormal bases.  Prompts are
-    batched; the clean and corrupted ``resid_post`` are computed once per batch (the model
-    truncated after ``layer``) and each patched run only computes the layers after ``layer``
-    (:func:`structlens.interventions.fastrun.resumed`), unembedding only the metric positions.
-    Returns one :class:`PatchRun` per method.
+    batched (``batch_size``); the clean and corrupted ``resid_post`` are computed once per
+    batch (the model truncated after ``layer``) and each patched run only computes the layers
+    after ``layer`` (:func:`structlens.interventions.fastrun.resumed`), unembedding only the
+    metric positions.  Patched copies of a batch, one per subspace, are stacked along the
+    batch dimension into forward passes of at most ``stack_rows`` rows (at least one copy per
+    pass; ``stack_rows=1`` runs one pass per subspace): the numbers are those of separate
+    passes up to floating-point round-off, and a large vocabulary's unembedding matrix is read
+    once per pass instead of once per subspace.  Returns one :class:`PatchRun` per method.
     """
     n = len(task.clean)
     if len(corrupted) != n:
@@ -239,66 +245,152 @@ def patch_subspaces(
         raise ValueError("every corrupted prompt must have its clean prompt's length.")
     if positions is not None and len(positions) != n:
         raise ValueError(f"{len(positions)} position lists for {n} prompts.")
+    if stack_rows < 1:
+        raise ValueError(f"stack_rows must be at least 1, got {stack_rows}.")
     checked = {m: _check_bases(b, model.d_model) for m, b in bases.items()}
-    site = site_name("resid_post", layer)
-    pad = model.tokenizer.pad_token_id or 0
-    mpos = metric_positions(task)
-    acc: dict[str, dict[str, list[np.ndarray]]] = {
-        m: {k: [] for k in ("effects", "full", "top1", "top1_full")} for m in checked
-    }
-    clean_all, corrupt_all, top_clean_all = [], [], []
-
-    def score(ids, mask, resid, idx):
-        with torch.no_grad(), resumed(model, layer, resid):
-            logits = metric_logits(model, ids, mask, [mpos[i] for i in idx])
-        metric = task.metric(logits[:, 0] if logits.shape[1] == 1 else logits, idx)
-        return metric.double().cpu().numpy(), logits[:, -1].argmax(-1).cpu().numpy()
-
-    for start in range(0, n, batch_size):
-        idx = list(range(start, min(n, start + batch_size)))
-        ids, mask = pad_batch([task.clean[i] for i in idx], pad)
-        cids, _ = pad_batch([list(corrupted[i]) for i in idx], pad)
-        ids, mask, cids = ids.to(model.device), mask.to(model.device), cids.to(model.device)
-        with truncated(model, layer):
-            _, cache = run_with_cache(model, ids, mask, [site])
-            _, ccache = run_with_cache(model, cids, mask, [site])
-        clean, corrupt = cache[site].double(), ccache[site].double()
-        delta = corrupt - clean
-        if positions is not None:
-            pmask = torch.zeros(delta.shape[:2], dtype=torch.float64, device=delta.device)
-            for r, i in enumerate(idx):
-                pmask[r, list(positions[i])] = 1.0
-            delta = delta * pmask[..., None]
-        m_clean, top_clean = score(ids, mask, clean, idx)
-        m_corrupt, _ = score(ids, mask, clean + delta if positions is None else corrupt, idx)
-        clean_all.append(m_clean)
-        corrupt_all.append(m_corrupt)
-        top_clean_all.append(top_clean)
-        m_full, top_full = score(ids, mask, clean + delta, idx)
-        for method, qs in checked.items():
-            effects, tops = [], []
-            for q in qs:
-                q = q.to(delta.device)
-                m_patch, top = score(ids, mask, clean + (delta @ q) @ q.T, idx)
-                effects.append(m_clean - m_patch)
-                tops.append(top)
-            width = (len(idx), 0)
-            acc[method]["effects"].append(np.stack(effects, 1) if effects else np.empty(width))
-            acc[method]["top1"].append(np.stack(tops, 1) if tops else np.empty(width, np.int64))
-            acc[method]["full"].append(m_clean - m_full)
-            acc[method]["top1_full"].append(top_full)
+    batches = [
+        _patch_batch(
+            model, task, corrupted, layer, positions, checked,
+            list(range(start, min(n, start + batch_size))), stack_rows,
+        )
+        for start in range(0, n, batch_size)
+    ]  # fmt: skip
     return {
         method: PatchRun(
-            clean_metric=np.concatenate(clean_all),
-            corrupt_metric=np.concatenate(corrupt_all),
-            effects=np.concatenate(a["effects"]),
-            full_effect=np.concatenate(a["full"]),
-            top1=np.concatenate(a["top1"]),
-            top1_clean=np.concatenate(top_clean_all),
-            top1_full=np.concatenate(a["top1_full"]),
+            clean_metric=np.concatenate([b.clean_metric for b in batches]),
+            corrupt_metric=np.concatenate([b.corrupt_metric for b in batches]),
+            effects=np.concatenate([b.effects[method] for b in batches]),
+            full_effect=np.concatenate([b.full_effect for b in batches]),
+            top1=np.concatenate([b.top1[method] for b in batches]),
+            top1_clean=np.concatenate([b.top1_clean for b in batches]),
+            top1_full=np.concatenate([b.top1_full for b in batches]),
         )
-        for method, a in acc.items()
+        for method in checked
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class _BatchRun:
+    """One prompt batch's share of every method's :class:`PatchRun` (``effects`` and
+    ``top1`` per method)."""
+
+    clean_metric: np.ndarray
+    corrupt_metric: np.ndarray
+    full_effect: np.ndarray
+    top1_clean: np.ndarray
+    top1_full: np.ndarray
+    effects: dict[str, np.ndarray]
+    top1: dict[str, np.ndarray]
+
+
+def _patch_batch(
+    model: Model,
+    task: TaskDataset,
+    corrupted: Sequence[Sequence[int]],
+    layer: int,
+    positions: Sequence[Sequence[int]] | None,
+    bases: Mapping[str, Sequence[torch.Tensor]],
+    idx: list[int],
+    stack_rows: int,
+) -> _BatchRun:
+    """Clean, corrupted, whole-space and every subspace patch of prompts ``idx``, scored in
+    stacks of ``max(1, stack_rows // len(idx))`` (:func:`_score_stacked`)."""
+    pad = model.tokenizer.pad_token_id or 0
+    ids, mask = pad_batch([task.clean[i] for i in idx], pad)
+    cids, _ = pad_batch([list(corrupted[i]) for i in idx], pad)
+    ids, mask, cids = ids.to(model.device), mask.to(model.device), cids.to(model.device)
+    site = site_name("resid_post", layer)
+    with truncated(model, layer):
+        _, cache = run_with_cache(model, ids, mask, [site])
+        _, ccache = run_with_cache(model, cids, mask, [site])
+    clean, corrupt = cache[site].double(), ccache[site].double()
+    delta = corrupt - clean
+    if positions is not None:
+        pmask = torch.zeros(delta.shape[:2], dtype=torch.float64, device=delta.device)
+        for r, i in enumerate(idx):
+            pmask[r, list(positions[i])] = 1.0
+        delta = delta * pmask[..., None]
+    whole = clean + delta
+    # with positions, the corrupted run is the corrupted prompt itself, not a patch
+    residuals: list[Callable[[], torch.Tensor]] = [
+        lambda: clean, lambda: whole if positions is None else corrupt, lambda: whole
+    ]  # fmt: skip
+    residuals += [partial(_project, clean, delta, q) for qs in bases.values() for q in qs]
+    metrics, tops = _score_stacked(
+        model, task, layer, (ids, mask, idx), residuals, max(1, stack_rows // len(idx))
+    )
+    m_clean = metrics[0]
+    effects, top1, offset = {}, {}, 3
+    for method, qs in bases.items():
+        own = slice(offset, offset + len(qs))
+        offset += len(qs)
+        if qs:
+            effects[method] = np.stack([m_clean - m for m in metrics[own]], 1)
+            top1[method] = np.stack(tops[own], 1)
+        else:
+            effects[method] = np.empty((len(idx), 0))
+            top1[method] = np.empty((len(idx), 0), np.int64)
+    return _BatchRun(
+        clean_metric=m_clean,
+        corrupt_metric=metrics[1],
+        full_effect=m_clean - metrics[2],
+        top1_clean=tops[0],
+        top1_full=tops[2],
+        effects=effects,
+        top1=top1,
+    )
+
+
+def _project(clean: torch.Tensor, delta: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The clean residual with the part of ``delta`` in subspace ``q`` added: ``q``'s patch."""
+    q = q.to(delta.device)
+    return clean + (delta @ q) @ q.T
+
+
+def _score_stacked(
+    model: Model,
+    task: TaskDataset,
+    layer: int,
+    batch: tuple[torch.Tensor, torch.Tensor, list[int]],
+    residuals: Sequence[Callable[[], torch.Tensor]],
+    stack: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Task metric and top-1 token of one prompt batch resumed from each of ``residuals``.
+
+    ``stack`` residuals at a time are concatenated along the batch dimension and run in one
+    resumed forward pass.  Rows do not interact, so each gets its own pass's numbers, while
+    the per-pass costs (probing and swapping the layers; reading the unembedding matrix,
+    which dominates small batches with a large vocabulary) are paid once per stack.  A
+    residual is built only when its stack runs, so memory holds ``stack`` of them.
+
+    Parameters
+    ----------
+    batch
+        The batch's input ids and attention mask ``[b, seq]`` and its prompt indices.
+    residuals
+        Each returns a ``resid_post`` of ``layer``, ``[b, seq, d]``.
+
+    Returns
+    -------
+    metrics, tops : list of ndarray
+        Per residual, the float64 metric and the top-1 token at the last metric position of
+        each prompt of the batch.
+    """
+    ids, mask, idx = batch
+    every = metric_positions(task)
+    mpos = [every[i] for i in idx]
+    metrics: list[np.ndarray] = []
+    tops: list[np.ndarray] = []
+    for start in range(0, len(residuals), stack):
+        chunk = residuals[start : start + stack]
+        k = len(chunk)
+        resid = torch.cat([make() for make in chunk])
+        with torch.no_grad(), resumed(model, layer, resid):
+            logits = metric_logits(model, ids.repeat(k, 1), mask.repeat(k, 1), mpos * k)
+        metric = task.metric(logits[:, 0] if logits.shape[1] == 1 else logits, idx * k)
+        metrics += list(metric.double().cpu().numpy().reshape(k, len(idx)))
+        tops += list(logits[:, -1].argmax(-1).cpu().numpy().reshape(k, len(idx)))
+    return metrics, tops
 
 
 def whole_space_run(
