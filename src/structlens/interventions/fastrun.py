@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -58,16 +59,29 @@ class _Constant(torch.nn.Module):
         return (out,) if self.as_tuple else out
 
 
+class _Probed(Exception):
+    """Raised by the probe's hook to stop the forward pass after the first layer."""
+
+
 def _layer_returns_tuple(model: Model) -> bool:
-    """Whether the model's decoder layers return a tuple (probed on a one-token input)."""
+    """Whether the model's decoder layers return a tuple (probed on a one-token input).
+
+    The probe stops the pass at the first layer: a whole forward would unembed over the full
+    vocabulary each time a run is resumed or truncated (a tenth of a second at 262k tokens).
+    """
     seen: list[bool] = []
-    handle = model.layers[0].register_forward_hook(
-        lambda _m, _a, out: seen.append(isinstance(out, tuple))
-    )
+
+    def hook(_m: torch.nn.Module, _a: Any, out: Any) -> None:
+        seen.append(isinstance(out, tuple))
+        raise _Probed
+
+    handle = model.layers[0].register_forward_hook(hook)
     try:
         ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
         with torch.no_grad():
             model.forward(ids, torch.ones_like(ids))
+    except _Probed:
+        pass
     finally:
         handle.remove()
     return seen[0]
