@@ -65,7 +65,7 @@ def test_the_interval_width_is_the_bias_corrected_estimates_own_jackknife():
     assert fit.erank_se > float(plain.se)
 
 
-def test_the_doubling_rule_is_scored_against_the_planted_kappa():
+def test_the_identification_rule_and_the_papers_are_scored_against_the_planted_kappa():
     from structlens.calibration.causal import PROTOCOL, STOPPING_SPECTRA, calibrate_stopping
 
     # a cap at the first size leaves the rule no doubling to stop on: it never says identified
@@ -84,3 +84,8 @@ def test_the_doubling_rule_is_scored_against_the_planted_kappa():
     loose = PROTOCOL.replace(kappa_tolerance=10.0)
     early = calibrate_stopping("d=64, flat", 3, first_seed=1, protocol=loose)
     assert early.rate == 1 and early.mean_vectors == 16 and early.false_stop_rate == 1
+    assert early.paper_rate == 1 and early.paper_false_stop_rate == 1
+    # at the paper's tolerance the plug-in ratio stops falsely on a spectrum that 128 windows
+    # resolve, where the identification rule waits for its interval (independent windows)
+    scored = calibrate_stopping("d=16, j^-1", 40, first_seed=1)
+    assert scored.paper_false_stop_rate >= 0.2 and scored.false_stop_rate <= 0.05

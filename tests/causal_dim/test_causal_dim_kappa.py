@@ -14,7 +14,8 @@ from structlens.causal_dim.kappa import (
     doubling_ratio,
     kappa_curve,
     kappa_from_grams,
-    kappa_until_converged,
+    kappa_until_identified,
+    residual_bias,
 )
 from structlens.causal_dim.model import (
     model_causal_dimension,
@@ -117,20 +118,63 @@ def test_jackknife_interval_covers_the_known_erank_where_the_bootstrap_did_not()
     assert covered >= 26  # nominal 95%
 
 
-def test_doubling_rule_stops_when_kappa_stops_rising():
+def test_doubling_stops_once_kappa_is_identified():
     lam = np.exp(-np.arange(20) / 4.0)
     rng = np.random.default_rng(0)
-    conv = kappa_until_converged(lambda k: _gaussian_grams(rng, lam, k, 2), 8, tolerance=1.05)
-    assert conv.converged and conv.ratio_last_doubling < 1.05
-    assert all(r >= 1.05 for r in conv.ratios[:-1])
-    assert conv.n_vectors == [8 * 2**i for i in range(len(conv.n_vectors))]
-    assert conv.grams.shape[0] == conv.n_vectors[-1]
+    conv = kappa_until_identified(lambda k: _gaussian_grams(rng, lam, k, 2), 8, tolerance=1.05)
+    fit = conv.fit
+    assert conv.identified and conv.n_vectors == [8 * 2**i for i in range(len(conv.n_vectors))]
+    assert conv.grams.shape[0] == conv.n_vectors[-1] == fit.n_vectors
+    # the rule's criterion, from the reported (raised) interval: both ends within 5% of κ
+    lo, hi = fit.erank_ci
+    assert fit.erank - lo <= 0.05 * fit.erank and hi - fit.erank <= 0.05 * fit.erank
+    # the paper's plug-in ratio is recorded at every size, the bias estimate too
     assert conv.ratio_last_doubling == pytest.approx(doubling_ratio(conv.grams))
-    # a budget too small to converge says so
-    capped = kappa_until_converged(lambda k: _gaussian_grams(rng, lam, k, 1), 4, max_vectors=8)
-    assert not capped.converged and capped.n_vectors == [4, 8]
+    assert conv.residual_bias[-1] == pytest.approx(residual_bias(conv.grams))
+    assert "raised by the residual bias" in fit.ci_method
+    # a budget too small to identify κ says so; 2 vectors leave no halves for the bias
+    capped = kappa_until_identified(lambda k: _gaussian_grams(rng, lam, k, 1), 2, max_vectors=2)
+    assert not capped.identified and capped.n_vectors == [2]
+    assert np.isnan(capped.residual_bias[-1]) and "not raised" in capped.fit.ci_method
     # rank-one basis: κ(n) = n, so every doubling has ratio exactly 2
     assert doubling_ratio(_rank_one_basis(8, 10)) == pytest.approx(2.0)
+
+
+def test_identical_grams_are_identified_at_once():
+    g = np.stack([np.diag([1.0, 1.0, 0.0])] * 8)
+    conv = kappa_until_identified(lambda k: g[:k], 8, max_vectors=64)
+    assert conv.identified and conv.n_vectors == [8] and conv.residual_bias == [0.0]
+    assert conv.fit.erank_ci == pytest.approx([2.0, 2.0])
+
+
+def test_residual_bias_is_a_third_of_the_gap_to_the_halves():
+    """Independent computation: the bias-corrected κ of all groups and of each half of them,
+    each from :func:`kappa_from_grams`."""
+    rng = np.random.default_rng(3)
+    g = _gaussian_grams(rng, np.ones(12), 24, 2)
+    groups = np.arange(24) % 8  # 8 groups in order of first appearance: halves 0-3 and 4-7
+    whole = kappa_from_grams(g, groups=groups).erank
+    halves = [kappa_from_grams(g[np.isin(groups, h)], groups=groups[np.isin(groups, h)]).erank
+              for h in (range(4), range(4, 8))]  # fmt: skip
+    assert residual_bias(g, groups) == pytest.approx(max(0.0, (whole - np.mean(halves)) / 3))
+    assert residual_bias(g, groups) > 0  # a flat spectrum from few rank-2 vectors: biased low
+    assert np.isnan(residual_bias(g[:3]))  # 3 groups: a half of 1 has no jackknife
+
+
+def test_raised_interval_covers_a_flat_spectrum_that_the_jackknife_misses():
+    """Planted flat spectrum in d = 64 from 64 rank-2 vectors in 32 groups: the bias-corrected
+    κ is still below κ = 64 by more than its interval's half-width, so the jackknife interval
+    misses in most instances; the upper end raised by the residual bias covers it."""
+    rng = np.random.default_rng(11)
+    groups = np.arange(64) % 32
+    old = new = 0
+    for _ in range(20):
+        g = _gaussian_grams(rng, np.ones(64), 64, 2)
+        conv = kappa_until_identified(lambda k, g=g: g[:k], 64, max_vectors=64, groups=groups)
+        jack = kappa_from_grams(g, groups=groups).erank_ci
+        old += jack[0] <= 64 <= jack[1]
+        new += conv.fit.erank_ci[0] <= 64 <= conv.fit.erank_ci[1]
+    assert old <= 8 and new >= 18
 
 
 def test_curve_on_rank_one_basis_equals_subset_size():

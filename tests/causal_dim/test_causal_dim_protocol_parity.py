@@ -94,7 +94,7 @@ def test_exact_kappa_equals_the_cli(drivers, driver):
     lo, hi = want.erank_ci
     assert lo <= want.erank <= hi and want.layer == LAYER
     assert want.participation_ratio_plugin <= want.erank_plugin * (1 + 1e-9)
-    assert want.n_vectors == PROFILES["smoke"].kappa_max_vectors or want.converged
+    assert want.n_vectors == PROFILES["smoke"].kappa_max_vectors or want.identified
 
 
 @pytest.mark.parametrize("driver", ["analyze", "replication"])

@@ -32,7 +32,7 @@ def kfit(layer: int = 1, **changes) -> KappaFit:
         g[i, i, i] = 16.0 / (i + 1)
     res = kappa_from_grams(g)
     fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(KappaResult)}
-    base = fields | {"layer": layer, "converged": True, "ratio_last_doubling": 1.01}
+    base = fields | {"layer": layer, "identified": True, "ratio_last_doubling": 1.01}
     return KappaFit(**(base | changes))
 
 
@@ -118,9 +118,9 @@ def test_kappa_hat_vs_exact_interval_from_both_intervals():
 def test_kappa_hat_vs_exact_excludes_one():
     ex = kfit(erank=400.0, erank_ci=[380.0, 420.0])
     assert V.kappa_hat_vs_exact(sweep(), [ex]).verdict == "not reproduced"
-    # the same ratio with exact κ still rising with n is not evidence either way
-    c = V.kappa_hat_vs_exact(sweep(), [dataclasses.replace(ex, ratio_last_doubling=1.3)])
-    assert c.verdict == "unidentified" and "still rising" in c.note
+    # the same ratio with exact κ not identified is not evidence either way
+    c = V.kappa_hat_vs_exact(sweep(), [dataclasses.replace(ex, identified=False)])
+    assert c.verdict == "unidentified" and "not identified" in c.note
 
 
 def test_kappa_hat_vs_exact_unidentified_or_not_tested():
@@ -141,7 +141,7 @@ def test_exact_kappa_headline_is_the_middle_layer_fixed_in_advance():
     assert c.settings["layer"] == 2 and set(c.per_setting) == {"1", "2", "3"}
     c = V.exact_kappa([lo, kfit(2, kappa_over_d=0.3), top], D)
     assert (c.verdict, c.settings["layer"]) == ("not reproduced", 2)
-    c = V.exact_kappa([lo, dataclasses.replace(mid, converged=False, ratio_last_doubling=1.2)], D)
+    c = V.exact_kappa([lo, dataclasses.replace(mid, identified=False, ratio_last_doubling=1.2)], D)
     assert c.settings["layer"] == 2 and c.verdict == "unidentified" and "1.20" in c.note
     assert V.exact_kappa([], D).verdict == "not tested"
 
@@ -284,7 +284,7 @@ def analysis(fits, fit, not_run="") -> CausalAnalysis:
 
 
 def test_section_caveats_and_headlines():
-    few = kfit(1, n_vectors=8, converged=False, ratio_last_doubling=1.2, max_vectors=8)
+    few = kfit(1, n_vectors=8, identified=False, ratio_last_doubling=1.2, max_vectors=8)
     enough = kfit(2, n_vectors=V.MIN_KAPPA_VECTORS)
     s = V.section(analysis([few, enough], sweep(kappa_hat_status="unidentified")))
     assert [c.kind for c in s.caveats] == ["too_few_vectors", "not_converged", "unidentified"]

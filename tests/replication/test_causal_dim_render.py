@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from structlens.causal_dim.experiment import FourCell
-from structlens.causal_dim.kappa import KappaResult, kappa_curve, kappa_from_grams
+from structlens.causal_dim.kappa import KappaResult, kappa_curve, kappa_from_grams, residual_bias
 from structlens.causal_dim.protocol import PROFILES
 from structlens.causal_dim.stages import KappaFit
 from structlens.replication.causal_dim.render import (
@@ -30,15 +30,16 @@ def _run(tmp_path) -> Run:
         g[i, i, i] = 1.0  # Σ̂ has 8 equal eigenvalues: plug-in κ = κ_PR = 8
     res = kappa_from_grams(g)
     # without a vector κ = 7, so the jackknife's bias-corrected κ = 8·8 − 7·7 = 15, projected
-    # onto [1, d = 10]: the reported κ (and κ_PR) is 10, the plug-in 8 beside it
+    # onto [1, d = 10]: the reported κ (and κ_PR) is 10, the plug-in 8 beside it; halves of
+    # 4 give 4·4 − 3·3 = 7, so the residual bias is (15 − 7)/3
     assert (res.erank, res.participation_ratio) == (10.0, 10.0)
     assert abs(res.erank_plugin - 8.0) < 1e-9
     curve = kappa_curve(g, [1, 8], n_draws=3)
     fit = KappaFit(
         **{f.name: getattr(res, f.name) for f in dataclasses.fields(KappaResult)},
-        layer=3, converged=False, tolerance=1.05, curve_sizes=curve.sizes,
-        curve_erank=curve.erank, curve_erank_sd=curve.erank_sd, curve_pr=curve.pr,
-        curve_pr_sd=curve.pr_sd,
+        layer=3, identified=False, residual_bias=residual_bias(g), tolerance=1.05,
+        curve_sizes=curve.sizes, curve_erank=curve.erank, curve_erank_sd=curve.erank_sd,
+        curve_pr=curve.pr, curve_pr_sd=curve.pr_sd,
     )  # fmt: skip
     cell = {
         "width": 64,
@@ -64,7 +65,7 @@ def test_claims_of_kappa_and_four_cell(tmp_path):
     assert (c.kind, c.verdict) == ("check", "reproduced") and c.positive_control["passed"]
     c = by_id["exact_kappa"]
     assert abs(c.ours - 10.0) < 1e-9 and abs(c.settings["kappa_over_d"] - 1.0) < 1e-12
-    assert c.verdict == "unidentified"  # κ(8)/κ(4) = 2 ≥ 1.05: not converged
+    assert c.verdict == "unidentified"  # not identified
     # the sections that did not run are claims not tested, each with its reason
     assert by_id["wedge"].verdict == "not tested" and by_id["wedge"].note
     assert (by_id["ioi_atp_recall"].verdict, by_id["ioi_atp_recall"].note) == (
@@ -79,7 +80,7 @@ def test_claims_of_kappa_and_four_cell(tmp_path):
 def test_markdown_shows_the_sections_that_ran(tmp_path):
     run = _run(tmp_path)
     doc = render_markdown(run, "test")
-    assert "| 3 | 8 | 8 | False | 10.0 | 0.0 | [10.0, 10.0] | 8.0 | 1.000 | 2.00 |" in doc
+    assert "| 3 | 8 | 8 | False | 10.0 | 0.0 | [10.0, 10.0] | 2.67 | 8.0 | 1.000 | 2.00 |" in doc
     assert "| relu | random_enc/learned_dec | 9.5 | 64 | 12 | 3.00× |" in doc  # L0 per cell
     assert "| 3 | 1.0 ± 0.0 | 8.0 ± 0.0 |" in doc  # the κ-vs-n row
     assert "## Width sweep" not in doc and "## IOI" not in doc

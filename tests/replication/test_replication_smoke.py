@@ -146,8 +146,9 @@ def _check_causal(raw, md):
     assert str(sw["base_width"]) in sw["base_width_sensitivity"]  # the headline table
     ratios = raw["kappa"]["ratio_last_doubling"]
     assert set(ratios) == {"1", "2"}
-    for layer, conv in raw["kappa"]["converged"].items():
-        assert conv == (ratios[layer] < 1.05)  # else it stopped at the vector cap
+    identified, ek = raw["kappa"]["identified"], by_id["exact_kappa"]
+    assert set(identified) == {"1", "2"}
+    assert (ek["verdict"] == "unidentified") == (not identified[str(ek["settings"]["layer"])])
     cells = by_id["random_encoder_inflation"]["settings"]
     assert set(cells["l0"]) == {"topk", "jumprelu", "relu"}
     assert all(len(v) == 4 for v in cells["l0"].values())  # L0 of every cell

@@ -8,16 +8,18 @@ models do.  Windows are cut from "chunks" as the protocol cuts them from corpus 
 windows of one chunk share a common part, ``Z_i = √ρ Z_chunk + √(1−ρ) E_i``, and are drawn in
 the protocol's chunk-major order.
 
-The instances run the production stage :func:`structlens.causal_dim.stages.kappa` (the doubling
-rule, then the bias-corrected delete-a-group jackknife over the protocol's unit) with the
+The instances run the production stage :func:`structlens.causal_dim.stages.kappa` (vectors
+doubled until κ is identified, the bias-corrected delete-a-group jackknife over the protocol's
+unit, the interval's upper end raised by the residual bias) with the
 planted Grams in place of the model's; the unit ``"vector"`` (every window its own group) is
 scored beside the protocol's ``"chunk"`` to show what the unit changes when windows of one
 chunk are correlated.
 
-:func:`calibrate_stopping` scores the doubling rule itself as a decision: κ(n)/κ(n/2) below
-the tolerance before the vector cap reads as "κ is identified", a ratio still above it at the
-cap as "the κ found is a lower bound".  Its planted families (:data:`STOPPING_SPECTRA`) range
-from spectra that 128 rank-2 windows resolve to spectra they cannot.
+:func:`calibrate_stopping` scores the identification rule as a decision: "κ is identified"
+is false when the reported κ lies more than :data:`STOPPING_CLOSE` from the truth.  Beside it,
+the same doublings score the paper's rule (the plug-in κ(n)/κ(n/2) below the tolerance),
+which it replaced.  Its planted families (:data:`STOPPING_SPECTRA`) range from spectra that
+128 rank-2 windows resolve to spectra they cannot.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from structlens.causal_dim.protocol import PROFILES, CausalProtocol
-from structlens.causal_dim.stages import PromptSets, kappa
+from structlens.causal_dim.stages import KappaFit, PromptSets, kappa
 from structlens.stats.intervals import wilson_interval
 
 __all__ = ["PROTOCOL", "SPECTRUM", "STOPPING_SPECTRA", "KappaCalibration", "StoppingCalibration",
@@ -40,15 +42,16 @@ PROTOCOL: CausalProtocol = PROFILES["paper"]
 SPECTRUM = np.arange(1, 17, dtype=np.float64) ** -1.0
 
 
-#: The planted spectra of the doubling rule's calibration, by label: ``j^-1`` in 16, 32 and 64
-#: dimensions and a flat spectrum in 64.
+#: The planted spectra of the identification rule's calibration, by label: ``j^-1`` in 16, 32
+#: and 64 dimensions, ``j^-1/2`` and a flat spectrum in 64.
 STOPPING_SPECTRA: dict[str, np.ndarray] = {
     "d=16, j^-1": SPECTRUM,
     "d=32, j^-1": np.arange(1, 33, dtype=np.float64) ** -1.0,
     "d=64, j^-1": np.arange(1, 65, dtype=np.float64) ** -1.0,
+    "d=64, j^-1/2": np.arange(1, 65, dtype=np.float64) ** -0.5,
     "d=64, flat": np.ones(64),
 }
-#: Relative error within which a κ counts as found (the doubling rule's own tolerance).
+#: Relative error within which a κ counts as found (the rule's own tolerance).
 STOPPING_CLOSE = 0.05
 
 
@@ -98,8 +101,8 @@ class KappaCalibration:
     ``coverage`` is the share of intervals that contain κ(Σ) (``truth``), with its Wilson
     interval over instances; ``mean_estimate``/``sd_estimate`` summarise the bias-corrected
     point, ``mean_plugin`` the plug-in; ``mean_vectors`` is the mean number of windows at which
-    the doubling rule stopped and ``converged`` the share of instances in which it stopped by
-    its tolerance (not at the cap).
+    the doubling stopped and ``identified`` the share of instances in which it stopped because
+    κ was identified (not at the cap).
     """
 
     rho: float
@@ -113,7 +116,7 @@ class KappaCalibration:
     coverage: float
     coverage_ci: tuple[float, float]
     mean_vectors: float
-    converged: float
+    identified: float
     seeds: tuple[int, int]
 
 
@@ -123,7 +126,7 @@ def calibrate_kappa(
     """Run :func:`~structlens.causal_dim.stages.kappa` on ``n`` planted instances with seeds
     ``first_seed, first_seed + 1, ...`` under ``protocol`` with ``kappa_unit=unit``."""
     truth = true_kappa()
-    points, plugins, widths, vectors, covered, converged = [], [], [], [], 0, 0
+    points, plugins, widths, vectors, covered, identified = [], [], [], [], 0, 0
     for seed in range(first_seed, first_seed + n):
         prompts, grams = planted_grams(rho, seed=seed)
         fit = kappa(
@@ -136,28 +139,31 @@ def calibrate_kappa(
         widths.append(hi - lo)
         vectors.append(fit.n_vectors)
         covered += lo <= truth <= hi
-        converged += fit.converged
+        identified += fit.identified
     return KappaCalibration(
         rho=float(rho), unit=unit, truth=truth, n=n, mean_estimate=float(np.mean(points)),
         sd_estimate=float(np.std(points, ddof=1)) if n > 1 else float("nan"),
         mean_plugin=float(np.mean(plugins)), mean_width=float(np.mean(widths)),
         coverage=covered / n, coverage_ci=wilson_interval(covered, n),
-        mean_vectors=float(np.mean(vectors)), converged=converged / n,
+        mean_vectors=float(np.mean(vectors)), identified=identified / n,
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class StoppingCalibration:
-    """The doubling rule on ``n`` instances of one planted spectrum (``family``, true κ
+    """The identification rule on ``n`` instances of one planted spectrum (``family``, true κ
     ``truth``; independent windows, the protocol's unit).
 
-    ``rate`` is the share of instances in which the rule stopped by its tolerance (says "κ is
-    identified"), with its Wilson interval; ``false_stop_rate`` the share in which it did so
-    while the plug-in κ (the κ(n) its ratio reads) was still more than
-    :data:`STOPPING_CLOSE` below the truth; ``plugin_close`` / ``estimate_close`` the shares
-    of all instances whose plug-in / bias-corrected κ lies within :data:`STOPPING_CLOSE` of
-    it; ``coverage`` that of the bias-corrected interval; ``mean_vectors`` the windows used.
+    ``rate`` is the share of instances in which the rule says "κ is identified", with its
+    Wilson interval; ``false_stop_rate`` the share in which it did so while the reported
+    (bias-corrected) κ lay more than :data:`STOPPING_CLOSE` from the truth;
+    ``plugin_close`` / ``estimate_close`` the shares of all instances whose plug-in /
+    bias-corrected κ lies within :data:`STOPPING_CLOSE` of it; ``coverage`` that of the
+    reported interval; ``mean_vectors`` the windows used.  ``paper_rate`` and
+    ``paper_false_stop_rate`` score the paper's rule on the same doublings: it stops at the
+    first plug-in κ(n)/κ(n/2) below the tolerance, falsely when that κ(n) is more than
+    :data:`STOPPING_CLOSE` low.
     """
 
     family: str
@@ -175,7 +181,18 @@ class StoppingCalibration:
     coverage: float
     coverage_ci: tuple[float, float]
     mean_vectors: float
+    paper_rate: float
+    paper_false_stop_rate: float
+    paper_false_stop_ci: tuple[float, float]
     seeds: tuple[int, int]
+
+
+def _paper_stop(fit: KappaFit, tolerance: float) -> float | None:
+    """The plug-in κ(n) at which the paper's rule would have stopped (``None``: never)."""
+    for erank, ratio in zip(fit.doubling_erank, fit.doubling_ratios, strict=True):
+        if ratio < tolerance:
+            return float(erank)
+    return None
 
 
 def calibrate_stopping(
@@ -183,18 +200,21 @@ def calibrate_stopping(
 ) -> StoppingCalibration:
     """Run :func:`~structlens.causal_dim.stages.kappa` on ``n`` instances of planted spectrum
     ``family`` (a key of :data:`STOPPING_SPECTRA`) with seeds from ``first_seed`` under
-    ``protocol``, and score its doubling rule as a decision."""
+    ``protocol``, and score its identification rule (and the paper's) as a decision."""
     m = STOPPING_SPECTRA[family]
     truth, close = true_kappa(m), STOPPING_CLOSE
-    stops = false_stops = plugin_close = estimate_close = covered = 0
+    stops = false_stops = plugin_close = estimate_close = covered = paper = paper_false = 0
     plugins, points, vectors = [], [], []
     for seed in range(first_seed, first_seed + n):
         prompts, grams = planted_grams(0.0, seed=seed, m=m)
         fit = kappa(protocol.replace(seed=seed), None, 0, prompts,
                     grams=functools.partial(_windows, grams))  # fmt: skip
         lo, hi = fit.erank_ci
-        stops += fit.converged
-        false_stops += fit.converged and fit.erank_plugin < (1 - close) * truth
+        stops += fit.identified
+        false_stops += fit.identified and abs(fit.erank - truth) > close * truth
+        at = _paper_stop(fit, protocol.kappa_tolerance)
+        paper += at is not None
+        paper_false += at is not None and at < (1 - close) * truth
         plugin_close += abs(fit.erank_plugin - truth) <= close * truth
         estimate_close += abs(fit.erank - truth) <= close * truth
         covered += lo <= truth <= hi
@@ -208,5 +228,7 @@ def calibrate_stopping(
         estimate_close=estimate_close / n, mean_plugin=float(np.mean(plugins)),
         mean_estimate=float(np.mean(points)), coverage=covered / n,
         coverage_ci=wilson_interval(covered, n), mean_vectors=float(np.mean(vectors)),
+        paper_rate=paper / n, paper_false_stop_rate=paper_false / n,
+        paper_false_stop_ci=wilson_interval(paper_false, n),
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

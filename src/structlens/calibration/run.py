@@ -106,7 +106,7 @@ PROFILES = {
     "smoke": Profile(
         20, merge_rhos=(0.0, 0.9), gini_effects=(0.0, 0.2), universality_instances=10,
         universality_families=(("4-d", "identity", 0.0), ("4-d", "identity", 0.4)),
-        kappa_spectra=("d=16, j^-1", "d=64, j^-1"), tail_sizes=TAIL_SIZES[:1],
+        kappa_spectra=("d=16, j^-1", "d=64, flat"), tail_sizes=TAIL_SIZES[:1],
     ),
     "cpu": Profile(200),
 }  # fmt: skip
@@ -221,8 +221,11 @@ def _causal_and_equivalence_summaries(doc: dict[str, Any]) -> None:
         + ", ".join(
             f"{_ci(r['rate'], r['rate_ci'])} ({r['family']}, κ {r['truth']:.1f})" for r in rows
         )  # fmt: skip
-        + f"; says so while the plug-in κ is more than {st['close']:.0%} low in "
+        + f"; says so while κ is more than {st['close']:.0%} off in "
         + ", ".join(f"{r['false_stop_rate']:.2f}" for r in rows)
+        + " (the paper's plug-in κ(n)/κ(n/2) rule: "
+        + ", ".join(f"{r['paper_false_stop_rate']:.2f}" for r in rows)
+        + ")"
         + f"; the bias-corrected κ lies within {st['close']:.0%} of the truth in "
         + ", ".join(f"{r['estimate_close']:.2f}" for r in rows)
         + " of all instances"
@@ -366,7 +369,8 @@ def _kappa_rule(p: Profile) -> dict[str, Any]:
     return {
         "rule": "the bias-corrected jackknife t interval of exact κ (95%), its standard error "
         "that of the bias-corrected estimate (a jackknife of it over at most 32 blocks of "
-        "groups), after the doubling rule κ(n)/κ(n/2) < tolerance",
+        "groups), its upper end raised by the residual bias, after doubling the vectors until "
+        "κ is identified",
         "stage": "structlens.causal_dim.stages.kappa (planted Grams)",
         "protocol": {
             k: getattr(causal.PROTOCOL, k)
@@ -380,9 +384,9 @@ def _stopping_rule(p: Profile) -> dict[str, Any]:
     rows = [causal.calibrate_stopping(f, p.instances, first_seed=FIRST_SEED)
             for f in p.kappa_spectra]  # fmt: skip
     return {
-        "rule": f"κ is identified when the doubling rule stops by its tolerance "
-        f"(κ(n)/κ(n/2) < {causal.PROTOCOL.kappa_tolerance:g} before "
-        f"{causal.PROTOCOL.kappa_max_vectors} vectors), a lower bound otherwise",
+        "rule": "κ is identified when its interval, the upper end raised by the residual bias "
+        f"(Richardson), lies within ±{causal.PROTOCOL.kappa_tolerance - 1:.0%} of the "
+        f"bias-corrected κ before {causal.PROTOCOL.kappa_max_vectors} vectors",
         "stage": "structlens.causal_dim.stages.kappa (planted Grams)",
         "close": causal.STOPPING_CLOSE,
         "families": [dataclasses.asdict(r) for r in rows],
@@ -776,31 +780,41 @@ def _stopping(doc: dict[str, Any]) -> list[str]:
     st = doc["causal_dim"]["kappa_stopping"]
     rows, close, fpr = st["families"], st["close"], doc["target_false_positive_rate"]
     worst = max(rows, key=lambda r: r["false_stop_rate"])
+    paper = max(rows, key=lambda r: r["paper_false_stop_rate"])
+    low_cover = min(rows, key=lambda r: r["coverage"])
     return [
-        "## Causal dimensionality: the doubling rule",
+        "## Causal dimensionality: when κ is identified",
         "",
         f"Rule: {st['rule']}. Stage: `{st['stage']}` under the paper protocol, unit chunk. "
         "Planted rank-2 Jacobians of 32 chunks of 4 independent windows (ρ = 0) over spectra "
         "that the vector cap resolves and spectra it cannot. A false stop: the rule says "
-        f"identified while the plug-in κ(n) its ratio reads is more than {close:.0%} below κ.",
+        f"identified while the reported κ is more than {close:.0%} from κ. The paper's rule "
+        f"(stop at the first plug-in κ(n)/κ(n/2) below the tolerance) is scored on the same "
+        f"doublings; its false stop: the plug-in κ(n) it stops at is more than {close:.0%} "
+        "below κ.",
         "",
-        "| spectrum | true κ | instances | says identified | false stop | plug-in κ (mean) "
-        f"| plug-in within {close:.0%} | bias-corrected κ (mean) | within {close:.0%} | "
-        "interval coverage | windows used (mean) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| spectrum | true κ | instances | says identified | false stop | paper's rule: stops "
+        f"| its false stop | plug-in κ (mean) | plug-in within {close:.0%} | bias-corrected κ "
+        f"(mean) | within {close:.0%} | interval coverage | windows used (mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {r['family']} | {r['truth']:.1f} | {r['n']} | {_ci(r['rate'], r['rate_ci'])} "
-            f"| {_ci(r['false_stop_rate'], r['false_stop_ci'])} | {r['mean_plugin']:.1f} | "
-            f"{r['plugin_close']:.2f} | {r['mean_estimate']:.1f} | {r['estimate_close']:.2f} "
-            f"| {_ci(r['coverage'], r['coverage_ci'])} | {r['mean_vectors']:.0f} |"
+            f"| {_ci(r['false_stop_rate'], r['false_stop_ci'])} | {r['paper_rate']:.2f} | "
+            f"{_ci(r['paper_false_stop_rate'], r['paper_false_stop_ci'])} | "
+            f"{r['mean_plugin']:.1f} | {r['plugin_close']:.2f} | {r['mean_estimate']:.1f} | "
+            f"{r['estimate_close']:.2f} | {_ci(r['coverage'], r['coverage_ci'])} | "
+            f"{r['mean_vectors']:.0f} |"
             for r in rows
         ),
         "",
         f"- The largest false-stop rate is {worst['false_stop_rate']:.2f} ({worst['family']}; "
-        f"target ≤ {fpr:.2f}): a ratio below the tolerance does "
-        f"{'not ' if worst['false_stop_rate'] > fpr else ''}show that the plug-in κ has "
-        'reached κ. Where the rule never stops, its "lower bound" holds for the plug-in; '
-        "the bias-corrected point and its interval are the columns to read there.",
+        f"target ≤ {fpr:.2f}); the paper's rule's is {paper['paper_false_stop_rate']:.2f} "
+        f"({paper['family']}): a plug-in ratio below the tolerance does not show that the "
+        "plug-in has reached κ.",
+        f"- The lowest coverage of the reported interval is {low_cover['coverage']:.2f} "
+        f"({low_cover['family']}; target [0.90, 0.98]). Where the rule does not say "
+        "identified, κ is not pinned within the tolerance; the interval is still the one to "
+        "read.",
         "",
     ]
 

@@ -20,9 +20,11 @@ Exact κ
     windows cut from chunks ``jacobian_gap`` tokens apart and ordered chunk-major, held-out
     chunks first: the first vectors all come from different chunks.  κ involves no SAE, so
     once the held-out chunks are used up the windows continue into SAE training chunks.
-    Vectors are doubled from ``kappa_start`` until ``κ(n)/κ(n/2) < kappa_tolerance`` or
-    ``kappa_max_vectors``; point and interval are the bias-corrected delete-a-group jackknife
-    over ``kappa_unit`` (windows of one chunk share text, so the chunk is the unit).
+    Vectors are doubled from ``kappa_start`` until κ is identified within a factor
+    ``kappa_tolerance`` (the interval, raised by the bias left after the jackknife's
+    correction, within ``±(kappa_tolerance − 1)·κ``) or ``kappa_max_vectors``; point and
+    interval are the bias-corrected delete-a-group jackknife over ``kappa_unit`` (windows of
+    one chunk share text, so the chunk is the unit).
 Width sweep
     TopK SAEs of ``sweep_widths`` (the base at least ``min_base_width_ratio · d``) trained to
     convergence of a held-out tenth of the training rows; AtP on the LM loss over the
@@ -83,7 +85,7 @@ class CausalProtocol(Protocol):
     kappa_start: int = described(16, "Residual vectors per layer before the first doubling.")
     kappa_max_vectors: int = described(128, "Residual vectors per layer at most (the cap).")
     kappa_tolerance: float = described(
-        1.05, "Stop doubling the vectors once κ(n)/κ(n/2) is below this."
+        1.05, "κ is identified once its interval and residual bias lie within this factor."
     )
     kappa_unit: str = described(
         "chunk", "Jackknife unit of κ: the corpus 'chunk' a window comes from, or the 'vector'."

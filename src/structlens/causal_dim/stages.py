@@ -8,8 +8,8 @@ answer whichever driver runs it.
 
 * :func:`prompt_sets` — the protocol's prompt sets (:class:`PromptSets`).
 * :func:`exact_grams` and :func:`kappa` — exact per-vector Grams ``J(x)ᵀJ(x)`` and κ of one
-  layer under the doubling rule (:class:`KappaFit`); :func:`blocked_grams` draws a caching
-  driver's Grams in fixed blocks (:class:`GramBlock`).  κ is solved in one place,
+  layer, vectors doubled until κ is identified (:class:`KappaFit`); :func:`blocked_grams`
+  draws a caching driver's Grams in fixed blocks (:class:`GramBlock`).  κ is solved in one place,
   :meth:`structlens.causal_dim.kappa.KappaEstimator.fit_from_statistics` (through
   :func:`~structlens.causal_dim.kappa.kappa_from_grams`, its entry for per-vector Grams).
 * :func:`training_rows`, :func:`eval_rows` — the residuals SAEs train on and the residuals
@@ -185,9 +185,12 @@ class KappaFit(KappaResult):
     and ``erank_ci`` are the bias-corrected jackknife estimate of κ(Σ) and its interval, the
     same estimand; ``erank_plugin`` the plug-in κ(Σ̂) beside it) plus how it was measured.
 
-    ``ratio_last_doubling`` is the convergence rule's κ(n)/κ(n/2) of the plug-in over the
-    last doubling of vectors, and ``converged`` whether it fell below ``tolerance`` before
-    the cap ``max_vectors``; ``doubling_*`` give n, κ and the ratio after every doubling.
+    ``identified`` says whether the vectors pinned κ within a factor ``tolerance`` before the
+    cap ``max_vectors`` (:func:`~structlens.causal_dim.kappa.kappa_until_identified`: the
+    interval, its upper end raised by the ``residual_bias`` left after the jackknife's
+    correction, within ``±(tolerance − 1)·κ``); ``ratio_last_doubling`` is the paper's
+    plug-in κ(n)/κ(n/2) over the last doubling, a diagnostic; ``doubling_*`` give n, the
+    plug-in κ, the ratio and the residual bias after every doubling.
     ``unit`` is the jackknife unit (``chunk``: windows of one corpus chunk form one group);
     ``curve_*`` the few-vector bias curve (:meth:`curve`).
     """
@@ -197,12 +200,14 @@ class KappaFit(KappaResult):
     output: str = "log_probs"
     positions: str = "same"
     window_tokens: int = 0
-    converged: bool = False
+    identified: bool = False
+    residual_bias: float = float("nan")
     tolerance: float = 1.05
     max_vectors: int = 0
     doubling_n: list = dataclasses.field(default_factory=list)
     doubling_erank: list = dataclasses.field(default_factory=list)
     doubling_ratios: list = dataclasses.field(default_factory=list)
+    doubling_residual_bias: list = dataclasses.field(default_factory=list)
     curve_sizes: list = dataclasses.field(default_factory=list)
     curve_erank: list = dataclasses.field(default_factory=list)
     curve_erank_sd: list = dataclasses.field(default_factory=list)
@@ -225,15 +230,16 @@ def kappa(
     *,
     grams: Callable[[int, int], np.ndarray] | None = None,
 ) -> KappaFit:
-    """Exact κ at ``layer``: vectors doubled from ``protocol.kappa_start`` until
-    ``κ(n)/κ(n/2) < protocol.kappa_tolerance`` or the cap, then the bias-corrected jackknife
-    over ``protocol.kappa_unit`` and the few-vector curve.
+    """Exact κ at ``layer``: vectors doubled from ``protocol.kappa_start`` until κ is
+    identified within a factor ``protocol.kappa_tolerance`` or the cap
+    (:func:`~structlens.causal_dim.kappa.kappa_until_identified`, the bias-corrected jackknife
+    over ``protocol.kappa_unit``), then the few-vector curve.
 
     ``grams(start, stop)`` gives the Grams of windows ``start:stop`` of
     ``prompts.kappa_windows`` (default: :func:`exact_grams` on ``model``; a caching driver
     passes its own).
     """
-    from structlens.causal_dim.kappa import kappa_curve, kappa_from_grams, kappa_until_converged
+    from structlens.causal_dim.kappa import kappa_curve, kappa_until_identified
 
     windows, chunks = prompts.kappa_windows, prompts.kappa_chunks
     cap = min(protocol.kappa_max_vectors, len(windows))
@@ -250,13 +256,13 @@ def kappa(
         drawn[0] = a + k
         return source(a, a + k)
 
-    conv = kappa_until_converged(
-        draw, min(protocol.kappa_start, cap), tolerance=protocol.kappa_tolerance, max_vectors=cap
-    )
-    g = conv.grams
+    conv = kappa_until_identified(
+        draw, min(protocol.kappa_start, cap), tolerance=protocol.kappa_tolerance,
+        max_vectors=cap, groups=chunks if protocol.kappa_unit == "chunk" else None,
+        ci=protocol.kappa_ci,
+    )  # fmt: skip
+    g, res = conv.grams, conv.fit
     n = len(g)
-    groups = chunks[:n] if protocol.kappa_unit == "chunk" else None
-    res = kappa_from_grams(g, ci=protocol.kappa_ci, groups=groups)
     sizes = sorted({s for s in (2**i for i in range(12)) if s < n} | {n})
     curve = kappa_curve(g, sizes, n_draws=protocol.kappa_curve_draws, seed=protocol.seed)
     fields = {f.name: getattr(res, f.name) for f in dataclasses.fields(KappaResult)}
@@ -268,12 +274,14 @@ def kappa(
         output=protocol.jacobian_output,
         positions=protocol.jacobian_positions,
         window_tokens=protocol.jacobian_tokens,
-        converged=bool(conv.converged),
+        identified=conv.identified,
+        residual_bias=float(conv.residual_bias[-1]),
         tolerance=protocol.kappa_tolerance,
         max_vectors=cap,
         doubling_n=list(conv.n_vectors),
         doubling_erank=[float(v) for v in conv.erank],
         doubling_ratios=[float(v) for v in conv.ratios],
+        doubling_residual_bias=[float(v) for v in conv.residual_bias],
         curve_sizes=curve.sizes,
         curve_erank=curve.erank,
         curve_erank_sd=curve.erank_sd,

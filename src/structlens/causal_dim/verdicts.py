@@ -79,7 +79,6 @@ PAPER_SETTING = {
 # Our decision rules (fixed in advance, not the paper's numbers).
 WEDGE_GAP = 1.5  # a growth or growth ratio whose CI clears this counts as a gap
 KAPPA_SHARE = 0.5  # κ/d (and κ̂'s upper CI end over d) at which κ counts as a large share
-KAPPA_RISING = 1.1  # κ(n)/κ(n/2) above this: exact κ is still rising with n
 INFLATION = 1.5  # a random encoder's N_causal inflation above this reproduces the direction
 PAPER_ARCHITECTURE = "jumprelu"  # the SAEs of the paper's random-encoder ablation (Gemma Scope)
 IOI_RECALL = 0.8  # AtP recovers the task features when this share of them is in its top 5%
@@ -225,13 +224,10 @@ def kappa_hat_vs_exact(sweep: SweepFit | None, fits: Sequence[KappaFit]) -> Clai
                       ci_reason="no κ̂ to compare")  # fmt: skip
     k, kci = _f(sweep.kappa_hat), sweep.kappa_hat_ci
     lo, hi = _f(kci[0]) / _f(ex.erank_ci[1]), _f(kci[1]) / _f(ex.erank_ci[0])
-    rising = _f(ex.ratio_last_doubling) > KAPPA_RISING
     if lo <= 1 <= hi:
         verdict, why = "reproduced", "the ratio's interval covers 1"
-    elif hi < 1 and rising:
-        verdict, why = "unidentified", "κ̂ < κ, but exact κ is itself still rising with n"
-    elif rising:
-        verdict, why = "unidentified", "exact κ still rising with n"
+    elif not ex.identified:
+        verdict, why = "unidentified", f"exact κ is not identified: {unidentified_reason(ex)}"
     else:
         verdict, why = "not reproduced", "the ratio's interval excludes 1"
     return _claim(cid, k / _f(ex.erank), [lo, hi], verdict, why, settings)
@@ -240,23 +236,18 @@ def kappa_hat_vs_exact(sweep: SweepFit | None, fits: Sequence[KappaFit]) -> Clai
 # ---------------------------------------------------------------- exact κ
 def exact_kappa(fits: Sequence[KappaFit], d: int) -> Claim:
     """κ at the middle κ layer, fixed in advance (the other layers under ``per_setting``):
-    unidentified unless it converged, then reproduced when κ/d ≥ :data:`KAPPA_SHARE`."""
+    unidentified unless its vectors identified it, then reproduced when κ/d ≥
+    :data:`KAPPA_SHARE`."""
     if not fits:
         return not_tested("exact_kappa", "no exact κ in this run")
     by_layer = sorted(fits, key=lambda f: f.layer)
     top = by_layer[len(by_layer) // 2]
-    if not top.converged:
-        verdict, why = (
-            "unidentified",
-            (
-                f"κ(n)/κ(n/2) = {_f(top.ratio_last_doubling):.2f}, not below {top.tolerance} "
-                f"at the vector cap, so κ/d = {top.kappa_over_d:.2f} is a lower bound"
-            ),
-        )
+    if not top.identified:
+        verdict, why = "unidentified", unidentified_reason(top)
     elif top.kappa_over_d < KAPPA_SHARE:
-        verdict, why = "not reproduced", "κ/d < 0.5 and converged"
+        verdict, why = "not reproduced", "κ/d < 0.5 and κ identified"
     else:
-        verdict, why = "reproduced", "κ/d ≥ 0.5 and converged"
+        verdict, why = "reproduced", "κ/d ≥ 0.5 and κ identified"
     settings = {
         "layer": int(top.layer),
         "kappa_over_d": float(top.kappa_over_d),
@@ -490,7 +481,7 @@ def claims(
 
 # ---------------------------------------------------------------- analyze
 def kappa_caveats(fit: KappaFit) -> list[Caveat]:
-    """Why one layer's κ should not be read at face value: too few vectors, not converged."""
+    """Why one layer's κ should not be read at face value: too few vectors, not identified."""
     out = []
     # κ(Σ̂) is concave in the spectrum, so it is biased low at small n.
     if fit.n_vectors < MIN_KAPPA_VECTORS:
@@ -500,14 +491,25 @@ def kappa_caveats(fit: KappaFit) -> list[Caveat]:
             f"{MIN_KAPPA_VECTORS}); the plug-in is biased low at small n, the jackknife "
             "removes only the first-order bias, and the interval covers vector sampling only.",
         ))  # fmt: skip
-    if not fit.converged:
-        out.append(Caveat(
-            "not_converged",
-            f"layer {fit.layer}: κ(n)/κ(n/2) = {fit.ratio_last_doubling:.2f} is not below "
-            f"{fit.tolerance} at the cap of {fit.max_vectors} vectors; κ is still rising "
-            "with n and is a lower bound.",
-        ))  # fmt: skip
+    if not fit.identified:
+        out.append(Caveat("not_converged", f"layer {fit.layer}: {unidentified_reason(fit)}."))
     return out
+
+
+def unidentified_reason(fit: KappaFit) -> str:
+    """Why ``fit``'s vectors did not identify κ within its tolerance: the interval (upper end
+    raised by the residual bias) and, as a diagnostic, the paper's plug-in ratio."""
+    lo, hi = fit.erank_ci
+    bias = (
+        "the residual bias needs at least 4 groups"
+        if not np.isfinite(fit.residual_bias)
+        else f"residual bias {fit.residual_bias:.3g} included"
+    )
+    return (
+        f"{fit.n_vectors} vectors (the cap {fit.max_vectors}) leave κ = {fit.erank:.1f} in "
+        f"[{lo:.1f}, {hi:.1f}] ({bias}), wider than ±{fit.tolerance - 1:.0%}; plug-in "
+        f"κ(n)/κ(n/2) = {fit.ratio_last_doubling:.2f}"
+    )
 
 
 def caveats(result: CausalAnalysis) -> list[Caveat]:
@@ -544,7 +546,8 @@ def kappa_row(fit: KappaFit) -> dict[str, Any]:
         # the doubling ratio is the plug-in's, so is this mean of the two halves
         "kappa_half": fit.erank_plugin / fit.ratio_last_doubling,
         "convergence_ratio": fit.ratio_last_doubling,
-        "converged": fit.converged,
+        "identified": fit.identified,
+        "residual_bias": fit.residual_bias,
         "eigenvalues": np.asarray(fit.eigenvalues).tolist(),
     }
 

@@ -390,10 +390,11 @@ def _causal(sec: dict[str, Any]) -> str:
     det = sec["details"]
     rows = det["layers"]
     out = _table(
-        ["layer", "κ (erank) [95% CI]", "κ_PR [95% CI]", "vectors", "plug-in κ(n/2)",
-         "plug-in κ(n)/κ(n/2)"],
+        ["layer", "κ (erank) [95% CI]", "κ_PR [95% CI]", "vectors", "identified",
+         "residual bias", "plug-in κ(n/2)", "plug-in κ(n)/κ(n/2)"],
         [[r["layer"], _ci_cell(r["kappa"], r["kappa_ci"]),
-          _ci_cell(r["kappa_pr"], r["kappa_pr_ci"]), r["n_vectors"], r["kappa_half"],
+          _ci_cell(r["kappa_pr"], r["kappa_pr_ci"]), r["n_vectors"],
+          "yes" if r["identified"] else "no", r["residual_bias"], r["kappa_half"],
           r["convergence_ratio"]] for r in rows],
         "kappa-table",
     )  # fmt: skip

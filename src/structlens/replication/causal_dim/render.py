@@ -194,7 +194,8 @@ def claims(run: Run, source: str) -> ClaimsDocument:
         blocks["sweep"] = dict.fromkeys(keys, None) | {"not_run": "no width sweep in this run"}
     blocks["kappa"] = {
         "ratio_last_doubling": {str(f.layer): f.ratio_last_doubling for f in run.kappa},
-        "converged": {str(f.layer): f.converged for f in run.kappa},
+        "identified": {str(f.layer): f.identified for f in run.kappa},
+        "residual_bias": {str(f.layer): f.residual_bias for f in run.kappa},
     }
     return ClaimsDocument(METHOD, source, tuple(claims_of(run)), blocks)
 
