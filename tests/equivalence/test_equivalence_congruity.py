@@ -129,3 +129,30 @@ def test_wide_accumulated_representations_are_reduced_and_the_results_say_so(rng
         [g[:, :kept] for g in g1], [g[:, :kept] for g in g2], n=10, straps=3, config=CFG
     )
     assert narrow.reduced_to is None and narrow.caveat is None
+
+
+def test_uniform_r2_calls_a_rotated_exact_copy_different_and_weighted_r2_does_not(rng):
+    """The sanity copy's failure on planted arrays: implementations whose variance sits in a
+    few massive coordinates, against the same implementations in a rotated basis.  Uniform
+    R² rewards encoding the rotated copy (every rotated coordinate carries massive signal)
+    and penalises encoding the original basis (most coordinates are noise), so B's group
+    wins within itself and the point test calls the exact copy different (B → A);
+    variance-weighted R² is blind to the rotation and finds no difference."""
+    from scipy.stats import ortho_group
+
+    n, d = 80, 24
+    latent = rng.normal(size=(n, 3))
+    w = 0.1 * rng.normal(size=(3, d))
+    w[:, :3] *= 300.0  # three massive coordinates
+    group_a = [latent @ w + rng.normal(size=(n, d)) for _ in range(3)]
+    q = ortho_group.rvs(d, random_state=1)
+    group_b = [g @ q for g in group_a]  # the same implementations, rotated
+    rates = {}
+    for how in ("uniform_average", "variance_weighted"):
+        cfg = EncodingConfig(multioutput=how)
+        ab = bootstrap_point_test(group_a, group_b, n=20, straps=20, seed=0, config=cfg)
+        ba = bootstrap_point_test(group_b, group_a, n=20, straps=20, seed=0, config=cfg)
+        rates[how] = (ab.decision_rate, ba.decision_rate)
+    assert rates["uniform_average"][1] > 0.5  # "different": a false alarm on an exact copy
+    assert rates["uniform_average"][0] == 0.0  # ...in one direction only
+    assert rates["variance_weighted"] == (0.0, 0.0)

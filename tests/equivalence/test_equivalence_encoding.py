@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -157,3 +158,67 @@ def test_too_few_rows_for_any_reduction_is_refused(rng):
     assert is_user_error(err.value)
     # a predictor the rows do support needs no reduction and is scored as before
     assert np.isfinite(encoding_score(x[:, :2], y, cfg))
+
+
+def _massive_coordinates(rng, n=400, d_x=6, d_y=24, n_massive=3):
+    """Planted encoding ``y = x W + noise`` whose first ``n_massive`` target coordinates have
+    a large, well-predicted signal (SmolLM2's massive residual dimensions) and whose other
+    coordinates are mostly noise: per-coordinate R² near 1 on the few, near 0 on the many."""
+    x = rng.normal(size=(n, d_x))
+    w = rng.normal(size=(d_x, d_y)) * 0.1
+    w[:, :n_massive] *= 300.0
+    y = x @ w + rng.normal(size=(n, d_y))
+    return x, y
+
+
+def test_variance_weighted_r2_is_rotation_invariant_and_uniform_is_not(rng):
+    """The property behind reporting variance-weighted R² beside the reference's uniform one:
+    rotating the encoded representation (``y -> y Q``, ``Q`` orthogonal, the sanity copy's
+    change of basis) leaves variance-weighted R² unchanged and moves uniform R², here on
+    scikit-learn's r2_score of an independently fitted Ridge as well as on ours."""
+    x, y = _massive_coordinates(rng)
+    q = ortho_group.rvs(y.shape[1], random_state=7)
+    cfg = EncodingConfig(seed=2)
+    vw = dataclasses.replace(cfg, multioutput="variance_weighted")
+    # the independent computation: the same split and the alpha chosen, sklearn's Ridge and R²
+    perm = np.random.default_rng(2).permutation(len(x))
+    n_test = math.ceil(0.1 * len(x))
+    test, train = perm[:n_test], perm[n_test:]
+    for target in (y, y @ q):
+        r2_u, alpha = encoding_r2(x, target, cfg)
+        r2_w, alpha_w = encoding_r2(x, target, vw)
+        assert alpha_w == alpha  # the penalty is chosen by summed squared error: no weighting
+        pred = Ridge(alpha=alpha).fit(x[train], target[train]).predict(x[test])
+        assert r2_u == pytest.approx(r2_score(target[test], pred), abs=1e-10)
+        assert r2_w == pytest.approx(
+            r2_score(target[test], pred, multioutput="variance_weighted"), abs=1e-10
+        )
+    # a fixed prediction rotated with its target: sklearn's variance-weighted R² is invariant
+    pred = Ridge(alpha=1.0).fit(x[train], y[train]).predict(x[test])
+    for how, invariant in (("variance_weighted", True), ("uniform_average", False)):
+        before = r2_score(y[test], pred, multioutput=how)
+        after = r2_score(y[test] @ q, pred @ q, multioutput=how)
+        assert (abs(before - after) < 1e-10) is invariant
+    # ours, fitted on each target: the same weighted R², a uniform R² far apart
+    w0, w1 = encoding_r2(x, y, vw)[0], encoding_r2(x, y @ q, vw)[0]
+    u0, u1 = encoding_r2(x, y, cfg)[0], encoding_r2(x, y @ q, cfg)[0]
+    assert w0 == pytest.approx(w1, abs=1e-10)
+    assert w0 > 0.99  # the variance is in the massive, well-predicted coordinates
+    assert u0 < 0.4  # most coordinates are noise in the planted basis...
+    assert u1 > 0.9  # ...but every rotated coordinate carries some of the massive ones
+    # the closed form: 1 - Σ SS_res / Σ SS_tot, and both sums are invariant under y -> y Q
+    res = y[test] - pred
+    closed = 1 - np.sum(res**2) / np.sum((y[test] - y[test].mean(0)) ** 2)
+    assert r2_score(y[test], pred, multioutput="variance_weighted") == pytest.approx(closed)
+
+
+def test_both_r2_are_invariant_to_rotating_the_predictor(rng):
+    """Ridge with one isotropic penalty, and the PCA reduction of wide predictors, see the
+    predictor only through its Gram matrix: ``x -> x Q`` changes neither R², so the basis of
+    the encoding side never matters, reduced or not."""
+    x, y = _massive_coordinates(rng, n=60, d_x=40)  # 40 features > supported_width(60)
+    assert x.shape[1] > supported_width(60)
+    q = ortho_group.rvs(x.shape[1], random_state=3)
+    for how in ("uniform_average", "variance_weighted"):
+        cfg = EncodingConfig(multioutput=how)
+        assert encoding_r2(x @ q, y, cfg)[0] == pytest.approx(encoding_r2(x, y, cfg)[0], abs=1e-9)

@@ -71,6 +71,11 @@ def drivers(tmp_path_factory):
     res = replication.scenario(sc)
     assert replication.protocols["sanity-tiny"] == protocol
     out["replication"] = (_json(res), _json(replication.sanity["sanity-tiny"]))
+    # the claims document's sanity block carries both copies' CONGRUITY
+    from structlens.equivalence import verdicts
+
+    blocks = verdicts.blocks({"sanity-tiny": res}, replication.sanity, {"sanity-tiny": protocol})
+    assert [r["known"] for r in blocks["sanity"]["congruity"]] == ["equivalent"] * 2
     return out
 
 
@@ -90,9 +95,12 @@ def test_sanity_comparison_equals_the_cli(drivers, driver):
 def test_sanity_check_equals_the_cli(drivers, driver):
     _, want = drivers["cli"]
     _, got = drivers[driver]
-    for key in ("passed", "reason", "heads_recovered"):
+    for key in ("passed", "reason", "heads_recovered", "unrotated"):
         assert_same(got[key], want[key], key)
     assert want["passed"] and want["heads_recovered"] == 1.0
+    # the unrotated copy ran CONGRUITY (the smoke protocol's), both estimates beside
+    assert set(want["unrotated"]["variance_weighted"]) >= {"decision_rate_ab", "base_r2_ab"}
+    assert want["unrotated_max_abs_logit_diff"] < 1e-3
 
 
 def test_another_protocol_changes_the_answer(drivers, tmp_path):

@@ -19,6 +19,8 @@ from structlens.equivalence.score import PairedNullDecision, decide_paired_null
 from structlens.equivalence.stages import (
     Caveat,
     ComponentScores,
+    CongruityEstimate,
+    CongruityScores,
     ModelAnalysis,
     ModelComparison,
     RateScore,
@@ -219,7 +221,7 @@ def test_claims_follow_the_scenario_groups_that_ran():
     assert [c.id for c in got] == ["sanity_score", "seeds_score"]
     blocks = v.blocks(results, checks, dict.fromkeys(results, PROTOCOL))
     assert blocks["sanity"] == {"row": "sanity-tiny", "head_score": 1.0, "layer_score": None,
-                                "passed": True}  # fmt: skip
+                                "passed": True, "congruity": []}  # fmt: skip
     assert [r["name"] for r in blocks["rows"]] == ["sanity-tiny", "seeds-s1-s2"]
 
 
@@ -248,6 +250,63 @@ def test_analyze_section_names_its_rows_and_their_caveats():
     missing = v.section(ModelAnalysis(PROTOCOL, None, "LayerNorm", None))
     assert missing.headline == {} and missing.details["rows"] == []
     assert [(c.kind, c.message) for c in missing.caveats] == [("not_run", "sanity row: LayerNorm")]
+
+
+def congruity(uniform_rates, weighted_rates):
+    """Planted CONGRUITY scores: decision rates (A→B, B→A) under uniform and
+    variance-weighted R², each decided as the stages decide (either rate above 0.5)."""
+
+    def decide(rates):
+        return "different" if max(rates) > 0.5 else "unidentified"
+
+    weighted = CongruityEstimate(
+        "variance_weighted", *weighted_rates, 0.5, 0.5, 1.0, 1.0, 0.9, 0.9, decide(weighted_rates)
+    )
+    return CongruityScores(
+        representation="accumulated", intervention="mean ablation",
+        decision_rate_ab=uniform_rates[0], decision_rate_ba=uniform_rates[1],
+        mean_p_ab=0.5, mean_p_ba=0.5, selectivity_ab=1.0, selectivity_ba=1.0,
+        top_heads_a=[[0, 0]], top_heads_b=[[0, 1]], top_kl_a=[0.1], top_kl_b=[0.1],
+        decision=decide(uniform_rates), reason="planted", reduced_to=None, caveat=None,
+        base_r2_ab=0.2, base_r2_ba=-0.5, variance_weighted=weighted,
+    )  # fmt: skip
+
+
+def test_congruity_on_both_sanity_copies_is_reported_beside_with_its_caveats():
+    """The rotated copy called different by uniform R² only, the unrotated copy by neither:
+    the analyze section reports both copies under both estimators, the decision stays the
+    uniform one's, and the caveats name the false difference and the basis dependence."""
+    rotated = dataclasses.replace(
+        comparison([True] * 12, [False] * 12), congruity=congruity((0.0, 1.0), (0.0, 0.0))
+    )
+    check = dataclasses.replace(
+        sanity_check(rotated), unrotated=congruity((0.0, 0.0), (0.0, 0.0)),
+        unrotated_max_abs_logit_diff=2e-6,
+    )  # fmt: skip
+    section = v.section(ModelAnalysis(PROTOCOL, check, None, None))
+    rows = section.details["congruity"]
+    assert [r["pair"] for r in rows] == [v.ROTATED_COPY, v.UNROTATED_COPY]
+    assert [r["known"] for r in rows] == ["equivalent", "equivalent"]
+    assert [r["decision"] for r in rows] == ["different", "unidentified"]
+    assert rows[0]["decided_by"] == "uniform_average"
+    assert rows[0]["uniform_average"]["decision_rate_ba"] == 1.0
+    assert rows[0]["variance_weighted"]["decision"] == "unidentified"
+    assert rows[0]["uniform_average"]["base_r2_ba"] == -0.5
+    assert rows[1]["max_abs_logit_diff"] == 2e-6
+    assert section.details["rows"][0]["sanity"]["unrotated"]["decision"] == "unidentified"
+    kinds = [c.kind for c in section.caveats]
+    assert kinds == ["congruity_false_difference", "congruity_basis_dependent"]
+    assert "uniform R²" in section.caveats[0].message
+    assert "variance-weighted" not in section.caveats[0].message
+    assert "uniform R²" in section.caveats[1].message
+    # the claims document's sanity block carries both copies too
+    blocks = v.blocks({"sanity-tiny": rotated}, {"sanity-tiny": check}, {"sanity-tiny": PROTOCOL})
+    assert blocks["sanity"]["congruity"] == rows
+    assert blocks["rows"][0]["congruity"]["variance_weighted"]["decision"] == "unidentified"
+    # both estimators calling both copies alike: no basis caveat
+    calm = dataclasses.replace(check, unrotated=rotated.congruity)
+    kinds = [c.kind for c in v.section(ModelAnalysis(PROTOCOL, calm, None, None)).caveats]
+    assert kinds == ["congruity_false_difference"] * 2
 
 
 def test_the_fold_check_stage_finds_the_copy_is_the_same_function():

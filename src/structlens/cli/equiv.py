@@ -54,13 +54,26 @@ def _say(common: Common, res: Any, labels: tuple[str, str]) -> None:
     if g := res.head_groups:
         common.say(f"whole-layer head groups: score {g.score:.3f}, null {g.null_score:.3f}")
     if c := res.congruity:
-        common.say(
-            f"congruity: point-test decision rate A->B {c.decision_rate_ab:.2f}, B->A "
-            f"{c.decision_rate_ba:.2f}: {c.decision}"
-        )
+        _say_congruity(common, "congruity", c)
     common.say(f"decision: {res.decision} ({res.decision_reason})")
     for c in res.caveats:  # the encoding score's PCA reduction among them
         common.say(f"caveat ({c.kind}): {c.message}")
+
+
+def _say_congruity(common: Common, label: str, c: Any) -> None:
+    """CONGRUITY's point-test decision rates under uniform R² (the reference's, which
+    decides) and variance-weighted R² (rotation-invariant) beside it."""
+    w = c.variance_weighted
+    common.say(
+        f"{label}: point-test decision rate A->B {c.decision_rate_ab:.2f}, B->A "
+        f"{c.decision_rate_ba:.2f} (uniform R²): {c.decision}"
+        + (
+            f"; variance-weighted R²: A->B {w.decision_rate_ab:.2f}, B->A "
+            f"{w.decision_rate_ba:.2f} ({w.decision}, not deciding)"
+            if w is not None
+            else ""
+        )
+    )
 
 
 def _write(common: Common, name: str, res: Any, raw: Any, labels: tuple[str, str], **extra: Any):
@@ -135,12 +148,15 @@ def similarity_cmd(
 @shared_settings(PROBES | VALIDATION, first=True)
 def sanity_cmd(common: Common, model: ModelArg, **settings: Any) -> None:
     """MODEL against its rotated, head-permuted copy: the answer is known (equivalent), so a
-    failure is the method's, not the model's.
+    failure is the method's, not the model's. With CONGRUITY on, CONGRUITY also runs against
+    the head-permuted copy whose basis is not rotated (also equivalent).
 
-    Writes sanity.json (the comparison, whether the copy was recovered, its logit gap and the
-    share of planted head partners recovered), sanity_result/ and sanity_layers.png.
+    Writes sanity.json (the comparison, whether the copy was recovered, its logit gap, the
+    share of planted head partners recovered and the unrotated copy's CONGRUITY),
+    sanity_result/ and sanity_layers.png.
     """
     from structlens.equivalence.stages import sanity
+    from structlens.results import to_jsonable
 
     protocol = protocol_of(settings, common.seed)
     m = common.load_model(model)
@@ -156,8 +172,14 @@ def sanity_cmd(common: Common, model: ModelArg, **settings: Any) -> None:
         f"{check.max_abs_logit_diff:.2g}, planted head partners recovered "
         f"{check.heads_recovered:.2f}"
     )
+    if check.unrotated is not None:
+        _say_congruity(common, "unrotated copy, congruity", check.unrotated)
     extra = {k: getattr(check, k) for k in ("passed", "reason", "rotation_seed")}
     extra |= {"max_abs_logit_diff": check.max_abs_logit_diff}
     extra |= {"heads_recovered": check.heads_recovered, "protocol": protocol.to_json()}
+    extra |= {
+        "unrotated": to_jsonable(check.unrotated),
+        "unrotated_max_abs_logit_diff": check.unrotated_max_abs_logit_diff,
+    }
     path = _write(common, "sanity", check.comparison, kept[0], labels, sanity=extra)
     common.say(f"wrote {path}")

@@ -44,6 +44,7 @@ __all__ = [
     "EncodingScores",
     "LinearMap",
     "MIN_REDUCED_WIDTH",
+    "MULTIOUTPUTS",
     "encoding_r2",
     "encoding_score",
     "encoding_scores",
@@ -52,6 +53,10 @@ __all__ = [
 ]
 
 DEFAULT_ALPHAS = (0.1, 1.0, 10.0)
+
+#: How per-target ``R^2`` are combined (scikit-learn's names): the reference's uniform mean of
+#: per-target ``R^2`` first, then the variance-weighted one (``1 - Σ SS_res / Σ SS_tot``).
+MULTIOUTPUTS = ("uniform_average", "variance_weighted")
 
 #: Fewest principal components a wide predictor may be reduced to; fewer rows than this
 #: supports give no meaningful encoding score.
@@ -89,7 +94,7 @@ class EncodingConfig:
             raise ValueError(f"n_folds must be at least 2, got {self.n_folds}.")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie in (0, 1), got {self.test_fraction}.")
-        if self.multioutput not in ("uniform_average", "variance_weighted"):
+        if self.multioutput not in MULTIOUTPUTS:
             raise ValueError(
                 "multioutput must be 'uniform_average' or 'variance_weighted', "
                 f"got {self.multioutput!r}."

@@ -17,6 +17,8 @@ from structlens.models.loading import Model
 
 from .collect import _batches, _pad
 from .congruity import (
+    PointTestResult,
+    SelectivityResult,
     accumulated_representation,
     bootstrap_point_test,
     kl_from_logits,
@@ -25,7 +27,7 @@ from .congruity import (
     rank_heads,
     selectivity_test,
 )
-from .encoding import fit_linear_map
+from .encoding import MULTIOUTPUTS, EncodingConfig, encoding_r2, fit_linear_map
 from .layer_map import fit_layer_map
 from .prefix import LayerOutputs, first_layer
 
@@ -226,8 +228,51 @@ def _congruity_group(
     }
 
 
+def _congruity_statistics(
+    group_a: list[np.ndarray],
+    group_b: list[np.ndarray],
+    inter_a: list[np.ndarray],
+    inter_b: list[np.ndarray],
+    config: CompareConfig,
+    encoding: EncodingConfig,
+) -> tuple[dict[str, Any], list[PointTestResult | SelectivityResult]]:
+    """Point tests, selectivity and the clean-run encodings in both directions under one
+    ``encoding`` configuration (its ``multioutput`` is what differs between the estimates),
+    and the tests' results (which record any reduction of too-wide predictors)."""
+    out: dict[str, Any] = {}
+    tests: list[PointTestResult | SelectivityResult] = []
+    pairs = (("ab", group_a, group_b, inter_a), ("ba", group_b, group_a, inter_b))
+    for tag, g1, g2, intervened in pairs:
+        pt = bootstrap_point_test(
+            g1, g2, n=config.point_n, straps=config.straps, seed=config.seed, config=encoding
+        )
+        sel = selectivity_test(
+            [g1[0]] * len(intervened), intervened, g2, seed=config.seed, config=encoding
+        )
+        out[f"point_test_{tag}"] = {
+            "decision_rate": pt.decision_rate,
+            "p_values": pt.p_values.tolist(),
+            "mean_p": float(pt.p_values.mean()),
+        }
+        out[f"selectivity_{tag}"] = sel.score
+        # held-out R^2 of the clean run of one model encoding the clean run of the other
+        out[f"base_r2_{tag}"] = encoding_r2(g1[0], g2[0], encoding)[0]
+        tests += [pt, sel]
+    rate = max(out["point_test_ab"]["decision_rate"], out["point_test_ba"]["decision_rate"])
+    out["different"] = bool(rate > 0.5)
+    return out, tests
+
+
 def congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfig) -> dict:
-    """CONGRUITY: both models' implementation groups, point tests and selectivity."""
+    """CONGRUITY: both models' implementation groups, point tests and selectivity.
+
+    The statistics are computed twice on the same implementations, triples and seeds: with
+    the reference's uniform average of per-coordinate ``R^2`` (top-level keys, the ones the
+    decision ``different`` uses) and with variance-weighted ``R^2`` (under
+    ``"variance_weighted"``), which, unlike the uniform average, does not change when the
+    encoded representation's basis is rotated.  ``base_r2_ab`` / ``base_r2_ba``: held-out
+    ``R^2`` of A's clean accumulated residual encoding B's (and back).
+    """
     position = "last" if probe.task_a is not None else "mean"
     ga = _congruity_group(
         model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config
@@ -249,29 +294,25 @@ def congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfi
         "kl_grid_a": ga["kl_grid"].tolist(),
         "kl_grid_b": gb["kl_grid"].tolist(),
     }
+    estimates = {
+        m: _congruity_statistics(
+            group_a, group_b, ga["intervened"], gb["intervened"], config,
+            EncodingConfig(multioutput=m),
+        )
+        for m in MULTIOUTPUTS
+    }  # fmt: skip
     reduced: list[int] = []
     caveats: list[str] = []
-    for tag, g1, g2, grp in (("ab", group_a, group_b, ga), ("ba", group_b, group_a, gb)):
-        pt = bootstrap_point_test(g1, g2, n=config.point_n, straps=config.straps, seed=config.seed)
-        sel = selectivity_test(
-            [grp["base"]] * len(grp["intervened"]), grp["intervened"], g2, seed=config.seed
-        )
-        for res in (pt, sel):
-            if res.reduced_to is not None:
-                reduced.append(res.reduced_to)
-            if res.caveat and res.caveat not in caveats:
-                caveats.append(res.caveat)
-        out[f"point_test_{tag}"] = {
-            "decision_rate": pt.decision_rate,
-            "p_values": pt.p_values.tolist(),
-            "mean_p": float(pt.p_values.mean()),
-        }
-        out[f"selectivity_{tag}"] = sel.score
+    for res in estimates["uniform_average"][1]:  # the reduction is the same for both
+        if res.reduced_to is not None:
+            reduced.append(res.reduced_to)
+        if res.caveat and res.caveat not in caveats:
+            caveats.append(res.caveat)
+    out |= estimates["uniform_average"][0]
+    out["variance_weighted"] = estimates["variance_weighted"][0]
     # the encoding scores behind every statistic above, if their predictors were too wide
     out["reduced_to"] = max(reduced) if reduced else None
     out["caveat"] = "CONGRUITY encodings: " + " ".join(caveats) if caveats else None
-    rate = max(out["point_test_ab"]["decision_rate"], out["point_test_ba"]["decision_rate"])
-    out["different"] = bool(rate > 0.5)
     return out
 
 

@@ -3,7 +3,8 @@
 * :func:`rotate_and_permute` -- the sanity scenario: a copy of an RMSNorm model whose residual
   basis is rotated by a random orthogonal ``R`` and whose attention heads are permuted within
   each layer, folded into the weights so the function (the logits) is unchanged. Matching
-  must recover the permutation and the equivalence score must be 1.
+  must recover the permutation and the equivalence score must be 1. ``rotate=False`` keeps
+  the basis and permutes the heads only (the unrotated copy).
 * :func:`finetune_on_task` -- a copy of a causal LM fine-tuned on a task's answers (the
   before/after fine-tuning scenario).
 * :data:`SCENARIOS` -- the scenario table of the replication: which model pairs are compared,
@@ -90,7 +91,9 @@ def _rows(w: torch.Tensor, blocks: int, order: Sequence[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def rotate_and_permute(model: Model, seed: int = 0) -> tuple[Model, list[list[int]], torch.Tensor]:
+def rotate_and_permute(
+    model: Model, seed: int = 0, *, rotate: bool = True
+) -> tuple[Model, list[list[int]], torch.Tensor]:
     """A function-preserving copy of ``model`` with rotated residual basis and permuted heads.
 
     Parameters
@@ -99,6 +102,11 @@ def rotate_and_permute(model: Model, seed: int = 0) -> tuple[Model, list[list[in
         A pre-RMSNorm decoder (Llama, Mistral, Qwen2/3 families).
     seed : int
         Seeds the rotation and the permutations.
+    rotate : bool
+        ``False`` keeps the residual basis (``R`` is the identity): the same folded norm
+        gains and the same head permutation as ``rotate=True`` under ``seed``, so the two
+        copies differ by the rotation only (the sanity check's unrotated copy, which isolates
+        the effect of the basis on basis-dependent statistics).
 
     Returns
     -------
@@ -116,7 +124,11 @@ def rotate_and_permute(model: Model, seed: int = 0) -> tuple[Model, list[list[in
     hf = copy.deepcopy(model.hf)
     dtype = next(hf.parameters()).dtype
     base = hf.base_model
-    r = random_orthogonal(model.d_model, seed)
+    r = (
+        random_orthogonal(model.d_model, seed)
+        if rotate
+        else torch.eye(model.d_model, dtype=torch.float64)
+    )
     gen = torch.Generator().manual_seed(seed + 1)
 
     def reads(lin: torch.nn.Linear, gain: torch.Tensor | None) -> None:
@@ -168,7 +180,8 @@ def rotate_and_permute(model: Model, seed: int = 0) -> tuple[Model, list[list[in
         head_map.append(inverse)
     reads(hf.lm_head, base.norm.weight)
     base.norm.weight.fill_(1.0)
-    out = Model(hf, model.tokenizer, f"{model.name}+rot{seed}", source=f"{model.source}+rot{seed}")
+    tag = f"+rot{seed}" if rotate else f"+perm{seed}"
+    out = Model(hf, model.tokenizer, f"{model.name}{tag}", source=f"{model.source}{tag}")
     return out, head_map, r.to(dtype)
 
 

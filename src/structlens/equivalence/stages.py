@@ -43,6 +43,7 @@ __all__ = [
     "Caveat",
     "RateScore",
     "ComponentScores",
+    "CongruityEstimate",
     "CongruityScores",
     "ModelComparison",
     "SanityCheck",
@@ -51,6 +52,7 @@ __all__ = [
     "summarize",
     "compare_models",
     "sanity",
+    "congruity_only",
     "ModelAnalysis",
     "analysis",
     "FoldCheck",
@@ -112,12 +114,57 @@ class ComponentScores(Result):
 
 
 @dataclass(frozen=True)
+class CongruityEstimate(Result):
+    """CONGRUITY's statistics under one way of averaging per-coordinate ``R^2``.
+
+    Attributes
+    ----------
+    multioutput : {"uniform_average", "variance_weighted"}
+        How the encoding ``R^2`` of each target coordinate were combined
+        (:class:`~structlens.equivalence.encoding.EncodingConfig`): the reference's uniform
+        mean, which changes when the encoded representation's basis is rotated, or the
+        variance-weighted one ``1 - Σ SS_res / Σ SS_tot``, which does not.
+    decision_rate_ab, decision_rate_ba : float
+        Share of the point test's straps calling the models different, A's group first
+        (A → B) and B's first (B → A).
+    mean_p_ab, mean_p_ba : float
+        Mean over straps of the share of triples whose within-group encoding wins.
+    selectivity_ab, selectivity_ba : float
+        Selectivity scores (A's interventions against B's implementations, and back).
+    base_r2_ab, base_r2_ba : float
+        Held-out ``R^2`` of A's clean accumulated residual encoding B's, and back (NaN in a
+        result recorded before this was measured).
+    decision : str
+        "different" when either decision rate exceeds 0.5, else "unidentified".
+    """
+
+    multioutput: str
+    decision_rate_ab: float
+    decision_rate_ba: float
+    mean_p_ab: float
+    mean_p_ba: float
+    selectivity_ab: float
+    selectivity_ba: float
+    base_r2_ab: float
+    base_r2_ba: float
+    decision: str
+
+
+@dataclass(frozen=True)
 class CongruityScores(Result):
     """CONGRUITY in both directions: point-test decision rates (share of straps calling the
     models different) and mean p-values, selectivity scores, the top-KL heads of each model;
     ``decision`` is "different" when either rate exceeds 0.5, else "unidentified" (the test
     has no null, so no detected difference is no evidence of equivalence).  ``caveat`` says
-    when the encodings were reduced to ``reduced_to`` principal components of the fit rows."""
+    when the encodings were reduced to ``reduced_to`` principal components of the fit rows.
+
+    The flat scores and ``decision`` use the reference's estimator, the uniform average of
+    per-coordinate ``R^2`` (pre-registered; :attr:`uniform`); ``variance_weighted`` holds the
+    same statistics on the same triples with variance-weighted ``R^2``, reported beside them
+    and never deciding (``None`` in a result recorded before it was measured).
+    ``base_r2_ab`` / ``base_r2_ba``: uniform held-out ``R^2`` of A's clean accumulated
+    residual encoding B's, and back.
+    """
 
     representation: str
     intervention: str
@@ -135,6 +182,25 @@ class CongruityScores(Result):
     reason: str
     reduced_to: int | None
     caveat: str | None
+    base_r2_ab: float = float("nan")
+    base_r2_ba: float = float("nan")
+    variance_weighted: CongruityEstimate | None = None
+
+    @property
+    def uniform(self) -> CongruityEstimate:
+        """The flat scores (the reference's uniform average) as a :class:`CongruityEstimate`."""
+        return CongruityEstimate(
+            multioutput="uniform_average",
+            decision_rate_ab=self.decision_rate_ab, decision_rate_ba=self.decision_rate_ba,
+            mean_p_ab=self.mean_p_ab, mean_p_ba=self.mean_p_ba,
+            selectivity_ab=self.selectivity_ab, selectivity_ba=self.selectivity_ba,
+            base_r2_ab=self.base_r2_ab, base_r2_ba=self.base_r2_ba, decision=self.decision,
+        )  # fmt: skip
+
+    @property
+    def estimates(self) -> tuple[CongruityEstimate, ...]:
+        """The uniform estimate (the decision's) and the variance-weighted one, if measured."""
+        return (self.uniform,) + ((self.variance_weighted,) if self.variance_weighted else ())
 
 
 @dataclass(frozen=True)
@@ -181,6 +247,14 @@ class SanityCheck(Result):
     matched heads that are the planted partner; ``passed``: the copy is recovered (the head
     score's interval reaches ``equivalent_at`` and the paired test decides "equivalent"),
     with ``reason``.  A failed check means the method, not the model, is at fault.
+
+    ``unrotated``: CONGRUITY of the model against its head-permuted copy with the basis kept
+    (the same head permutation and folded gains, no rotation; also known to be equivalent),
+    ``unrotated_max_abs_logit_diff`` that copy's logit change; both ``None`` when the
+    protocol runs no CONGRUITY.  The two copies differ by the rotation only, so CONGRUITY
+    answering differently on them is the basis's doing: the matched-component estimator is
+    basis-free by construction (rotation-invariant CKA, heads that are not rotated), so only
+    CONGRUITY is run on the unrotated copy.
     """
 
     comparison: ModelComparison
@@ -189,6 +263,8 @@ class SanityCheck(Result):
     heads_recovered: float
     passed: bool
     reason: str
+    unrotated: CongruityScores | None = None
+    unrotated_max_abs_logit_diff: float | None = None
 
 
 def probe_for(protocol: EquivalenceProtocol, model_a: Any, model_b: Any) -> Probe:
@@ -267,6 +343,20 @@ def _congruity(c: dict[str, Any]) -> CongruityScores | None:
         else f"the point test calls them different in at most {rate:.0%} of straps; it has "
         "no null, so finding no difference is no evidence of equivalence"
     )
+    w = c.get("variance_weighted")
+    weighted = None
+    if w:
+        wab, wba = w["point_test_ab"], w["point_test_ba"]
+        weighted = CongruityEstimate(
+            multioutput="variance_weighted",
+            decision_rate_ab=float(wab["decision_rate"]),
+            decision_rate_ba=float(wba["decision_rate"]),
+            mean_p_ab=float(wab["mean_p"]), mean_p_ba=float(wba["mean_p"]),
+            selectivity_ab=float(w["selectivity_ab"]), selectivity_ba=float(w["selectivity_ba"]),
+            base_r2_ab=float(w["base_r2_ab"]), base_r2_ba=float(w["base_r2_ba"]),
+            decision="different" if w["different"] else "unidentified",
+        )  # fmt: skip
+    nan = float("nan")
     return CongruityScores(
         representation=c["representation"], intervention=c["intervention"],
         decision_rate_ab=float(ab["decision_rate"]), decision_rate_ba=float(ba["decision_rate"]),
@@ -276,6 +366,8 @@ def _congruity(c: dict[str, Any]) -> CongruityScores | None:
         top_kl_a=c["top_kl_a"], top_kl_b=c["top_kl_b"],
         decision=decision, reason=reason,
         reduced_to=c.get("reduced_to"), caveat=c.get("caveat"),
+        base_r2_ab=float(c.get("base_r2_ab", nan)), base_r2_ba=float(c.get("base_r2_ba", nan)),
+        variance_weighted=weighted,
     )  # fmt: skip
 
 
@@ -385,8 +477,38 @@ def _logit_gap(protocol: EquivalenceProtocol, model: Any, twin: Any, probe: Prob
     return float((a[keep].double() - b[keep].double()).abs().max())
 
 
+def congruity_only(protocol: EquivalenceProtocol) -> EquivalenceProtocol:
+    """``protocol`` with every patching validation and the null turned off: what a
+    :func:`measure` call needs to run CONGRUITY exactly as ``protocol`` runs it (CONGRUITY
+    reads none of the fields changed), plus the cheap matching, and nothing else."""
+    return protocol.replace(
+        validate=False, validate_layers=False, validate_head_groups=False, null="none",
+        max_validate_heads=None, max_validate_layers=None,
+    )  # fmt: skip
+
+
+def _unrotated(
+    protocol: EquivalenceProtocol, model: Any, probe: Probe, measure: Measure
+) -> tuple[CongruityScores | None, float | None]:
+    """CONGRUITY of ``model`` against its head-permuted, unrotated copy, and that copy's
+    logit gap (``(None, None)`` when the protocol runs no CONGRUITY)."""
+    from structlens.equivalence.scenarios import rotate_and_permute
+
+    if not protocol.congruity:
+        return None, None
+    plain, _, _ = rotate_and_permute(model, seed=protocol.rotation_seed, rotate=False)
+    raw = measure(congruity_only(protocol), model, plain, probe)
+    return _congruity(raw.congruity), _logit_gap(protocol, model, plain, probe)
+
+
 def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = measure) -> SanityCheck:
     """``model`` against its rotated, head-permuted copy (seed ``protocol.rotation_seed``).
+
+    With CONGRUITY on, CONGRUITY also runs against the copy with the same head permutation
+    but the residual basis kept (:attr:`SanityCheck.unrotated`): the matched-component
+    estimator cannot depend on the basis, CONGRUITY's uniform ``R^2`` can, and the two copies
+    differ by the rotation only.  The unrotated copy's run goes through ``measure`` too, under
+    :func:`congruity_only` (no patching), so a driver's cache keeps it.
 
     Raises ``ValueError`` for models the fold does not support (LayerNorm models).
     """
@@ -396,6 +518,7 @@ def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = meas
     probe = probe_for(protocol, model, twin)
     raw = measure(protocol, model, twin, probe)
     res = summarize(protocol, raw)
+    unrotated, unrotated_gap = _unrotated(protocol, model, probe, measure)
     pairs = raw.matching["heads"]["pairs"]
     found = [la == lb and head_map[la][ha] == hb for (la, ha), (lb, hb) in pairs]
     lo = res.heads.score_ci[0]
@@ -417,6 +540,8 @@ def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = meas
         heads_recovered=float(np.mean(found)) if found else float("nan"),
         passed=passed,
         reason=reason,
+        unrotated=unrotated,
+        unrotated_max_abs_logit_diff=unrotated_gap,
     )
 
 

@@ -21,7 +21,13 @@ from typing import Any
 
 from structlens.equivalence.scenarios import SCENARIOS, Scenario
 from structlens.equivalence.score import PairedNullDecision
-from structlens.equivalence.stages import ModelAnalysis, ModelComparison, SanityCheck
+from structlens.equivalence.stages import (
+    CongruityEstimate,
+    CongruityScores,
+    ModelAnalysis,
+    ModelComparison,
+    SanityCheck,
+)
 from structlens.results import to_jsonable
 from structlens.stats.intervals import cluster_bootstrap_ratio_interval, wilson_interval
 from structlens.stats.multiplicity import holm
@@ -50,6 +56,10 @@ __all__ = [
     "claims",
     "row_block",
     "blocks",
+    "congruity_row",
+    "congruity_caveats",
+    "sanity_copies",
+    "sanity_congruity",
     "section",
 ]
 
@@ -83,6 +93,14 @@ PAPER: dict[str, PaperValue] = {
 }
 #: The sanity copy computes the same function: its logits may differ by float round-off only.
 SANITY_MAX_LOGIT_DIFF = 1e-3
+#: The two sanity copies, as rows of the ``analyze`` section.
+ROTATED_COPY = "rotated + head-permuted copy (known: equivalent)"
+UNROTATED_COPY = "head-permuted copy, not rotated (known: equivalent; CONGRUITY only)"
+#: How each way of averaging per-coordinate encoding R² is named in words.
+R2_NAMES = {
+    "uniform_average": "uniform R² (the reference's, deciding)",
+    "variance_weighted": "variance-weighted R² (rotation-invariant, reported beside)",
+}
 #: Matched layers this similar are the same layer up to the map; failing them is the map's fault.
 SAME_LAYER_SIMILARITY = 0.999
 
@@ -407,6 +425,7 @@ def row_block(
         "decision": r.decision,
         "decision_reason": r.decision_reason,
         "congruity_decision": r.congruity.decision if r.congruity else None,
+        "congruity": congruity_row(sc.name, r.congruity) if r.congruity else None,
         "paired_test": h.decision.to_json(),
         "representational_score": rs.score,
         "representational_score_ci": finite(rs.score_ci),
@@ -425,6 +444,7 @@ def blocks(
     (SmolLM2's where it ran, else the tiny model's) and every row (:func:`row_block`)."""
     row = next((x for x in ("sanity-smollm2", "sanity-tiny") if x in results), None)
     first = results[row] if row else None
+    check = sanity.get(row) if row is not None else None
     verdicts = row_verdicts(results)
     return {
         "paper_targets": {"source": PAPER_SOURCE, "in_paper_code": False},
@@ -432,7 +452,8 @@ def blocks(
             "row": row,
             "head_score": first.heads.score if first else None,
             "layer_score": first.layers.score if first and first.layers else None,
-            "passed": sanity[row].passed if row is not None and row in sanity else None,
+            "passed": check.passed if check is not None else None,
+            "congruity": sanity_congruity(check) if check is not None else [],
         },
         "rows": [
             row_block(sc, r, protocols[sc.name], verdicts[sc.name])
@@ -440,6 +461,83 @@ def blocks(
             if (r := results.get(sc.name))
         ],  # fmt: skip
     }
+
+
+def congruity_row(pair: str, c: CongruityScores, known: str | None = None) -> dict[str, Any]:
+    """One pair's CONGRUITY under both ways of averaging per-coordinate ``R^2``: the
+    decision (the uniform estimate's, pre-registered), the known answer where there is one
+    (``"equivalent"`` for the sanity copies), and each estimate's decision rates, mean
+    ``p``, selectivity and clean-run ``R^2`` (``variance_weighted`` ``None`` when not
+    measured)."""
+    weighted = c.variance_weighted
+    return {
+        "pair": pair,
+        "known": known,
+        "decision": c.decision,
+        "decided_by": "uniform_average",
+        "uniform_average": c.uniform.to_json(),
+        "variance_weighted": None if weighted is None else weighted.to_json(),
+    }
+
+
+def _calls_different(c: CongruityScores) -> list[CongruityEstimate]:
+    return [e for e in c.estimates if e.decision == "different"]
+
+
+def congruity_caveats(check: SanityCheck) -> list[Caveat]:
+    """Caveats of CONGRUITY on the sanity copies, both known to be equivalent: each copy it
+    calls "different" (a false alarm, with the estimators that raised it), and, when the
+    rotated and the unrotated copy get different decisions from one estimator, that the
+    basis alone moved that estimator."""
+    out = []
+    for pair, c in sanity_copies(check):
+        if not (wrong := _calls_different(c)):
+            continue
+        said = "; ".join(
+            f"{R2_NAMES[e.multioutput]}: decision rates {e.decision_rate_ab:.2f} (A→B) / "
+            f"{e.decision_rate_ba:.2f} (B→A)"
+            for e in wrong
+        )
+        out.append(
+            Caveat(
+                "congruity_false_difference",
+                f"{pair}: CONGRUITY calls the copy different although it computes the same "
+                f"function ({said}).",
+            )
+        )
+    rotated, unrotated = check.comparison.congruity, check.unrotated
+    if rotated is not None and unrotated is not None:
+        for r, u in zip(rotated.estimates, unrotated.estimates, strict=False):
+            if r.decision != u.decision:
+                out.append(
+                    Caveat(
+                        "congruity_basis_dependent",
+                        f"CONGRUITY with {R2_NAMES[r.multioutput]} decides {r.decision!r} on "
+                        f"the rotated copy and {u.decision!r} on the unrotated one: the two "
+                        "copies differ only by a rotation of the residual basis, so that "
+                        "estimator's answer depends on the basis.",
+                    )
+                )
+    return out
+
+
+def sanity_copies(check: SanityCheck) -> list[tuple[str, CongruityScores]]:
+    """The sanity copies that ran CONGRUITY, each with its row name: the rotated one, then
+    the unrotated one (both known to be equivalent)."""
+    copies = [(ROTATED_COPY, check.comparison.congruity), (UNROTATED_COPY, check.unrotated)]
+    return [(pair, c) for pair, c in copies if c is not None]
+
+
+def sanity_congruity(check: SanityCheck) -> list[dict[str, Any]]:
+    """:func:`congruity_row` of both sanity copies (:func:`sanity_copies`; the unrotated
+    one with its logit gap); their known answer is equivalent."""
+    out = []
+    for pair, c in sanity_copies(check):
+        row = congruity_row(pair, c, "equivalent")
+        if pair == UNROTATED_COPY:
+            row["max_abs_logit_diff"] = check.unrotated_max_abs_logit_diff
+        out.append(row)
+    return out
 
 
 def _analysis_row(res: ModelComparison, name: str) -> dict[str, Any]:
@@ -467,27 +565,40 @@ def section(result: ModelAnalysis) -> Section:
     their scores and nulls as headline numbers and every caveat, each naming its row."""
     rows: list[tuple[str, dict[str, Any]]] = []
     caveats: list[Caveat] = []
+    congruity: list[dict[str, Any]] = []
     check = result.sanity
     if result.sanity_error is not None:
         caveats.append(Caveat("not_run", f"sanity row: {result.sanity_error}"))
     if check is not None:
-        row = _analysis_row(check.comparison, "rotated + head-permuted copy (known: equivalent)")
+        row = _analysis_row(check.comparison, ROTATED_COPY)
         row["sanity"] = {k: getattr(check, k) for k in ("passed", "reason", "heads_recovered")}
+        row["sanity"] |= {
+            "unrotated": to_jsonable(check.unrotated),
+            "unrotated_max_abs_logit_diff": check.unrotated_max_abs_logit_diff,
+        }
         rows.append(("sanity", row))
         caveats += [
             Caveat(c.kind, f"{row['pair']}: {c.message}.") for c in check.comparison.caveats
         ]
         if not check.passed:
             caveats.append(Caveat("failed_sanity", f"{check.reason}."))
+        congruity += sanity_congruity(check)
+        caveats += congruity_caveats(check)
     if (other := result.compare) is not None:
         row = _analysis_row(other, f"vs {other.model_b}")
         rows.append(("compare", row))
         caveats += [Caveat(c.kind, f"{row['pair']}: {c.message}.") for c in other.caveats]
+        if other.congruity is not None:
+            congruity.append(congruity_row(row["pair"], other.congruity))
     headline = {}
     for key, r in rows:
         headline[f"{key}_score"] = Number.of(r["score"], r["score_ci"], "", f"score: {r['pair']}")
         headline[f"{key}_null"] = Number.of(
             r["null_score"], r["null_score_ci"], "", f"null score: {r['pair']}"
         )
-    details = {"rows": [r for _, r in rows], "protocol": result.protocol.to_json()}
+    details = {
+        "rows": [r for _, r in rows],
+        "congruity": congruity,
+        "protocol": result.protocol.to_json(),
+    }
     return Section(headline=headline, caveats=tuple(caveats), details=details)

@@ -457,6 +457,39 @@ def _causal(sec: dict[str, Any]) -> str:
     return out
 
 
+_R2_LABEL = {
+    "uniform_average": "uniform (reference; decides)",
+    "variance_weighted": "variance-weighted (rotation-invariant)",
+}
+
+
+def _congruity_table(rows: Sequence[dict[str, Any]]) -> str:
+    """CONGRUITY of each pair, one line per way of averaging per-coordinate encoding R²
+    (the reference's uniform average, which decides, and the variance-weighted one beside
+    it); the sanity copies carry their known answer."""
+    if not rows:
+        return ""
+    lines = [
+        [(_e(r["pair"]), r["pair"]), r["known"] or "—", _R2_LABEL[m],
+         e["decision_rate_ab"], e["decision_rate_ba"], e["mean_p_ab"], e["mean_p_ba"],
+         e["base_r2_ab"], e["base_r2_ba"], e["decision"]]
+        for r in rows for m in _R2_LABEL if (e := r.get(m))
+    ]  # fmt: skip
+    return (
+        "<p>CONGRUITY (the reference's point test on accumulated residual streams) with the "
+        "encoding R² averaged uniformly over coordinates, as the reference does (its decision "
+        "is the one reported), and weighted by each coordinate's variance, which a rotation of "
+        "the residual basis leaves unchanged. The sanity copies compute the same function as "
+        "the model, so a correct test does not call them different.</p>"
+        + _table(
+            ["pair", "known", "encoding R²", "decision rate A→B", "decision rate B→A",
+             "mean p A→B", "mean p B→A", "clean-run R² A→B", "clean-run R² B→A", "decision"],
+            lines,
+            "congruity-table",
+        )
+    )  # fmt: skip
+
+
 def _equivalence(sec: dict[str, Any]) -> str:
     rows = sec["details"]["rows"]
     out = _table(
@@ -468,6 +501,7 @@ def _equivalence(sec: dict[str, Any]) -> str:
           (_e(", ".join(f"{k}: {v}" for k, v in r["decisions"].items())), None)] for r in rows],
         "equivalence-table",
     )  # fmt: skip
+    out += _congruity_table(sec["details"].get("congruity") or [])
     if rows:
 
         def bars(fig: Any) -> None:

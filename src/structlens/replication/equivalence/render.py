@@ -21,7 +21,12 @@ from structlens.equivalence import verdicts as v
 from structlens.equivalence.protocol import PROFILES as PROTOCOLS
 from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.scenarios import SCENARIOS, Scenario
-from structlens.equivalence.stages import FoldCheck, ModelComparison
+from structlens.equivalence.stages import (
+    CongruityEstimate,
+    CongruityScores,
+    FoldCheck,
+    ModelComparison,
+)
 from structlens.replication.claims import ClaimsDocument
 from structlens.replication.equivalence.run import METHOD, EquivalenceReplication
 from structlens.replication.markdown import Template, ci, fmt, with_calibration, write_text
@@ -42,13 +47,42 @@ def _row(sc: Scenario, r: ModelComparison, seconds: dict[str, float], verdict: s
         f"**{h.score:.2f}** {ci(h.score_ci)} ({h.method})", str(len(h.passed)), null, inf,
         f"{g.score:.2f} / {g.null_score:.2f} ({len(g.pairs)} layers)" if g else "—",
         "—" if r.layers is None else f"{r.layers.score:.2f}",
-        f"{cg.decision_rate_ab:.2f} / {cg.decision_rate_ba:.2f}" if cg else "—",
+        _rates(cg) if cg else "—",
         f"{r.decision} / {cg.decision if cg else '—'}",
         {True: "yes", False: "**no**", None: "—"}[r.agree], verdict,
         ", ".join(c.kind for c in v.row_caveats(r)) or "—",
         f"{seconds[sc.name]:.0f}" if sc.name in seconds else "?",
     ]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
+
+
+def _rates(cg: CongruityScores) -> str:
+    """CONGRUITY's decision rates A→B / B→A, uniform R² (deciding), then variance-weighted."""
+    w = cg.variance_weighted
+    text = f"{cg.decision_rate_ab:.2f} / {cg.decision_rate_ba:.2f}"
+    return text + (f" ({w.decision_rate_ab:.2f} / {w.decision_rate_ba:.2f})" if w else " (—)")
+
+
+def _estimate(e: CongruityEstimate) -> str:
+    return (
+        f"decision rates {e.decision_rate_ab:.2f} / {e.decision_rate_ba:.2f}, mean p "
+        f"{e.mean_p_ab:.2f} / {e.mean_p_ba:.2f}, clean-run R² {e.base_r2_ab:.3f} / "
+        f"{e.base_r2_ba:.3f} → {e.decision}"
+    )
+
+
+def sanity_congruity(t: Template, rep: EquivalenceReplication) -> str:
+    """One bullet per sanity copy that ran CONGRUITY (rotated, unrotated), each estimator's
+    statistics beside the other's; the copies compute the model's function."""
+    lines = [
+        t.blocks["row sanity congruity"].format(
+            name=name, pair=pair, decision=c.decision, uniform=_estimate(c.uniform),
+            weighted=_estimate(w) if (w := c.variance_weighted) else "not measured",
+        )
+        for name, check in rep.sanity.items()
+        for pair, c in v.sanity_copies(check)
+    ]  # fmt: skip
+    return "\n".join(lines) or "No sanity row ran CONGRUITY."
 
 
 def _detail(t: Template, sc: Scenario, r: ModelComparison) -> str:
@@ -59,6 +93,10 @@ def _detail(t: Template, sc: Scenario, r: ModelComparison) -> str:
         kl=f"; median head KL {np.median(r.heads.kl):.3g} nats" if r.heads.kl else "",
         score_ci=ci(r.heads.score_ci), congruity=(
             f"; CONGRUITY mean p A→B {cg.mean_p_ab:.2f}, selectivity {cg.selectivity_ab:.2f}"
+            + (
+                f" (variance-weighted R²: mean p A→B {w.mean_p_ab:.2f}, selectivity "
+                f"{w.selectivity_ab:.2f})" if (w := cg.variance_weighted) else ""
+            )
             if cg else ""
         ), caveats="".join(f"; caveat ({c.kind}): {c.message}" for c in v.row_caveats(r)),
     )  # fmt: skip
@@ -173,6 +211,7 @@ def render_markdown(
         source=source, v=v, P=PROTOCOLS, scenarios=scenarios, train=train, finetunes=finetunes,
         fold=t.blocks["fold"].format_map(dataclasses.asdict(fold)) if fold else "not run yet.",
         discussion=discussion(t, rep, results), disagree=disagreements(t, results),
+        sanity_congruity=sanity_congruity(t, rep),
         table="\n".join([t.blocks["table"], *lines]),
         detail="\n".join(_detail(t, sc, results[sc.name]) for sc in SCENARIOS
                          if sc.name in results),

@@ -70,6 +70,7 @@ class EquivalenceReplication:
         self.small_info: dict[str, es.SmallLMTraining] = {}
         self.ft_info: dict[str, es.FineTuneTraining] = {}
         self.seconds: dict[str, float] = {}
+        self._stage_seconds: dict[tuple[str, str], float] = {}
         self.protocols: dict[str, EquivalenceProtocol] = {}
         self.sanity: dict[str, es.SanityCheck] = {}
 
@@ -132,7 +133,13 @@ class EquivalenceReplication:
                 return res
 
             res = self.cache.run(stage, ComparisonResult, compute)
-            self.seconds[name] = float((self.cache.path(stage) / "seconds.txt").read_text())
+            # a sanity row measures two copies (the unrotated one for CONGRUITY only): its
+            # seconds are the sum over its distinct stages
+            path = self.cache.path(stage)
+            self._stage_seconds[name, str(path)] = float((path / "seconds.txt").read_text())
+            self.seconds[name] = sum(
+                v for (row, _), v in self._stage_seconds.items() if row == name
+            )
             return res
 
         return run
