@@ -124,6 +124,7 @@ class CausalReplication:
     def jacobian(self) -> None:
         """Exact κ of every Jacobian layer (the protocol's stage) from cached Gram blocks, one
         cached :class:`KappaFit` per layer over the blocks it drew."""
+        from structlens.causal_dim.kappa import IDENTIFICATION_RULE
         from structlens.causal_dim.stages import kappa
 
         fits = []
@@ -131,7 +132,8 @@ class CausalReplication:
             used: list[Stage] = []
             fit: KappaFit = kappa(self.protocol, self.model, layer, self.prompts,
                                   grams=self.gram_source(layer, used))  # fmt: skip
-            stage = self.stage("kappa", {"layer": layer}, inputs=tuple(st.key for st in used))
+            config = {"layer": layer, "rule": IDENTIFICATION_RULE}
+            stage = self.stage("kappa", config, inputs=tuple(st.key for st in used))
             # computed above (it reads the Gram blocks' cache); called at once, in this pass
             fits.append(self.cached(stage, KappaFit, lambda: fit, f"kappa-L{layer}"))  # noqa: B023
         self.run_.kappa = sorted(fits, key=lambda f: f.layer)
