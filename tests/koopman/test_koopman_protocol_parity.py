@@ -61,7 +61,9 @@ def drivers(tmp_path_factory):
     out["analyze"] = (split | {"w_inf_mean": row["w_inf_mean"]}, row)
 
     # the replication's sections, at its smoke profile (same protocol) and the same data
-    s = rep.PROFILES["smoke"].replace(**DATA, probe_layers=(LAYER,))
+    s = rep.PROFILES["smoke"].replace(
+        **DATA, split_half_corpus=DATA["n_corpus"], probe_layers=(LAYER,)
+    )
     replication = rep.KoopmanReplication(s, tmp / "replication")
     key = f"L{LAYER}/{LABEL}"
     split, fits = replication.split_half()[key], replication.fits()[key]

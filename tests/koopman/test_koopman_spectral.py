@@ -116,7 +116,7 @@ def test_split_half_slope_is_minus_one_half(rng):
     est = EDMDc(dic, EDMDcConfig(alpha=0.0))
     blocks = est.statistics(s["X"], s["U"], s["Y"], s["ids"], n_blocks=64, seed=0)
     sh = split_half_convergence(blocks, est.config, n_repeats=24, seed=1)
-    assert sh.w_inf.shape == (24, 5)  # half sizes 1..16: a jackknife replicate has 56 blocks
+    assert sh.w_inf.shape == (24, 6)  # half sizes 1..16 and 28: a jackknife replicate has 56 blocks
     assert -0.62 < sh.slope < -0.38
     assert sh.slope_ci[0] < sh.slope < sh.slope_ci[1]
     assert -0.65 < sh.slope_w2 < -0.35

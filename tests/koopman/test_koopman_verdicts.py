@@ -24,9 +24,9 @@ from structlens.results import to_jsonable
 from structlens.verdicts import VERDICTS
 
 
-def split(slope=-0.5, ci=(-0.7, -0.3), layer=1, cond=2.0, m=1000):
+def split(slope=-0.5, ci=(-0.7, -0.3), layer=1, cond=2.0, m=1000, dictionary="pca8"):
     return SplitHalfFit(
-        layers=[layer], dictionary="pca8", n_features=8, n_samples_total=m,
+        layers=[layer], dictionary=dictionary, n_features=8, n_samples_total=m,
         blocks_requested=32, blocks_used=30, slope=slope, slope_ci=list(ci), slope_se=0.1,
         slope_last4=slope, slope_w2=slope, n_samples=np.array([10.0, 20.0, 40.0]),
         w_inf_mean=np.array([0.3, 0.2, 0.15]), w2_mean=np.array([0.2, 0.1, 0.07]),
@@ -110,27 +110,57 @@ def _valid(c, verdict):
 
 
 # ---------------------------------------------------------------- 1. split-half rate
-def test_split_half_every_ci_holds_the_paper_rate():
-    fits = {"L6/pca8": split(-0.45, (-0.6, -0.3)), "L10/pca8": split(-0.55, (-0.9, -0.45))}
-    c = v.split_half_claim(fits)
+@pytest.mark.parametrize(
+    ("ci", "decision"),
+    [
+        ((-0.7, -0.3), "reproduced"),  # holds -1/2, excludes -1/4
+        ((-0.7, -0.2), "unidentified"),  # holds both rates
+        ((-0.45, -0.1), "not reproduced"),  # excludes -1/2
+        ((float("nan"), 0.1), "not reproduced"),  # no interval holds no rate
+    ],
+)
+def test_the_rate_decision_needs_the_slower_rate_excluded(ci, decision):
+    assert v.rate_decision(ci) == decision
+
+
+def test_split_half_judges_only_the_headline_dictionary():
+    fits = {
+        "L6/spectral32": split(-0.45, (-0.6, -0.3), dictionary="spectral32"),
+        "L6/pca8": split(-0.1, (-0.2, 0.0)),  # would fail: listed, never chosen from
+        "L10/spectral32": split(-0.55, (-0.9, -0.45), dictionary="spectral32"),
+    }
+    c = v.split_half_claim(fits, "spectral32")
     _valid(c, "reproduced")
     assert c.ours == -0.45 and c.ci == (-0.6, -0.3) and c.ci_reason is None
-    assert c.settings["n_blocks"] == [30, 30]
+    assert c.settings["fits"] == ["L6/spectral32", "L10/spectral32"]
+    assert c.per_setting["L6/pca8"]["decision"] == "not reproduced"
+    assert "-0.25 is excluded at 2 of 2" in c.note
 
 
 @pytest.mark.parametrize(
-    ("first", "verdict"), [((-0.6, -0.3), "partly"), ((-0.2, 0.1), "not reproduced")]
+    ("first", "second", "verdict"),
+    [
+        ((-0.6, -0.3), (-0.8, -0.1), "partly"),  # one reproduced, one undecided
+        ((-0.6, -0.1), (-0.8, -0.2), "unidentified"),  # neither interval excludes -1/4
+        ((-0.6, -0.1), (-0.4, -0.1), "not reproduced"),  # undecided and excluded
+        ((-0.2, 0.1), (-0.4, -0.1), "not reproduced"),
+    ],
 )
-def test_split_half_partly_and_not_reproduced(first, verdict):
-    c = v.split_half_claim({"L6/pca8": split(-0.45, first), "L10/pca8": split(-0.3, (-0.4, -0.1))})
+def test_split_half_over_the_probe_layers(first, second, verdict):
+    fits = {"L6/pca8": split(-0.45, first), "L10/pca8": split(-0.3, second)}
+    c = v.split_half_claim(fits, "pca8")
     _valid(c, verdict)
     assert c.ours == -0.45 and c.ci == first
 
 
 def test_split_half_without_a_finite_interval_gives_its_reason():
-    c = v.split_half_claim({"L6/pca8": split(-0.5, (float("nan"), 0.1))})
+    c = v.split_half_claim({"L6/pca8": split(-0.5, (float("nan"), 0.1))}, "pca8")
     assert c.ci is None and c.ci_reason == "no finite jackknife interval"
     _valid(c, "not reproduced")  # a NaN interval holds no rate
+
+
+def test_split_half_without_the_headline_is_not_tested():
+    _valid(v.split_half_claim({"L6/pca8": split()}, "spectral32"), "not tested")
 
 
 # ---------------------------------------------------------------- 2. non-normality

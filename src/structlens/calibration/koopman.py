@@ -109,9 +109,11 @@ class SlopeCalibration:
     """The split-half slope on ``n`` instances of one planted ``family``.
 
     ``coverage`` is the share of 95% CIs that contain the true slope ``truth``;
-    ``accepted`` the share that contain −0.5 (the rule "converges at M^-1/2" says yes), each
-    with its Wilson interval over instances; ``mean_slope`` and ``mean_width`` (of the CI)
-    summarise the estimates.
+    ``accepted`` the share the replication's rule calls M^-1/2
+    (:func:`structlens.koopman.verdicts.rate_decision`: the CI holds −0.5 and excludes
+    −0.25); ``holds_rate`` the share whose CI merely holds −0.5 (the rule before the slower
+    rate had to be excluded), each with its Wilson interval over instances; ``mean_slope``
+    and ``mean_width`` (of the CI) summarise the estimates.
     """
 
     family: str
@@ -124,6 +126,8 @@ class SlopeCalibration:
     coverage_ci: tuple[float, float]
     accepted: float
     accepted_ci: tuple[float, float]
+    holds_rate: float
+    holds_rate_ci: tuple[float, float]
     seeds: tuple[int, int]
 
 
@@ -132,21 +136,25 @@ def calibrate_slope(
 ) -> SlopeCalibration:
     """Run :func:`~structlens.koopman.stages.split_half` (identity dictionary) on ``n``
     planted instances of ``family`` with seeds ``first_seed, first_seed + 1, ...``."""
+    from structlens.koopman.verdicts import rate_decision
+
     truth = FAMILIES[family]
-    slopes, widths, covered, accepted = [], [], 0, 0
+    slopes, widths, covered, accepted, holds = [], [], 0, 0, 0
     for seed in range(first_seed, first_seed + n):
         fit = split_half(protocol.replace(seed=seed), planted_rows(family, seed=seed), "identity")
         lo, hi = fit.slope_ci
         slopes.append(fit.slope)
         widths.append(hi - lo)
         covered += lo <= truth <= hi
-        accepted += lo <= -0.5 <= hi
+        accepted += rate_decision(fit.slope_ci) == "reproduced"
+        holds += lo <= -0.5 <= hi
     return SlopeCalibration(
         family=family, truth=truth, n=n, mean_slope=float(np.mean(slopes)),
         sd_slope=float(np.std(slopes, ddof=1)) if n > 1 else float("nan"),
         mean_width=float(np.mean(widths)), coverage=covered / n,
         coverage_ci=wilson_interval(covered, n), accepted=accepted / n,
-        accepted_ci=wilson_interval(accepted, n), seeds=(first_seed, first_seed + n - 1),
+        accepted_ci=wilson_interval(accepted, n), holds_rate=holds / n,
+        holds_rate_ci=wilson_interval(holds, n), seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip
 
 

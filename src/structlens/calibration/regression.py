@@ -29,7 +29,7 @@ KEYS = (
     "dictionary", "shift", "concentration",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.
-RATES = ("rate", "all_rate", "raw_rate", "coverage", "accepted", "false_stop_rate")
+RATES = ("rate", "all_rate", "raw_rate", "coverage", "accepted", "holds_rate", "false_stop_rate")
 
 
 @dataclass(frozen=True)

@@ -117,12 +117,22 @@ def default_groups(n_blocks: int) -> int:
 
 
 def half_sizes_for(n_blocks: int, n_groups: int | None = None, *, smallest: int = 1) -> list[int]:
-    """Powers of two from ``smallest`` up to the largest half every jackknife replicate can
-    draw, ``(K − ⌈K/G⌉) // 2`` blocks (the default grid of :func:`split_half_convergence`)."""
+    """Powers of two from ``smallest``, then the largest half every jackknife replicate can
+    draw, ``(K − ⌈K/G⌉) // 2`` blocks (the default grid of :func:`split_half_convergence`).
+
+    The largest half ends the grid even when it is no power of two, so that the grid spans
+    as much of M as the blocks allow: with 32 blocks and 8 groups, halves of 1 to 14 blocks
+    (a factor 14 in M) rather than 1 to 8.
+
+    >>> half_sizes_for(32)
+    [1, 2, 4, 8, 14]
+    >>> half_sizes_for(16)
+    [1, 2, 4, 7]
+    """
     g = default_groups(n_blocks) if n_groups is None else n_groups
-    usable = n_blocks - -(-n_blocks // g)
-    top = int(np.log2(max(usable // 2, 1)))
-    return [2**i for i in range(top + 1) if 2**i >= smallest]
+    top = max((n_blocks - -(-n_blocks // g)) // 2, 1)
+    sizes = [2**i for i in range(int(np.log2(top)) + 1) if 2**i >= smallest]
+    return sizes + [top] if top not in sizes and top >= smallest else sizes
 
 
 @serial_blas()

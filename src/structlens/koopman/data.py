@@ -64,20 +64,21 @@ def depth_sites(n_layers: int, layers: Sequence[int]) -> list[str]:
 def depth_prompts(
     tokenizer: Any,
     *,
-    n_corpus: int = 200,
+    n_corpus: int | None = 200,
     max_tokens: int = 64,
     task: str | None = "ioi",
     n_task: int = 50,
     seed: int = 0,
 ) -> list[Any]:
-    """Prompts for a depth fit: ``n_corpus`` chunks of the bundled corpus plus ``n_task``
-    clean prompts of ``task`` (``None``: corpus only), with distinct ids."""
+    """Prompts for a depth fit: ``n_corpus`` chunks of the bundled corpus (``None``: all of
+    them) plus ``n_task`` clean prompts of ``task`` (``None``: corpus only), with distinct
+    ids."""
     from structlens.data.corpus import chunk_documents, load_texts
 
-    if n_corpus < 0 or n_task < 0:
+    if (n_corpus is not None and n_corpus < 0) or n_task < 0:
         raise ValueError(f"n_corpus and n_task must be >= 0; got {n_corpus}, {n_task}.")
     prompts: list[Any] = []
-    if n_corpus:
+    if n_corpus != 0:
         prompts += chunk_documents(
             load_texts(None), tokenizer, max_tokens=max_tokens, max_prompts=n_corpus
         )

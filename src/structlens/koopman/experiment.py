@@ -114,7 +114,10 @@ class KoopmanExperimentConfig:
         }.get(self.analysis)
         if field is None:
             return self.protocol.replace(headline_dictionary=self.specs[0])
-        return self.protocol.replace(**{field: self.specs, "headline_dictionary": self.specs[0]})
+        heads = {"headline_dictionary": self.specs[0]}
+        if field == "split_half_dictionaries":
+            heads["split_half_headline"] = self.specs[0]
+        return self.protocol.replace(**{field: self.specs, **heads})
 
 
 @dataclass(frozen=True)

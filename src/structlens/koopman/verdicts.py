@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from structlens.koopman.protocol import dictionary_label
 from structlens.koopman.stages import (
     AblationEffects,
     DepthAnalysis,
@@ -68,6 +69,9 @@ PAPER: dict[str, Paper] = {
     ),
 }
 
+#: The slower rate the split-half claim must exclude to count as M^-1/2: a 2×2 Jordan block's
+#: (W∞ ∝ M^-1/4, a defective operator), the calibration's alternative family.
+SLOWER_RATE = -0.25
 #: Mean cos² between the top-k PCA directions and the dominant modes' span below which the
 #: realisation counts as dissociated.
 DISSOCIATED_COS2 = 0.5
@@ -97,22 +101,64 @@ def _paper_value(claim_id: str) -> float:
 
 
 # ---------------------------------------------------------------- 1. split-half rate
-def split_half_claim(fits: Mapping[str, SplitHalfFit]) -> Claim:
-    """Reproduced when the paper's slope lies inside every fit's jackknife interval; ours is
-    the first fit's slope."""
+def rate_decision(ci: Sequence[float] | None) -> str:
+    """The split-half rule on one slope interval: ``"reproduced"`` when it holds −1/2 and
+    excludes the slower :data:`SLOWER_RATE`, ``"unidentified"`` when it holds both (the data
+    cannot tell M^-1/2 from M^-1/4), ``"not reproduced"`` when it excludes −1/2 (or there is
+    no finite interval).
+
+    >>> rate_decision([-0.6, -0.4]), rate_decision([-0.6, -0.2]), rate_decision([-0.3, -0.1])
+    ('reproduced', 'unidentified', 'not reproduced')
+    """
     rate = _paper_value("split_half_rate")
-    inside = sum(contains(f.slope_ci, rate) for f in fits.values())
-    key, first = next(iter(fits.items()))
+    if finite_ci(ci) is None or not contains(ci, rate):
+        return "not reproduced"
+    return "unidentified" if contains(ci, SLOWER_RATE) else "reproduced"
+
+
+def _combine(decisions: Sequence[str]) -> str:
+    """One verdict over the probe layers: reproduced at all, partly at some; with none
+    reproduced, not reproduced where any layer excludes −1/2, else unidentified."""
+    n_hold = decisions.count("reproduced")
+    if n_hold:
+        return count_verdict(n_hold, len(decisions))
+    return "not reproduced" if "not reproduced" in decisions else "unidentified"
+
+
+def split_half_claim(fits: Mapping[str, SplitHalfFit], headline: str) -> Claim:
+    """The headline dictionary (``headline``, a label such as ``spectral32``, fixed in advance)
+    judged by :func:`rate_decision` at every probe layer; every other fit is listed per
+    setting, never chosen from.  Ours is the headline's slope at the first probe layer."""
+    head = {k: f for k, f in fits.items() if f.dictionary == headline}
+    if not head:
+        return _not_tested("split_half_rate", f"no split-half fit of the headline {headline}")
+    decisions = {k: rate_decision(f.slope_ci) for k, f in head.items()}
+    key, first = next(iter(head.items()))
     ci = finite_ci(first.slope_ci)
+    excluded = [k for k, f in head.items() if not contains(f.slope_ci, SLOWER_RATE)]
     return Claim(
         "split_half_rate",
         PAPER["split_half_rate"].text,
         first.slope,
         ci,
-        count_verdict(inside, len(fits)),
-        {"fits": list(fits), "n_blocks": [f.blocks_used for f in fits.values()]},
+        _combine(list(decisions.values())),
+        {
+            "headline": f"{headline} at the probe layers (the protocol's split-half headline)",
+            "fits": list(head),
+            "rule": f"the slope's CI holds {_paper_value('split_half_rate')} and excludes "
+            f"{SLOWER_RATE}",
+            "decisions": decisions,
+            "n_blocks": [f.blocks_used for f in fits.values()],
+            "m_range": [[float(f.n_samples[0]), float(f.n_samples[-1])] for f in head.values()],
+        },
         ci_reason=None if ci else "no finite jackknife interval",
-        note=f"ours is {key}; {rate} lies inside {inside} of {len(fits)} CIs",
+        note=f"ours is {key}; per layer: "
+        + ", ".join(f"{k} {d}" for k, d in decisions.items())
+        + f"; a slope of {SLOWER_RATE} is excluded at {len(excluded)} of {len(head)}",
+        per_setting={
+            k: {"slope": f.slope, "ci": list(f.slope_ci), "decision": rate_decision(f.slope_ci)}
+            for k, f in fits.items()
+        },
     )
 
 
@@ -537,12 +583,14 @@ class ReplicationResults:
     sae: dict[str, Any]
 
 
-def claims(t: ReplicationResults, headline: str, control_energy: float, n: int) -> dict[str, Claim]:
-    """Every claim of a run, by id: ``headline`` is the protocol's headline dictionary label,
-    ``n`` the invariance dictionaries' size."""
+def claims(t: ReplicationResults, protocol: Mapping[str, Any], n: int) -> dict[str, Claim]:
+    """Every claim of a run, by id: ``protocol`` is the run's protocol as JSON (its headline
+    dictionaries, fixed in advance, and its control energy), ``n`` the invariance
+    dictionaries' size."""
+    headline = dictionary_label(protocol["headline_dictionary"])
     found = [
-        split_half_claim(t.split_half),
-        non_normal_claim(t.fits, headline, control_energy),
+        split_half_claim(t.split_half, dictionary_label(protocol["split_half_headline"])),
+        non_normal_claim(t.fits, headline, protocol["control_energy"]),
         invariance_gap_claim(list(t.invariance.values()), n),
         ioi_claim(t.ioi),
         ioi_depth_claim(t.ioi),

@@ -89,7 +89,8 @@ def _each(name: str) -> Rows:
 
 PARTS = (
     Part("split_half", ("split_half_rate",), lambda t: (
-        {"k": k, "f": f, "top": f.n_samples[-1]} for k, f in t.split_half.items()
+        {"k": k, "f": f, "top": f.n_samples[-1], "decision": v.rate_decision(f.slope_ci)}
+        for k, f in t.split_half.items()
     )),
     Part("non_normal", ("non_normal_dissociated",), _items("fits")),
     Part("invariance", ("invariance_gap",), _items("invariance")),
@@ -150,7 +151,7 @@ def write(
     s, doc_dir = settings, Path(doc_dir)
     source = command(METHOD, s.get("profile", "cpu"))
     head = dictionary_label(s["protocol"]["headline_dictionary"])
-    found = v.claims(t, head, s["control_energy"], s["invariance_n"])
+    found = v.claims(t, s["protocol"], s["invariance_n"])
     if figure_dir is not None:
         figures(t, head, figure_dir)
     text = with_calibration(render(s, t, found, source, seconds), METHOD)

@@ -98,8 +98,36 @@ class KoopmanReplication:
         }  # fmt: skip
 
     def split_half(self) -> dict[str, st.SplitHalfFit]:
-        specs = self.protocol.split_half_dictionaries
-        return self.per_probe("split-half", specs, st.SplitHalfFit, st.split_half)
+        """Split-half convergence at every probe layer and dictionary, on the section's own
+        prompts (``split_half_corpus``), captured lazily: a cached section reads no store."""
+        from structlens.koopman.data import capture_depth, depth_prompts
+
+        s = self.s
+        prompts = depth_prompts(
+            self.model.tokenizer, n_corpus=s.split_half_corpus, max_tokens=s.prompt_tokens,
+            n_task=s.n_task, seed=s.seed,
+        )  # fmt: skip
+        self.settings["split_half_prompts"] = len(prompts)
+        self.settings["split_half_corpus_text"] = (
+            "every bundled-corpus chunk" if s.split_half_corpus is None
+            else f"{s.split_half_corpus} bundled-corpus chunks"
+        )  # fmt: skip
+        data = data_digest([repr(q) for q in prompts])
+        store: list[Any] = []
+
+        def compute(layer: int, spec: str) -> st.SplitHalfFit:
+            if not store:
+                root = self.out / "activations"
+                store.append(capture_depth(self.model, prompts, self.probes, root=root))
+            return st.split_half(self.protocol, self.rows([layer], store[0]), spec)
+
+        return {
+            f"L{layer}/{dictionary_label(spec)}": self.stage(
+                "split-half", {"layer": layer, "dictionary": spec, "prompts": data},
+                st.SplitHalfFit, partial(compute, layer, spec),
+            )
+            for layer in self.probes for spec in self.protocol.split_half_dictionaries
+        }  # fmt: skip
 
     def fits(self) -> dict[str, st.SpectrumFit]:
         return self.per_probe("fits", self.protocol.fit_dictionaries, st.SpectrumFit, st.spectrum)
