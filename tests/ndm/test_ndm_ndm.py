@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -274,13 +276,21 @@ def test_planted_recovery_counts_each_seed_against_the_truth():
         reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
         init="random", log_interval=50,
     )  # fmt: skip
-    out = planted_recovery([4, 4], [1, 21], cfg, n_samples=3000)
-    by_seed = {r["seed"]: r for r in out["rows"]}
-    # seed 1 recovers [4, 4]; seed 21 merges the groups into [8] without restarts (see above);
-    # both with each of the three exponential gradients
-    assert by_seed[1]["recovered"] and by_seed[1]["overlap"] >= 0.95
-    assert by_seed[21]["partition"] == [8] and not by_seed[21]["recovered"]
-    assert out["recovered"] == 1 and out["n"] == 2 and out["restarts"] == 1
-    assert tuple(out["ci"]) == wilson_interval(1, 2)
+    # Both outcomes are set by the configuration, not by which seed a chaotic single run
+    # fails on (that moves with the CPU's floating-point kernels): with the split/undo pass
+    # every seed recovers [4, 4]; started with both groups in one subspace and no re-split,
+    # nothing can merge or split, so every seed ends at [8].
+    good = planted_recovery(
+        [4, 4], [1, 21], dataclasses.replace(cfg, resplit_trials=4), n_samples=3000
+    )
+    assert all(r["recovered"] and r["overlap"] >= 0.95 for r in good["rows"])
+    assert good["recovered"] == 2 and good["n"] == 2 and good["restarts"] == 1
+    assert tuple(good["ci"]) == wilson_interval(2, 2)
+    merged = dataclasses.replace(cfg, initial_partition=[8])
+    bad = planted_recovery([4, 4], [1, 21], merged, n_samples=3000)
+    assert [r["partition"] for r in bad["rows"]] == [[8], [8]]
+    # the [8] subspace holds both true ones (overlap 1), yet the sizes are not the truth's
+    assert all(r["overlap"] >= 0.95 and not r["recovered"] for r in bad["rows"])
+    assert bad["recovered"] == 0 and tuple(bad["ci"]) == wilson_interval(0, 2)
     with pytest.raises(ValueError, match="seed"):
         planted_recovery([4, 4], [], cfg)
