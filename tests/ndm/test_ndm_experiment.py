@@ -29,6 +29,10 @@ SMALL = PROFILES["smoke"].replace(
         (dict(training_tasks=("nope",)), "training_tasks: unknown"),
         (dict(patch_prompts=1), "patch_prompts must be an integer >= 2"),
         (dict(steps="10"), "steps must be int"),
+        (dict(layer_rule="best"), "layer_rule must be one of 'depth', 'share_sweep'; got 'best'"),
+        (dict(sweep_window=-1), "sweep_window must be an integer >= 0"),
+        (dict(sweep_window=1.5), "sweep_window must be int"),
+        (dict(sweep_prompts=1), "sweep_prompts must be an integer >= 2"),
     ],
 )
 def test_protocol_rejects_bad_values_at_construction(kwargs, message):

@@ -1,7 +1,7 @@
 """One protocol, one answer: ``structlens ndm``, ``structlens analyze`` and the NDM replication
-run the same stages, so at the same protocol instance (``smoke``) on the same model they train
-the same rotation and screen the same tests; the evaluation prompts are never training
-prompts."""
+run the same stages, so at the same protocol instance (``smoke``) on the same model they choose
+the same layers by the share sweep, train the same rotation there and screen the same tests;
+the evaluation prompts are never training prompts."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ from structlens.ndm.experiment import load_rotation
 from structlens.ndm.protocol import PROFILES
 from structlens.results import to_jsonable
 
-# tiny-llama (3 layers) builds only greater_than, at layer 2: analyze then trains layer 2
-LAYER, TESTS = 2, ["greater_than"]
+# tiny-llama (3 layers) builds only greater_than: every driver trains NDM at its one layer
+TESTS = ["greater_than"]
 PROTOCOL = PROFILES["smoke"]
 
 
 @pytest.fixture(scope="module")
 def drivers(tmp_path_factory):
-    """Each driver's training record, rotation and screen of the test at LAYER."""
+    """Each driver's layer sweep, training record, rotation and screen of the test at the
+    layer the sweep chose (``layer``)."""
     from structlens.analyze import AnalyzeConfig, run_analysis
     from structlens.replication.ndm import run as rep
 
@@ -36,7 +37,8 @@ def drivers(tmp_path_factory):
     out = {}
     try:
         runner = CliRunner()
-        train = ["train", "tiny-llama", "--protocol", "smoke", "--layers", str(LAYER)]
+        # no --layers: NDM is trained where the share sweep puts the tests
+        train = ["train", "tiny-llama", "--protocol", "smoke"]
         r = runner.invoke(ndm_cli.app, [*train, "--activations", str(tmp / "acts"),
                                         "--out", str(tmp / "cli"), "-q"])  # fmt: skip
         assert r.exit_code == 0, r.output
@@ -46,9 +48,13 @@ def drivers(tmp_path_factory):
         doc = json.loads((tmp / "cli" / "ndm_train.json").read_text())
         ev = json.loads((tmp / "cli-eval" / "ndm_evaluate.json").read_text())
         assert doc["protocol"] == ev["protocol"] == PROTOCOL.to_json()
+        assert ev["layer_sweep"] == doc["layer_sweep"]  # evaluate reuses the recorded sweep
+        out["layer"] = doc["layers"]
+        (layer,) = doc["layers"]
         out["cli"] = {
-            "record": doc["results"][str(LAYER)],
-            "rotation": load_rotation(tmp / "cli" / f"R-L{LAYER}.safetensors")[0],
+            "sweep": doc["layer_sweep"],
+            "record": doc["results"][str(layer)],
+            "rotation": load_rotation(tmp / "cli" / f"R-L{layer}.safetensors")[0],
             "screen": ev["screen"],
             "gini_mean": ev["gini_mean"],
         }
@@ -58,17 +64,18 @@ def drivers(tmp_path_factory):
         section = run_analysis(cfg, load_model("tiny-llama")).sections["ndm"]
         assert section["details"]["protocol"] == PROTOCOL.to_json()
         (trained,) = section["details"]["trained"]
-        out["analyze"] = {"trained": trained, "tests": section["details"]["tests"]}
+        out["analyze"] = {"trained": trained, "tests": section["details"]["tests"],
+                          "sweep": section["details"]["layer_sweep"]}  # fmt: skip
 
-        s = rep.PROFILES["smoke"].replace(
-            model="tiny-llama", layers=(LAYER,), tests=tuple(TESTS), protocol=PROTOCOL
-        )
+        s = rep.PROFILES["smoke"].replace(model="tiny-llama", tests=tuple(TESTS), protocol=PROTOCOL)
         replication = rep.NDMReplication(s, tmp / "replication")
-        stage, _, per_layer = replication.train()
-        ev = replication.evaluate(stage)
+        sweep_stage, sweep = replication.sweep()
+        stage, _, per_layer = replication.train(sweep.layers)
+        ev = replication.evaluate(stage, sweep_stage, sweep)
         out["replication"] = {
-            "record": per_layer[LAYER],
-            "rotation": load_rotation(replication.cache.path(stage) / f"R-L{LAYER}.safetensors")[0],
+            "sweep": sweep.to_json(),
+            "record": per_layer[layer],
+            "rotation": load_rotation(replication.cache.path(stage) / f"R-L{layer}.safetensors")[0],
             # as the CLI's JSON document holds them (non-finite floats as strings)
             "screen": to_jsonable(ev.screen),
             "gini_mean": "no signal" if ev.gini_mean is None else to_jsonable(ev.gini_mean),
@@ -76,6 +83,14 @@ def drivers(tmp_path_factory):
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def test_every_driver_chooses_the_layers_by_the_same_sweep(drivers):
+    sweeps = [drivers[d]["sweep"] for d in ("cli", "analyze", "replication")]
+    assert sweeps[0] == sweeps[1] == sweeps[2]
+    (choice,) = sweeps[0]["choices"]
+    assert choice["test"] == "greater_than" and [choice["chosen"]] == drivers["layer"]
+    assert len(choice["candidates"]) == len(choice["shares"]) >= 2  # the window was swept
 
 
 def test_the_replication_trains_and_screens_as_the_cli(drivers):
@@ -90,7 +105,7 @@ def test_the_replication_trains_and_screens_as_the_cli(drivers):
 def test_analyze_trains_and_screens_as_the_cli(drivers):
     cli, analyze = drivers["cli"], drivers["analyze"]
     trained = analyze["trained"]
-    assert trained["layer"] == LAYER
+    assert [trained["layer"]] == drivers["layer"]
     assert trained["partition"] == cli["record"]["partition"]
     assert trained["steps"] == cli["record"]["steps"]
     want = [(m["step"], m["max_mi"]) for m in cli["record"]["merge_history"]]
@@ -104,11 +119,12 @@ def test_analyze_trains_and_screens_as_the_cli(drivers):
 
 def test_another_protocol_changes_the_answer(drivers, tmp_path):
     """The comparison can fail: another learning rate trains another rotation."""
-    args = ["train", "tiny-llama", "--protocol", "smoke", "--layers", str(LAYER), "--lr", "0.01"]
+    (layer,) = drivers["layer"]
+    args = ["train", "tiny-llama", "--protocol", "smoke", "--layers", str(layer), "--lr", "0.01"]
     r = CliRunner().invoke(ndm_cli.app, [*args, "--activations", str(tmp_path / "acts"),
                                          "--out", str(tmp_path), "-q"])  # fmt: skip
     assert r.exit_code == 0, r.output
-    other = json.loads((tmp_path / "ndm_train.json").read_text())["results"][str(LAYER)]
+    other = json.loads((tmp_path / "ndm_train.json").read_text())["results"][str(layer)]
     assert other["loss_history"] != drivers["cli"]["record"]["loss_history"]
 
 

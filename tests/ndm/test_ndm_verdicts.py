@@ -15,6 +15,8 @@ from structlens.ndm.stages import (
     Analysis,
     Estimate,
     GiniSummary,
+    LayerChoice,
+    LayerSweep,
     PlantedRecovery,
     Screen,
     ScreenRow,
@@ -233,7 +235,11 @@ def _analysis(screened, converged=True, lows=None):
     else:
         summary = GiniSummary(0.3, (), {}, None, None)
     browser = {"layer": 2, "entries": [], "top": [], "neighbours": [], "partition": [4, 4]}
-    return Analysis(PROTOCOL, ("induction",), rows, trained, summary, browser)
+    sweep = LayerSweep(PROTOCOL.layer_selection(), [
+        LayerChoice("a", 1, (0, 1, 2), (0.01, 0.05, 0.02), (0.01,) * 3, 1, ("x-0016",)),
+        LayerChoice("b", 2, (1, 2), (math.nan, math.nan), (math.nan, math.nan), 2, ("x-0016",)),
+    ])  # fmt: skip
+    return Analysis(PROTOCOL, ("induction",), rows, trained, summary, browser, sweep)
 
 
 def test_section_without_a_screened_test_flags_every_test_and_the_browser_layer():
@@ -268,3 +274,12 @@ def test_section_with_a_screened_test_reports_each_gini_and_flags_insignificant_
     assert g["ndm_minus"]["random"]["ci"] == pytest.approx([-0.02, 0.18])
     assert s.details["tests"][2]["normalized"] == {"ndm": [0.5, 0.5]}
     assert s.to_json()["details"]["trained"][0]["stop_reason"].startswith("no subspace pair")
+
+
+def test_section_details_hold_the_whole_layer_sweep():
+    a = _analysis(screened=True)
+    s = V.section(a)
+    assert s.details["layer_sweep"] == a.sweep.to_json()
+    back = LayerSweep.from_dict(s.to_json()["details"]["layer_sweep"])  # NaN shares as "nan"
+    assert [c.candidates for c in back.choices] == [(0, 1, 2), (1, 2)]
+    assert back.choices[0].shares == (0.01, 0.05, 0.02) and math.isnan(back.choices[1].shares[0])

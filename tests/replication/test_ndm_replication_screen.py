@@ -1,5 +1,5 @@
-"""The NDM replication's smoke profile carries the screen, restarts and SAE settings through to
-the claims JSON and the markdown, from the run's own results."""
+"""The NDM replication's smoke profile carries the layer sweep, the screen, restarts and SAE
+settings through to the claims JSON and the markdown, from the run's own results."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from structlens.replication.claims import ClaimsDocument
 from structlens.replication.ndm import run as ndm_run
+from structlens.results import to_jsonable
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +49,32 @@ def test_tests_block_is_the_runs_screen(smoke):
         assert claim.verdict == "not tested" and claim.ours is None
 
 
+def test_the_layer_sweep_places_the_tests_and_the_training(smoke):
+    """NDM is trained, and every test evaluated, at the layer the sweep chose; the claims JSON
+    and the markdown hold every candidate's share."""
+    R, docs = smoke
+    sweep = R.sweep
+    assert sweep.rule == "share_sweep" and [c.test for c in sweep.choices] == list(
+        ndm_run.PROFILES["smoke"].tests
+    )
+    assert R.evaluate.layers == sweep.chosen and R.train.layers == sweep.layers
+    # as JSON, NaN shares (the random model does not do most tasks) as "nan"
+    assert to_jsonable(R.evaluate.layer_sweep) == sweep.to_json()
+    doc = ClaimsDocument.load(docs / "ndm.json")
+    assert to_jsonable(doc.blocks["layer_sweep"]) == sweep.to_json()
+    assert doc.blocks["settings"]["layers"] == sweep.layers
+    md = (docs / "ndm.md").read_text()
+    assert "## Layers of the patching tests" in md
+    for c in sweep.choices:
+        assert c.candidates and f"| {c.test} | " in md and f"**{c.chosen}: " in md
+
+
 def test_restarts_and_sae_settings_reach_the_run(smoke):
     R, docs = smoke
-    for layer in map(str, ndm_run.PROFILES["smoke"].layers):
+    for layer in map(str, R.sweep.layers):
         table = R.train.results[layer]["restarts"]
         assert len(table) == ndm_run.PROFILES["smoke"].protocol.restarts == 2
-    sae = R.evaluate.baselines["0"]["sae"]
+    sae = R.evaluate.baselines[str(R.sweep.layers[0])]["sae"]
     assert (
         sae["tol"] == 0.01 and 1 <= sae["epochs"] <= ndm_run.PROFILES["smoke"].protocol.sae_epochs
     )
@@ -98,3 +119,21 @@ def test_gpu_profile_trains_on_1e5_activations_and_evaluates_500_prompts():
     assert cfg["bank_size"] + cfg["refresh_interval"] * cfg["batch_size"] == g.device_rows
     assert (cfg["merge_start"], cfg["merge_interval"]) == (20_000, 8_000)  # the paper's
     assert g.protocol.patch_prompts >= 500 and g.protocol.restarts > 1
+
+
+def test_the_depth_rule_is_rendered_as_the_mapped_layers_without_a_sweep():
+    from types import SimpleNamespace
+
+    from structlens.ndm.protocol import PROFILES
+    from structlens.ndm.stages import LayerChoice, LayerSweep
+    from structlens.replication.markdown import Template
+    from structlens.replication.ndm import render
+
+    selection = PROFILES["paper"].replace(layer_rule="depth").layer_selection()
+    sweep = LayerSweep(selection, [LayerChoice("induction", 17, (), (), (), 17)])
+    t = Template(render.TEMPLATE)
+    text = render._sweep(t, SimpleNamespace(sweep=sweep), None)  # depth: no evaluation read
+    assert "(the depth rule; no layer is measured): induction 17." in text and "|" not in text
+    assert (
+        t.blocks["layer_rule depth"].format_map(selection) == "`round((l+1)·30/12) − 1`, halves up"
+    )

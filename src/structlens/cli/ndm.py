@@ -23,14 +23,16 @@ from structlens.cli.protocol_options import protocol_from, protocol_options
 from structlens.ndm.protocol import PROFILES, NDMProtocol
 
 #: The protocol fields each command sets from options (the others only by --protocol).
+#: The fields that choose the patching tests' layers: ``train`` trains there by default.
+LAYER_FIELDS = ("layer_rule", "sweep_window", "sweep_prompts")
 TRAIN_FIELDS = (
     "corpus_prompts", "corpus_tokens", "task_prompts", "unit_size", "steps", "bank_size",
     "batch_size", "refresh_interval", "lr", "merge_start", "merge_interval", "merge_threshold",
-    "mi_samples", "restarts",
+    "mi_samples", "restarts", *LAYER_FIELDS,
 )  # fmt: skip
 EVALUATE_FIELDS = (
-    "patch_prompts", "min_share", "baselines", "gini_bootstrap", "sae_width", "sae_k",
-    "sae_epochs", "sae_tol", "conflict_prompts", "toy_steps", "toy_ae_steps",
+    "patch_prompts", "min_share", *LAYER_FIELDS, "baselines", "gini_bootstrap", "sae_width",
+    "sae_k", "sae_epochs", "sae_tol", "conflict_prompts", "toy_steps", "toy_ae_steps",
 )  # fmt: skip
 
 # protocol fields as the options that set them, in the protocol's messages
@@ -52,8 +54,9 @@ def train(
     layers: Annotated[
         str,
         typer.Option(
-            help="Comma-separated layers (resid_post). Default: the paper's GPT-2 layers "
-            "4,6,8,9 mapped to the same relative depth."
+            help="Comma-separated layers (resid_post). Default: the layers the protocol's "
+            "layer rule chooses for the patching tests (recorded for `ndm evaluate`); with "
+            "--layer-rule depth, the paper's GPT-2 layers 4,6,8,9 at the same relative depth."
         ),
     ] = "",
     capture_layers: Annotated[

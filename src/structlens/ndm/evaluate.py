@@ -22,7 +22,8 @@ Conventions
 GPT-2 small (12 layers) to a model with ``L`` layers: ``resid_post`` of layer ``l`` sits after
 ``l + 1`` of 12 blocks; the matching layer is ``round((l + 1) L / 12) - 1`` with halves rounded
 up, so 4, 6, 8, 9 map to 12, 17, 22, 24 for SmolLM2's 30 layers (relative depths 0.417, 0.583,
-0.75, 0.833 vs 0.433, 0.6, 0.767, 0.833).
+0.75, 0.833 vs 0.433, 0.6, 0.767, 0.833).  Under the protocol's share sweep a test's layer is
+the candidate of :func:`sweep_candidates` chosen by :func:`choose_layer` instead.
 """
 
 from __future__ import annotations
@@ -119,6 +120,50 @@ def map_layer(gpt2_layer: int, n_layers: int, source_layers: int = 12) -> int:
     if not 0 <= gpt2_layer < source_layers:
         raise ValueError(f"gpt2_layer must be in [0, {source_layers}), got {gpt2_layer}.")
     return int(math.floor((gpt2_layer + 1) * n_layers / source_layers + 0.5)) - 1
+
+
+def sweep_candidates(mapped: int, n_layers: int, window: int) -> tuple[int, ...]:
+    """The layers of an ``n_layers`` model within ``window`` layers of ``mapped``: the
+    candidates of a test's share sweep."""
+    if not 0 <= mapped < n_layers or window < 0:
+        raise ValueError(
+            f"need 0 <= mapped < n_layers and window >= 0; got mapped={mapped}, "
+            f"n_layers={n_layers}, window={window}."
+        )
+    return tuple(range(max(0, mapped - window), min(n_layers, mapped + window + 1)))
+
+
+def choose_layer(
+    mapped: int, candidates: Sequence[int], shares: Sequence[float], errors: Sequence[float]
+) -> int:
+    """The share sweep's rule, fixed before any share is seen: the candidate nearest
+    ``mapped`` (the shallower at equal distance) among those whose whole-space share is
+    within one standard error (``errors``) of the largest share.
+
+    This is the one-standard-error rule of model selection with the paper's depth as the
+    default: a test leaves its mapped layer only for a layer that carries the task by more
+    than the noise of the selection prompts, so equal or indistinguishable shares (a patch
+    that already removes everything at several layers) keep it where the paper put it.
+    Non-finite shares (a model that does not do the task) never count; with none finite the
+    layer stays ``mapped``; a best share without a finite error counts alone.
+
+    >>> choose_layer(12, (10, 11, 12, 13, 14), (0.2, 0.5, 0.56, 0.6, 0.3), (0.05,) * 5)
+    12
+    >>> choose_layer(12, (10, 11, 12, 13, 14), (0.2, 0.5, 0.56, 0.9, 0.3), (0.05,) * 5)
+    13
+    """
+    if not len(candidates) == len(shares) == len(errors):
+        raise ValueError(
+            f"{len(candidates)} candidate layers for {len(shares)} shares and {len(errors)} "
+            "standard errors."
+        )
+    finite = [(float(s), float(e), int(c))
+              for c, s, e in zip(candidates, shares, errors) if math.isfinite(s)]  # fmt: skip
+    if not finite:
+        return int(mapped)
+    best, error, _ = max(finite)
+    floor = best - (error if math.isfinite(error) else 0.0)
+    return min((c for s, _, c in finite if s >= floor), key=lambda c: (abs(c - mapped), c))
 
 
 def name_swap_corruption(task: TaskDataset) -> list[list[int]]:
@@ -417,6 +462,17 @@ def whole_space_share(run: PatchRun) -> float:
     """
     clean = float(np.mean(run.clean_metric))
     return float(np.mean(run.full_effect)) / clean if clean > 0 else float("nan")
+
+
+def whole_space_share_error(run: PatchRun) -> float:
+    """The standard error over prompts of :func:`whole_space_share`, the mean clean metric
+    held fixed (the same prompts' clean run is every candidate layer's denominator, so only
+    the whole-space effect varies between layers).  NaN where the share is, or with fewer
+    than two prompts."""
+    clean, full = float(np.mean(run.clean_metric)), np.asarray(run.full_effect, dtype=float)
+    if clean <= 0 or full.size < 2:
+        return float("nan")
+    return float(full.std(ddof=1) / math.sqrt(full.size)) / clean
 
 
 def gini_variants(

@@ -4,14 +4,15 @@ evaluate the decompositions by subspace patching (:func:`evaluate`), both under 
 :mod:`structlens.ndm.stages`.
 
 ``run(protocol, model, layers=..., out=..., activations=...)`` captures ``resid_post`` at the
-layers over the protocol's training prompts (cached store), trains NDM per layer, writes
-``ndm-L{layer}/`` (the full :class:`~structlens.ndm.NDMResult`) and ``R-L{layer}.safetensors``
-to ``out``, and returns the ``ndm_train`` report.  ``evaluate(protocol, model, train_dir,
-out=...)`` screens the patching tests (the paper's, with RoPE-transferable ones on rotary
-models) by their whole-space effect, patches the screened ones for NDM and the baselines with
-NDM's partition, reports Gini coefficients with bootstrap CIs for those (``"no signal"`` for
-the others), knowledge-conflict routing and the toy recovery, and returns the
-``ndm_evaluate`` report.
+layers (by default those the protocol's layer rule chooses for the patching tests) over the
+protocol's training prompts (cached store), trains NDM per layer, writes ``ndm-L{layer}/``
+(the full :class:`~structlens.ndm.NDMResult`) and ``R-L{layer}.safetensors`` to ``out``, and
+returns the ``ndm_train`` report.  ``evaluate(protocol, model, train_dir, out=...)`` screens
+the patching tests (the paper's, with RoPE-transferable ones on rotary models, at the layers
+of the protocol's layer rule) by their whole-space effect, patches the screened ones for NDM
+and the baselines with NDM's partition, reports Gini coefficients with bootstrap CIs for
+those (``"no signal"`` for the others), knowledge-conflict routing and the toy recovery, and
+returns the ``ndm_evaluate`` report.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from structlens.config import ExperimentReport
 from structlens.ndm.protocol import NDMProtocol
 from structlens.results import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from structlens.ndm.stages import LayerSweep
 
 __all__ = [
     "NDMReport",
@@ -84,7 +88,7 @@ def load_rotation(
 
 def chosen_layers(layers: Sequence[int], n_layers: int, capture: Sequence[int] = ()) -> list[int]:
     """The trained layers of an ``n_layers`` model: ``layers``, or (empty) the paper's GPT-2
-    layers 4, 6, 8, 9 mapped to the same relative depth.
+    layers 4, 6, 8, 9 mapped to the same relative depth (the depth rule's layers).
 
     Raises
     ------
@@ -127,6 +131,9 @@ def run(
 ) -> NDMReport:
     """Capture the residual stream and train NDM at each layer (see module doc).
 
+    Without ``layers``, under the share sweep NDM is trained where the sweep puts the
+    patching tests (:func:`structlens.ndm.stages.plan_tests`, recorded as ``layer_sweep``
+    for ``ndm evaluate`` to reuse), under the depth rule at :func:`chosen_layers`.
     ``capture_layers`` (a superset of ``layers``) are captured, so parallel runs naming the
     same set share one cached store.  Checkpoints go to ``checkpoints/L{layer}`` (default
     ``out/checkpoints``); a finished checkpoint is reused, so layers can be trained by
@@ -137,7 +144,12 @@ def run(
     from structlens.provenance import provenance
     from structlens.sites import site_name
 
-    chosen = chosen_layers(layers, model.n_layers, capture_layers)
+    sweep = None
+    if not layers and protocol.layer_rule == "share_sweep":
+        sweep = stages.plan_tests(protocol, model).sweep
+    # a tokenizer that builds no test leaves nothing to sweep: the depth rule's layers
+    chosen = chosen_layers(layers or (sweep.layers if sweep else ()), model.n_layers,
+                           capture_layers)  # fmt: skip
     prompts = stages.training_prompts(protocol, model)
     t0 = time.perf_counter()
     captured = sorted(set(capture_layers) | set(chosen))
@@ -175,6 +187,8 @@ def run(
         },
         "capture_seconds": capture_s,
     }
+    if sweep is not None:
+        meta["layer_sweep"] = sweep.to_json()
     return NDMReport(analysis="ndm_train", model=model.name, results=results, meta=meta)
 
 
@@ -207,15 +221,18 @@ def evaluate(
     executor: Any = None,
     log: Callable[[str], None] | None = None,
     allow_foreign: bool = False,
+    sweep: LayerSweep | None = None,
 ) -> NDMReport:
     """Subspace-patching Gini table (NDM vs baselines), knowledge conflict and toy recovery
     for the decompositions of the ``ndm train`` run in ``train`` (see module doc).
 
     ``tests`` names tests of :func:`structlens.ndm.stages.plan_tests` (empty: all that suit
-    the model).  The run must have been trained on ``model`` (its recorded digest), unless
-    ``allow_foreign`` (a :class:`~structlens.provenance.ForeignResultWarning` then), and none
-    of the evaluation prompts may be among its training prompts.  ``executor`` computes the
-    baseline rotations (SAE training among them) in parallel.
+    the model), at the layers of ``sweep`` (a :class:`~structlens.ndm.stages.LayerSweep`),
+    else of the sweep the training run recorded under this protocol's layer selection, else
+    of a sweep made here.  The run must have been trained on ``model`` (its recorded
+    digest), unless ``allow_foreign`` (a :class:`~structlens.provenance.ForeignResultWarning`
+    then), and none of the evaluation prompts may be among its training prompts.
+    ``executor`` computes the baseline rotations (SAE training among them) in parallel.
     """
     from structlens.errors import InputError
     from structlens.ndm import stages
@@ -225,7 +242,8 @@ def evaluate(
     trained = [int(k) for k in meta["partition"]]
     _check_rotations(model, train, trained, allow_foreign)  # before any work
     _check_held_out(protocol, model, trained_on)
-    plan = stages.plan_tests(protocol, model, tests)
+    plan = stages.plan_tests(protocol, model, tests, batch_size=batch_size,
+                             sweep=sweep or _recorded_sweep(meta, protocol))  # fmt: skip
     missing = sorted(set(plan.layers.values()) - set(trained))
     if missing:
         raise InputError(f"the tests use untrained layer(s) {missing} (trained: {trained}); "
@@ -255,6 +273,7 @@ def evaluate(
         "protocol": protocol.to_json(),
         "partition": {str(k): list(v.partition) for k, v in decompositions.items()},
         "layers": {t.name: plan.layers[t.name] for t in plan.tests},
+        "layer_sweep": plan.sweep.to_json(),
         "tests": {t.name: dataclasses.asdict(t) for t in plan.tests},
         "skipped_tests": list(plan.skipped),
         "methods": ["ndm", *protocol.baselines],
@@ -270,6 +289,16 @@ def evaluate(
         "seconds": timings,
     }
     return NDMReport(analysis="ndm_evaluate", model=model.name, results={}, meta=doc)
+
+
+def _recorded_sweep(meta: dict[str, Any], protocol: NDMProtocol) -> LayerSweep | None:
+    """The layer sweep an ``ndm train`` run recorded, when it was made under ``protocol``'s
+    layer selection (``None`` otherwise: the evaluation sweeps itself)."""
+    from structlens.ndm.stages import LayerSweep
+
+    doc = meta.get("layer_sweep")
+    sweep = None if doc is None else LayerSweep.from_dict(doc)
+    return sweep if sweep is not None and sweep.selection == protocol.layer_selection() else None
 
 
 def _check_rotations(model: Any, train: Path, layers: Sequence[int], allow_foreign: bool) -> None:

@@ -16,10 +16,15 @@ Training
     The :class:`~structlens.ndm.NDMConfig` of :meth:`NDMProtocol.ndm_config`: the protocol's
     sizes, shrunk by one stated rule when a layer has fewer activations than they need.
 Evaluation
-    Each patching test runs on ``patch_prompts`` prompts at the paper's GPT-2 layer mapped to
-    the same relative depth; a test enters the Gini only if patching the whole space removes
-    at least ``min_share`` of the clean metric (the screen).  Baselines use NDM's partition;
-    intervals are percentile bootstraps over prompts (``gini_bootstrap`` resamples).
+    Each patching test runs on ``patch_prompts`` prompts at a layer chosen by ``layer_rule``:
+    ``"depth"``, the paper's GPT-2 layer mapped to the same relative depth, or
+    ``"share_sweep"``, among the layers within ``sweep_window`` of that depth, the one
+    nearest it whose whole-space patch removes, on ``sweep_prompts`` selection prompts that
+    are never evaluation prompts, a share of the clean metric within one standard error of
+    the largest.  A test enters the Gini only if patching the whole space at its layer
+    removes at least ``min_share`` of the clean metric on the evaluation prompts (the
+    screen).  NDM is trained at the tests' layers.  Baselines use NDM's partition; intervals
+    are percentile bootstraps over prompts (``gini_bootstrap`` resamples).
 
 >>> NDMProtocol(unit_size=16).ndm_config(n_rows=10_000, d=64).unit_size
 16
@@ -27,6 +32,10 @@ Evaluation
 Traceback (most recent call last):
 ...
 structlens.errors.InputError: min_share must be in [0, 1]; got 1.5.
+>>> NDMProtocol(layer_rule="best")
+Traceback (most recent call last):
+...
+structlens.errors.InputError: layer_rule must be one of 'depth', 'share_sweep'; got 'best'.
 """
 
 from __future__ import annotations
@@ -40,14 +49,16 @@ from structlens.config import Protocol, Settings, described
 from structlens.errors import InputError
 
 __all__ = [
-    "NDMProtocol", "PROFILES", "BASELINES", "REPLICATION_PROFILES", "ReplicationProfile",
-    "TRAINING_TASKS",
+    "NDMProtocol", "PROFILES", "BASELINES", "LAYER_RULES", "REPLICATION_PROFILES",
+    "ReplicationProfile", "TRAINING_TASKS",
 ]  # fmt: skip
 
 #: Baseline decompositions the Gini compares NDM with (each given NDM's partition).
 BASELINES = ("identity", "random", "pca", "sae")
 #: Circuit tasks whose clean prompts may join the training activations.
 TRAINING_TASKS = ("ioi", "greater_than", "knowledge_conflict")
+#: How a patching test's layer is chosen (see the module docstring).
+LAYER_RULES = ("depth", "share_sweep")
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,20 @@ class NDMProtocol(Protocol):
     min_share: float = described(
         0.3, "Screen: least whole-space effect / clean metric for a test's Gini."
     )
+    # the screen can only pass a test the model carries at the layer patched; the paper's
+    # depth, mapped from GPT-2's 12 layers, need not be where another model carries it
+    layer_rule: str = described(
+        "share_sweep",
+        "A test's layer: 'depth' (the paper's GPT-2 layer at the same relative depth) or "
+        "'share_sweep' (of the layers near it, the nearest whose whole-space share on "
+        "selection prompts is within one standard error of the largest).",
+    )
+    sweep_window: int = described(
+        2, "Share sweep: candidate layers within this many layers of the mapped depth."
+    )
+    sweep_prompts: int = described(
+        24, "Share sweep: selection prompts per test (never an evaluation prompt)."
+    )
     baselines: tuple[str, ...] = described(
         BASELINES, "Decompositions compared with NDM (each with NDM's partition)."
     )
@@ -106,9 +131,10 @@ class NDMProtocol(Protocol):
                 "corpus_prompts": 0, "corpus_tokens": 2, "task_prompts": 0, "unit_size": 1,
                 "steps": 1, "bank_size": 1, "batch_size": 1, "refresh_interval": 1,
                 "merge_start": 0, "merge_interval": 1, "mi_samples": 2, "restarts": 1,
-                "patch_prompts": 2, "gini_bootstrap": 1, "sae_width": 1, "sae_k": 1,
-                "sae_epochs": 1, "conflict_prompts": 2, "toy_steps": 1, "toy_ae_steps": 1,
-                "browser_top": 1, "browser_pool": 2, "browser_neighbours": 1, "seed": 0,
+                "patch_prompts": 2, "sweep_window": 0, "sweep_prompts": 2, "gini_bootstrap": 1,
+                "sae_width": 1, "sae_k": 1, "sae_epochs": 1, "conflict_prompts": 2, "toy_steps": 1,
+                "toy_ae_steps": 1, "browser_top": 1, "browser_pool": 2, "browser_neighbours": 1,
+                "seed": 0,
             }
         )  # fmt: skip
         if self.corpus_prompts + self.task_prompts == 0:
@@ -117,6 +143,11 @@ class NDMProtocol(Protocol):
             bad = [v for v in getattr(self, name) if v not in known]
             if bad:
                 raise InputError(f"{name}: unknown {bad[0]!r}; choose from {', '.join(known)}.")
+        if self.layer_rule not in LAYER_RULES:
+            raise InputError(
+                f"layer_rule must be one of {', '.join(map(repr, LAYER_RULES))}; got "
+                f"{self.layer_rule!r}."
+            )
         if not 0.0 <= self.min_share <= 1.0:
             raise InputError(f"min_share must be in [0, 1]; got {self.min_share}.")
         if self.lr <= 0 or self.merge_threshold < 0 or self.sae_tol < 0:
@@ -145,6 +176,13 @@ class NDMProtocol(Protocol):
             restarts=self.restarts, log_interval=min(50, self.steps), seed=self.seed,
             device=device,
         )  # fmt: skip
+
+    def layer_selection(self) -> dict[str, Any]:
+        """The fields that decide the patching tests' layers (the selection prompts follow
+        the evaluation prompts of ``patch_prompts`` and ``seed``): a layer sweep recorded
+        under equal ones is this protocol's choice."""
+        names = ("layer_rule", "sweep_window", "sweep_prompts", "patch_prompts", "seed")
+        return {name: getattr(self, name) for name in names}
 
     def sae_baseline(self) -> Any:
         """The SAE of the SAE-clustering baseline."""
@@ -188,7 +226,8 @@ PROFILES: dict[str, NDMProtocol] = {
     "smoke": NDMProtocol(
         corpus_prompts=64, corpus_tokens=64, task_prompts=4, unit_size=8, steps=30,
         bank_size=2048, batch_size=64, refresh_interval=20, merge_start=10, merge_interval=10,
-        mi_samples=1000, patch_prompts=16, baselines=("identity", "random", "pca"),
+        mi_samples=1000, patch_prompts=16, sweep_window=1, sweep_prompts=8,
+        baselines=("identity", "random", "pca"),
         gini_bootstrap=200, sae_width=64, sae_k=4, sae_epochs=3, conflict_prompts=8,
         toy_steps=30, toy_ae_steps=50, browser_top=6, browser_pool=96, browser_neighbours=5,
     ),
@@ -197,9 +236,10 @@ PROFILES: dict[str, NDMProtocol] = {
 
 @dataclass(frozen=True)
 class ReplicationProfile(Settings):
-    """One profile of the NDM replication: its model and layers, the protocol of training and
-    evaluation (screen, baselines, SAE baseline), the patching tests, and the sizes of the
-    sections only the replication runs.  Frozen and checked at construction.
+    """One profile of the NDM replication: its model, the protocol of training and evaluation
+    (the tests' layer rule, screen, baselines, SAE baseline), the patching tests, and the
+    sizes of the sections only the replication runs.  Frozen and checked at construction.
+    NDM is trained at the layers the protocol's layer rule chooses for the tests.
 
     ``toy2`` / ``toy2_model`` are the :class:`~structlens.ndm.ndm.NDMConfig` and
     :class:`~structlens.ndm.toy.ToyConfig` fields of the toy run with the ``min_subspaces``
@@ -213,7 +253,6 @@ class ReplicationProfile(Settings):
 
     profile: str
     model: str
-    layers: tuple[int, ...]
     tests: tuple[str, ...]
     protocol: NDMProtocol
     toy2: Mapping[str, Any]
@@ -226,11 +265,8 @@ class ReplicationProfile(Settings):
     queries: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
-        if not self.layers or min(self.layers) < 0 or not self.tests:
-            raise InputError(
-                f"layers must be non-empty and >= 0, tests non-empty; got {list(self.layers)} "
-                f"and {list(self.tests)}."
-            )
+        if not self.tests:
+            raise InputError("tests must be non-empty: NDM is trained at the tests' layers.")
         missing = sorted({"sizes", "seeds", "restarts", "ndm"} - set(self.planted))
         if missing:
             raise InputError(f"planted needs the keys {missing}.")
@@ -252,7 +288,7 @@ _PLANTED_NDM = {
     "mi_samples": 800, "init": "random", "log_interval": 50,
 }  # fmt: skip
 _REPLICATION_CPU = ReplicationProfile(
-    profile="cpu", model="smollm2-135m", layers=(12, 17, 22, 24),
+    profile="cpu", model="smollm2-135m",
     # SmolLM2 has rotary position embeddings: the IOI position-swap tests need an
     # absolute-position subspace it lacks, so the relative tests on repeated sequences
     # replace them (ndm.evaluate.patch_tests_for)
@@ -281,10 +317,13 @@ REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
         profile="gpu", device_training=True, device_rows=_GPU_ROWS,
         device_config={"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
                        "bank_size": _GPU_ROWS - 20 * 128},
-        protocol=PROFILES["paper"].replace(restarts=3, corpus_prompts=1000, patch_prompts=512),
+        # on the device the sweep costs little: more selection prompts, a less noisy choice
+        protocol=PROFILES["paper"].replace(
+            restarts=3, corpus_prompts=1000, patch_prompts=512, sweep_prompts=128
+        ),
     ),
     "smoke": _REPLICATION_CPU.replace(
-        profile="smoke", model="tiny-smol", layers=(0, 1, 2),
+        profile="smoke", model="tiny-smol",
         # the SAE baseline and two restarts, so that both reach the run
         protocol=PROFILES["smoke"].replace(
             restarts=2, baselines=("identity", "random", "pca", "sae")

@@ -67,7 +67,8 @@ class EvaluationRun(Result):
     each baseline, with ``p_above``) their means over the screened tests, ``None`` when no
     test passes the screen (:meth:`structlens.ndm.stages.GiniSummary.to_json`).
     ``conflict`` is knowledge-conflict routing (:class:`structlens.ndm.stages.ConflictRouting`)
-    and ``toy`` the toy recovery record, when run.
+    and ``toy`` the toy recovery record, when run; ``layer_sweep`` how the tests' ``layers``
+    were chosen (:class:`structlens.ndm.stages.LayerSweep` as JSON).
     """
 
     protocol: dict[str, Any]
@@ -88,6 +89,7 @@ class EvaluationRun(Result):
     baselines: dict[str, Any] = field(default_factory=dict)
     conflict: dict[str, Any] | None = None
     toy: dict[str, Any] | None = None
+    layer_sweep: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     model: str = ""
 

@@ -5,7 +5,8 @@ numbers under an :class:`~structlens.ndm.protocol.NDMProtocol`.
 functions and only render what they return, so equal protocols give equal results:
 
 * :func:`training_prompts`: the training activations' prompts (evaluation prompts left out);
-* :func:`plan_tests`: the patching tests this model and tokenizer support, with their layers;
+* :func:`plan_tests`: the patching tests this model and tokenizer support, with their layers
+  chosen by the protocol's layer rule (:func:`layer_sweep`, :class:`LayerSweep`);
 * :func:`screen`: a test's whole-space effect and whether it passes the screen (:class:`Screen`);
 * :func:`train`: NDM at one layer (:class:`~structlens.ndm.NDMResult`);
 * :func:`decompose`: NDM's rotation beside the baselines' with its partition
@@ -30,9 +31,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from structlens.data.tasks import TaskDataset
 from structlens.ndm.evaluate import (
     PatchRun,
     PatchTest,
+    choose_layer,
     corrupted_prompts,
     make_test_task,
     map_layer,
@@ -40,17 +43,20 @@ from structlens.ndm.evaluate import (
     patch_subspaces,
     patch_tests_for,
     summarize_gini,
+    sweep_candidates,
     whole_space_run,
     whole_space_share,
+    whole_space_share_error,
 )
 from structlens.ndm.protocol import NDMProtocol
 from structlens.results import Result
 
 __all__ = [
-    "TestPlan", "Screen", "Decomposition", "Estimate", "GiniSummary", "ConflictRouting",
-    "ToyRecovery", "PlantedRecovery", "ScreenRow", "TrainedLayer", "Analysis",
-    "training_prompts", "evaluation_prompts", "plan_tests", "screen", "train", "decompose",
-    "patch", "gini", "conflict", "toy", "toy_guarded", "planted", "preimage_index", "analysis",
+    "TestPlan", "LayerChoice", "LayerSweep", "Screen", "Decomposition", "Estimate",
+    "GiniSummary", "ConflictRouting", "ToyRecovery", "PlantedRecovery", "ScreenRow",
+    "TrainedLayer", "Analysis", "training_prompts", "evaluation_prompts", "selection_task",
+    "layer_sweep", "plan_tests", "screen", "train", "decompose", "patch", "gini", "conflict",
+    "toy", "toy_guarded", "planted", "preimage_index", "analysis",
 ]  # fmt: skip
 
 Prompts = list[tuple[str, list[int]]]
@@ -111,24 +117,178 @@ def training_prompts(protocol: NDMProtocol, model: Any) -> Prompts:
 
 
 @dataclass(frozen=True)
-class TestPlan:
-    """The patching tests a model supports: ``tests`` with their ``layers`` (the paper's
-    GPT-2 layer at the same relative depth) and the tests ``skipped`` because this tokenizer
-    cannot build their task."""
+class LayerChoice(Result):
+    """How one patching test's layer was chosen.
 
-    tests: tuple[PatchTest, ...]
-    layers: Mapping[str, int]
-    skipped: tuple[str, ...]
+    ``mapped`` is the paper's GPT-2 layer at the same relative depth.  Under the share sweep
+    ``shares[i]`` is the whole-space share (:func:`~structlens.ndm.evaluate.whole_space_share`)
+    at layer ``candidates[i]`` on the selection prompts ``prompt_ids`` (never evaluation
+    prompts, :func:`selection_task`), ``errors[i]`` its standard error over those prompts,
+    and ``chosen`` the candidate :func:`~structlens.ndm.evaluate.choose_layer` picks; under
+    the depth rule nothing is measured (no candidates) and ``chosen`` is ``mapped``.
+    """
+
+    test: str
+    mapped: int
+    candidates: tuple[int, ...]
+    shares: tuple[float, ...]
+    errors: tuple[float, ...]
+    chosen: int
+    prompt_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a saved result reads its tuples back as JSON lists
+        for name in ("candidates", "shares", "errors", "prompt_ids"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not len(self.candidates) == len(self.shares) == len(self.errors):
+            raise ValueError(
+                f"{len(self.candidates)} candidates for {len(self.shares)} shares and "
+                f"{len(self.errors)} standard errors."
+            )
 
 
-def plan_tests(protocol: NDMProtocol, model: Any, names: Sequence[str] = ()) -> TestPlan:
-    """The paper's tests (on rotary models the position-swap tests replaced by
-    :data:`~structlens.ndm.evaluate.ROPE_TESTS`), restricted to ``names`` when given.
+@dataclass(frozen=True)
+class LayerSweep(Result):
+    """The layers of the patching tests: one :class:`LayerChoice` per test, made under
+    ``selection`` (:meth:`NDMProtocol.layer_selection`: the layer rule, the window, the
+    selection and evaluation prompt counts and the seed).  Every candidate's share is kept,
+    so a reader sees the whole sweep and not only the layer it chose."""
+
+    selection: dict[str, Any]
+    choices: list[LayerChoice]
+
+    @property
+    def rule(self) -> str:
+        return str(self.selection["layer_rule"])
+
+    @property
+    def chosen(self) -> dict[str, int]:
+        """Each test's chosen layer."""
+        return {c.test: c.chosen for c in self.choices}
+
+    @property
+    def layers(self) -> list[int]:
+        """The distinct chosen layers, ascending: where NDM is trained."""
+        return sorted(set(self.chosen.values()))
+
+    def restricted(self, protocol: NDMProtocol, tests: Sequence[PatchTest]) -> LayerSweep:
+        """This sweep's choices for ``tests``, in their order.
+
+        Raises
+        ------
+        InputError
+            The sweep was made under another layer selection than ``protocol``'s, or lacks
+            one of the tests.
+        """
+        from structlens.errors import InputError
+
+        if self.selection != protocol.layer_selection():
+            raise InputError(
+                f"the layer sweep was made under {self.selection}, the protocol chooses layers "
+                f"under {protocol.layer_selection()}; sweep again with this protocol."
+            )
+        by_test = {c.test: c for c in self.choices}
+        if missing := [t.name for t in tests if t.name not in by_test]:
+            raise InputError(f"the layer sweep has no choice for the tests {missing}.")
+        return LayerSweep(dict(self.selection), [by_test[t.name] for t in tests])
+
+
+def selection_task(protocol: NDMProtocol, model: Any, test: PatchTest) -> TaskDataset:
+    """The prompts on which the share sweep chooses ``test``'s layer.
+
+    They are drawn from the evaluation prompts' own stream after its first ``patch_prompts``
+    (so their ids never coincide), any whose tokens equal an evaluation prompt's is dropped,
+    and the first ``sweep_prompts`` that remain are kept.  The layer is chosen on other
+    prompts than those that measure the effect, so the choice cannot select on the
+    evaluated effect's noise.
 
     Raises
     ------
     InputError
-        A name is not a test of this model.
+        Fewer than ``sweep_prompts`` drawn prompts differ from the evaluation prompts.
+    """
+    from structlens.errors import InputError
+
+    n_eval, n = protocol.patch_prompts, protocol.sweep_prompts
+    held_out = {tuple(t) for t in _inputs(protocol, model, test)[0].clean}
+    # twice the prompts needed after the evaluation ones, so duplicates dropped leave enough
+    drawn = make_test_task(test, model.tokenizer, n=n_eval + 2 * n, seed=protocol.seed)
+    kept = [i for i in range(n_eval, len(drawn)) if tuple(drawn.clean[i]) not in held_out]
+    if len(kept) < n:
+        raise InputError(
+            f"{test.name}: only {len(kept)} of {2 * n} drawn selection prompts differ from the "
+            f"evaluation prompts; lower sweep_prompts (now {n})."
+        )
+    return drawn.subset(kept[:n])
+
+
+def _choice(protocol: NDMProtocol, model: Any, test: PatchTest, batch_size: int) -> LayerChoice:
+    mapped = map_layer(test.gpt2_layer, model.n_layers)
+    if protocol.layer_rule == "depth":
+        return LayerChoice(test.name, mapped, (), (), (), mapped)
+    task = selection_task(protocol, model, test)
+    corrupted = corrupted_prompts(task, test.corruption)
+    positions = patch_positions(task, test.positions)
+    candidates = sweep_candidates(mapped, model.n_layers, protocol.sweep_window)
+    runs = [
+        whole_space_run(model, task, corrupted, layer, positions, batch_size=batch_size)
+        for layer in candidates
+    ]
+    shares = tuple(whole_space_share(r) for r in runs)
+    errors = tuple(whole_space_share_error(r) for r in runs)
+    chosen = choose_layer(mapped, candidates, shares, errors)
+    return LayerChoice(
+        test.name, mapped, candidates, shares, errors, chosen, tuple(task.prompt_ids)
+    )
+
+
+def layer_sweep(
+    protocol: NDMProtocol, model: Any, tests: Sequence[PatchTest], *, batch_size: int = 16
+) -> LayerSweep:
+    """Each test's layer under the protocol's ``layer_rule``.
+
+    ``"depth"`` measures nothing.  ``"share_sweep"`` patches the whole space at every layer
+    within ``sweep_window`` of the mapped depth on the test's selection prompts
+    (:func:`selection_task`), two truncated forward passes and one resumed pass of three
+    stacked copies per batch and candidate, and keeps the layer nearest the mapped one among
+    those within one standard error of the largest share
+    (:func:`~structlens.ndm.evaluate.choose_layer`).
+    """
+    choices = [_choice(protocol, model, t, batch_size) for t in tests]
+    return LayerSweep(protocol.layer_selection(), choices)
+
+
+@dataclass(frozen=True)
+class TestPlan:
+    """The patching tests a model supports: ``tests`` with their ``layers`` (chosen by the
+    protocol's layer rule, as recorded in ``sweep``) and the tests ``skipped`` because this
+    tokenizer cannot build their task."""
+
+    tests: tuple[PatchTest, ...]
+    layers: Mapping[str, int]
+    skipped: tuple[str, ...]
+    sweep: LayerSweep
+
+
+def plan_tests(
+    protocol: NDMProtocol,
+    model: Any,
+    names: Sequence[str] = (),
+    *,
+    sweep: LayerSweep | None = None,
+    batch_size: int = 16,
+) -> TestPlan:
+    """The paper's tests (on rotary models the position-swap tests replaced by
+    :data:`~structlens.ndm.evaluate.ROPE_TESTS`), restricted to ``names`` when given, at the
+    layers of :func:`layer_sweep`, or of ``sweep`` when given (a sweep already made under
+    this protocol, e.g. where NDM was trained: reused, never measured again on another
+    device whose round-off could choose another layer).
+
+    Raises
+    ------
+    InputError
+        A name is not a test of this model, or ``sweep`` is not this protocol's
+        (:meth:`LayerSweep.restricted`).
     """
     from structlens.errors import InputError
     from structlens.ndm.evaluate import PAPER_TESTS, ROPE_TESTS
@@ -151,8 +311,12 @@ def plan_tests(protocol: NDMProtocol, model: Any, names: Sequence[str] = ()) -> 
             buildable.append(t)
         except ValueError:
             skipped.append(t.name)
-    layers = {t.name: map_layer(t.gpt2_layer, model.n_layers) for t in buildable}
-    return TestPlan(tuple(buildable), layers, tuple(skipped))
+    sweep = (
+        layer_sweep(protocol, model, buildable, batch_size=batch_size)
+        if sweep is None
+        else sweep.restricted(protocol, buildable)
+    )
+    return TestPlan(tuple(buildable), sweep.chosen, tuple(skipped), sweep)
 
 
 def _inputs(protocol: NDMProtocol, model: Any, test: PatchTest) -> tuple[Any, Any, Any]:
@@ -647,7 +811,8 @@ class Analysis:
     """:func:`analysis`'s result: the protocol it ran, the tests ``skipped`` (tasks this
     tokenizer cannot build), every planned test's :class:`ScreenRow`, NDM's training at each
     trained layer (``trained``, ascending; the first is the browser's), the Gini table over
-    the screened tests and the preimage index at the first trained layer."""
+    the screened tests, the preimage index at the first trained layer and how the tests'
+    layers were chosen (``sweep``)."""
 
     protocol: NDMProtocol
     skipped: tuple[str, ...]
@@ -655,6 +820,7 @@ class Analysis:
     trained: tuple[TrainedLayer, ...]
     gini: GiniSummary
     browser: Mapping[str, Any]
+    sweep: LayerSweep
 
     @property
     def browser_only(self) -> bool:
@@ -685,7 +851,8 @@ def analysis(
     protocol: NDMProtocol, model: Any, *, root: Path, executor: Any, step: Progress
 ) -> Analysis:
     """The patching tests (the paper's, with RoPE-transferable ones on rotary models) this
-    tokenizer supports, each screened first by its whole-space effect (:func:`screen`); NDM
+    tokenizer supports, at the layers of the protocol's layer rule (:func:`plan_tests`), each
+    screened first by its whole-space effect (:func:`screen`); NDM
     trained at the layers of the tests that pass (at the first test layer, for the browser
     only, when none does), checkpointed under ``root/cache``, on activations captured under
     ``root/activations``; for those tests, the Gini of NDM against the baseline rotations
@@ -693,6 +860,7 @@ def analysis(
     from structlens.ndm.data import capture_residuals
     from structlens.sites import site_name
 
+    step("layer sweep")
     plan = plan_tests(protocol, model)
     screens = []
     for test in plan.tests:
@@ -740,4 +908,6 @@ def analysis(
         index["position"].numpy(), decompositions[first].rotations["ndm"],
         decompositions[first].partition,
     ) | {"layer": int(first)}  # fmt: skip
-    return Analysis(protocol, plan.skipped, tuple(rows), tuple(trained), summary, browser)
+    return Analysis(
+        protocol, plan.skipped, tuple(rows), tuple(trained), summary, browser, plan.sweep
+    )

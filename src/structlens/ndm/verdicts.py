@@ -365,6 +365,7 @@ def section(a: Analysis) -> Section:
         "protocol": a.protocol.to_json(),
         "trained": [t.to_json() for t in a.trained],
         "tests": [row.to_json() for row in a.tests],
+        "layer_sweep": a.sweep.to_json(),
         "gini": gini,
         "browser": dict(a.browser),
     }

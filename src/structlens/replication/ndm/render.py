@@ -2,9 +2,10 @@
 :mod:`structlens.ndm.verdicts` and the run's typed stage Results.
 
 :func:`write` renders ``ndm.md`` (verdicts, settings against the paper, training, the
-patching and Gini tables, knowledge conflict, the preimage browser, notes) and ``ndm.json``
-(:class:`~structlens.replication.claims.ClaimsDocument`, with the per-test whole-space share
-and screen of the protocol).  Verdicts are the Claims'; nothing here decides one.
+tests' layer sweep, the patching and Gini tables, knowledge conflict, the preimage browser,
+notes) and ``ndm.json`` (:class:`~structlens.replication.claims.ClaimsDocument`, with the
+per-test whole-space share and screen of the protocol and the whole layer sweep).  Verdicts
+are the Claims'; nothing here decides one.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ def _verdict_row(t: Template, c: Claim, ev: EvaluationRun) -> dict[str, str]:
 
 def _settings(t: Template, R: Run) -> str:
     """Our settings beside the paper's (:data:`structlens.ndm.verdicts.PAPER`)."""
-    tr, ev, layers = R.train, R.evaluate, R.settings["layers"]
+    tr, ev, layers = R.train, R.evaluate, R.sweep.layers
     cfg = next(iter(tr.results.values()))["config"]  # the layers share their settings
+    rule = t.blocks[f"layer_rule {R.sweep.rule}"].format_map(R.sweep.selection)
     values = tr.protocol | cfg | {
-        "layers": ", ".join(map(str, layers)), "n_units": 576 // cfg["unit_size"],
+        "layers": ", ".join(map(str, layers)), "layer_rule": rule,
+        "n_units": 576 // cfg["unit_size"],
         "subset": f"{tr.layer(layers[0])['n_activations']:,} of " if R.device_run else "",
         "n_tokens_captured": tr.data["n_tokens_captured"], "n_prompts": ev.n_prompts,
         "n_boot": ev.n_boot,
@@ -96,7 +99,7 @@ def _training(t: Template, R: Run) -> list[str]:
     """How training ran, and each layer's partition, merges and distance from the identity."""
     from structlens.ndm.experiment import load_rotation
 
-    tr, layers = R.train, R.settings["layers"]
+    tr, layers = R.train, R.sweep.layers
     first = tr.layer(layers[0])
     how = (t.section("training_device", {"device": tr.device or "a GPU", "note": tr.note or "",
                                           "n_activations": first["n_activations"]})
@@ -114,6 +117,26 @@ def _training(t: Template, R: Run) -> list[str]:
             "max_coord": float((rot**2).max(0).mean()),
         })  # fmt: skip
     return [how, t.section("training", {}, rows)]
+
+
+def _sweep(t: Template, R: Run, ev: EvaluationRun) -> str:
+    """How the tests' layers were chosen: every candidate's share and standard error, the
+    chosen one marked."""
+    sweep = R.sweep
+    if sweep.rule == "depth":
+        return t.section("sweep_depth", {"layers": ", ".join(
+            f"{c.test} {c.chosen}" for c in sweep.choices)})  # fmt: skip
+
+    def cell(layer: int, share: float, error: float, chosen: int) -> str:
+        text = f"{layer}: {share:.3f} ± {error:.3f}"
+        return f"**{text}**" if layer == chosen else text
+
+    rows = [{
+        "test": c.test, "paper": ev.tests[c.test]["gpt2_layer"], "mapped": c.mapped,
+        "chosen": c.chosen, "shares": " · ".join(
+            cell(*found, c.chosen) for found in zip(c.candidates, c.shares, c.errors)),
+    } for c in sweep.choices]  # fmt: skip
+    return t.section("sweep", sweep.selection, rows)
 
 
 def _patching(t: Template, ev: EvaluationRun) -> list[str]:
@@ -203,7 +226,7 @@ def _notes(t: Template, ev: EvaluationRun) -> str:
         "partition": toy["partition"], "truth_dims": toy["truth_dims"],
         "stopped": "by the merge rule." if toy["converged"] else "by running out of steps.",
         "null_tests": ", ".join(null_tests) + f" remove less than {ev.min_share:.0%} of the "
-        "clean metric when the whole space is patched at the mapped layer: no signal, no Gini."
+        "clean metric when the whole space is patched at their layers: no signal, no Gini."
         if null_tests else "none.",
     })  # fmt: skip
 
@@ -216,7 +239,8 @@ def render(R: Run, source: str, found: list[Claim]) -> str:
     head = {"source": source, "training": training}
     parts = [
         t.section("header", head, (_verdict_row(t, c, ev) for c in found)), _settings(t, R),
-        *_training(t, R), *_patching(t, ev), *_comparison(t, R), *_conflict(t, ev),
+        *_training(t, R), _sweep(t, R, ev), *_patching(t, ev), *_comparison(t, R),
+        *_conflict(t, ev),
         *_browser(t, R), _notes(t, ev),
     ]  # fmt: skip
     return "\n\n".join(parts) + "\n"
@@ -250,8 +274,9 @@ def write(R: Run, doc_dir: str | Path) -> tuple[Path, Path]:
     blocks = {
         "tests": tests_block(R.evaluate),
         "screen": {"min_whole_space_share": R.evaluate.min_share, "applied_to_gini": True},
-        "settings": {k: R.settings[k] for k in ("model", "layers", "protocol")}
-        | {"device_run": R.device_run},
+        "settings": {k: R.settings[k] for k in ("model", "protocol")}
+        | {"layers": R.sweep.layers, "device_run": R.device_run},
+        "layer_sweep": R.sweep.to_json(),
     }
     doc = ClaimsDocument(METHOD, source, tuple(found), blocks)
     return md, doc.write(doc_dir / f"{METHOD}.json")

@@ -3,7 +3,9 @@
     python -m structlens.replication ndm                    # CPU: 60-step smoke-scale training
     python -m structlens.replication ndm --profile gpu --device cuda   # converged training
 
-Each stage is cached and calls the ``structlens ndm`` commands' library functions: training
+Each stage is cached and calls the ``structlens ndm`` commands' library functions: the tests'
+layers under the protocol's layer rule (the share sweep on selection prompts, a typed
+:class:`~structlens.ndm.stages.LayerSweep`), training at those layers
 (one stage per layer for its honest timing, then one collecting their checkpoints; on
 ``--profile gpu`` the same activations trained on ``--device`` to the paper's stopping rule,
 :mod:`structlens.ndm.device_train`, used by later stages whenever it is in the cache), the
@@ -23,7 +25,7 @@ from typing import Any
 from structlens.ndm.protocol import REPLICATION_PROFILES as PROFILES
 from structlens.ndm.protocol import ReplicationProfile
 from structlens.ndm.runs import BrowseRun, EvaluationRun, TrainingRun
-from structlens.ndm.stages import PlantedRecovery, ToyRecovery
+from structlens.ndm.stages import LayerSweep, PlantedRecovery, ToyRecovery
 from structlens.pipeline.cache import Stage, StageCache
 from structlens.pipeline.progress import log
 from structlens.results import write_results
@@ -35,12 +37,14 @@ METHOD = "ndm"
 class Run:
     """What the render step reads: the typed Result of every stage of one profile.
 
-    ``train`` is the run the evaluation used (device-trained when ``device_run``), in
-    ``train_dir``; ``per_layer`` the CPU training stages' records by layer (their own
-    timings); ``evaluate_cpu`` the CPU-trained run's evaluation beside a device run's.
+    ``sweep`` chose the tests' layers, where NDM is trained; ``train`` is the run the
+    evaluation used (device-trained when ``device_run``), in ``train_dir``; ``per_layer`` the
+    CPU training stages' records by layer (their own timings); ``evaluate_cpu`` the
+    CPU-trained run's evaluation beside a device run's.
     """
 
     settings: dict[str, Any]
+    sweep: LayerSweep
     device_run: bool
     train: TrainingRun
     train_dir: Path
@@ -82,52 +86,80 @@ class NDMReplication:
 
         return self.cache.run(stage, TrainingRun, compute)
 
-    # 1. training
-    def _train(self, layers: list[int], folder: Path) -> None:
+    # 1. the tests' layers
+    def sweep(self) -> tuple[Stage, LayerSweep]:
+        """The profile's tests' layers under the protocol's layer rule, measured on
+        ``self.device`` (where the evaluation runs); NDM is trained at them.
+
+        Raises
+        ------
+        InputError
+            This tokenizer builds none of the profile's tests: there is no layer to train.
+        """
+        from structlens.errors import InputError
+        from structlens.ndm.stages import plan_tests
+
+        s = self.s
+
+        def compute(_: Path) -> LayerSweep:
+            return plan_tests(s.protocol, self._model(self.device), list(s.tests)).sweep
+
+        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 1}
+        stage = Stage("layer-sweep", config, model=self.fp)
+        found = self.cache.run(stage, LayerSweep, compute)
+        if not found.layers:
+            raise InputError(f"{s.model}'s tokenizer builds none of the tests {list(s.tests)}.")
+        for c in found.choices:
+            log(f"{c.test}: layer {c.chosen} (mapped {c.mapped}, {found.rule})")
+        return stage, found
+
+    # 2. training
+    def _train(self, layers: list[int], capture: list[int], folder: Path) -> None:
         from structlens.ndm.experiment import run
 
         report = run(
-            self.s.protocol, self._model(), layers=layers, capture_layers=list(self.s.layers),
-            out=folder, activations=self.activations, checkpoints=self.checkpoints,
+            self.s.protocol, self._model(), layers=layers, capture_layers=capture, out=folder,
+            activations=self.activations, checkpoints=self.checkpoints,
         )  # fmt: skip
         write_results(folder, "ndm_train", report.payload(), command="ndm train")
 
-    def train(self) -> tuple[Stage, TrainingRun, dict[int, dict[str, Any]]]:
-        """One stage per layer (its honest timing), then one collecting their checkpoints."""
+    def train(self, layers: list[int]) -> tuple[Stage, TrainingRun, dict[int, dict[str, Any]]]:
+        """One stage per layer of ``layers`` (its honest timing), then one collecting their
+        checkpoints."""
         s = self.s
         config = {"protocol": s.protocol.to_json(), "record": RECORD}
         per_layer: dict[int, dict[str, Any]] = {}
         keys: list[str] = []
-        for layer in s.layers:
+        for layer in layers:
             stage = Stage("train-layer", config | {"layer": layer}, model=self.fp)
-            run = self._trained(stage, partial(self._train, [layer]))
+            run = self._trained(stage, partial(self._train, [layer], layers))
             per_layer[layer], keys = run.layer(layer), [*keys, stage.key]
             log(f"trained layer {layer}")
-        config |= {"layers": list(s.layers)}
+        config |= {"layers": layers}
         stage = Stage("train", config, model=self.fp, inputs=tuple(keys))
-        return stage, self._trained(stage, partial(self._train, list(s.layers))), per_layer
+        return stage, self._trained(stage, partial(self._train, layers, layers)), per_layer
 
     def device_stage(self, cpu_train: Stage) -> Stage:
         config = {"rows": self.s.device_rows, "overrides": self.s.device_config}
         return Stage("train-device", config | {"record": RECORD}, inputs=(cpu_train.key,))
 
-    def train_device(self, cpu_train: Stage) -> tuple[Stage, TrainingRun]:
-        """Pack the CPU run's activations and train them on ``self.device`` to convergence."""
+    def train_device(self, cpu_train: Stage, layers: list[int]) -> tuple[Stage, TrainingRun]:
+        """Pack the CPU run's activations of ``layers`` and train them on ``self.device`` to
+        convergence."""
         from structlens.ndm import device_train
 
         def fit(folder: Path) -> None:
             packed = folder / "device-activations.safetensors"
-            device_train.pack(
-                self.cache.path(cpu_train), list(self.s.layers), packed, self.s.device_rows
-            )
+            device_train.pack(self.cache.path(cpu_train), layers, packed, self.s.device_rows)
             device_train.train(packed, self.device, 1e9, folder, dict(self.s.device_config))
             packed.unlink()
 
         stage = self.device_stage(cpu_train)
         return stage, self._trained(stage, fit)
 
-    # 2. evaluation
-    def evaluate(self, train_stage: Stage) -> EvaluationRun:
+    # 3. evaluation
+    def evaluate(self, train_stage: Stage, sweep_stage: Stage, sweep: LayerSweep) -> EvaluationRun:
+        """The tests at the layers of ``sweep`` (made by ``sweep_stage``), never swept again."""
         from structlens.ndm.experiment import evaluate as run_evaluation
         from structlens.report.ndm import plot_evaluation
 
@@ -137,15 +169,15 @@ class NDMReplication:
             # on --device: the gpu profile patches 512 prompts per test
             report = run_evaluation(
                 s.protocol, self._model(self.device), self.cache.path(train_stage),
-                out=folder, tests=list(s.tests), batch_size=16,
+                out=folder, tests=list(s.tests), batch_size=16, sweep=sweep,
             )  # fmt: skip
             plot_evaluation(report.meta, folder)
             return EvaluationRun.of(report.payload())
 
-        # record 3: a typed Result (2: the Gini differences carry their one-sided bootstrap
-        # p-values, which the verdict reads); older records recompute
-        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 3}
-        stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key,))
+        # record 4: the run records its layer sweep (3: a typed Result; 2: the Gini
+        # differences carry their one-sided bootstrap p-values); older records recompute
+        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 4}
+        stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key, sweep_stage.key))
         return self.cache.run(stage, EvaluationRun, run)
 
     def toy2(self) -> ToyRecovery:
@@ -179,7 +211,7 @@ class NDMReplication:
                     f"{p['seeds']} recovered")  # fmt: skip
         return found
 
-    # 3. preimage browser
+    # 4. preimage browser
     def browse(self, train_stage: Stage) -> list[BrowseRun]:
         from structlens.ndm.experiment import browse
 
@@ -215,22 +247,24 @@ def run(
     s = PROFILES[profile]
     out, doc_dir = default_paths(METHOD, profile, out, doc_dir)
     rep = NDMReplication(s, out, device)
-    cpu_train, train, per_layer = rep.train()
+    sweep_stage, sweep = rep.sweep()
+    cpu_train, train, per_layer = rep.train(sweep.layers)
     train_stage = cpu_train
     if s.device_training or rep.cache.has(rep.device_stage(cpu_train)):
-        train_stage, train = rep.train_device(cpu_train)
+        train_stage, train = rep.train_device(cpu_train, sweep.layers)
     device_run = train_stage is not cpu_train
     R = Run(
         settings=s.to_json(),
+        sweep=sweep,
         device_run=device_run,
         train=train,
         train_dir=rep.cache.path(train_stage),
         per_layer=per_layer,
         toy2=rep.toy2(),
         planted=rep.planted(),
-        evaluate=rep.evaluate(train_stage),
+        evaluate=rep.evaluate(train_stage, sweep_stage, sweep),
         # the CPU run's evaluation, for comparison with the device-trained one
-        evaluate_cpu=rep.evaluate(cpu_train) if device_run else None,
+        evaluate_cpu=rep.evaluate(cpu_train, sweep_stage, sweep) if device_run else None,
         browse=rep.browse(train_stage),
     )
     md, js = write(R, doc_dir)
