@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -52,9 +53,13 @@ def test_rotate_rejects_layernorm_models() -> None:
 def test_sanity_pair_scores_one_and_recovers_permutation(tiny, rotated) -> None:
     model, head_map, _ = rotated
     probe = corpus_probe(tiny, model, n=12, max_chars=60)
-    res = compare(tiny, model, probe, CompareConfig(congruity=False, batch_size=16))
+    cfg = CompareConfig(congruity=False, batch_size=16, relation="copy")
+    res = compare(tiny, model, probe, cfg)
     assert res.score == 1.0 and res.layer_score == 1.0
     assert res.validation_method == "patching"
+    # a copy keeps the Procrustes layer map, on fewer rows than an affine map would need
+    assert res.layer_map["method"] == "procrustes" and res.layer_map["relation"] == "copy"
+    assert res.layer_map["rows"] < 10 * tiny.d_model
     for (la, ha), (lb, hb) in res.matching["heads"]["pairs"]:
         assert la == lb and head_map[la][ha] == hb
     assert res.matching["layers"]["pairs"] == [[i, i] for i in range(tiny.n_layers)]
@@ -91,6 +96,9 @@ def test_head_groups_replace_whole_layers(tiny, rotated) -> None:
     cfg = CompareConfig(congruity=False, validate_head_groups=True, batch_size=16)
     res = compare(tiny, model, probe, cfg)
     g = res.head_groups
+    # told nothing of the copy, the pair is independent: too few rows for an affine layer map
+    assert res.layer_map["method"] is None and res.layer_validation == []
+    assert np.isnan(res.layer_score) and "rows per dimension" in res.layer_map["reason"]
     # every layer of B with all its heads replaced at once by the rotated model's partners
     # reproduces B (the sanity pair is exact); mean-ablating a whole layer's heads does not
     assert g["pairs"] == list(range(tiny.n_layers)) and g["score"] == 1.0
@@ -127,6 +135,16 @@ def test_compare_two_seeds_end_to_end(tiny) -> None:
     assert res.verdicts["agree"] == (res.verdicts["matching"] == res.verdicts["congruity"])
     # two unrelated random models are never declared equivalent: no calibrated evidence
     assert res.verdicts["matching"] == "unidentified" and res.verdicts["matching_reason"]
+    # independent models: an affine layer map, refused on ~5 rows per dimension, with why
+    assert res.layer_map["relation"] == "independent" and res.layer_map["method"] is None
+    assert res.layer_map["rows"] < res.layer_map["min_rows"] == 10 * tiny.d_model
+    from structlens.equivalence.protocol import EquivalenceProtocol
+    from structlens.equivalence.stages import summarize
+
+    typed = summarize(EquivalenceProtocol(), res)
+    assert typed.layers is None and typed.layer_map is not None
+    (caveat,) = [c for c in typed.caveats if c.kind == "layers_not_validated"]
+    assert caveat.message == typed.layer_map.reason
     assert res.verdicts["congruity"] in ("different", "unidentified")
     # the saved result round-trips
     assert set(res.summary()) >= {"score", "score_ci", "matching", "validation", "congruity"}
@@ -199,6 +217,39 @@ def test_finetune_stops_when_the_held_out_behaviour_has_moved(tiny) -> None:
         finetune_on_task(tiny, toks, [7] * 8, steps=2, batch_size=4, target_kl=0.1)
 
 
+def test_finetune_checks_the_held_out_kl_every_step_and_stops_at_the_first(tiny) -> None:
+    from structlens.data.tasks import pad_batch
+    from structlens.equivalence.scenarios import FT_SETTINGS, FT_TRAINED_LAYERS, SCENARIOS
+
+    toks = [list(range(1, 6 + i % 3)) for i in range(8)]
+    held = [list(range(2, 7 + i % 2)) for i in range(4)]
+    kw = dict(steps=6, lr=1e-2, batch_size=4, train_layers=[1, 2], held_out=held)
+    full = finetune_on_task(tiny, toks, [7] * 8, **kw)
+    assert [s for s, _ in full.held_out_kl] == list(range(7))  # every step, from step 0
+    # each check reuses the frozen layer 0's outputs; the KL is the full forward's
+    ids, mask = pad_batch(held, int(tiny.tokenizer.pad_token_id))
+    last = (torch.arange(len(held)), mask.sum(1) - 1)
+    with torch.no_grad():
+        p = tiny.hf(input_ids=ids, attention_mask=mask).logits[last].log_softmax(-1)
+        q = full.model.hf(input_ids=ids, attention_mask=mask).logits[last].log_softmax(-1)
+    kl = float((p.exp() * (p - q)).sum(-1).mean())
+    assert np.isclose(kl, full.held_out_kl[-1][1], rtol=1e-5)
+    # the target is met at the first step whose KL reaches it, not at a later check
+    kls = [v for _, v in full.held_out_kl]
+    target = 0.5 * (kls[2] + kls[3]) if kls[3] > kls[2] else kls[3]
+    first = next(s for s, v in full.held_out_kl if v >= target)
+    early = finetune_on_task(tiny, toks, [7] * 8, **kw, target_kl=target)
+    assert early.reached and early.steps_run == first
+    assert early.held_out_kl == full.held_out_kl[: first + 1]
+    # the replication's fine-tunes check every step and score the layers they train
+    assert FT_SETTINGS["eval_every"] == 1
+    assert FT_SETTINGS["train_layers"] == list(FT_TRAINED_LAYERS)
+    rows = [sc for sc in SCENARIOS if sc.group == "finetune"]
+    assert rows and all(sc.first_layer == min(FT_TRAINED_LAYERS) for sc in rows)
+    with pytest.raises(ValueError, match="train_layers must lie in"):
+        finetune_on_task(tiny, toks, [7] * 8, steps=1, batch_size=4, train_layers=[3])
+
+
 def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     from typer.testing import CliRunner
 
@@ -221,9 +272,11 @@ def test_cli_compare_writes_documented_keys(tmp_path) -> None:
     assert doc["head_groups"]["pairs"] == [0, 1, 2]
     assert (tmp_path / "compare_result" / "result.json").exists()
     assert (tmp_path / "compare_layers.png").stat().st_size > 0
-    # without CONGRUITY the subset cannot come from its KL grid: said in one line, exit 2
-    bad = CliRunner().invoke(equiv.app, ["compare", *args[:9], "--out", str(tmp_path), "-q"])
-    assert bad.exit_code == 2 and "turn congruity on" in bad.output
+    # the subset is chosen on the fit prompts by the null's own intervention, with or without
+    # CONGRUITY; the old ranking by CONGRUITY's grid (all prompts) is gone
+    bad = [*args[:7], "--head-subset", "congruity_kl", "--out", str(tmp_path), "-q"]
+    bad = CliRunner().invoke(equiv.app, ["compare", *bad])
+    assert bad.exit_code == 2 and "null_kl" in bad.output
     bad = CliRunner().invoke(equiv.app, ["compare", *args[:2], "-n", "4", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "too few" in bad.output
 
@@ -232,8 +285,34 @@ def test_preprocess_default_excludes_first_position() -> None:
     assert CompareConfig().preprocess == Preprocess(exclude_bos=True)
 
 
-def test_validated_heads_are_the_top_kl_heads_whose_null_fails(tiny) -> None:
+def _fit_null_kl(model, probe, fit, raw_z, head) -> float:
+    """KL(B ‖ B with ``head`` mean-ablated) over the fit prompts' tokens from position 1,
+    computed here with hooks (an independent computation of the selection's ranking)."""
+    from structlens.data.tasks import pad_batch
+    from structlens.interventions import hooked
+
+    lb, hb = head
+    mean = torch.as_tensor(raw_z[lb][:, hb].astype(np.float64).mean(0), dtype=torch.float32)
+    ids, mask = pad_batch([probe.tokens_b[i] for i in fit], int(model.tokenizer.pad_token_id))
+
+    def ablate(act, src=None):
+        out = act.clone()
+        out[:, 1:, hb] = mean
+        return out
+
+    with torch.no_grad():
+        p = model.forward(ids, mask).double().log_softmax(-1)
+        with hooked(model, writes={f"blocks.{lb}.attn.hook_z": lambda a: ablate(a)}):
+            q = model.forward(ids, mask).double().log_softmax(-1)
+    keep = mask.bool().clone()
+    keep[:, :1] = False
+    return float((p.exp() * (p - q)).sum(-1)[keep].mean())
+
+
+def test_validated_heads_are_chosen_on_the_fit_prompts_by_the_null(tiny) -> None:
     from structlens.equivalence import informative_heads
+    from structlens.equivalence.collect import collect_rows
+    from structlens.equivalence.compare import split_prompts
 
     other = load_model("tiny-llama", seed=2)
     probe = corpus_probe(tiny, other, n=12, max_chars=60)
@@ -241,23 +320,120 @@ def test_validated_heads_are_the_top_kl_heads_whose_null_fails(tiny) -> None:
     cfg = CompareConfig(criterion=crit, max_validate_heads=2, validate_layers=False, **FAST)
     res = compare(tiny, other, probe, cfg)
     pairs = res.matching["heads"]["pairs"]
-    want = informative_heads(res.congruity["kl_grid_b"], pairs, 2, 1e-4)
+    fit, _ = split_prompts(12, cfg.heldout_fraction, np.random.default_rng(cfg.seed))
+    _, raw_z = collect_rows(other, [probe.tokens_b[i] for i in fit], 1, False, 16)
+    kl = [_fit_null_kl(other, probe, fit, raw_z, b) for _, b in pairs]
+    sel = res.head_selection
+    assert sel["method"] == "null_kl" and sel["prompts"] == "fit"
+    np.testing.assert_allclose(sel["fit_null_kl"], kl, rtol=1e-4)
+    grid = np.zeros((other.n_layers, other.n_heads))
+    for (_, (lb, hb)), v in zip(pairs, kl):
+        grid[lb, hb] = v
+    want = informative_heads(grid, pairs, 2, 1e-4)
     assert want, "the tiny model's most important heads should move its output"
     assert [r["pair"] for r in res.validation] == [pairs[i] for i in want]
 
 
-def test_encoder_decoder_against_decoder_only_is_scored_by_patching(tiny, tmp_path) -> None:
-    # an encoder–decoder with an empty source reads probes like a decoder-only LM, so its
-    # decoder heads are matched to B's and validated by the same patching as every row
-    import dataclasses
+def test_validated_heads_do_not_depend_on_held_out_prompts(tiny) -> None:
+    """The selection reads no held-out prompt: other held-out sentences (CONGRUITY, which
+    reads every prompt, sees them) leave the chosen heads and their fit KLs unchanged."""
+    from structlens.equivalence.compare import split_prompts
 
+    other = load_model("tiny-llama", seed=2)
+    probe = corpus_probe(tiny, other, n=12, max_chars=60)
+    cfg = CompareConfig(max_validate_heads=3, validate_layers=False, **FAST)
+    _, heldout = split_prompts(12, cfg.heldout_fraction, np.random.default_rng(cfg.seed))
+    spare = corpus_probe(tiny, other, n=40, max_chars=60)
+    changed = Probe(probe.name, list(probe.texts), [list(t) for t in probe.tokens_a],
+                    [list(t) for t in probe.tokens_b])  # fmt: skip
+    for k, i in enumerate(heldout):
+        changed.texts[i] = spare.texts[2 * k + 1]
+        changed.tokens_a[i] = changed.tokens_b[i] = spare.tokens_a[2 * k + 1]
+    assert changed.texts != probe.texts
+    one, two = compare(tiny, other, probe, cfg), compare(tiny, other, changed, cfg)
+    assert one.congruity["kl_grid_b"] != two.congruity["kl_grid_b"]  # CONGRUITY saw them
+    assert one.head_selection == two.head_selection
+    assert [r["pair"] for r in one.validation] == [r["pair"] for r in two.validation]
+    assert [r["kl"] for r in one.validation] != [r["kl"] for r in two.validation]
+
+
+def test_finetune_rows_score_only_the_trained_layers(tiny) -> None:
+    toks = [list(range(1, 6 + i % 3)) for i in range(8)]
+    tuned = finetune_on_task(tiny, toks, [7] * 8, steps=3, lr=1e-2, batch_size=4,
+                             train_layers=[2]).model  # fmt: skip
+    probe = corpus_probe(tiny, tuned, n=12, max_chars=60)
+    cfg = CompareConfig(congruity=False, relation="copy", batch_size=16)
+    every = compare(tiny, tuned, probe, cfg)
+    # the frozen layers are the base's own: their heads match themselves (identical rows)
+    # and pass, and would inflate the score
+    frozen = [r for r in every.validation if r["pair"][1][0] < 2]
+    assert len(frozen) == 2 * tiny.n_heads and all(r["passed"] for r in frozen)
+    assert all(r["pair"][0] == r["pair"][1] and r["similarity"] > 0.999 for r in frozen)
+    trained = compare(tiny, tuned, probe, dataclasses.replace(cfg, first_layer=2))
+    assert trained.compared_layers == {"a": [2], "b": [2]}
+    assert trained.matching["layers"]["pairs"] == [[2, 2]]
+    heads = [r["pair"] for r in trained.validation]
+    assert len(heads) == tiny.n_heads and all(a[0] == b[0] == 2 for a, b in heads)
+    assert [r["pair"] for r in trained.layer_validation] == [[2, 2]]
+    assert [r["pair"] for r in trained.null_validation] == heads
+    sim = trained.layer_similarity
+    assert np.isnan(sim[:2]).all() and np.isnan(sim[:, :2]).all()
+    assert sim[2, 2] == pytest.approx(every.layer_similarity[2, 2])
+    with pytest.raises(ValueError, match="first_layer=3 leaves no layer"):
+        compare(tiny, tuned, probe, dataclasses.replace(cfg, first_layer=3))
+
+
+@pytest.fixture(scope="module")
+def enc_dec(tmp_path_factory) -> tuple:
+    """A tiny T5 trained (two steps) as a language model over its decoder with the bytes
+    before the decoder's in its encoder, and a decoder-only model of the same size."""
     from structlens.equivalence.train_small import SmallLMConfig, train_small_lm
 
+    tmp = tmp_path_factory.mktemp("enc-dec")
     cfg = SmallLMConfig(n_layers=3, encoder_layers=1, d_model=64, n_heads=4, d_mlp=128,
                         seq_len=16, batch_size=2, steps=2)  # fmt: skip
-    a = load_model(str(train_small_lm(cfg, tmp_path / "ed")))
-    b = load_model(str(train_small_lm(dataclasses.replace(cfg, encoder_layers=0), tmp_path / "d")))
-    probe = corpus_probe(a, b, n=12, max_chars=60)
+    a = load_model(str(train_small_lm(cfg, tmp / "ed")))
+    b = load_model(str(train_small_lm(dataclasses.replace(cfg, encoder_layers=0), tmp / "d")))
+    return a, b, cfg
+
+
+def test_encoder_reads_the_text_before_each_sentence(enc_dec) -> None:
+    from structlens.data.corpus import load_texts
+    from structlens.equivalence.collect import collect_rows
+
+    a, b, cfg = enc_dec
+    probe = corpus_probe(a, b, n=12, max_chars=60, encoder_context=cfg.max_context)
+    assert probe.context_b is None and len(probe.context_a) == 12  # B reads the sentence alone
+    start = int(a.config.decoder_start_token_id)
+    docs = [" ".join(d.text.split()) for d in load_texts(None)]
+    for text, ctx in zip(probe.texts, probe.context_a):
+        assert 1 <= len(ctx) <= cfg.max_context
+        if ctx == [start]:  # the sentence opens its document: the start token, as in training
+            assert any(d.startswith(text) for d in docs)
+            continue
+        # the bytes right before the sentence: nothing the decoder predicts is in the source
+        assert any(a.tokenizer.decode(ctx) + text in d for d in docs)
+    # the decoder's rows are those of the encoder–decoder run on (context, sentence) ...
+    tokens = probe.tokens_a[:3]
+    rows, _ = collect_rows(a, tokens, 1, False, 3, context=probe.context_a[:3])
+    for i, (ctx, toks) in enumerate(zip(probe.context_a[:3], tokens)):
+        with torch.no_grad():
+            out = a.hf(input_ids=torch.tensor([ctx]), decoder_input_ids=torch.tensor([toks]),
+                       output_hidden_states=True)  # fmt: skip
+        at = sum(len(t) - 1 for t in tokens[:i])
+        want = out.decoder_hidden_states[1][0, 1:].numpy()
+        np.testing.assert_allclose(rows[0][at : at + len(toks) - 1], want, atol=1e-5)
+    # ... and the encoder is live: the start token alone gives other rows
+    empty, _ = collect_rows(a, tokens, 1, False, 3)
+    assert not np.allclose(empty[0], rows[0], atol=1e-3)
+
+
+def test_encoder_decoder_against_decoder_only_is_scored_by_patching(enc_dec) -> None:
+    # the encoder–decoder's decoder has the sentence's positions, so its decoder heads are
+    # matched to B's and validated by the same patching as every row, its encoder reading
+    # the text before the sentence in every run (fit rows, validation, CONGRUITY)
+    a, b, cfg = enc_dec
+    probe = corpus_probe(a, b, n=12, max_chars=60, encoder_context=cfg.max_context)
     res = compare(a, b, probe, CompareConfig(**FAST | {"congruity_top_k": 2}))
     assert res.representation == "tokens" and res.validation_method == "patching"
     assert (
@@ -265,3 +441,7 @@ def test_encoder_decoder_against_decoder_only_is_scored_by_patching(tiny, tmp_pa
     )
     assert np.isfinite(res.null_score) and len(res.congruity["top_heads_a"]) == 2
     assert all(0 <= la < a.n_output_layers for la, _ in res.congruity["top_heads_a"])
+    bare = corpus_probe(a, b, n=12, max_chars=60)
+    assert bare.context_a is None
+    other = compare(a, b, bare, CompareConfig(**FAST | {"congruity_top_k": 2}))
+    assert other.matching["heads"]["similarities"] != res.matching["heads"]["similarities"]

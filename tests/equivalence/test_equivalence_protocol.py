@@ -30,7 +30,11 @@ from structlens.errors import InputError
         (dict(max_validate_heads=0), "max_validate_heads must be >= 1"),
         (dict(max_kl=-1.0), "max_kl must be >= 0"),
         (dict(probe_prompts="many"), "probe_prompts must be int"),
-        (dict(max_validate_heads=4, congruity=False), "turn congruity on"),
+        (dict(head_subset="congruity_kl"), "head_subset must be one of null_kl, random"),
+        (dict(relation="sibling"), "relation must be one of independent, copy"),
+        (dict(layer_map_rows_per_dim=0.5), "layer_map_rows_per_dim must be >= 1"),
+        (dict(first_layer=-1), "first_layer must be an integer >= 0"),
+        (dict(encoder_context=-1), "encoder_context must be an integer >= 0"),
     ],
 )
 def test_protocol_rejects_bad_values_in_one_line(changes, message):
@@ -55,6 +59,12 @@ def test_compare_config_carries_every_choice():
     assert isinstance(cfg, CompareConfig)
     assert (cfg.map_method, cfg.layer_map, cfg.seed) == ("procrustes", "ridge", 7)
     assert (cfg.max_validate_heads, cfg.max_validate_layers) == (30, 4)
+    # the heads validated under a cap are chosen without CONGRUITY, on the fit prompts
+    assert cfg.head_subset == "null_kl" and EquivalenceProtocol(
+        max_validate_heads=4, congruity=False
+    )
+    row = p.replace(relation="copy", first_layer=15, layer_map_rows_per_dim=20.0).compare_config()
+    assert (row.relation, row.first_layer, row.layer_map_rows_per_dim) == ("copy", 15, 20.0)
     assert (cfg.criterion.max_kl, cfg.criterion.min_top1) == (p.max_kl, p.min_top1)
     assert cfg.preprocess.exclude_bos and cfg.null_baseline
     assert not EquivalenceProtocol(null="none").compare_config().null_baseline

@@ -184,6 +184,35 @@ def test_the_encoding_caveat_reaches_the_rows():
     assert v.group_claim("seeds", {sc.name: row}).per_setting[sc.name]["caveats"] == want
 
 
+def test_rows_state_their_relation_layers_and_layer_map_in_the_claims_json():
+    from structlens.equivalence import choose_layer_map
+    from structlens.equivalence.scenarios import FT_TRAINED_LAYERS
+
+    # copies (sanity copies, fine-tunes: one residual basis) keep Procrustes; every other row
+    # compares independently trained models; fine-tunes are scored on their trained layers
+    copies = {sc.name for sc in SCENARIOS if sc.relation == "copy"}
+    assert copies == {sc.name for sc in SCENARIOS if sc.group in ("sanity", "finetune")}
+    for sc in SCENARIOS:
+        protocol = sc.protocol_for(PROFILES[sc.protocol] if sc.protocol else PROFILES["paper"])
+        assert (protocol.relation, protocol.first_layer) == (sc.relation, sc.first_layer)
+        want = FT_TRAINED_LAYERS.start if sc.group == "finetune" else 0
+        assert sc.first_layer == want
+    (sc,) = [s for s in SCENARIOS if s.name == "ft-ioi"]
+    choice = choose_layer_map(700, 576, 576, relation="copy")
+    row = dataclasses.replace(
+        comparison([True] * 8, [False] * 8), layer_map=choice,
+        compared_layers={"a": list(range(15, 30)), "b": list(range(15, 30))},
+    )  # fmt: skip
+    protocol = sc.protocol_for(PROFILES["paper-subset"])
+    block = v.row_block(sc, row, protocol, v.row_verdict("finetune", row))
+    assert block["protocol"]["relation"] == "copy" and block["protocol"]["first_layer"] == 15
+    assert block["layer_map"]["method"] == "procrustes" and block["layer_map"]["reason"]
+    assert block["compared_layers"]["b"] == list(range(15, 30))
+    settings = v.group_claim("finetune", {"ft-ioi": row}).settings["layer_map"]
+    assert settings == {"ft-ioi": {"relation": "copy", "method": "procrustes",
+                                   "reason": choice.reason}}  # fmt: skip
+
+
 def test_a_layer_map_that_fails_identical_layers_is_a_caveat():
     def with_layers(similarity):
         layers = components([False, True], kind="layers", similarity=similarity, kl=(2.0, 0.0))

@@ -110,3 +110,28 @@ def test_every_caveat_of_a_row_reaches_its_row(run):
     assert "encoding_reduced" in kinds
     seeds = {c.id: c for c in document.claims}["seeds_score"].per_setting["seeds-s0-s1"]
     assert seeds["caveats"] == rows["seeds-s0-s1"]["caveats"]
+
+
+def test_rows_are_refused_when_their_stated_layers_or_context_do_not_fit(tmp_path):
+    """A fine-tune row must compare exactly the layers its fine-tune trained, and an
+    encoder–decoder must read no more context than it was trained on (checked before any
+    model runs)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from structlens.equivalence.protocol import PROFILES as PROTOCOLS
+    from structlens.equivalence.scenarios import FT_SETTINGS, SCENARIOS
+    from structlens.errors import InputError
+
+    rows = {sc.name: sc for sc in SCENARIOS}
+    rep = eq_run.EquivalenceReplication(eq_run.PROFILES["cpu"], tmp_path)
+    rep.ft_info["smollm2-ft-ioi"] = SimpleNamespace(train_layers=FT_SETTINGS["train_layers"])
+    smollm2 = SimpleNamespace(n_layers=30)
+    rep._check_trained_layers(rows["ft-ioi"], smollm2)  # layers 15-29, as trained
+    with pytest.raises(InputError, match="trained layers"):
+        rep._check_trained_layers(dataclasses.replace(rows["ft-ioi"], first_layer=0), smollm2)
+    enc_dec = rows["enc-dec-same-data"]
+    rep._check_context(enc_dec, enc_dec.protocol_for(PROTOCOLS["paper"]))  # 32 of 32 bytes
+    smoke = eq_run.EquivalenceReplication(eq_run.PROFILES["smoke"], tmp_path)  # seq_len 32
+    with pytest.raises(InputError, match="trained on at most 16"):
+        smoke._check_context(enc_dec, enc_dec.protocol_for(PROTOCOLS["paper"]))

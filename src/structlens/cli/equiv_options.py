@@ -52,6 +52,8 @@ PROTOCOL_OPTIONS = {
     "head_matching": "head_matching",
     "representation": "representation",
     "map_method": "map_method",
+    "relation": "relation",
+    "first_layer": "first_layer",
     "max_kl": "max_kl",
     "min_top1": "min_top1",
     "max_validate_heads": "max_validate_heads",
@@ -70,6 +72,8 @@ FLAGS = {
     "head_matching": "--head-matching",
     "representation": "--representation",
     "map_method": "--map",
+    "relation": "--relation",
+    "first_layer": "--first-layer",
     "congruity_top_k": "--top-k",
     "similarity_threshold": "--threshold",
 }
@@ -128,6 +132,16 @@ MapMethod = Annotated[
     typer.Option("--map", help=protocol_help("map_method")),
     choice("map_method", ("ridge", "procrustes")),
 ]
+Relation = Annotated[
+    str | None,
+    typer.Option("--relation", help=protocol_help("relation")),
+    choice("relation", ("independent", "copy")),
+]
+FirstLayer = Annotated[
+    int | None,
+    typer.Option("--first-layer", help=protocol_help("first_layer")),
+    at_least(0, "first_layer must be an integer >= 0; got {value}."),
+]
 MaxKL = Annotated[float | None, typer.Option("--max-kl", help=protocol_help("max_kl"))]
 MinTop1 = Annotated[float | None, typer.Option("--min-top1", help=protocol_help("min_top1"))]
 MaxHeads = Annotated[
@@ -138,7 +152,7 @@ MaxHeads = Annotated[
 HeadSubset = Annotated[
     str | None,
     typer.Option("--head-subset", help=protocol_help("head_subset")),
-    choice("head_subset", ("congruity_kl", "random")),
+    choice("head_subset", ("null_kl", "random")),
 ]
 HeadGroups = Annotated[
     bool | None,
@@ -174,6 +188,8 @@ PROBES = {
 # the patching validation, the null and CONGRUITY (compare and sanity)
 VALIDATION = {
     "map_method": (MapMethod, None),
+    "relation": (Relation, None),
+    "first_layer": (FirstLayer, None),
     "max_kl": (MaxKL, None),
     "min_top1": (MinTop1, None),
     "max_validate_heads": (MaxHeads, None),

@@ -10,7 +10,8 @@ elsewhere. See docs/equivalence.md for conventions and a worked example.
 * Component matching: :func:`layer_similarity_matrix`, :func:`head_similarity_matrix`,
   :func:`match_hungarian`, :func:`match_monotone`, :func:`match_heads`.
 * Equivalence score: :class:`ValidationCriterion`, :func:`equivalence_score`,
-  :func:`representational_score`, :func:`fit_linear_map`.
+  :func:`representational_score`, :func:`fit_linear_map`, :func:`fit_layer_map` (the map
+  :func:`choose_layer_map` picks for a copy or for independently trained models).
 * CONGRUITY (reference-code statistics): :func:`accumulated_representation`,
   :func:`kl_from_logits`, :func:`rank_heads`, :func:`selectivity_test`, :func:`point_test`,
   :func:`bootstrap_point_test`.
@@ -66,7 +67,7 @@ if TYPE_CHECKING:  # the same names, typed, for mypy
         fit_linear_map,
     )
     from structlens.equivalence.knn import mutual_knn
-    from structlens.equivalence.layer_map import fit_layer_map
+    from structlens.equivalence.layer_map import LayerMapChoice, choose_layer_map, fit_layer_map
     from structlens.equivalence.matching import (
         METRICS,
         MatchingResult,
@@ -97,6 +98,7 @@ _HOME = {
     "EncodingConfig": "encoding",
     "EncodingScores": "encoding",
     "EquivalenceScore": "score",
+    "LayerMapChoice": "layer_map",
     "LinearMap": "encoding",
     "METRICS": "matching",
     "MatchingResult": "matching",
@@ -112,6 +114,7 @@ _HOME = {
     "cca_correlations": "cca",
     "cca_correlations_from_moments": "cca",
     "cka_from_moments": "cka",
+    "choose_layer_map": "layer_map",
     "decide_paired_null": "score",
     "decide_with_null": "score",
     "encoding_r2": "encoding",
@@ -153,6 +156,7 @@ __all__ = [
     "EncodingConfig",
     "EncodingScores",
     "EquivalenceScore",
+    "LayerMapChoice",
     "LinearMap",
     "METRICS",
     "MatchingResult",
@@ -167,6 +171,7 @@ __all__ = [
     "bootstrap_point_test",
     "cca_correlations",
     "cca_correlations_from_moments",
+    "choose_layer_map",
     "cka_from_moments",
     "decide_paired_null",
     "decide_with_null",

@@ -1,5 +1,9 @@
 """Model to arrays for the equivalence comparison: per-layer residual and head rows of a
 model on probe prompts (fit set), padded batches on the model's device.
+
+Every forward of the comparison goes through :func:`forward`: a probe prompt is the model's
+input, except for an encoder–decoder language model given an encoder context, whose decoder
+reads the prompt while its encoder reads the context (the text before it).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from structlens.models.loading import Model
 
 from .preprocess import Preprocess, prepare
 
-__all__ = ["collect_rows", "prepare_layers"]
+__all__ = ["collect_rows", "forward", "prepare_layers"]
 
 
 def _batches(n: int, size: int) -> list[list[int]]:
@@ -27,6 +31,27 @@ def _pad(tokens: Sequence[Sequence[int]], model: Model) -> tuple[torch.Tensor, t
 
     ids, mask = pad_batch(tokens, int(model.tokenizer.pad_token_id))
     return ids.to(model.device), mask.to(model.device)
+
+
+def forward(
+    model: Model,
+    tokens: Sequence[Sequence[int]],
+    context: Sequence[Sequence[int]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's output on the right-padded ``tokens`` and their mask.
+
+    ``context`` (one token list per prompt) goes to the encoder of an encoder–decoder, whose
+    decoder then reads ``tokens`` causally, so the output and the decoder's sites have the
+    prompts' positions, as a decoder-only model's do; ``None`` runs ``model.forward`` on the
+    prompts alone (an encoder–decoder language model's encoder then reads its start token).
+    """
+    ids, mask = _pad(tokens, model)
+    if context is None:
+        return model.forward(ids, mask), mask
+    if len(context) != len(tokens):
+        raise ValueError(f"{len(context)} encoder contexts for {len(tokens)} prompts.")
+    source, source_mask = _pad(context, model)
+    return model.forward(source, source_mask, decoder_input_ids=ids), mask
 
 
 def _sites(model: Model) -> tuple[list[str], list[str]]:
@@ -42,19 +67,25 @@ def _row_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def collect_rows(
-    model: Model, tokens: Sequence[Sequence[int]], start: int, sentence: bool, batch_size: int
+    model: Model,
+    tokens: Sequence[Sequence[int]],
+    start: int,
+    sentence: bool,
+    batch_size: int,
+    context: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per layer, resid_post rows ``[n, d]`` and hook_z rows ``[n, H, dh]``: real tokens
     from position ``start`` on, in the model's precision (float32 for float32, float16 and
     bfloat16 models, which float32 holds exactly; the similarities and maps convert to
-    float64 one layer at a time), or one float64 mean row per prompt."""
+    float64 one layer at a time), or one float64 mean row per prompt.  ``context``: the
+    encoder's input per prompt (:func:`forward`)."""
     resid_sites, z_sites = _sites(model)
     res: list[list[np.ndarray]] = [[] for _ in resid_sites]
     zs: list[list[np.ndarray]] = [[] for _ in z_sites]
     for idx in _batches(len(tokens), batch_size):
-        ids, mask = _pad([tokens[i] for i in idx], model)
+        part = None if context is None else [context[i] for i in idx]
         with torch.no_grad(), hooked(model, [*resid_sites, *z_sites]) as cache:
-            model.forward(ids, mask)
+            _, mask = forward(model, [tokens[i] for i in idx], part)
         keep = mask.bool().clone()
         keep[:, :start] = False
         if not bool(keep.any(1).all()):

@@ -15,7 +15,12 @@
    (the layer score is reported beside it), with a Wilson interval. A null baseline
    mean-ablates the same heads; the score over the heads whose null fails (``informative``)
    and, optionally, whole layers of heads replaced at once (``head_groups``) are reported
-   beside it, since single heads of a large model are often redundant.
+   beside it, since single heads of a large model are often redundant.  Only layers
+   ``first_layer`` on take part (a fine-tune's trained layers: its frozen ones are A's own).
+   When validation is capped, the heads validated are chosen on the fit half alone, by the
+   null's own intervention (:func:`~structlens.equivalence.patching.null_kl`), so the choice
+   cannot depend on a held-out prompt.  Whole layers are mapped as
+   :func:`~structlens.equivalence.choose_layer_map` says for the pair's ``relation``.
 2. **CONGRUITY** (as the reference code does it). Representations are the accumulated
    residual stream (``resid_pre`` of block 0, then every ``resid_post``) at the last token
    (task probes) or averaged over positions (corpus probes); implementations of a model are
@@ -42,6 +47,7 @@ from structlens.models.loading import Model
 from structlens.results import Result
 
 from .collect import collect_rows, prepare_layers
+from .layer_map import choose_layer_map
 from .matching import (
     head_similarity_matrix,
     layer_similarity_matrix,
@@ -50,8 +56,8 @@ from .matching import (
     match_monotone,
 )
 from .patching import congruity as run_congruity
+from .patching import null_kl, validation_writers
 from .patching import validate as validate_patches
-from .patching import validation_writers
 from .preprocess import Preprocess
 from .probes import Probe, corpus_probe, task_probe
 from .score import (
@@ -72,6 +78,7 @@ __all__ = [
     "Comparison",
     "MatchedComponents",
     "ComparisonResult",
+    "split_prompts",
     "compare",
 ]
 
@@ -95,7 +102,17 @@ class CompareConfig:
     map_method : {"ridge", "procrustes"}
         Linear map from A's head to B's for validation.
     layer_map : {"auto", "procrustes", "ridge"}
-        Map of whole layers (:func:`~structlens.equivalence.fit_layer_map`).
+        Map of whole layers (:func:`~structlens.equivalence.choose_layer_map`; ``"auto"``
+        follows ``relation``).
+    relation : {"independent", "copy"}
+        How B relates to A: a copy shares A's residual basis up to an orthogonal map
+        (Procrustes layer maps), independently trained models do not (ridge layer maps).
+    layer_map_rows_per_dim : float
+        Fit rows per dimension of A's layer an auto ridge layer map needs; with fewer the
+        layers are not validated (the reason is recorded).
+    first_layer : int
+        Compare, match and validate only layers (and their heads) from this one on, in both
+        models (0: all; a fine-tune's trained layers).
     criterion : ValidationCriterion
         The sufficient condition (default: KL <= 0.1 nats and top-1 >= 0.9).
     similarity_threshold : float
@@ -106,9 +123,11 @@ class CompareConfig:
         Validate by patching (when possible); ``False`` gives the similarity-only score.
     max_validate_heads : int or None
         Validate at most this many matched heads (all when None), chosen by ``head_subset``.
-    head_subset : {"congruity_kl", "random"}
-        B's top-KL heads of CONGRUITY's grid whose mean ablation fails (a seeded random subset
-        when CONGRUITY did not run or no head's ablation fails), or a seeded random subset.
+    head_subset : {"null_kl", "random"}
+        ``"null_kl"``: the matched heads whose mean ablation (the null's intervention) moves
+        B's predictions on the *fit* prompts most, keeping those above ``criterion.max_kl``
+        (a seeded random subset when none is, or when B cannot be patched); ``"random"``: a
+        seeded random subset.
     validate_layers : bool
         Also validate matched layers (``resid_post`` replacement).
     max_validate_layers : int or None
@@ -151,12 +170,15 @@ class CompareConfig:
     head_matching: Literal["global", "per_layer"] = "global"
     map_method: Literal["ridge", "procrustes"] = "ridge"
     layer_map: Literal["auto", "procrustes", "ridge"] = "auto"
+    relation: Literal["independent", "copy"] = "independent"
+    layer_map_rows_per_dim: float = 10.0
+    first_layer: int = 0
     criterion: ValidationCriterion = ValidationCriterion()
     similarity_threshold: float = 0.5
     heldout_fraction: float = 0.5
     validate: bool = True
     max_validate_heads: int | None = None
-    head_subset: Literal["congruity_kl", "random"] = "congruity_kl"
+    head_subset: Literal["null_kl", "random"] = "null_kl"
     validate_layers: bool = True
     max_validate_layers: int | None = None
     validate_head_groups: bool = False
@@ -181,6 +203,8 @@ class CompareConfig:
             raise ValueError("congruity_top_k and batch_size must be positive.")
         if not 0.0 < self.null_alpha < 1.0:
             raise ValueError(f"null_alpha must lie in (0, 1), got {self.null_alpha}.")
+        if self.first_layer < 0:
+            raise ValueError(f"first_layer must be >= 0, got {self.first_layer}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +300,12 @@ class ComparisonResult(Result):
     once (``pairs`` are B's layers; ``score``, ``score_ci``, ``validation``, and the same for
     the all-heads mean ablation as ``null_*``, plus ``informative`` and ``paired_test``),
     empty otherwise.  ``score_ci``/``null_score_ci`` are descriptive Wilson intervals.
+    ``compared_layers``: the layers of A (``"a"``) and B (``"b"``) whose layers and heads
+    were compared (``layer_similarity`` and ``head_similarity`` are NaN at the others);
+    ``layer_map``: the whole-layer map and why
+    (:class:`~structlens.equivalence.layer_map.LayerMapChoice`; empty when no layer was to be
+    patched); ``head_selection``: how the validated heads were chosen (``method``, the fit
+    prompts' mean-ablation KL of every candidate pair where measured, and ``reason``).
     """
 
     model_a: str
@@ -302,6 +332,9 @@ class ComparisonResult(Result):
     null_validation: list = dataclasses.field(default_factory=list)
     informative: dict = dataclasses.field(default_factory=dict)
     head_groups: dict = dataclasses.field(default_factory=dict)
+    compared_layers: dict = dataclasses.field(default_factory=dict)
+    layer_map: dict = dataclasses.field(default_factory=dict)
+    head_selection: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict:
         """The JSON payload of the CLI: scalar fields plus the layer similarity matrix (the
@@ -354,6 +387,101 @@ def _informative(partner: list[dict], null: list[dict], ci: str) -> dict[str, An
     return {"n_heads": n, "n_passed": k, "score": k / n, "score_ci": [lo, hi]}
 
 
+def split_prompts(
+    n: int, heldout_fraction: float, rng: np.random.Generator
+) -> tuple[list[int], list[int]]:
+    """The split of ``n`` probe prompts by a permutation drawn from ``rng``: ``(fit, heldout)``
+    indices, each sorted.  It depends on ``n`` and the generator only, never on the prompts'
+    content (``compare`` draws it first from ``default_rng(seed)``)."""
+    order = rng.permutation(n)
+    n_held = int(round(heldout_fraction * n))
+    if n_held < 2 or n - n_held < 2:
+        raise ValueError(f"{n} probe prompts cannot be split into fit and held-out halves.")
+    return sorted(order[n_held:].tolist()), sorted(order[:n_held].tolist())
+
+
+def _compared(first: int, n_a: int, n_b: int) -> dict[str, list[int]]:
+    """The layers of A and B compared from layer ``first`` on (a clear error past either)."""
+    if first >= min(n_a, n_b):
+        raise ValueError(
+            f"first_layer={first} leaves no layer to compare: the models have {n_a} and {n_b} "
+            "layers; use a smaller first_layer."
+        )
+    return {"a": list(range(first, n_a)), "b": list(range(first, n_b))}
+
+
+def _at_model_layers(
+    matched: MatchedComponents, first: int, n_a: int, n_b: int
+) -> MatchedComponents:
+    """``matched`` of layers ``first`` on (indices from 0) in the models' own layer numbers:
+    pairs shifted by ``first``, similarity arrays of every layer with NaN at those not
+    compared."""
+    if first == 0:
+        return matched
+    s_l = np.full((n_a, n_b), np.nan)
+    s_l[first:, first:] = matched.layer_similarity
+    h = matched.head_similarity
+    s_h = np.full((n_a, h.shape[1], n_b, h.shape[3]), np.nan)
+    s_h[first:, :, first:, :] = h
+    layers, heads = matched.matching["layers"], matched.matching["heads"]
+    return MatchedComponents(s_l, s_h, {
+        "layers": layers | {"pairs": [[la + first, lb + first] for la, lb in layers["pairs"]]},
+        "heads": heads | {"pairs": [
+            [[la + first, ha], [lb + first, hb]] for (la, ha), (lb, hb) in heads["pairs"]
+        ]},
+    })  # fmt: skip
+
+
+def _select_heads(
+    model_b: Model,
+    probe: Probe,
+    fit: list[int],
+    start: int,
+    pairs: list,
+    raw_zb: list,
+    cfg: CompareConfig,
+    can_patch: bool,
+    rng: np.random.Generator,
+) -> tuple[list[int], dict[str, Any]]:
+    """Indices into ``pairs`` of the heads to validate when capped, and how they were chosen.
+
+    ``"null_kl"`` ranks the matched heads of B by the null's own intervention, mean ablation
+    to the fit rows' mean, measured on the fit prompts only (no held-out prompt is read, so
+    the choice cannot favour the heads that later pass or fail), and keeps the
+    ``max_validate_heads`` largest KLs above ``criterion.max_kl`` (heads whose ablation
+    moves B at all); when none does, or B cannot be patched, a seeded random subset.
+    """
+    k = int(cfg.max_validate_heads or len(pairs))
+    record: dict[str, Any] = {"method": cfg.head_subset, "prompts": "fit"}
+    if cfg.head_subset == "null_kl" and can_patch:
+        heads = [(int(lb), int(hb)) for _, (lb, hb) in pairs]
+        context = probe.context_b
+        kl = null_kl(model_b, probe.tokens_b, fit, probe.task_b, start, heads, raw_zb,
+                     cfg.batch_size, context)  # fmt: skip
+        max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
+        grid = np.zeros((max(lb for lb, _ in heads) + 1, max(hb for _, hb in heads) + 1))
+        for (lb, hb), v in zip(heads, kl, strict=True):
+            grid[lb, hb] = v
+        pick = informative_heads(grid, pairs, k, max_kl)
+        record["fit_null_kl"] = kl
+        if pick:
+            reason = (
+                f"the {len(pick)} matched heads of B whose mean ablation moves it most on the "
+                f"fit prompts (KL > {max_kl:g} nats)"
+            )
+            return pick, record | {"reason": reason}
+        record["reason"] = (
+            f"no matched head's mean ablation moves B by more than {max_kl:g} nats on the fit "
+            "prompts: a seeded random subset"
+        )
+    elif cfg.head_subset == "null_kl":
+        record["reason"] = "B cannot be patched (no null to rank by): a seeded random subset"
+    else:
+        record["reason"] = "a seeded random subset"
+    record["method"] = "random"
+    return sorted(int(i) for i in rng.choice(len(pairs), k, replace=False)), record
+
+
 def compare(
     model_a: Model, model_b: Model, probe: Probe, config: CompareConfig | None = None
 ) -> ComparisonResult:
@@ -378,32 +506,36 @@ def compare(
             "tokenizers differ, so use representation='sentence'."
         )
     rng = np.random.default_rng(cfg.seed)
-    order = rng.permutation(n)
-    n_held = int(round(cfg.heldout_fraction * n))
-    if n_held < 2 or n - n_held < 2:
-        raise ValueError(f"{n} probe prompts cannot be split into fit and held-out halves.")
-    heldout, fit = sorted(order[:n_held].tolist()), sorted(order[n_held:].tolist())
+    fit, heldout = split_prompts(n, cfg.heldout_fraction, rng)
+    layers = _compared(cfg.first_layer, model_a.n_output_layers, model_b.n_output_layers)
     start = 1 if cfg.preprocess.exclude_bos else 0
     sentence = rep == "sentence"
+
+    def context(c: list[list[int]] | None) -> list[list[int]] | None:
+        return None if c is None else [c[i] for i in fit]
+
     raw_a, raw_za = collect_rows(
-        model_a, [probe.tokens_a[i] for i in fit], start, sentence, cfg.batch_size
-    )
+        model_a, [probe.tokens_a[i] for i in fit], start, sentence, cfg.batch_size,
+        context(probe.context_a),
+    )  # fmt: skip
     raw_b, raw_zb = collect_rows(
-        model_b, [probe.tokens_b[i] for i in fit], start, sentence, cfg.batch_size
-    )
-    matched = Comparison(cfg).fit((raw_a, raw_za), (raw_b, raw_zb))
+        model_b, [probe.tokens_b[i] for i in fit], start, sentence, cfg.batch_size,
+        context(probe.context_b),
+    )  # fmt: skip
+    first = cfg.first_layer
+    matched = _at_model_layers(
+        Comparison(cfg).fit((raw_a[first:], raw_za[first:]), (raw_b[first:], raw_zb[first:])),
+        first, len(raw_a), len(raw_b),
+    )  # fmt: skip
     s_heads, matching = matched.head_similarity, matched.matching
     head_pairs, head_sims = matching["heads"]["pairs"], matching["heads"]["similarities"]
     cong = run_congruity(model_a, model_b, probe, cfg) if cfg.congruity else {}
+    can_patch = cfg.validate and not sentence and model_b.causal
+    selection: dict[str, Any] = {}
     if cfg.max_validate_heads is not None and cfg.max_validate_heads < len(head_pairs):
-        # validate the heads whose mean ablation fails (top-KL in B), else a random subset
-        max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
-        pick = (
-            informative_heads(cong["kl_grid_b"], head_pairs, cfg.max_validate_heads, max_kl)
-            if cong and cfg.head_subset == "congruity_kl"
-            else []
+        pick, selection = _select_heads(
+            model_b, probe, fit, start, head_pairs, raw_zb, cfg, can_patch, rng
         )
-        pick = pick or sorted(rng.choice(len(head_pairs), cfg.max_validate_heads, replace=False))
         head_pairs = [head_pairs[i] for i in pick]
         head_sims = [head_sims[i] for i in pick]
     layer_pairs, layer_sims = matching["layers"]["pairs"], matching["layers"]["similarities"]
@@ -411,7 +543,13 @@ def compare(
         pick = sorted(rng.choice(len(layer_pairs), cfg.max_validate_layers, replace=False).tolist())
         layer_pairs = [layer_pairs[i] for i in pick]
         layer_sims = [layer_sims[i] for i in pick]
-    can_patch = cfg.validate and not sentence and model_b.causal
+    layer_map = None
+    if can_patch and cfg.validate_layers:
+        (rows, width_a), width_b = raw_a[first].shape, raw_b[first].shape[1]
+        layer_map = choose_layer_map(
+            rows, width_a, width_b, cfg.layer_map, cfg.relation, cfg.layer_map_rows_per_dim
+        )
+    validate_layers = layer_map is not None and layer_map.method is not None
     head_records = layer_records = null_records = None
     head_groups: dict[str, Any] = {}
     if can_patch:
@@ -419,16 +557,17 @@ def compare(
             cfg, head_pairs, matching["heads"]["pairs"], layer_pairs,
             (raw_a, raw_b, raw_za, raw_zb), start, model_b.dtype,
             (model_a.output_stack, model_b.output_stack),
+            layer_map.method if layer_map is not None else None,
         )  # fmt: skip
         del raw_a, raw_b, raw_za, raw_zb  # the maps are fitted; the patched runs need no rows
         records = validate_patches(
             model_a, model_b, probe.tokens_b, heldout, probe.task_b, start, w.all(), w.a_sites,
-            cfg.batch_size,
+            cfg.batch_size, context_a=probe.context_a, context_b=probe.context_b,
         )  # fmt: skip
         nh, nl, nn = len(w.heads), len(w.layers), len(w.nulls)
         group_pairs = sorted(w.by_layer)
         head_records = records[:nh]
-        layer_records = records[nh : nh + nl] if cfg.validate_layers else None
+        layer_records = records[nh : nh + nl] if validate_layers else None
         null_records = records[nh + nl : nh + nl + nn] if cfg.null_baseline else None
         if group_pairs:
             sims = [
@@ -510,4 +649,7 @@ def compare(
         null_validation=n_val,
         informative=informative,
         head_groups=head_groups,
+        compared_layers=layers,
+        layer_map={} if layer_map is None else dataclasses.asdict(layer_map),
+        head_selection=selection,
     )

@@ -15,7 +15,7 @@ import torch
 from structlens.interventions import hooked
 from structlens.models.loading import Model
 
-from .collect import _batches, _pad
+from .collect import _batches, forward
 from .congruity import (
     PointTestResult,
     SelectivityResult,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .compare import CompareConfig
     from .probes import Probe
 
-__all__ = ["Writers", "validate", "validation_writers", "congruity"]
+__all__ = ["Writers", "validate", "validation_writers", "null_kl", "congruity"]
 
 Writer = Callable[[torch.Tensor, dict], torch.Tensor]
 
@@ -61,10 +61,15 @@ def validate(
     writers: list[tuple[str, Writer]],
     a_sites: list[str],
     batch_size: int,
+    *,
+    context_a: list[list[int]] | None = None,
+    context_b: list[list[int]] | None = None,
 ) -> list[dict[str, float]]:
-    """Patch each (site, fn) into B on the held-out prompts; KL, top-1 and metric ratio.
+    """Patch each (site, fn) into B on the prompts ``heldout``; KL, top-1 and metric ratio.
 
-    ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch.
+    ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch
+    (A is not run when ``a_sites`` is empty).  ``context_*``: each model's encoder input per
+    prompt (:func:`~structlens.equivalence.collect.forward`).
     Each batch is reduced to per-row KL and top-1 agreement before the next: holding every
     patch's float64 logits (rows x vocabulary) would take gigabytes for a 49k vocabulary.
     A patched forward takes the unpatched forward's outputs of the layers below its site's
@@ -79,12 +84,14 @@ def validate(
     for chunk in _batches(len(heldout), batch_size):
         idx = [heldout[i] for i in chunk]
         toks = [tokens[i] for i in idx]
-        ids_a, mask_a = _pad(toks, model_a)
-        with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
-            model_a.forward(ids_a, mask_a)
-        ids, mask = _pad(toks, model_b)
+        ctx_b = None if context_b is None else [context_b[i] for i in idx]
+        cache_a: dict = {}
+        if a_sites:
+            ctx_a = None if context_a is None else [context_a[i] for i in idx]
+            with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
+                forward(model_a, toks, ctx_a)
         with torch.no_grad(), prefix.record():
-            base = model_b.forward(ids, mask)
+            base, mask = forward(model_b, toks, ctx_b)
         ref = _eval_rows(base, mask, task_b, idx, start).double()
         ref_logp, ref_top = log_softmax_rows(ref.cpu().numpy(), "reference_logits"), ref.argmax(-1)
         del ref
@@ -101,7 +108,7 @@ def validate(
                 prefix.below(first[k]),
                 hooked(model_b, writes={site_b: write}),
             ):
-                out = model_b.forward(ids, mask)
+                out, _ = forward(model_b, toks, ctx_b)
             p = _eval_rows(out, mask, task_b, idx, start).double()
             kl[k].append(kl_rows(ref_logp, p.cpu().numpy()))
             agree[k].append(p.argmax(-1) == ref_top)
@@ -124,6 +131,33 @@ def validate(
     return records
 
 
+def null_kl(
+    model_b: Model,
+    tokens: list[list[int]],
+    prompts: list[int],
+    task_b: Any,
+    start: int,
+    heads: list[tuple[int, int]],
+    raw_zb: list,
+    batch_size: int,
+    context_b: list[list[int]] | None = None,
+) -> list[float]:
+    """Mean KL (nats) of B's predictions with each head ``(layer, head)`` of B mean-ablated
+    (to its mean over the fit rows ``raw_zb``, the null's own intervention), on the prompts
+    ``prompts`` only, at the positions validation scores.  Given the fit prompts, it ranks
+    heads without reading a held-out prompt."""
+    stack = model_b.output_stack
+    writers = [
+        (f"{stack}.{lb}.attn.hook_z", _mean_heads(raw_zb, lb, [hb], start, model_b.dtype))
+        for lb, hb in heads
+    ]
+    records = validate(
+        model_b, model_b, tokens, prompts, task_b, start, writers, [], batch_size,
+        context_b=context_b,
+    )  # fmt: skip
+    return [r["kl"] for r in records]
+
+
 def _effect(model: Model, reference: np.ndarray, patched: np.ndarray) -> float:
     """Head importance: KL of the next-token distributions (nats) for models that output
     logits (causal LMs, encoder–decoders); for encoders, whose output is a hidden state, the
@@ -140,8 +174,10 @@ def _congruity_group(
     task: Any,
     position: str,
     config: CompareConfig,
+    context: list[list[int]] | None = None,
 ) -> dict[str, Any]:
-    """Accumulated representations of the clean run and of the top-KL head patches."""
+    """Accumulated representations of the clean run and of the top-KL head patches
+    (``context``: the encoder's input per prompt, for an encoder–decoder language model)."""
     n_layers, stack = model.n_output_layers, model.output_stack
     resid = [f"{stack}.{l}.hook_resid_post" for l in range(n_layers)]
     resid = [f"{stack}.0.hook_resid_pre", *resid]
@@ -153,12 +189,14 @@ def _congruity_group(
     batches = _batches(len(tokens), config.batch_size)
     z_sites = [f"{stack}.{l}.attn.hook_z" for l in layers]
 
+    def ctx(idx: list[int]) -> list[list[int]] | None:
+        return None if context is None else [context[i] for i in idx]
+
     def run(
         idx: list[int], writes: dict | None, reads: list[str]
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        ids, mask = _pad([tokens[i] for i in idx], model)
         with torch.no_grad(), hooked(model, reads, writes) as cache:
-            out = model.forward(ids, mask)
+            out, mask = forward(model, [tokens[i] for i in idx], ctx(idx))
         return out, dict(cache), mask
 
     clean: list[tuple[torch.Tensor, dict, torch.Tensor]] = []
@@ -166,9 +204,8 @@ def _congruity_group(
     for idx in batches:
         clean.append(run(idx, None, [*resid, *z_sites]))
         if corrupted is not None:
-            ids, mask = _pad([corrupted[i] for i in idx], model)
             with torch.no_grad(), hooked(model, z_sites) as cache:
-                model.forward(ids, mask)
+                forward(model, [corrupted[i] for i in idx], ctx(idx))
             sources.append(dict(cache))
     if corrupted is None:
         # mean ablation: each head's mean over all real tokens of the probe set
@@ -275,11 +312,13 @@ def congruity(model_a: Model, model_b: Model, probe: Probe, config: CompareConfi
     """
     position = "last" if probe.task_a is not None else "mean"
     ga = _congruity_group(
-        model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config
-    )
+        model_a, probe.tokens_a, probe.corrupted_a, probe.task_a, position, config,
+        probe.context_a,
+    )  # fmt: skip
     gb = _congruity_group(
-        model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config
-    )
+        model_b, probe.tokens_b, probe.corrupted_b, probe.task_b, position, config,
+        probe.context_b,
+    )  # fmt: skip
     group_a = [ga["base"], *ga["intervened"]]
     group_b = [gb["base"], *gb["intervened"]]
     out: dict[str, Any] = {
@@ -398,11 +437,14 @@ def validation_writers(
     start: int,
     dtype: torch.dtype,
     stacks: tuple[str, str] = ("blocks", "blocks"),
+    layer_map: str | None = None,
 ) -> Writers:
     """The patches validating ``head_pairs`` and ``layer_pairs`` (maps fitted on the fit-set
     rows ``raw = (resid A, resid B, z A, z B)``), their mean-ablation nulls and, with
     ``validate_head_groups``, whole layers of B's heads matched in ``all_head_pairs``.
-    ``stacks``: the site prefixes of A's and B's layers (:attr:`Model.output_stack`)."""
+    ``stacks``: the site prefixes of A's and B's layers (:attr:`Model.output_stack`);
+    ``layer_map``: the whole-layer map (:func:`~structlens.equivalence.choose_layer_map`'s
+    method; ``None``: no layer is validated)."""
     raw_a, raw_b, raw_za, raw_zb = raw
     sa, sb = stacks
     head_map = _HeadMaps(raw_za, raw_zb, config.map_method, dtype)
@@ -437,16 +479,16 @@ def validation_writers(
         for lb in group_pairs
     ]
     layers = []
-    if config.validate_layers:
+    if config.validate_layers and layer_map is not None:
         for la, lb in layer_pairs:
-            lmap = fit_layer_map(raw_a[la], raw_b[lb], config.layer_map)
+            lmap = fit_layer_map(raw_a[la], raw_b[lb], layer_map)
             w = torch.as_tensor(lmap.weight, dtype=dtype)
             bias = torch.as_tensor(lmap.bias, dtype=dtype)
             layers.append((f"{sb}.{lb}.hook_resid_post", _replace_layer(la, w, bias, start, sa)))
     a_sites = sorted(
         {f"{sa}.{a[0]}.attn.hook_z" for a, _ in head_pairs}
         | {f"{sa}.{la}.attn.hook_z" for lb in group_pairs for la, _, _ in by_layer[lb]}
-        | {f"{sa}.{la}.hook_resid_post" for la, _ in layer_pairs}
+        | {f"{sa}.{la}.hook_resid_post" for la, _ in layer_pairs if layers}
     )
     nulls = []
     if config.null_baseline:

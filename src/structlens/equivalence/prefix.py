@@ -9,7 +9,7 @@ of recomputing, so a validation run of many patches pays for the layers from ``L
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -47,14 +47,17 @@ class LayerOutputs:
     :meth:`below` recomputes every layer, as an ordinary forward does.
     """
 
-    def __init__(self, model: Model) -> None:
-        self.model = model
+    def __init__(self, model: Model | Sequence[torch.nn.Module]) -> None:
+        """``model``: a loaded model, or the layers of one stack run in that order (a module
+        being trained, which a :class:`Model` would freeze)."""
+        if isinstance(model, Model):
+            self.layers = list(model.layers)
+            single = model.stacks is None and len(model.devices) == 1
+        else:
+            self.layers = list(model)
+            single = len({p.device for m in self.layers for p in m.parameters()}) <= 1
         self.outputs: dict[int, Any] = {}
-        self.enabled = (
-            model.stacks is None
-            and len(model.devices) == 1
-            and all("forward" not in layer.__dict__ for layer in model.layers)
-        )
+        self.enabled = single and all("forward" not in layer.__dict__ for layer in self.layers)
 
     @contextmanager
     def record(self) -> Iterator[None]:
@@ -62,7 +65,7 @@ class LayerOutputs:
         self.outputs = {}
         handles = []
         if self.enabled:
-            for k, layer in enumerate(self.model.layers):
+            for k, layer in enumerate(self.layers):
 
                 def keep(_m: Any, _args: Any, out: Any, k: int = k) -> None:
                     self.outputs[k] = _fresh(out)
@@ -78,7 +81,7 @@ class LayerOutputs:
     def below(self, layer: int) -> Iterator[None]:
         """Forwards in this context take the recorded outputs of the layers below ``layer``
         (their hooks still run) and compute the rest."""
-        layers = self.model.layers
+        layers = self.layers
         upto = layer if self.enabled and all(k in self.outputs for k in range(layer)) else 0
         with ExitStack() as replaced:
             for k in range(upto):

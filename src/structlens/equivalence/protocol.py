@@ -11,12 +11,18 @@ Probe and split
     ``probe_prompts`` prompts of ``probe`` (bundled corpus sentences, or a circuit task whose
     corrupted prompts then drive CONGRUITY's interventions); a seeded permutation holds out
     ``heldout_fraction`` of them for validation, the rest fit similarities and maps.
-    Position 0 is left out of rows, maps and patches (``exclude_position0``).
+    Position 0 is left out of rows, maps and patches (``exclude_position0``).  An
+    encoder–decoder language model's encoder reads the ``encoder_context`` tokens of corpus
+    text before each probe sentence, its decoder the sentence.
 Components
-    Layers (``resid_post``) and heads (``hook_z``) are compared by ``metric`` and matched
-    (``layer_matching``, ``head_matching``); at most ``max_validate_heads`` heads (chosen by
-    ``head_subset``) and ``max_validate_layers`` layers are validated by patching through
-    ``map_method`` (heads) and ``layer_map`` (whole layers) maps.
+    Layers (``resid_post``) and heads (``hook_z``) of layers ``first_layer`` on are compared
+    by ``metric`` and matched (``layer_matching``, ``head_matching``); at most
+    ``max_validate_heads`` heads (chosen by ``head_subset`` on the fit prompts only) and
+    ``max_validate_layers`` layers are validated by patching through ``map_method`` (heads)
+    and ``layer_map`` (whole layers) maps.  How B relates to A (``relation``) decides the
+    whole-layer map: a copy shares A's residual basis up to an orthogonal map (Procrustes),
+    an independently trained model does not (an affine ridge map, fitted only on at least
+    ``layer_map_rows_per_dim`` fit rows per dimension).
 Null and decision
     The null mean-ablates the same components of B.  The decision is a paired test on the
     discordant components at level ``null_alpha`` over ``null_unit``
@@ -68,7 +74,8 @@ _CHOICES = {
     "representation": ("auto", "tokens", "sentence"),
     "layer_matching": ("monotone", "hungarian"),
     "head_matching": ("global", "per_layer"),
-    "head_subset": ("congruity_kl", "random"),
+    "head_subset": ("null_kl", "random"),
+    "relation": ("independent", "copy"),
     "map_method": ("ridge", "procrustes"),
     "layer_map": ("auto", "procrustes", "ridge"),
     "null": ("mean_ablation", "none"),
@@ -92,6 +99,18 @@ class EquivalenceProtocol(Protocol):
     heldout_fraction: float = described(0.5, "Share of probe prompts held out for validation.")
     exclude_position0: bool = described(True, "Leave position 0 out of rows, maps and patches.")
     representation: str = described("auto", "Rows: tokens, sentence (mean over tokens) or auto.")
+    encoder_context: int = described(
+        32,
+        "Tokens of corpus text before each probe sentence that an encoder–decoder LM's encoder "
+        "reads (0: the start token only).",
+    )
+    first_layer: int = described(
+        0, "Compare layers and heads of layers >= this in both models (a fine-tune's trained ones)."
+    )
+    relation: str = described(
+        "independent",
+        "B is a copy of A (rotated/permuted copy, fine-tune: one basis) or independent.",
+    )
     metric: str = described("linear_cka_debiased", "Similarity of layers and heads.")
     layer_matching: str = described("monotone", "Layer matching: monotone or hungarian.")
     head_matching: str = described("global", "Head matching: global or per_layer.")
@@ -100,7 +119,9 @@ class EquivalenceProtocol(Protocol):
         None, "Validate at most this many heads (all: null)."
     )
     head_subset: str = described(
-        "congruity_kl", "Heads validated when capped: congruity_kl (B's top-KL heads) or random."
+        "null_kl",
+        "Heads validated when capped: null_kl (B's heads whose mean ablation moves it most on "
+        "the fit prompts) or random.",
     )
     validate_layers: bool = described(True, "Also validate matched whole layers.")
     max_validate_layers: int | None = described(None, "Validate at most this many layers.")
@@ -110,7 +131,11 @@ class EquivalenceProtocol(Protocol):
     map_method: str = described("ridge", "Map from A's head to B's: ridge or procrustes.")
     layer_map: str = described(
         "auto",
-        "Map of whole layers: auto (Procrustes at equal width, else ridge), procrustes, ridge.",
+        "Map of whole layers: auto (Procrustes for a copy, ridge for independent models), "
+        "procrustes, ridge.",
+    )
+    layer_map_rows_per_dim: float = described(
+        10.0, "Fit rows per dimension of A's layer an auto ridge layer map needs (else none)."
     )
     max_kl: float = described(0.1, "A patch passes if KL(B || patched B) <= this (nats).")
     min_top1: float = described(0.9, "A patch passes if top-1 agreement >= this.")
@@ -150,6 +175,7 @@ class EquivalenceProtocol(Protocol):
             {
                 "probe_prompts": MIN_PROBE_PROMPTS, "pool_resamples": 100, "congruity_top_k": 1,
                 "point_n": 2, "straps": 2, "rotation_seed": 0, "batch_size": 1, "seed": 0,
+                "encoder_context": 0, "first_layer": 0,
             }
         )  # fmt: skip
         for name in ("max_validate_heads", "max_validate_layers", "congruity_max_layers"):
@@ -163,10 +189,10 @@ class EquivalenceProtocol(Protocol):
                 raise InputError(f"{name} must lie in [0, 1]; got {getattr(self, name)}.")
         if self.max_kl < 0:
             raise InputError(f"max_kl must be >= 0 (nats); got {self.max_kl}.")
-        if self.head_subset == "congruity_kl" and self.max_validate_heads and not self.congruity:
+        if not self.layer_map_rows_per_dim >= 1:
             raise InputError(
-                "head_subset 'congruity_kl' ranks heads by CONGRUITY's KL grid; turn congruity "
-                "on or use head_subset 'random'."
+                "layer_map_rows_per_dim must be >= 1 (a map needs more fit rows than "
+                f"dimensions); got {self.layer_map_rows_per_dim}."
             )
 
     def _check_probe(self) -> None:
@@ -193,6 +219,9 @@ class EquivalenceProtocol(Protocol):
             head_matching=self.head_matching,  # type: ignore[arg-type]
             map_method=self.map_method,  # type: ignore[arg-type]
             layer_map=self.layer_map,  # type: ignore[arg-type]
+            relation=self.relation,  # type: ignore[arg-type]
+            layer_map_rows_per_dim=self.layer_map_rows_per_dim,
+            first_layer=self.first_layer,
             criterion=ValidationCriterion(max_kl=self.max_kl, min_top1=self.min_top1),
             similarity_threshold=self.similarity_threshold,
             heldout_fraction=self.heldout_fraction,
@@ -221,10 +250,10 @@ _PAPER = EquivalenceProtocol()
 
 #: The protocol instances the drivers start from.  ``paper`` is the replication's protocol of
 #: the small byte-level LMs (every head and layer validated; also the CLI's default);
-#: ``paper-subset`` its protocol for SmolLM2-sized pairs on a CPU (an IOI probe, 30 heads
-#: chosen by CONGRUITY's KL grid, 4 layers); ``paper-sentence`` the one for models whose
-#: tokenizers differ (sentence rows, similarity score); ``smoke`` shrinks CONGRUITY for the
-#: tiny test models and keeps every rule.
+#: ``paper-subset`` its protocol for SmolLM2-sized pairs on a CPU (an IOI probe, the 30 heads
+#: whose mean ablation moves B most on the fit prompts, 4 layers); ``paper-sentence`` the one
+#: for models whose tokenizers differ (sentence rows, similarity score); ``smoke`` shrinks
+#: CONGRUITY for the tiny test models and keeps every rule.
 PROFILES: dict[str, EquivalenceProtocol] = {
     "paper": _PAPER,
     "paper-subset": _PAPER.replace(

@@ -58,6 +58,7 @@ __all__ = [
     "FT_PROMPTS",
     "FT_TRAIN",
     "FT_SETTINGS",
+    "FT_TRAINED_LAYERS",
     "finetune_settings",
     "finetune_scenario",
     "REPLICATION_PROFILES",
@@ -201,13 +202,47 @@ class FineTuneRun(NamedTuple):
     reached: bool | None
 
 
-def _end_log_probs(hf: torch.nn.Module, tokens: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
-    from structlens.data.tasks import pad_batch
+class _HeldOutKL:
+    """Mean KL(base ‖ tuned) of the next-token distribution at the end of fixed held-out
+    prompts, cheap enough to measure after every step.
 
-    ids, mask = pad_batch(list(tokens), pad)
-    with torch.no_grad():
-        logits = hf(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    return logits[torch.arange(len(tokens)), mask.sum(1) - 1].float().log_softmax(-1)
+    The layers below ``first`` (the lowest trained one) keep the base's weights, so their
+    outputs on these prompts are the base's at every step: they are recorded once, in the
+    forward that gives the base's distribution (``hf`` before its first step is the base), and
+    reused (:class:`~structlens.equivalence.prefix.LayerOutputs`), so each check runs only the
+    trained layers and the unembedding.
+    """
+
+    def __init__(
+        self,
+        hf: torch.nn.Module,
+        layers: Sequence[torch.nn.Module],
+        tokens: Sequence[Sequence[int]],
+        pad: int,
+        first: int,
+    ) -> None:
+        from structlens.data.tasks import pad_batch
+        from structlens.equivalence.prefix import LayerOutputs
+
+        self.hf, self.first = hf, first
+        self.ids, self.mask = pad_batch(list(tokens), pad)
+        self.prefix = LayerOutputs(layers)
+        with self.prefix.record():
+            self.base = self._log_probs()
+
+    def _log_probs(self) -> torch.Tensor:
+        was_training = self.hf.training
+        self.hf.eval()
+        with torch.no_grad():
+            logits = self.hf(input_ids=self.ids, attention_mask=self.mask, use_cache=False).logits
+        self.hf.train(was_training)
+        end = logits[torch.arange(len(self.ids)), self.mask.sum(1) - 1]
+        return end.float().log_softmax(-1)
+
+    def __call__(self) -> float:
+        with self.prefix.below(self.first):
+            lp = self._log_probs()
+        return float((self.base.exp() * (self.base - lp)).sum(-1).mean())
 
 
 def finetune_on_task(
@@ -221,7 +256,7 @@ def finetune_on_task(
     train_layers: Sequence[int] | None = None,
     held_out: Sequence[Sequence[int]] | None = None,
     target_kl: float | None = None,
-    eval_every: int = 10,
+    eval_every: int = 1,
     seed: int = 0,
 ) -> FineTuneRun:
     """A copy of a causal LM fine-tuned to predict ``answers[i]`` after ``train_tokens[i]``.
@@ -231,10 +266,12 @@ def finetune_on_task(
     decoder layers (all parameters of each), which also stops back-propagation below the
     lowest one -- the CPU-affordable setting; ``None`` trains every parameter.
 
-    With ``held_out`` prompts, every ``eval_every`` steps measures how far the behaviour has
-    moved: the mean KL(base ‖ tuned) of the next-token distribution at their last position.
-    With ``target_kl`` training stops once that KL reaches it (the behaviour has changed by a
-    stated amount), or after ``steps``.
+    With ``held_out`` prompts, every ``eval_every`` steps (default: every step) measures how
+    far the behaviour has moved: the mean KL(base ‖ tuned) of the next-token distribution at
+    their last position (:class:`_HeldOutKL`, which reuses the frozen layers' outputs).  With
+    ``target_kl`` training stops at the first measured step whose KL reaches it (the
+    behaviour has changed by a stated amount; checked every step it is not overshot by more
+    than one step's change), or after ``steps``.
     """
     if not model.causal:
         raise ValueError("finetune_on_task needs a causal LM.")
@@ -251,6 +288,8 @@ def finetune_on_task(
 
     hf = copy.deepcopy(model.hf)
     layers = hf.get_submodule(f"base_model.{model.family.layers}")
+    if train_layers is not None and not all(0 <= i < len(layers) for i in train_layers):
+        raise ValueError(f"train_layers must lie in [0, {len(layers)}), got {list(train_layers)}.")
     params = (
         [p for i in train_layers for p in layers[i].parameters()]
         if train_layers is not None
@@ -263,7 +302,8 @@ def finetune_on_task(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     pad = int(model.tokenizer.pad_token_id)
-    base_lp = _end_log_probs(model.hf, held_out, pad) if held_out else None
+    first = min(train_layers) if train_layers else 0
+    held_out_kl = _HeldOutKL(hf, list(layers), held_out, pad, first) if held_out else None
     losses: list[float] = []
     curve: list[tuple[int, float]] = [(0, 0.0)] if held_out else []
     reached: bool | None = False if target_kl is not None else None
@@ -279,11 +319,8 @@ def finetune_on_task(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-        if base_lp is not None and held_out and (step % eval_every == 0 or step == steps):
-            hf.eval()
-            lp = _end_log_probs(hf, held_out, pad)
-            hf.train()
-            kl = float((base_lp.exp() * (base_lp - lp)).sum(-1).mean())
+        if held_out_kl is not None and (step % eval_every == 0 or step == steps):
+            kl = held_out_kl()
             curve.append((step, kl))
             if target_kl is not None and kl >= target_kl:
                 reached = True
@@ -306,8 +343,8 @@ SMALL = {
     "L4-s2": SmallLMConfig(n_layers=4, seed=2, **_CONVERGED),
     "L2-s0": SmallLMConfig(n_layers=2, seed=0, **_CONVERGED),
     "L8-s0": SmallLMConfig(n_layers=8, seed=0, **_CONVERGED),
-    # an encoder–decoder on the same bytes: T5, 2 encoder + 4 decoder layers, run as an LM
-    # over its decoder with an empty source (SmallLMConfig.encoder_layers)
+    # an encoder–decoder on the same bytes: T5, 2 encoder + 4 decoder layers, an LM over its
+    # decoder whose encoder reads the bytes before the decoder's (SmallLMConfig.encoder_layers)
     "ED-s0": SmallLMConfig(n_layers=4, encoder_layers=2, seed=0, **_CONVERGED),
 }
 #: The same models at smoke sizes: a few dozen steps of narrow models, enough to exercise every
@@ -322,14 +359,20 @@ FINETUNES = {
     "smollm2-ft-ioi": ("ioi", "IO"),
     "smollm2-ft-facts": ("factual_recall", "answer"),
 }
-# Fine-tuned until the behaviour has changed: AdamW on layers 15-29 until the mean KL(base ‖
-# tuned) at the end of held-out prompts of the same task reaches FT_TARGET_KL nats (checked
-# every 10 steps), at most 300 steps.  FT_PROMPTS task prompts (seed 1; the IOI probe uses
-# seed 0): the first FT_TRAIN train, the rest are held out (factual recall has 85 facts).
+# Fine-tuned until the behaviour has changed: AdamW on layers 15-29 (FT_TRAINED_LAYERS) until
+# the mean KL(base ‖ tuned) at the end of held-out prompts of the same task reaches
+# FT_TARGET_KL nats, checked after every step (stopping at the first that reaches it), at most
+# 300 steps.  The rate keeps one step's change of that KL well below the target (at 2e-4 the
+# first step alone moved it by ~2.5 nats on SmolLM2; at 2e-5 by 0.05-0.25 nats a step).
+# FT_PROMPTS task prompts (seed 1; the IOI probe uses seed 0): the first FT_TRAIN train, the
+# rest are held out (factual recall has 85 facts).
 FT_TARGET_KL = 0.5
 FT_PROMPTS, FT_TRAIN = 80, 56
+#: The decoder layers the fine-tunes train (SmolLM2 has 30): the top half, so the layers below
+#: stay the base's and the comparison scores only these (Scenario.first_layer).
+FT_TRAINED_LAYERS = range(15, 30)
 FT_SETTINGS: dict[str, Any] = dict(
-    steps=300, lr=2e-4, batch_size=8, train_layers=list(range(15, 30)), eval_every=10, seed=0
+    steps=300, lr=2e-5, batch_size=8, train_layers=list(FT_TRAINED_LAYERS), eval_every=1, seed=0
 )
 
 
@@ -370,7 +413,15 @@ class Scenario:
     small LMs).  A model is a loadable name, ``small:NAME`` (:data:`SMALL`) or
     ``finetune:NAME`` (:data:`FINETUNES`); ``model_b`` ``None`` is the rotated, head-permuted
     copy of ``model_a`` (the sanity stage, answer known: equivalent).  ``group`` is the
-    paper's claim the row tests."""
+    paper's claim the row tests.
+
+    Two protocol choices are stated per row (:meth:`protocol_for`): ``relation``, how B
+    relates to A, which decides the whole-layer map (``"copy"``: the sanity copies and the
+    fine-tunes, which keep A's residual basis, get Procrustes maps; ``"independent"``: models
+    trained separately get ridge maps where the fit rows allow, see
+    :func:`~structlens.equivalence.choose_layer_map`); and ``first_layer``, the first layer
+    compared (a fine-tune's layers below it are A's own, frozen, and would only inflate the
+    score)."""
 
     name: str
     group: str
@@ -378,19 +429,37 @@ class Scenario:
     model_b: str | None
     setting: str
     protocol: str | None = None
+    relation: str = "independent"
+    first_layer: int = 0
+
+    def protocol_for(self, base: EquivalenceProtocol) -> EquivalenceProtocol:
+        """The row's protocol: ``base`` (its named or the driver's) with the row's
+        ``relation`` and ``first_layer``."""
+        return base.replace(relation=self.relation, first_layer=self.first_layer)
 
 
 # The SmolLM2 rows run "paper-subset": 96 IOI prompts, half fit, half held out; 48 fit prompts
-# of ~16 tokens give ~700 token rows, more than d = 576, as a whole-layer map needs
-# (equivalence.layer_map).  MiniLM against SmolLM2 has two tokenizers: "paper-sentence".
-_SMOL, _SENT = "paper-subset", "paper-sentence"
+# of ~16 tokens give ~700 token rows, more than d = 576, as the Procrustes map of a copy needs
+# (equivalence.layer_map).  The small LMs' corpus probes give ~2,400 fit rows for d = 128,
+# enough for the ridge map of independently trained models.  MiniLM against SmolLM2 has two
+# tokenizers: "paper-sentence".
+_SMOL, _SENT, _COPY = "paper-subset", "paper-sentence", "copy"
+
+
+def _finetune_row(name: str, model_b: str, setting: str) -> Scenario:
+    """A fine-tune row: a copy of SmolLM2 (its basis kept), scored on the trained layers."""
+    return Scenario(name, "finetune", "smollm2-135m", model_b, setting, _SMOL, relation=_COPY,
+                    first_layer=FT_TRAINED_LAYERS.start)  # fmt: skip
+
+
 SCENARIOS = (
     Scenario("sanity-tiny", "sanity", "tiny-llama-deep", None,
-             "tiny-llama-deep vs rotated+permuted copy, corpus"),
+             "tiny-llama-deep vs rotated+permuted copy, corpus", relation=_COPY),
     Scenario("sanity-smollm2", "sanity", "smollm2-135m", None,
-             "SmolLM2 vs rotated+permuted copy, IOI", _SMOL),
+             "SmolLM2 vs rotated+permuted copy, IOI", _SMOL, relation=_COPY),
     Scenario("enc-dec-same-data", "encoder-decoder", "small:ED-s0", "small:L4-s0",
-             "T5 enc–dec (2 + 4 layers) vs 4L decoder, same bytes"),
+             "T5 enc–dec (2 + 4 layers; the encoder reads the preceding bytes) vs 4L decoder, "
+             "same bytes"),
     Scenario("enc-dec", "encoder-other-data", "minilm-l6", "smollm2-135m",
              "MiniLM-L6 vs SmolLM2, sentences", _SENT),
     Scenario("seeds-s0-s1", "seeds", "small:L4-s0", "small:L4-s1", "4L seed 0 vs 1"),
@@ -399,10 +468,10 @@ SCENARIOS = (
     Scenario("depth-2-4", "depth", "small:L2-s0", "small:L4-s0", "2L vs 4L"),
     Scenario("depth-4-8", "depth", "small:L4-s0", "small:L8-s0", "4L vs 8L"),
     Scenario("depth-2-8", "depth", "small:L2-s0", "small:L8-s0", "2L vs 8L"),
-    Scenario("ft-ioi", "finetune", "smollm2-135m", "finetune:smollm2-ft-ioi",
-             "SmolLM2 vs IOI fine-tune", _SMOL),
-    Scenario("ft-facts", "finetune", "smollm2-135m", "finetune:smollm2-ft-facts",
-             "SmolLM2 vs facts fine-tune", _SMOL),
+    _finetune_row("ft-ioi", "finetune:smollm2-ft-ioi",
+                  "SmolLM2 vs IOI fine-tune, trained layers 15–29"),
+    _finetune_row("ft-facts", "finetune:smollm2-ft-facts",
+                  "SmolLM2 vs facts fine-tune, trained layers 15–29"),
 )  # fmt: skip
 
 

@@ -442,7 +442,8 @@ def informative_heads(null_kl: object, pairs: list, k: int, max_kl: float = 0.1)
     B's output most, keeping only those whose null fails (``null_kl > max_kl`` nats).
 
     ``null_kl`` is ``[n_layers_B, n_heads_B]`` (KL in nats of B's output with that head
-    mean-ablated, e.g. CONGRUITY's ``kl_grid``); ``pairs`` are ``((la, ha), (lb, hb))``.
+    mean-ablated; ``compare`` measures it on the fit prompts only, so the choice reads no
+    held-out prompt); ``pairs`` are ``((la, ha), (lb, hb))``.
     """
     grid = to_numpy(null_kl, "null_kl").astype(np.float64)
     if grid.ndim != 2:

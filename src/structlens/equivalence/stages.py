@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from structlens.equivalence.compare import ComparisonResult, compare
+from structlens.equivalence.layer_map import LayerMapChoice
 from structlens.equivalence.probes import Probe, corpus_probe, task_probe
 from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.score import (
@@ -214,7 +215,11 @@ class ModelComparison(Result):
     "unidentified" or "not tested"); ``agree`` whether CONGRUITY's decision is the same
     (``None`` without CONGRUITY); ``caveats`` everything a reader must know to trust it.
     ``matched_layer_similarity`` / ``matched_head_similarity``: the similarity of every
-    matched pair (validated or not), in matching order.
+    matched pair (validated or not), in matching order.  ``compared_layers``: the layers of
+    A (``"a"``) and B (``"b"``) whose layers and heads were compared (all, or a fine-tune's
+    trained ones); ``layer_map``: the whole-layer map and why (``None`` when no layer was to
+    be patched); ``head_selection``: how the validated heads were chosen when capped (empty
+    when every matched head was validated).
     """
 
     model_a: str
@@ -236,6 +241,9 @@ class ModelComparison(Result):
     matched_head_similarity: tuple[float, ...]
     caveats: tuple[Caveat, ...]
     protocol: str
+    compared_layers: dict | None = None
+    layer_map: LayerMapChoice | None = None
+    head_selection: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -270,7 +278,9 @@ class SanityCheck(Result):
 def probe_for(protocol: EquivalenceProtocol, model_a: Any, model_b: Any) -> Probe:
     """The protocol's probe set for two models (corpus sentences, or a circuit task)."""
     if protocol.probe == "corpus":
-        return corpus_probe(model_a, model_b, n=protocol.probe_prompts)
+        return corpus_probe(
+            model_a, model_b, n=protocol.probe_prompts, encoder_context=protocol.encoder_context
+        )
     return task_probe(
         model_a, model_b, protocol.probe, n=protocol.probe_prompts, seed=protocol.seed
     )
@@ -371,8 +381,12 @@ def _congruity(c: dict[str, Any]) -> CongruityScores | None:
     )  # fmt: skip
 
 
-def _caveats(heads: ComponentScores, cong: CongruityScores | None) -> tuple[Caveat, ...]:
+def _caveats(
+    heads: ComponentScores, cong: CongruityScores | None, layer_map: LayerMapChoice | None
+) -> tuple[Caveat, ...]:
     out = []
+    if layer_map is not None and layer_map.method is None:
+        out.append(Caveat("layers_not_validated", layer_map.reason))
     d = heads.decision
     if (
         heads.null_passed is not None
@@ -426,6 +440,7 @@ def summarize(protocol: EquivalenceProtocol, raw: ComparisonResult) -> ModelComp
         ci=protocol.ci,
     )  # fmt: skip
     cong = _congruity(raw.congruity)
+    layer_map = LayerMapChoice(**raw.layer_map) if raw.layer_map else None
     return ModelComparison(
         model_a=raw.model_a,
         model_b=raw.model_b,
@@ -444,8 +459,11 @@ def summarize(protocol: EquivalenceProtocol, raw: ComparisonResult) -> ModelComp
         layer_similarity=np.asarray(raw.layer_similarity, dtype=np.float64),
         matched_layer_similarity=tuple(float(v) for v in raw.matching["layers"]["similarities"]),
         matched_head_similarity=tuple(float(v) for v in raw.matching["heads"]["similarities"]),
-        caveats=_caveats(heads, cong),
+        caveats=_caveats(heads, cong, layer_map),
         protocol=protocol.key(),
+        compared_layers=raw.compared_layers or None,
+        layer_map=layer_map,
+        head_selection=raw.head_selection or None,
     )
 
 
@@ -502,7 +520,9 @@ def _unrotated(
 
 
 def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = measure) -> SanityCheck:
-    """``model`` against its rotated, head-permuted copy (seed ``protocol.rotation_seed``).
+    """``model`` against its rotated, head-permuted copy (seed ``protocol.rotation_seed``),
+    under ``protocol`` with ``relation="copy"``: the copy shares the model's residual basis up
+    to the rotation, which is what its whole-layer maps assume.
 
     With CONGRUITY on, CONGRUITY also runs against the copy with the same head permutation
     but the residual basis kept (:attr:`SanityCheck.unrotated`): the matched-component
@@ -514,6 +534,7 @@ def sanity(protocol: EquivalenceProtocol, model: Any, *, measure: Measure = meas
     """
     from structlens.equivalence.scenarios import rotate_and_permute
 
+    protocol = protocol.replace(relation="copy")
     twin, head_map, _ = rotate_and_permute(model, seed=protocol.rotation_seed)
     probe = probe_for(protocol, model, twin)
     raw = measure(protocol, model, twin, probe)

@@ -35,10 +35,11 @@ class SmallLMConfig:
         0: a decoder-only Llama.  Otherwise a T5 encoder–decoder with this many encoder
         layers and ``n_layers`` decoder layers, trained on the same bytes with the same
         next-byte objective on the decoder while the encoder reads the preceding context (a
-        prefix of 0 to ``seq_len / 2`` bytes, drawn per step; an empty one is the decoder
+        prefix of 0 to :attr:`max_context` bytes, drawn per step; an empty one is the decoder
         start token).  Its config says ``structlens_empty_source``, so ``load_model`` runs it
-        as a language model over the decoder with an empty source, position for position
-        like the decoder-only models.
+        as a language model over the decoder, position for position like the decoder-only
+        models, with an empty source unless one is given (the equivalence comparison gives
+        it the text before each probe sentence).
     seq_len, batch_size, steps : int
         Training windows of ``seq_len`` bytes, ``batch_size`` windows per step, at most
         ``steps`` steps.
@@ -77,6 +78,12 @@ class SmallLMConfig:
             raise ValueError("eval_every and converge_tol must be >= 0 and patience >= 1.")
         if self.encoder_layers < 0:
             raise ValueError(f"encoder_layers must be >= 0, got {self.encoder_layers}.")
+
+    @property
+    def max_context(self) -> int:
+        """The most bytes of preceding context an encoder–decoder's encoder is trained on
+        (``seq_len / 2``; 0 for a decoder-only model)."""
+        return self.seq_len // 2 if self.encoder_layers else 0
 
     def key(self) -> dict[str, Any]:
         """The settings that decide the weights, without ``encoder_layers`` when it is 0 (so
@@ -221,8 +228,8 @@ def train_small_lm(config: SmallLMConfig, out_dir: str | Path, log_every: int = 
     data = _corpus_bytes(tok)
     n_held = max(config.seq_len + 1, int(HELD_OUT * data.numel()))
     train, held = data[:-n_held], data[-n_held:]
-    # an encoder–decoder's windows carry up to seq_len / 2 bytes of context before them
-    ctx = config.seq_len // 2 if config.encoder_layers else 0
+    # an encoder–decoder's windows carry up to max_context bytes of context before them
+    ctx = config.max_context
     width = config.seq_len + ctx
     batches = corpus_batches(train, width, config.batch_size, config.steps, config.seed)
     gen = torch.Generator().manual_seed(config.seed)

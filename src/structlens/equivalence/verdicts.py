@@ -47,6 +47,7 @@ __all__ = [
     "row_verdict",
     "row_verdicts",
     "row_caveats",
+    "layer_maps",
     "pooled_interval",
     "pool",
     "summarize_group",
@@ -336,11 +337,23 @@ def group_claim(group: str, rows: Mapping[str, ModelComparison], n_boot: int = 2
         ci=s.score.ci if s.score else None,
         verdict=_group_verdict([v for v, _ in s.verdicts]),
         settings={"rows": list(s.rows), "validation": s.method,
-                  "interval": s.score.how if s.score else None},
+                  "interval": s.score.how if s.score else None,
+                  "layer_map": layer_maps(rows)},
         ci_reason=None if s.score else "no head was validated",
         note="; ".join(f"{x}: {v} ({why})" for x, (v, why) in zip(s.rows, s.verdicts, strict=True)),
         per_setting=per_row,
     )  # fmt: skip
+
+
+def layer_maps(rows: Mapping[str, ModelComparison]) -> dict[str, dict[str, Any] | None]:
+    """Each row's whole-layer map as the claims' settings state it: the pair's relation, the
+    map (``None``: the layers were not validated) and why (``None`` for a row that patched
+    no layer)."""
+    return {
+        name: None if (m := r.layer_map) is None
+        else {"relation": m.relation, "method": m.method, "reason": m.reason}
+        for name, r in rows.items()
+    }  # fmt: skip
 
 
 def sanity_claim(checks: Mapping[str, SanityCheck]) -> Claim:
@@ -366,7 +379,9 @@ def sanity_claim(checks: Mapping[str, SanityCheck]) -> Claim:
     return Claim(
         id=claim_id("sanity"), paper=PAPER[claim_id("sanity")].text,
         ours=k / n if n else None, ci=interval, verdict=verdict,
-        settings={"rows": list(checks), "interval": how or None}, kind="check",
+        settings={"rows": list(checks), "interval": how or None,
+                  "layer_map": layer_maps({x: c.comparison for x, c in checks.items()})},
+        kind="check",
         positive_control=control, ci_reason=None if n else "no head was validated",
         note="; ".join(f"{x}: {c.reason}" for x, c in checks.items())
         or "the sanity stage did not run",
@@ -405,7 +420,8 @@ def row_block(
 ) -> dict[str, Any]:
     """One row of the claims JSON: score, null, layer score, verdict and reason (``row``: its
     :func:`row_verdicts` entry), decisions, the paired test, the representational score,
-    caveats and the protocol."""
+    caveats, the protocol, and the row's stated choices: the layers compared, the layer map
+    with its reason and how the validated heads were chosen."""
     h, rs = r.heads, r.representational
     verdict, why = row
 
@@ -432,6 +448,9 @@ def row_block(
         "representational_min_similarity": protocol.representational_min_similarity,
         "caveats": [c.to_json() for c in row_caveats(r)],
         "protocol": protocol.to_json(),
+        "compared_layers": r.compared_layers,
+        "layer_map": to_jsonable(r.layer_map),
+        "head_selection": to_jsonable(r.head_selection),
     }
 
 

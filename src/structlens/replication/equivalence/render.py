@@ -85,10 +85,25 @@ def sanity_congruity(t: Template, rep: EquivalenceReplication) -> str:
     return "\n".join(lines) or "No sanity row ran CONGRUITY."
 
 
+def _choices(r: ModelComparison) -> str:
+    """The row's stated choices: the layers compared (a fine-tune's trained ones), the
+    whole-layer map with its reason and how capped validation chose its heads."""
+    parts = []
+    if (layers := r.compared_layers) and (layers["a"][0] or layers["b"][0]):
+        a, b = layers["a"], layers["b"]
+        parts.append(f"layers compared: A {a[0]}–{a[-1]}, B {b[0]}–{b[-1]}")
+    if (m := r.layer_map) is not None:
+        parts.append(f"layer map: {m.method or 'none'} ({m.reason})")
+    if sel := r.head_selection:
+        parts.append(f"validated heads: {sel['reason']}")
+    return "".join(f"; {p}" for p in parts)
+
+
 def _detail(t: Template, sc: Scenario, r: ModelComparison) -> str:
     cg, sim = r.congruity, r.matched_layer_similarity
     return t.blocks["row detail"].format(
         sc=sc, r=r, rs=r.representational, rs_ci=ci(r.representational.score_ci),
+        choices=_choices(r),
         sim_mean=np.mean(sim), sim_min=np.min(sim), heads=np.mean(r.matched_head_similarity),
         kl=f"; median head KL {np.median(r.heads.kl):.3g} nats" if r.heads.kl else "",
         score_ci=ci(r.heads.score_ci), congruity=(

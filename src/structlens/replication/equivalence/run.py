@@ -27,6 +27,7 @@ from structlens.equivalence.protocol import EquivalenceProtocol
 from structlens.equivalence.scenarios import FINETUNES, SCENARIOS, ReplicationProfile, Scenario
 from structlens.equivalence.scenarios import REPLICATION_PROFILES as PROFILES
 from structlens.equivalence.train_small import SmallLMConfig
+from structlens.errors import InputError
 from structlens.pipeline.cache import Stage, StageCache, data_digest
 from structlens.pipeline.progress import log
 
@@ -37,6 +38,10 @@ FOLD_PROMPT = "When Mary and John went to the store, John gave a drink to"
 # The version of the training and fold-check stages' Result layout, in their keys, so that a
 # stage cached in an older layout recomputes.
 RECORD = 2
+# The version of what a comparison stage computes beyond its protocol, probe and models (3:
+# validated heads chosen on the fit prompts by the null's intervention, the layer map by the
+# pair's relation, an encoder–decoder's encoder reading the text before each sentence).
+COMPARE_RECORD = 3
 
 
 def _small_stage(config: SmallLMConfig) -> Stage:
@@ -122,8 +127,9 @@ class EquivalenceReplication:
         protocol, the probe texts and both models' fingerprints, with its seconds beside it."""
 
         def run(protocol: EquivalenceProtocol, a: Any, b: Any, probe: Probe) -> ComparisonResult:
-            config = {"scenario": name, "protocol": protocol.to_json()}
-            models, data = f"{a.fingerprint()}:{b.fingerprint()}", data_digest(probe.texts)
+            config = {"scenario": name, "protocol": protocol.to_json(), "record": COMPARE_RECORD}
+            models = f"{a.fingerprint()}:{b.fingerprint()}"
+            data = data_digest(probe.texts, probe.context_a, probe.context_b)
             stage = Stage("compare", config, model=models, data=data)
 
             def compute(folder: Path) -> ComparisonResult:
@@ -147,15 +153,41 @@ class EquivalenceReplication:
     def scenario(self, sc: Scenario) -> es.ModelComparison:
         """One row: the comparison stage (the sanity stage for the sanity rows, whose checks
         are kept in ``self.sanity``) under the row's protocol (its own, or this profile's
-        protocol of the small LMs)."""
-        protocol = PROTOCOLS[sc.protocol] if sc.protocol else self.s.small_protocol
-        self.protocols[sc.name] = protocol
+        protocol of the small LMs, with the row's relation and first layer)."""
+        base = PROTOCOLS[sc.protocol] if sc.protocol else self.s.small_protocol
+        protocol = self.protocols[sc.name] = sc.protocol_for(base)
+        self._check_context(sc, protocol)
         a = self.model(sc.model_a, protocol.seed)
         if sc.model_b is None:
             check = self.sanity[sc.name] = es.sanity(protocol, a, measure=self._measure(sc.name))
             return check.comparison
         b = self.model(sc.model_b, protocol.seed)
+        self._check_trained_layers(sc, b)
         return es.compare_models(protocol, a, b, measure=self._measure(sc.name))
+
+    def _check_context(self, sc: Scenario, protocol: EquivalenceProtocol) -> None:
+        """An encoder–decoder of the row reads no more context than it was trained on."""
+        for spec in (sc.model_a, sc.model_b or ""):
+            kind, _, name = spec.partition(":")
+            if kind == "small" and (most := self.s.small[name].max_context):
+                if protocol.encoder_context > most:
+                    raise InputError(
+                        f"{sc.name}: encoder_context={protocol.encoder_context} tokens, but "
+                        f"{name}'s encoder was trained on at most {most}; lower it."
+                    )
+
+    def _check_trained_layers(self, sc: Scenario, b: Any) -> None:
+        """A fine-tune row compares exactly the layers the fine-tune trained."""
+        kind, _, name = (sc.model_b or "").partition(":")
+        if kind != "finetune":
+            return
+        trained = self.ft_info[name].train_layers
+        if trained != list(range(sc.first_layer, b.n_layers)):
+            raise InputError(
+                f"{sc.name} compares layers {sc.first_layer}–{b.n_layers - 1}, but {name} "
+                f"trained layers {trained}: set the row's first_layer to its lowest trained "
+                "layer (the fine-tunes train the top layers)."
+            )
 
 
 def run(
