@@ -44,11 +44,19 @@ def test_causal_dim_sweep_writes_documented_keys(tmp_path):
             "2",
             "--jacobian-tokens",
             "8",
+            "--extra-prompts",
+            "4",
+            "--generated-prompts",
+            "4",
             *COMMON,
         ],
     )
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "causal_sweep.json").read_text())
+    # 12 + 4 corpus chunks and 4 generated texts of 32 tokens, position 0 (and any massive
+    # activation) dropped
+    assert all(19 * 31 < t["n_train_tokens"] <= 20 * 31 for t in doc["training"].values())
+    assert doc["sweep"]["train_fvu"] == [doc["training"][w]["final_fvu"] for w in doc["training"]]
     assert doc["kappa"]["participation_ratio"] <= doc["kappa"]["erank"] <= 64
     sw = doc["sweep"]
     assert sw["widths"] == [256, 512, 1024]

@@ -60,9 +60,11 @@ def test_linear_and_flat_curves_are_unidentified():
 
 
 def test_fvu_gate():
-    assert fvu_gate([64, 128, 256], [0.3, 0.2, 0.1]) == (True, "")
-    ok, reason = fvu_gate([512, 1024, 2048], [0.336, 0.301, 0.349])
-    assert not ok and "2048" in reason
+    ok = fvu_gate([64, 128, 256], [0.3, 0.2, 0.1])
+    assert ok.passed and ok.cause is None and ok.reason == "" and ok.failing == []
+    bad = fvu_gate([512, 1024, 2048], [0.336, 0.301, 0.349])
+    assert not bad.passed and bad.failing == [2048] and "2048" in bad.reason
+    assert bad.cause == "undiagnosed"  # no training FVU to tell why
 
 
 def _sweep_stats(d=16, widths=(64, 128, 256)):

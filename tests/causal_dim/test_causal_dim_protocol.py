@@ -31,6 +31,14 @@ from structlens.errors import InputError
         ({"jacobian_tokens": 200}, "must not exceed chunk_tokens"),
         ({"sae_train_tokens": 10}, "sae_train_tokens must be null or at least"),
         ({"seed": True}, "seed must be int"),
+        ({"sae_train_extra": -1}, "sae_train_extra must be null or >= 0"),
+        ({"sae_generated_prompts": -1}, "sae_generated_prompts must be an integer >= 0"),
+        ({"sae_generated_prefix": 128}, "sae_generated_prefix .* must be below chunk_tokens"),
+        ({"fvu_rise_tol": 0.0}, "fvu_rise_tol must lie in"),
+        ({"depth_fvu_tol": 1.0}, "depth_fvu_tol must lie in"),
+        ({"depth_k_ladder": (8, 4)}, "depth_k_ladder must be ascending distinct"),
+        ({"depth_k_ladder": (0, 4)}, "depth_k_ladder must be ascending distinct"),
+        ({"depth_k_trials": 0}, "depth_k_trials must be an integer >= 1"),
     ],
 )
 def test_bad_values_fail_at_construction(changes, message):
@@ -78,11 +86,17 @@ def test_prompt_sets_follow_the_split_rule():
         if len(c.token_ids) == p.chunk_tokens
     ]
     held = full[:: p.holdout_every]
+    other = [c for i, c in enumerate(full) if i % p.holdout_every]
     train, ev, ce = (list(map(tuple, x)) for x in (sets.sae_train, sets.sae_eval, sets.ce))
-    assert len(train) == p.sae_train_prompts and len(ce) == p.ce_prompts
+    n_tr, n_side = p.sae_train_prompts, p.sae_train_prompts + p.sae_eval_extra
+    assert len(train) == n_tr + p.sae_train_extra and len(ce) == p.ce_prompts
     assert len(ev) == p.sae_eval_prompts + p.sae_eval_extra
     assert not set(train) & set(ev) and not set(ce) & set(train + ev)
     assert [list(x) for x in ev[: p.sae_eval_prompts]] == held[: p.sae_eval_prompts]
+    # the extra training chunks come after the training-side evaluation chunks
+    assert [list(x) for x in ev[p.sae_eval_prompts :]] == other[n_tr:n_side]
+    assert [list(x) for x in train] == other[:n_tr] + other[n_side : n_side + p.sae_train_extra]
+    assert sets.n_train_extra == p.sae_train_extra
     # windows: chunk-major, held-out chunks first (the first vectors all differ in chunk)
     n_held = len(held)
     first = sets.kappa_chunks[:n_held]

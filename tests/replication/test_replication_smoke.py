@@ -133,8 +133,13 @@ def _check_causal(raw, md):
     sw = raw["sweep"]
     assert sw["d_model"] == 64 and sw["base_width"] >= 4 * sw["d_model"]
     assert isinstance(sw["fvu_monotone"], bool)
-    fvu = sw["heldout_fvu"]
-    assert sw["fvu_monotone"] == all(b < a for a, b in zip(fvu, fvu[1:]))
+    fvu, allow = sw["heldout_fvu"], sw["fvu_rise_allowance"]
+    assert sw["fvu_monotone"] == all(
+        b - a <= t for a, b, t in zip(fvu, fvu[1:], allow, strict=True)
+    )
+    # a failed gate says why, from the SAEs' training FVU
+    assert (sw["sweep_cause"] is None) == sw["fvu_monotone"]
+    assert sw["fvu_monotone"] or sw["sweep_cause"] in ("data_limited", "under_trained")
     assert sw["kappa_hat_status"] in ("identified", "unidentified", "not interpretable", "no fit")
     if not sw["fvu_monotone"]:  # the gate: not fitted, and the claim says unidentified
         assert sw["sweep_status"] == "not interpretable"
@@ -167,6 +172,15 @@ def _check_causal(raw, md):
     assert [c["id"] for c in raw["claims"]] == list(PAPER)
     assert all(c["verdict"] in VERDICTS and c["note"] for c in raw["claims"])
     assert by_id["ioi_atp_recall"]["verdict"] == "not tested"  # no IOI prompts in the tests
+    # ε by depth: every layer but the sweep's searched for a k matching the sweep's FVU
+    depth = by_id["epsilon_falls_with_depth"]
+    searched = depth["per_setting"]["k_search"]
+    assert set(searched) == {"0", "2"} and depth["settings"]["layers"] == [0, 1, 2]
+    trials, layers = raw["settings"]["protocol"]["depth_k_trials"], depth["settings"]["layers"]
+    for layer, found in searched.items():
+        assert found["k"] in found["ks"] and 1 <= len(found["ks"]) <= trials
+        assert depth["settings"]["k"][layers.index(int(layer))] == found["k"]
+    assert "k search" in md
 
 
 @pytest.mark.parametrize("method", ["koopman", "causal-dimension"])

@@ -20,7 +20,7 @@ from structlens.results import atomic_write_json, to_jsonable
 
 STAGES = ("tasks", "koopman", "ndm", "causal_dim", "equivalence")
 # Part of every cache key and of analysis.json; bump it when a stage's output changes.
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +50,13 @@ PROFILES: dict[str, Profile] = {
         n_layers=4, task_prompts=64,
         koopman_corpus=120, koopman_tokens=64, koopman=KOOPMAN["paper"],
         ndm=NDM["cpu"],
-        # the paper's rules at CPU sizes: fewer Jacobian vectors, SAE training data and widths
+        # the paper's rules at CPU sizes: fewer Jacobian vectors, SAE training data (no
+        # further corpus chunks, no generated text) and widths
         kappa_layers=2,
         causal_dim=CAUSAL["paper"].replace(
-            kappa_start=8, kappa_max_vectors=32, sae_train_prompts=160, sae_max_epochs=3,
-            sweep_widths=(2304, 4608, 9216), sweep_bootstrap=100,
+            kappa_start=8, kappa_max_vectors=32, sae_train_prompts=160, sae_train_extra=0,
+            sae_generated_prompts=0, sae_max_epochs=3, sweep_widths=(2304, 4608, 9216),
+            sweep_bootstrap=100,
         ),
         # the layer map needs more fit tokens (half the probe) than d = 576 dimensions; a
         # random 12 heads, no CONGRUITY and no head groups keep the stage in the CPU budget

@@ -32,7 +32,7 @@ from structlens.causal_dim.controls import four_cell_ablation
 from structlens.causal_dim.model import eager_attention, residual_function, residual_grads
 from structlens.models.loading import Model
 from structlens.results import Result
-from structlens.sae import SparseAutoencoder
+from structlens.sae import SparseAutoencoder, TopKSAE
 
 __all__ = [
     "four_cell",
@@ -288,11 +288,15 @@ def architecture_growth(
 
 @dataclasses.dataclass(frozen=True)
 class DepthEpsilon(Result):
-    """ε (98th percentile of AtP), mean AtP, median gradient norm, N_repr and quality of one
-    SAE of ``width`` per layer (``rows``, by depth)."""
+    """ε (98th percentile of AtP), mean AtP, median gradient norm, N_repr, the SAE's k (TopK;
+    ``None`` otherwise) and quality of one SAE of ``width`` per layer (``rows``, by depth);
+    ``k_search`` holds, by layer (string keys), how each layer's k was chosen to match the
+    sweep layer's held-out FVU (:class:`~structlens.causal_dim.stages.KMatch` as JSON; empty
+    for a fixed k)."""
 
     width: int
     rows: list
+    k_search: dict = dataclasses.field(default_factory=dict)
 
 
 def epsilon_by_depth(
@@ -301,8 +305,10 @@ def epsilon_by_depth(
     eval_acts: Mapping[int, torch.Tensor],
     *,
     width: int,
+    k_search: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> DepthEpsilon:
-    """ε and AtP of each SAE of ``saes`` (layer → SAE) over that layer's evaluation pairs."""
+    """ε and AtP of each SAE of ``saes`` (layer → SAE) over that layer's evaluation pairs;
+    ``k_search`` (layer → how its k was chosen) is recorded beside them."""
     from structlens.causal_dim.sweep import calibrate_epsilon
     from structlens.sae.sweep import sae_quality
 
@@ -317,10 +323,12 @@ def epsilon_by_depth(
                 "mean_atp": float(atp.mean()),
                 "median_grad_norm": float(gnorm.median()),
                 "n_repr": int((fires >= 1).sum()),
+                "k": saes[layer].k if isinstance(saes[layer], TopKSAE) else None,
                 "quality": sae_quality(saes[layer], eval_acts[layer]),
             }
         )
-    return DepthEpsilon(width=int(width), rows=rows)
+    search = {str(y): dict(v) for y, v in (k_search or {}).items()}
+    return DepthEpsilon(width=int(width), rows=rows, k_search=search)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,12 @@ resampling unit of the sweep's intervals).
 :func:`sae_splice_writer` writes ``x̂(h) + (h − x̂(h))`` (error term), which leaves the model
 unchanged; :func:`ce_runner` gives the ``run_with_replacement`` of
 :func:`structlens.sae.ce_loss_recovered`.
+
+Generated text
+--------------
+:func:`sample_continuations` samples text from the model itself (temperature 1, special
+tokens never drawn), seeded per batch, so more SAE training tokens can be had than a small
+corpus holds.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
+import numpy as np
 import torch
 
 from structlens.capture.residuals import next_token_nll, select_rows
@@ -70,6 +77,45 @@ def eager_attention(model: Model) -> Iterator[None]:
         yield
     finally:
         model.hf.set_attn_implementation(before)
+
+
+#: Texts sampled per forward batch by :func:`sample_continuations` (fixed: part of what the
+#: seed determines).
+SAMPLE_BATCH = 32
+
+
+@torch.no_grad()
+def sample_continuations(
+    model: Model, prefixes: Sequence[Sequence[int]], n_tokens: int, seed: int
+) -> list[list[int]]:
+    """Each prefix followed by ``n_tokens`` tokens sampled from ``model`` at temperature 1.
+
+    All prefixes must have one length (no padding, so every text is a plain causal run).
+    Special tokens (end of text, chat markers) are never drawn, so every text has its full
+    length.  Batch ``j`` of :data:`SAMPLE_BATCH` prefixes draws from a generator seeded with
+    ``(seed, j)``: the same prefixes and seed give the same texts on the same device.
+    """
+    _check_causal(model)
+    if len({len(p) for p in prefixes}) > 1 or n_tokens < 0:
+        raise ValueError("prefixes must share one length and n_tokens must be >= 0.")
+    special = sorted(set(getattr(model.tokenizer, "all_special_ids", [])))
+    out: list[list[int]] = []
+    for j, start in enumerate(range(0, len(prefixes), SAMPLE_BATCH)):
+        ids = torch.tensor(
+            [list(p) for p in prefixes[start : start + SAMPLE_BATCH]], device=model.device
+        )
+        state = int(np.random.SeedSequence([seed, j]).generate_state(1)[0])
+        gen = torch.Generator(device=model.device).manual_seed(state)
+        res = model.hf(input_ids=ids, use_cache=True)
+        for i in range(n_tokens):
+            logits = res.logits[:, -1].float()
+            logits[:, special] = -torch.inf
+            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+            ids = torch.cat([ids, nxt], dim=1)
+            if i + 1 < n_tokens:  # the last token needs no forward pass of its own
+                res = model.hf(input_ids=nxt, cache=res.cache, use_cache=True)
+        out += ids.tolist()
+    return out
 
 
 def _check_causal(model: Model) -> None:

@@ -11,10 +11,14 @@ protocols therefore give equal stage results.
 Prompt sets
     The corpus is cut into chunks of ``chunk_tokens`` tokens (full chunks only); every
     ``holdout_every``-th chunk is held out of SAE training.  SAEs train on the first
-    ``sae_train_prompts`` other chunks; the sweep evaluates on the first ``sae_eval_prompts``
-    held-out chunks plus ``sae_eval_extra`` training-side chunks left over after the training
-    prompts; CE recovered uses the next ``ce_prompts`` held-out chunks.  These three sets are
-    disjoint by construction (and checked).
+    ``sae_train_prompts`` other chunks and on ``sae_train_extra`` further ones after those the
+    evaluation takes (null: every one left); the sweep evaluates on the first
+    ``sae_eval_prompts`` held-out chunks plus ``sae_eval_extra`` training-side chunks left over
+    after the training prompts; CE recovered uses the next ``ce_prompts`` held-out chunks.
+    These three sets are disjoint by construction (and checked).  ``sae_generated_prompts``
+    texts sampled from the model itself, each continuing the first ``sae_generated_prefix``
+    tokens of a training chunk, are added to SAE training (never to evaluation: their prefixes
+    are training text).
 Exact κ
     One residual vector per window of ``jacobian_tokens`` tokens (the window's last token),
     windows cut from chunks ``jacobian_gap`` tokens apart and ordered chunk-major, held-out
@@ -69,6 +73,20 @@ class CausalProtocol(Protocol):
     chunk_tokens: int = described(128, "Tokens of every corpus chunk (full chunks only).")
     holdout_every: int = described(20, "Every n-th corpus chunk is held out of SAE training.")
     sae_train_prompts: int = described(760, "Corpus chunks the SAEs train on.")
+    sae_train_extra: int | None = described(
+        None,
+        "Further non-held-out chunks the SAEs train on, after those the evaluation takes "
+        "(null: every one the corpus has left; 0: none).",
+    )
+    sae_generated_prompts: int = described(
+        760,
+        "Texts of chunk_tokens tokens sampled from the model itself (temperature 1, seeded), "
+        "each continuing a training chunk's first sae_generated_prefix tokens, added to SAE "
+        "training.",
+    )
+    sae_generated_prefix: int = described(
+        8, "Tokens of a training chunk that a generated text continues."
+    )
     sae_eval_prompts: int = described(36, "Held-out chunks the width sweep evaluates on.")
     sae_eval_extra: int = described(
         12, "Training-side chunks left over after the training prompts, added to evaluation."
@@ -116,6 +134,23 @@ class CausalProtocol(Protocol):
     massive_norm_factor: float = described(
         10.0, "Training rows with a norm above this times the median are left out."
     )
+    fvu_rise_tol: float = described(
+        0.01,
+        "A rise of held-out FVU with width below this share of the narrower width's FVU (or "
+        "below two standard errors over prompt blocks) does not fail the sweep gate.",
+    )
+    depth_k_ladder: tuple[int, ...] = described(
+        (4, 8, 16, 32, 64, 128),
+        "TopK k values the ε-by-depth SAEs may take besides sae_k, where the search starts "
+        "(ascending; those above the SAE width are skipped).",
+    )
+    depth_k_trials: int = described(
+        3, "SAE trainings per depth layer at most in the search for a k of matched FVU."
+    )
+    depth_fvu_tol: float = described(
+        0.02,
+        "The k search stops once a depth SAE's held-out FVU is within this of the sweep layer's.",
+    )
     percentile: float = described(98.0, "ε is this percentile of the base width's |AtP|.")
     min_count: int = described(1, "Firings a feature needs to count in N_repr.")
     sweep_bootstrap: int = described(200, "Bootstrap resamples of prompt blocks in the sweep.")
@@ -140,8 +175,16 @@ class CausalProtocol(Protocol):
                 "kappa_max_vectors": 2, "kappa_curve_draws": 1, "sae_k": 1,
                 "sae_batch_size": 2, "sae_max_epochs": 1, "sae_dead_tokens": 1,
                 "min_count": 1, "sweep_bootstrap": 0, "sweep_blocks": 1, "seed": 0,
+                "sae_generated_prompts": 0, "sae_generated_prefix": 1, "depth_k_trials": 1,
             }
         )  # fmt: skip
+        if self.sae_train_extra is not None and self.sae_train_extra < 0:
+            raise InputError(f"sae_train_extra must be null or >= 0; got {self.sae_train_extra}.")
+        if self.sae_generated_prefix >= self.chunk_tokens:
+            raise InputError(
+                f"sae_generated_prefix ({self.sae_generated_prefix}) must be below chunk_tokens "
+                f"({self.chunk_tokens}): a generated text continues a chunk's first tokens."
+            )
         if self.jacobian_tokens > self.chunk_tokens:
             raise InputError(
                 f"jacobian_tokens ({self.jacobian_tokens}) must not exceed chunk_tokens "
@@ -154,7 +197,7 @@ class CausalProtocol(Protocol):
             )
         if not self.kappa_tolerance > 1:
             raise InputError(f"kappa_tolerance must exceed 1; got {self.kappa_tolerance}.")
-        for name in ("kappa_ci", "sae_converge_tol"):
+        for name in ("kappa_ci", "sae_converge_tol", "fvu_rise_tol", "depth_fvu_tol"):
             if not 0 < getattr(self, name) < 1:
                 raise InputError(f"{name} must lie in (0, 1); got {getattr(self, name)}.")
         if not 0 < self.percentile < 100:
@@ -177,17 +220,32 @@ class CausalProtocol(Protocol):
                 f"sae_train_tokens must be null or at least sae_batch_size "
                 f"({self.sae_batch_size}); got {self.sae_train_tokens}."
             )
+        self._check_depth_rule()
+
+    def _check_depth_rule(self) -> None:
+        """The k ladder of ε by depth: ascending distinct positive integers."""
+        ladder = self.depth_k_ladder
+        if not ladder or min(ladder) < 1 or list(ladder) != sorted(set(ladder)):
+            raise InputError(
+                f"depth_k_ladder must be ascending distinct integers >= 1; got {list(ladder)}."
+            )
 
     def sae_config(
-        self, width: int, architecture: str = "topk", target_l0: float | None = None
+        self,
+        width: int,
+        architecture: str = "topk",
+        target_l0: float | None = None,
+        k: int | None = None,
     ) -> Any:
-        """The :class:`~structlens.sae.SAETrainConfig` of one SAE of this protocol (TopK for
-        the sweep; other architectures at a matched ``target_l0`` for the controls)."""
+        """The :class:`~structlens.sae.SAETrainConfig` of one SAE of this protocol (TopK at
+        ``sae_k``, or ``k`` for ε by depth, in the sweep; other architectures at a matched
+        ``target_l0`` for the controls)."""
         from structlens.sae import SAETrainConfig
 
         return SAETrainConfig(
-            architecture=architecture, d_sae=int(width), k=self.sae_k, target_l0=target_l0,
-            lr_base=self.sae_lr_base, seed=self.seed, dead_tokens=self.sae_dead_tokens,
+            architecture=architecture, d_sae=int(width), k=self.sae_k if k is None else int(k),
+            target_l0=target_l0, lr_base=self.sae_lr_base, seed=self.seed,
+            dead_tokens=self.sae_dead_tokens,
         )  # fmt: skip
 
     def width_sweep(self, d_model: int | None, *, n_bootstrap: int | None = None) -> Any:
@@ -199,6 +257,7 @@ class CausalProtocol(Protocol):
             percentile=self.percentile, min_count=self.min_count,
             n_bootstrap=self.sweep_bootstrap if n_bootstrap is None else n_bootstrap,
             seed=self.seed, d_model=d_model, min_base_width_ratio=self.min_base_width_ratio,
+            fvu_rise_tol=self.fvu_rise_tol,
         )  # fmt: skip
 
     def check_widths(self, d_model: int) -> None:
@@ -217,19 +276,22 @@ _PAPER = CausalProtocol()
 _GPU = _PAPER.replace(
     sweep_widths=(2304, 4608, 9216, 18432, 36864, 73728, 147456),
     kappa_start=64, kappa_max_vectors=2048, sae_batch_size=4096, sae_max_epochs=100,
-    sae_dead_tokens=100_000,
+    sae_dead_tokens=100_000, sae_generated_prompts=3040,
 )  # fmt: skip
 _SMOKE = _PAPER.replace(
     chunk_tokens=32, sae_train_prompts=40, sae_eval_prompts=8, sae_eval_extra=4,
     ce_prompts=4, jacobian_tokens=8, kappa_start=2, kappa_max_vectors=8,
     kappa_curve_draws=3, sweep_widths=(256, 512, 1024), sae_k=4, sae_batch_size=64,
     sae_max_epochs=3, sae_dead_tokens=1000, sweep_bootstrap=20, sweep_blocks=8,
+    sae_train_extra=8, sae_generated_prompts=16, depth_k_ladder=(1, 2, 4, 8, 16),
+    depth_k_trials=2,
 )  # fmt: skip
 
 #: The protocol instances the drivers start from.  ``paper`` is the paper's protocol at the
-#: replication's CPU sizes (SmolLM2-135M, d = 576: base width 4·d up to 8× it); ``gpu``
-#: widens the sweep to the paper's 64× span and the κ vector cap; ``smoke`` shrinks the sizes
-#: for the tiny test model (d = 64) and keeps every rule.
+#: replication's CPU sizes (SmolLM2-135M, d = 576: base width 4·d up to 8× it; SAEs on the
+#: whole non-held-out corpus and as many generated texts as training chunks); ``gpu`` widens
+#: the sweep to the paper's 64× span and the κ vector cap, and generates four times as many
+#: texts; ``smoke`` shrinks the sizes for the tiny test model (d = 64) and keeps every rule.
 PROFILES: dict[str, CausalProtocol] = {"paper": _PAPER, "gpu": _GPU, "smoke": _SMOKE}
 
 
@@ -288,10 +350,15 @@ class ReplicationProfile(Settings):
 
     def sae_layout(self) -> dict[str, Any]:
         """The keyword arguments of :func:`structlens.causal_dim.stages.sae_jobs`: which SAEs
-        the sections read."""
-        names = ("sweep_layer", "ablation_width", "arch_controls", "arch_sweep_widths",
-                 "depth_layers", "depth_width")  # fmt: skip
+        of fixed settings the sections read (the ε-by-depth SAEs at ``depth_layers`` come
+        from :func:`structlens.causal_dim.stages.match_k`)."""
+        names = ("sweep_layer", "ablation_width", "arch_controls", "arch_sweep_widths")
         return {name: getattr(self, name) for name in names}
+
+    def depth_search_layers(self) -> list[int]:
+        """The layers whose ε-by-depth SAE is searched for (the sweep layer's is the sweep's
+        own SAE of ``depth_width``, the target of the others' FVU)."""
+        return sorted(set(self.depth_layers) - {self.sweep_layer})
 
 
 _REPLICATION_CPU = ReplicationProfile(

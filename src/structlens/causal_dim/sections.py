@@ -3,8 +3,9 @@ the architecture controls and their growth, ε by depth, the four cells and IOI.
 
 :func:`sections` lists them for a :class:`Trained` set (the SAEs named by
 :func:`~structlens.causal_dim.stages.sae_jobs` for a
-:class:`~structlens.causal_dim.protocol.ReplicationProfile`, and one capture of evaluation
-rows), each a :class:`Section`: the SAEs it reads, its config and its compute.  Those are
+:class:`~structlens.causal_dim.protocol.ReplicationProfile` and those
+:func:`~structlens.causal_dim.stages.match_k` chose for ε by depth, and one capture of
+evaluation rows), each a :class:`Section`: the SAEs it reads, its config and its compute.  Those are
 what a driver needs to cache one (the SAEs' and the earlier sections' stage keys are its
 inputs); a section whose SAEs this profile does not train is left out.  The computes are the
 typed stages of :mod:`structlens.causal_dim.stages` and :mod:`structlens.causal_dim.experiment`.
@@ -18,8 +19,8 @@ from typing import Any
 
 from structlens.causal_dim import experiment as ex
 from structlens.causal_dim.protocol import CausalProtocol, ReplicationProfile
-from structlens.causal_dim.stages import KappaFit, LayerRows, PromptSets, SweepFit
-from structlens.results import Result, content_key
+from structlens.causal_dim.stages import KappaFit, KMatch, LayerRows, PromptSets, SweepFit
+from structlens.results import Result, content_key, to_jsonable
 
 __all__ = ["Section", "Trained", "sections"]
 
@@ -45,7 +46,10 @@ class Section:
 @dataclasses.dataclass
 class Trained:
     """What the sections read: the profile and its protocol (seeded), the model, the trained
-    SAEs by name, the evaluation rows with their gradients, the prompt sets and exact κ."""
+    SAEs by name, the evaluation rows with their gradients, the prompt sets and exact κ;
+    ``training`` holds each SAE's :class:`~structlens.causal_dim.stages.SAETraining` by name
+    (its training FVU diagnoses the sweep gate) and ``depth_k`` the
+    :class:`~structlens.causal_dim.stages.KMatch` of every searched ε-by-depth layer."""
 
     profile: ReplicationProfile
     protocol: CausalProtocol
@@ -54,6 +58,8 @@ class Trained:
     ev: LayerRows
     prompts: PromptSets
     kappa: Sequence[KappaFit]
+    training: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    depth_k: Mapping[int, KMatch] = dataclasses.field(default_factory=dict)
 
     def at(self, archs: Sequence[str], width: int) -> dict[str, Any]:
         """The trained SAEs of ``archs`` at ``width`` by architecture."""
@@ -69,8 +75,12 @@ def _sweep(t: Trained) -> Section | None:
         return None
     exact = next((f.erank for f in t.kappa if f.layer == L), None)
     d = t.model.d_model
-    return Section("sweep", "sweep", SweepFit, {"layer": L}, tuple(f"topk-{w}" for w in topk),
-                   lambda _: sweep(p, topk, t.ev, L, t.prompts, exact_kappa=exact, d_model=d),
+    names = {w: f"topk-{w}" for w in topk}
+    train_fvu = ({w: t.training[n].final_fvu for w, n in names.items()}
+                 if all(n in t.training for n in names.values()) else None)  # fmt: skip
+    return Section("sweep", "sweep", SweepFit, {"layer": L}, tuple(names.values()),
+                   lambda _: sweep(p, topk, t.ev, L, t.prompts, exact_kappa=exact, d_model=d,
+                                   train_fvu=train_fvu),
                    (f"kappa-L{L}",))  # fmt: skip
 
 
@@ -113,13 +123,16 @@ def _growth(t: Trained) -> Section | None:
 
 
 def _depth(t: Trained) -> Section:
+    # every layer's SAE at the k its search chose; the sweep layer's is the sweep's own
     L, w = t.profile.sweep_layer, t.profile.depth_width
-    layers = sorted({L, *t.profile.depth_layers})
-    name = {y: f"topk-{w}" if y == L else f"depth-L{y}-topk-{w}" for y in layers}
-    saes = {y: t.saes[n] for y, n in name.items() if n in t.saes}
-    pairs, acts = {y: t.ev.pairs(y) for y in layers}, {y: t.ev.of(y) for y in layers}
-    return Section("depth", "depth", ex.DepthEpsilon, {"width": w}, tuple(name[y] for y in saes),
-                   lambda _: ex.epsilon_by_depth(saes, pairs, acts, width=w))  # fmt: skip
+    name = {L: f"topk-{w}"} | {y: m.name for y, m in t.depth_k.items()}
+    saes = {y: t.saes[name[y]] for y in sorted(name) if name[y] in t.saes}
+    pairs, acts = {y: t.ev.pairs(y) for y in saes}, {y: t.ev.of(y) for y in saes}
+    search = {y: to_jsonable(m) for y, m in t.depth_k.items()}
+    return Section("depth", "depth", ex.DepthEpsilon,
+                   {"width": w, "k_search": content_key(search)}, tuple(name[y] for y in saes),
+                   lambda _: ex.epsilon_by_depth(saes, pairs, acts, width=w,
+                                                 k_search=search))  # fmt: skip
 
 
 def _fourcell(t: Trained) -> Section:

@@ -6,7 +6,9 @@ Each stage is a function ``(protocol, inputs, ...) -> Result`` of a frozen, type
 what they return, so one :class:`~structlens.causal_dim.protocol.CausalProtocol` gives one
 answer whichever driver runs it.
 
-* :func:`prompt_sets` — the protocol's prompt sets (:class:`PromptSets`).
+* :func:`prompt_sets` — the protocol's prompt sets (:class:`PromptSets`);
+  :func:`generated_text` — texts sampled from the model for SAE training
+  (:class:`GeneratedText`); :func:`training_prompts` — what the SAEs train on.
 * :func:`exact_grams` and :func:`kappa` — exact per-vector Grams ``J(x)ᵀJ(x)`` and κ of one
   layer, vectors doubled until κ is identified (:class:`KappaFit`); :func:`blocked_grams`
   draws a caching driver's Grams in fixed blocks (:class:`GramBlock`).  κ is solved in one place,
@@ -15,7 +17,9 @@ answer whichever driver runs it.
 * :func:`training_rows`, :func:`eval_rows` — the residuals SAEs train on and the residuals
   with their LM-loss gradients the sweep evaluates on (:class:`LayerRows`).
 * :func:`train_sae`, :func:`train_sweep` — SAEs trained to convergence
-  (:class:`SAETraining`); :func:`sae_jobs` — every SAE the sections on trained SAEs read.
+  (:class:`SAETraining`); :func:`sae_jobs` — every SAE of fixed settings the sections on
+  trained SAEs read; :func:`match_k` — the ε-by-depth SAE of one layer, its k chosen to
+  match the sweep layer's held-out FVU (:class:`KMatch`).
 * :func:`sweep` — the width-sweep wedge, κ̂ and the base-width table (:class:`SweepFit`).
 * :func:`analysis` — what ``structlens analyze`` runs: κ at :func:`kappa_layers` of the
   analysis layers and the width sweep at the middle one (:class:`CausalAnalysis`).
@@ -43,6 +47,9 @@ from structlens.results import Result
 __all__ = [
     "PromptSets",
     "prompt_sets",
+    "GeneratedText",
+    "generated_text",
+    "training_prompts",
     "exact_grams",
     "GramBlock",
     "blocked_grams",
@@ -54,6 +61,9 @@ __all__ = [
     "SAETraining",
     "TrainedSAE",
     "sae_jobs",
+    "KMatch",
+    "match_k",
+    "depth_sae_name",
     "train_sae",
     "train_sweep",
     "SweepFit",
@@ -69,9 +79,10 @@ __all__ = [
 class PromptSets(Result):
     """The protocol's prompts (token-id lists) and the corpus chunk of every Jacobian window.
 
-    ``sae_train``, ``sae_eval`` and ``ce`` are disjoint sets of corpus chunks.
-    ``kappa_windows`` are the Jacobian windows in the order vectors are drawn and
-    ``kappa_chunks`` the chunk each was cut from (the jackknife's unit);
+    ``sae_train``, ``sae_eval`` and ``ce`` are disjoint sets of corpus chunks; the last
+    ``n_train_extra`` of ``sae_train`` are the chunks after the evaluation ones
+    (``sae_train_extra``).  ``kappa_windows`` are the Jacobian windows in the order vectors
+    are drawn and ``kappa_chunks`` the chunk each was cut from (the jackknife's unit);
     ``kappa_train_chunks`` counts those windows (at most ``kappa_max_vectors``) that were
     cut from SAE training chunks: κ involves no SAE, so they serve once the held-out chunks
     are used up.
@@ -85,6 +96,7 @@ class PromptSets(Result):
     kappa_train_chunks: int
     n_chunks: int
     n_heldout: int
+    n_train_extra: int = 0
 
 
 def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = None) -> PromptSets:
@@ -105,15 +117,17 @@ def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = No
     held = index[:: p.holdout_every]
     other = [i for i in index if i % p.holdout_every]
     n_tr, n_ev = p.sae_train_prompts, p.sae_eval_prompts
-    need_held, need_other = n_ev + p.ce_prompts, n_tr + p.sae_eval_extra
+    n_side = n_tr + p.sae_eval_extra  # training-side chunks of training and evaluation
+    n_extra = len(other) - n_side if p.sae_train_extra is None else p.sae_train_extra
+    need_held, need_other = n_ev + p.ce_prompts, n_side + max(n_extra, 0)
     if len(held) < need_held or len(other) < need_other:
         raise InputError(
             f"the corpus gives {len(full)} chunks of {p.chunk_tokens} tokens ({len(held)} "
             f"held out, {len(other)} others); the protocol needs {need_held} held-out and "
             f"{need_other} others: ask for fewer prompts or shorter chunks."
         )
-    train = other[:n_tr]
-    evaluation = held[:n_ev] + other[n_tr : n_tr + p.sae_eval_extra]
+    train = other[:n_tr] + other[n_side : n_side + n_extra]
+    evaluation = held[:n_ev] + other[n_tr:n_side]
     ce = held[n_ev : n_ev + p.ce_prompts]
     # disjoint by construction; checked, since every claim about held-out data rests on it
     assert not (set(train) & set(evaluation)) and not (set(ce) & set(train + evaluation))
@@ -133,7 +147,50 @@ def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = No
         kappa_train_chunks=sum(i in in_train for i, _ in order),
         n_chunks=len(full),
         n_heldout=len(held),
+        n_train_extra=n_extra,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedText(Result):
+    """Texts sampled from the model for SAE training (:func:`generated_text`): ``texts[i]``
+    continues the first ``prefix`` tokens of training chunk ``sources[i]`` (an index into
+    :attr:`PromptSets.sae_train`) to ``chunk_tokens`` tokens at temperature 1, seeded by
+    ``seed``."""
+
+    texts: list
+    sources: list
+    prefix: int
+    seed: int
+
+
+def generated_text(protocol: CausalProtocol, model: Any, prompts: PromptSets) -> GeneratedText:
+    """``protocol.sae_generated_prompts`` texts sampled from ``model`` itself
+    (:func:`~structlens.causal_dim.model.sample_continuations`), text ``i`` continuing the
+    first ``sae_generated_prefix`` tokens of training chunk ``i mod n_train``: only training
+    text conditions them, so evaluation prompts stay out of SAE training."""
+    from structlens.causal_dim.model import sample_continuations
+
+    p, train = protocol, prompts.sae_train
+    n = p.sae_generated_prompts
+    if n and not train:
+        raise InputError("generated texts continue training chunks; there are none.")
+    sources = [i % len(train) for i in range(n)] if n else []
+    prefixes = [train[i][: p.sae_generated_prefix] for i in sources]
+    n_new = p.chunk_tokens - p.sae_generated_prefix
+    texts = sample_continuations(model, prefixes, n_new, p.seed) if n else []
+    return GeneratedText(texts=texts, sources=sources, prefix=p.sae_generated_prefix, seed=p.seed)
+
+
+def training_prompts(prompts: PromptSets, generated: GeneratedText | None = None) -> list:
+    """The token ids SAEs train on, in row order: every training chunk followed by the texts
+    generated from it.  Interleaved so that the held-out tenth of :func:`train_sae`'s rows,
+    and any token cap, take corpus and generated text in the proportion training sees."""
+    texts, sources = (generated.texts, generated.sources) if generated else ([], [])
+    by_source: dict[int, list] = {}
+    for text, i in zip(texts, sources, strict=True):
+        by_source.setdefault(i, []).append(text)
+    return [t for i, chunk in enumerate(prompts.sae_train) for t in [chunk, *by_source.get(i, [])]]
 
 
 # ---------------------------------------------------------------- exact κ
@@ -387,14 +444,12 @@ def sae_jobs(
     ablation_width: int,
     arch_controls: Sequence[str],
     arch_sweep_widths: Sequence[int],
-    depth_layers: Sequence[int],
-    depth_width: int,
 ) -> list[tuple[str, Any, int]]:
-    """``(name, SAETrainConfig, layer)`` of every SAE the sections on trained SAEs read, in
-    training order: the width sweep at ``sweep_layer`` (smallest first), the architecture
-    controls at ``ablation_width``, their growth sweeps over ``arch_sweep_widths`` (matched
-    L0), then one TopK SAE of ``depth_width`` per layer of ``depth_layers``; every config
-    from ``protocol``."""
+    """``(name, SAETrainConfig, layer)`` of every SAE of fixed settings the sections on
+    trained SAEs read, in training order: the width sweep at ``sweep_layer`` (smallest
+    first), the architecture controls at ``ablation_width``, then their growth sweeps over
+    ``arch_sweep_widths`` (matched L0); every config from ``protocol``.  The ε-by-depth SAEs
+    come after these, from :func:`match_k` (their k depends on the sweep's FVU)."""
     p, w0, target = protocol, ablation_width, float(protocol.sae_k)
     sweep = [(f"topk-{w}", p.sae_config(w), sweep_layer) for w in p.sweep_widths]
     arch = [(f"{a}-{w0}", p.sae_config(w0, a, target), sweep_layer) for a in arch_controls]
@@ -404,11 +459,74 @@ def sae_jobs(
         for w in arch_sweep_widths
         if w != w0  # that one is the architecture control's
     ]
-    depth = [
-        (f"depth-L{layer}-topk-{depth_width}", p.sae_config(depth_width), layer)
-        for layer in depth_layers
-    ]
-    return sweep + arch + growth + depth
+    return sweep + arch + growth
+
+
+def depth_sae_name(layer: int, width: int, k: int) -> str:
+    """The name of one ε-by-depth SAE (one per k the search tries)."""
+    return f"depth-L{layer}-topk-{width}-k{k}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KMatch(Result):
+    """The ε-by-depth SAE of one ``layer`` (:func:`match_k`): the ``ks`` tried and their
+    held-out FVU (``fvus``, on the held-out tenth of the training rows), the chosen ``k``
+    and its ``fvu``, the ``target_fvu`` (the sweep layer's SAE of this ``width``),
+    ``tolerance``, whether the chosen FVU lies within it (``matched``) and why the search
+    stopped (``stop``, see :class:`~structlens.causal_dim.training.KSearch`)."""
+
+    layer: int
+    width: int
+    target_fvu: float
+    tolerance: float
+    ks: list
+    fvus: list
+    k: int
+    fvu: float
+    matched: bool
+    stop: str
+
+    @property
+    def name(self) -> str:
+        """The chosen SAE's name (:func:`depth_sae_name`)."""
+        return depth_sae_name(self.layer, self.width, self.k)
+
+
+def match_k(
+    protocol: CausalProtocol,
+    train: Callable[[Any], SAETraining],
+    *,
+    layer: int,
+    width: int,
+    target_fvu: float,
+) -> KMatch:
+    """The k of the TopK SAE of ``width`` at ``layer`` whose held-out FVU comes closest to
+    ``target_fvu`` (the sweep layer's SAE of that width, so ε is compared across depth at
+    matched reconstruction quality): :func:`~structlens.causal_dim.training.search_k` from
+    ``sae_k`` over ``depth_k_ladder`` (rungs above ``width`` skipped), at most
+    ``depth_k_trials`` trainings, stopping within ``depth_fvu_tol``.
+
+    ``train(config)`` trains one SAE of ``config`` at ``layer`` (a caller keeps or caches the
+    SAE; :func:`depth_sae_name` names it) and returns its :class:`SAETraining`; the FVU
+    compared is the last epoch's on the held-out tenth of the training rows, so the
+    evaluation prompts play no part in the choice.
+    """
+    from structlens.causal_dim.training import search_k
+
+    p = protocol
+
+    def fvu_of(k: int) -> float:
+        return float(train(p.sae_config(width, k=k)).val_fvu_by_epoch[-1])
+
+    found = search_k(
+        fvu_of, [k for k in p.depth_k_ladder if k <= width], start=p.sae_k, target=target_fvu,
+        tol=p.depth_fvu_tol, max_trials=p.depth_k_trials,
+    )  # fmt: skip
+    return KMatch(
+        layer=int(layer), width=int(width), target_fvu=float(target_fvu),
+        tolerance=p.depth_fvu_tol, ks=found.ks, fvus=found.fvus, k=found.k, fvu=found.fvu,
+        matched=found.matched, stop=found.stop,
+    )  # fmt: skip
 
 
 def train_sae(
@@ -503,12 +621,19 @@ def sweep(
     *,
     exact_kappa: float | None,
     d_model: int,
+    train_fvu: Mapping[int, float] | None = None,
 ) -> SweepFit:
     """N_repr, N_causal, the wedge and κ̂ of the SAEs ``saes`` (width → SAE) at ``layer`` over
     the evaluation ``rows`` of ``prompts.sae_eval`` (:func:`eval_rows`), with ``exact_kappa``
-    (the exact κ at ``layer``) beside κ̂."""
+    (the exact κ at ``layer``) beside κ̂.  ``train_fvu`` (width → the SAE's FVU on its
+    training tokens, :attr:`SAETraining.final_fvu`) lets the held-out FVU gate say why it
+    fails (data-limited or under-trained); published SAEs have none."""
     from structlens.causal_dim.model import token_prompt_ids
-    from structlens.causal_dim.sweep import analyze_width_sweep, sweep_analysis
+    from structlens.causal_dim.sweep import (
+        analyze_width_sweep,
+        heldout_fvu_rise_se,
+        sweep_analysis,
+    )
     from structlens.sae.sweep import sae_quality
 
     protocol.check_widths(d_model)
@@ -521,12 +646,18 @@ def sweep(
     pairs = rows.pairs(layer)
     eval_acts = rows.of(layer)
     cfg = protocol.width_sweep(d_model)
-    # the gate: held-out FVU must fall with width, else the sweep is not fitted
+    # the gate: held-out FVU must fall with width (within its tolerance and sampling error),
+    # else the sweep is not fitted
     quality = {int(w): sae_quality(sae, eval_acts) for w, sae in saes.items()}
     fvu = {w: q["fvu"] for w, q in quality.items()}
+    acts = [a for a, _ in pairs]
+    rise_se = heldout_fvu_rise_se(
+        {int(w): sae for w, sae in saes.items()}, acts, prompt_ids, protocol.sweep_blocks
+    )
+    gate: dict[str, Any] = {"heldout_fvu": fvu, "train_fvu": train_fvu, "fvu_rise_se": rise_se}
     res, stats = sweep_analysis(
         dict(saes), pairs, cfg, prompt_ids=prompt_ids, n_blocks=protocol.sweep_blocks,
-        exact_erank=exact_kappa, heldout_fvu=fvu,
+        exact_erank=exact_kappa, **gate,
     )  # fmt: skip
     mass = {}
     for w, st in stats.items():
@@ -535,7 +666,7 @@ def sweep(
     bases = {}
     for b in sorted(stats)[:-2]:
         sub = {w: st for w, st in stats.items() if w >= b}
-        r = analyze_width_sweep(sub, protocol.width_sweep(d_model, n_bootstrap=0), heldout_fvu=fvu)
+        r = analyze_width_sweep(sub, protocol.width_sweep(d_model, n_bootstrap=0), **gate)
         bases[str(b)] = {
             "widths": r.widths.tolist(),
             "n_causal": r.n_causal.tolist(),
@@ -563,8 +694,8 @@ class CausalAnalysis(Result):
     ``kappa_fits`` are the :class:`KappaFit` of the κ layers in order; ``sweep_fit`` the
     :class:`SweepFit` at ``sweep_layer`` (``None`` when the protocol's widths do not suit
     ``d_model``: ``sweep_not_run`` says why).  ``n_sae_train``, ``n_sae_eval`` count the SAE
-    prompts and ``kappa_windows_from_sae_training`` the Jacobian windows cut from SAE
-    training chunks.
+    prompts (corpus chunks), ``n_sae_generated`` the generated texts the SAEs also trained on
+    and ``kappa_windows_from_sae_training`` the Jacobian windows cut from SAE training chunks.
     """
 
     protocol: dict
@@ -576,6 +707,7 @@ class CausalAnalysis(Result):
     n_sae_train: int
     n_sae_eval: int
     kappa_windows_from_sae_training: int
+    n_sae_generated: int = 0
 
 
 def kappa_layers(layers: Sequence[int], count: int) -> list[int]:
@@ -609,20 +741,24 @@ def analysis(
     for layer in kappa_layers(layers, n_kappa_layers):
         step(f"κ layer {layer}")
         fits.append(kappa(protocol, model, layer, sets))
-    fit, not_run = None, ""
+    fit, not_run, n_generated = None, "", 0
     try:
         protocol.check_widths(d)
     except InputError as err:
         not_run = str(err)
     else:
         step(f"SAE widths (layer {mid})")
-        rows = training_rows(model, [mid], sets.sae_train).of(mid)
+        generated = generated_text(protocol, model, sets)
+        n_generated = len(generated.texts)
+        rows = training_rows(model, [mid], training_prompts(sets, generated)).of(mid)
         trained = train_sweep(protocol, rows, d_model=d, executor=executor)
         step("AtP over widths")
         exact = next(f.erank for f in fits if f.layer == mid)
         saes = {w: sae for w, (sae, _) in trained.items()}
+        train_fvu = {w: info.final_fvu for w, (_, info) in trained.items()}
         evaluation = eval_rows(model, [mid], sets.sae_eval)
-        fit = sweep(protocol, saes, evaluation, mid, sets, exact_kappa=exact, d_model=d)
+        fit = sweep(protocol, saes, evaluation, mid, sets, exact_kappa=exact, d_model=d,
+                    train_fvu=train_fvu)  # fmt: skip
     return CausalAnalysis(
         protocol=protocol.to_json(),
         d_model=int(d),
@@ -633,4 +769,5 @@ def analysis(
         n_sae_train=len(sets.sae_train),
         n_sae_eval=len(sets.sae_eval),
         kappa_windows_from_sae_training=sets.kappa_train_chunks,
+        n_sae_generated=n_generated,
     )

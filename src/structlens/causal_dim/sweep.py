@@ -46,8 +46,10 @@ Definitions (choices the paper leaves open are fixed here and recorded in the re
   is ``⌈0.02·m_base⌉`` by construction; with ``m_base < 4·d`` the whole curve is pinned near
   2% of a width too small to hold the layer's causal directions (the paper's base width is
   ≈ 7·d).  Given ``d_model``, a base width below ``min_base_width_ratio · d`` is rejected.
-  Given the held-out FVU per width, a sweep whose FVU does not fall with width (under-trained
-  SAEs) gets ``sweep_status = "not interpretable"`` and no fits.
+  Given the held-out FVU per width, a sweep whose FVU rises with width beyond the gate's
+  tolerance gets ``sweep_status = "not interpretable"`` and no fits, with the cause
+  (:func:`fvu_gate`): data-limited when the train–held-out gap widens where FVU rises (more
+  tokens help), under-trained when it does not (longer training helps).
 """
 
 from __future__ import annotations
@@ -322,7 +324,8 @@ class WidthSweepConfig:
     over prompt blocks give the CIs of ε, N_causal and ``K`` (``ci`` level; the distinct
     counts use the delete-one-block jackknife instead, see the module docstring).
     ``d_model`` (when given) enables the base-width check: the smallest width must be at
-    least ``min_base_width_ratio · d_model`` (see the module docstring).
+    least ``min_base_width_ratio · d_model`` (see the module docstring).  ``fvu_rise_tol`` is
+    the held-out FVU gate's relative tolerance (:func:`fvu_gate`).
     """
 
     percentile: float = 98.0
@@ -333,8 +336,11 @@ class WidthSweepConfig:
     seed: int = 0
     d_model: int | None = None
     min_base_width_ratio: float = 4.0
+    fvu_rise_tol: float = 0.01
 
     def __post_init__(self) -> None:
+        if not 0 <= self.fvu_rise_tol < 1:
+            raise ValueError(f"fvu_rise_tol must lie in [0, 1), got {self.fvu_rise_tol}.")
         if self.d_model is not None and self.d_model < 1:
             raise ValueError(f"d_model must be >= 1, got {self.d_model}.")
         if self.min_base_width_ratio < 0:
@@ -371,7 +377,12 @@ class WidthSweepResult(Result):
     (the sweep gate failed).  ``kappa_hat_ci`` is the bootstrap interval and
     ``kappa_hat_profile_ci`` the profile-likelihood interval, both only for identified fits.
     ``sweep_status`` is ``"interpretable"`` or ``"not interpretable"`` (reason in
-    ``sweep_reason``); ``fvu_monotone`` is ``None`` when no held-out FVU was given.
+    ``sweep_reason``, diagnosis in ``sweep_cause``, one of :data:`FVU_CAUSES`, ``None`` when
+    the gate passed or did not run); ``fvu_monotone`` says whether held-out FVU falls with
+    width within the gate's tolerance (``None`` when no held-out FVU was given).
+    ``train_fvu`` and ``fvu_gap`` (held-out minus train FVU) are per width when the training
+    FVU was given; ``fvu_rise_se`` is the standard error of each rise keyed by the wider
+    width (string keys) and ``fvu_rise_allowance`` the rise each step tolerated.
     """
 
     widths: np.ndarray
@@ -405,6 +416,12 @@ class WidthSweepResult(Result):
     d_model: int | None = None
     heldout_fvu: list | None = None
     fvu_monotone: bool | None = None
+    sweep_cause: str | None = None
+    train_fvu: list | None = None
+    fvu_gap: list | None = None
+    fvu_rise_se: dict | None = None
+    fvu_rise_allowance: list | None = None
+    fvu_rise_tol: float = 0.01
     n_prompts: int = 0
     n_blocks_filled: int = 0
     n_repr_se: np.ndarray | None = None
@@ -432,19 +449,171 @@ def _fit_all(widths: np.ndarray, n_causal: np.ndarray) -> dict[str, dict[str, fl
     return fits
 
 
-def fvu_gate(widths: Sequence[int], heldout_fvu: Sequence[float]) -> tuple[bool, str]:
-    """Does held-out FVU fall strictly with width?  ``(ok, reason)``."""
+#: A held-out FVU rise within this many jackknife standard errors (of the paired difference
+#: over prompt blocks) is not told apart from no change: about a two-sided 95% interval.
+FVU_RISE_SE = 2.0
+#: The gate's diagnoses of a failing sweep (``undiagnosed``: no training FVU was given).
+FVU_CAUSES = ("data_limited", "under_trained", "undiagnosed")
+
+
+@dataclasses.dataclass(frozen=True)
+class FVUGate:
+    """The sweep gate's outcome (:func:`fvu_gate`), widths ascending.
+
+    ``allowance[i]`` is how much the held-out FVU may rise from width ``i`` to ``i + 1``
+    without failing; ``failing`` lists the wider widths of the rises above it; ``gap`` is the
+    held-out minus the train FVU per width (when the train FVU was given).  On failure,
+    ``cause`` is ``"data_limited"`` (at every failing width the train FVU still falls, so the
+    gap grows: the wider SAEs fit their training tokens better and held-out tokens worse),
+    ``"under_trained"`` (it does not: they fit neither better) or ``"undiagnosed"`` (no
+    training FVU); ``None`` when the gate passes.  ``reason`` says the same in words.
+    """
+
+    passed: bool
+    cause: str | None
+    reason: str
+    allowance: list
+    failing: list
+    gap: list | None
+
+
+def fvu_gate(
+    widths: Sequence[int],
+    heldout_fvu: Sequence[float],
+    *,
+    train_fvu: Sequence[float] | None = None,
+    rise_se: Mapping[int, float] | None = None,
+    tolerance: float = 0.01,
+) -> FVUGate:
+    """Does held-out FVU fall with width, and if not, why?
+
+    A rise from one width to the next fails the gate when it exceeds both ``tolerance`` ×
+    the narrower width's FVU and :data:`FVU_RISE_SE` × ``rise_se[wider width]`` (the rise's
+    standard error over prompt blocks, when given): smaller rises are within what training
+    to a relative plateau (the protocol's default tolerance is its convergence tolerance)
+    and the evaluation sample resolve.  ``train_fvu`` (same order as ``widths``) diagnoses a
+    failure (see :class:`FVUGate`).
+
+    Examples
+    --------
+    >>> fvu_gate([1, 2, 4], [0.30, 0.20, 0.201]).passed   # a 0.5% rise is within 1%
+    True
+    >>> g = fvu_gate([1, 2, 4], [0.30, 0.20, 0.25], train_fvu=[0.28, 0.17, 0.12])
+    >>> g.passed, g.cause, g.failing
+    (False, 'data_limited', [4])
+    """
     order = np.argsort(np.asarray(widths))
-    f = np.asarray(heldout_fvu, dtype=np.float64)[order]
+    w = [int(x) for x in np.asarray(widths)[order]]
+    f = np.asarray(heldout_fvu, dtype=np.float64)
     if f.shape != (len(widths),):
         raise ValueError(f"give one held-out FVU per width; got {f.shape} for {len(widths)}.")
-    rises = [int(np.asarray(widths)[order][i + 1]) for i in range(len(f) - 1) if f[i + 1] >= f[i]]
-    if rises:
-        return False, (
-            f"held-out FVU does not fall with width (FVU {np.round(f, 4).tolist()}; no drop at "
-            f"widths {rises}): the SAEs are under-trained, train each width to convergence"
+    f = f[order]
+    se = np.array([(rise_se or {}).get(m, 0.0) for m in w[1:]], dtype=np.float64)
+    allowance = np.maximum(tolerance * f[:-1], FVU_RISE_SE * se)
+    rises = np.diff(f)
+    failing = [w[i + 1] for i in np.flatnonzero(rises > allowance)]
+    train = gap = None
+    if train_fvu is not None:
+        train = np.asarray(train_fvu, dtype=np.float64)
+        if train.shape != f.shape:
+            raise ValueError(f"give one train FVU per width; got {train.shape} for {len(w)}.")
+        train = train[order]
+        gap = f - train
+    if not failing:
+        return FVUGate(True, None, "", allowance.tolist(), [], _as_list(gap))
+    cause, why = _diagnose(w, train, gap, failing, tolerance)
+    reason = (
+        f"held-out FVU does not fall with width (FVU {np.round(f, 4).tolist()}; it rises by "
+        f"more than max({tolerance:.0%} of FVU, {FVU_RISE_SE:g} SE) at widths {failing}): {why}"
+    )
+    return FVUGate(False, cause, reason, allowance.tolist(), failing, _as_list(gap))
+
+
+def _as_list(values: np.ndarray | None) -> list | None:
+    return None if values is None else values.tolist()
+
+
+def _diagnose(
+    widths: list[int], train: np.ndarray | None, gap: np.ndarray | None, failing: list[int],
+    tolerance: float,
+) -> tuple[str, str]:  # fmt: skip
+    """``(cause, explanation)`` of a failed gate: data-limited when, at every failing width,
+    the train FVU falls by more than ``tolerance`` (relative) from the narrower width, so the
+    train–held-out gap widens by more than the held-out rise (the wider SAE gained on its
+    training tokens and lost on held-out ones); else under-trained (the wider SAE fits its
+    training tokens no better)."""
+    if train is None or gap is None:
+        return "undiagnosed", (
+            "no training FVU was given, so a data-limited sweep cannot be told from "
+            "under-trained SAEs"
         )
-    return True, ""
+    steps = [widths.index(m) for m in failing]
+    gaps = np.round(gap, 4).tolist()
+    if all(train[i] < (1 - tolerance) * train[i - 1] for i in steps):
+        return "data_limited", (
+            f"the train FVU keeps falling there, so the train–held-out FVU gap grows with "
+            f"width (gaps {gaps}): the sweep is data-limited, the wider SAEs fit their "
+            "training tokens better and held-out tokens worse; train them on more tokens "
+            "(more corpus chunks or generated text), not for longer"
+        )
+    return "under_trained", (
+        f"the train FVU does not fall there either (gaps {gaps}): the wider SAEs fit their "
+        "training tokens no better, so they are under-trained; train each width to "
+        "convergence"
+    )
+
+
+def heldout_fvu_rise_se(
+    saes: Mapping[int, SparseAutoencoder],
+    acts: Sequence[torch.Tensor],
+    prompt_ids: Sequence[torch.Tensor],
+    n_blocks: int,
+) -> dict[int, float]:
+    """Standard error of each held-out FVU rise ``FVU(m) − FVU(previous width)`` (keyed by
+    the wider width ``m``): the delete-one-block jackknife over prompt blocks (prompt id mod
+    ``n_blocks``), the FVU recomputed from per-block sums, paired since every width sees the
+    same tokens.  Empty when fewer than 2 blocks hold tokens."""
+    widths = sorted(saes)
+    block = torch.cat([torch.as_tensor(p, dtype=torch.long) for p in prompt_ids]) % n_blocks
+    count, sum_x, sum_sq, sse = _fvu_block_sums(saes, acts, block, n_blocks)
+    filled = torch.nonzero(count > 0).flatten()
+    if filled.numel() < 2:
+        return {}
+
+    def fvu(m: int, keep: torch.Tensor) -> float:
+        sst = sum_sq[keep].sum() - sum_x[keep].sum(0).pow(2).sum() / count[keep].sum()
+        return float(sse[m][keep].sum() / sst)
+
+    out = {}
+    for lo, hi in zip(widths, widths[1:]):
+        est = fvu(hi, filled) - fvu(lo, filled)
+        reps = [fvu(hi, filled[filled != b]) - fvu(lo, filled[filled != b]) for b in filled]
+        out[hi] = float(group_jackknife(est, np.asarray(reps)).se)
+    return out
+
+
+@torch.no_grad()
+def _fvu_block_sums(
+    saes: Mapping[int, SparseAutoencoder],
+    acts: Sequence[torch.Tensor],
+    block: torch.Tensor,
+    n_blocks: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """Per prompt block (float64): token counts, ``Σx``, ``Σ‖x‖²`` (the FVU's denominator,
+    ``Σ‖x‖² − ‖Σx‖²/n`` over any set of blocks) and, per width, ``Σ‖x − x̂‖²``."""
+    x = torch.cat(list(acts)).double()
+    if block.shape[0] != x.shape[0]:
+        raise ValueError(f"prompt_ids cover {block.shape[0]} rows, acts {x.shape[0]}.")
+
+    def per_block(values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((n_blocks, *values.shape[1:]), dtype=torch.float64)
+        return out.index_add_(0, block, values)
+
+    sse = {}
+    for m, sae in saes.items():
+        recon = torch.cat([sae(a.to(sae.W_dec.dtype)).double() for a in acts])
+        sse[m] = per_block((recon - x).pow(2).sum(1))
+    return per_block(torch.ones_like(x[:, 0])), per_block(x), per_block(x.pow(2).sum(1)), sse
 
 
 def block_bootstrap_weights(
@@ -563,11 +732,16 @@ def analyze_width_sweep(
     *,
     exact_erank: float | None = None,
     heldout_fvu: Mapping[int, float] | None = None,
+    train_fvu: Mapping[int, float] | None = None,
+    fvu_rise_se: Mapping[int, float] | None = None,
 ) -> WidthSweepResult:
     """Analyse per-width :class:`FeatureStats` gathered on the SAME evaluation tokens.
 
-    ``heldout_fvu`` (width → FVU on held-out activations) enables the FVU gate; with
-    ``config.d_model`` set, a base width below ``min_base_width_ratio · d_model`` raises.
+    ``heldout_fvu`` (width → FVU on held-out activations) enables the FVU gate
+    (:func:`fvu_gate`, with ``config.fvu_rise_tol``, the rises' standard errors
+    ``fvu_rise_se`` keyed by the wider width and the training FVU ``train_fvu`` that
+    diagnoses a failure); with ``config.d_model`` set, a base width below
+    ``min_base_width_ratio · d_model`` raises.
     The bootstrap resamples the filled prompt blocks (blocks without tokens are no units);
     the distinct counts get :func:`distinct_count_jackknife` intervals.
     """
@@ -593,14 +767,15 @@ def analyze_width_sweep(
             f"percentile, so N_causal would be pinned near 2% of {base}; use a base width "
             f">= {math.ceil(cfg.min_base_width_ratio * cfg.d_model)} (the paper uses ≈ 7·d)."
         )
-    fvu_list, fvu_ok, sweep_reason = None, None, ""
-    if heldout_fvu is not None:
-        missing = [int(m) for m in widths if int(m) not in heldout_fvu]
-        if missing:
-            raise ValueError(f"heldout_fvu lacks widths {missing}; give one FVU per width.")
-        fvu_list = [float(heldout_fvu[int(m)]) for m in widths]
-        fvu_ok, sweep_reason = fvu_gate([int(m) for m in widths], fvu_list)
-    interpretable = fvu_ok is not False
+    fvu_list, train_list = _per_width(heldout_fvu, widths), _per_width(train_fvu, widths)
+    gate = None
+    if fvu_list is not None:
+        gate = fvu_gate(
+            [int(m) for m in widths], fvu_list, train_fvu=train_list, rise_se=fvu_rise_se,
+            tolerance=cfg.fvu_rise_tol,
+        )  # fmt: skip
+    sweep_reason = gate.reason if gate else ""
+    interpretable = gate is None or gate.passed
     n_repr, n_causal, eps = _counts(ordered, cfg, None)
     fits: dict[str, dict[str, Any]] = _fit_all(widths, n_causal) if interpretable else {}
     for name, fit in fits.items():
@@ -699,6 +874,12 @@ def analyze_width_sweep(
             "identification": (
                 "unidentified when K sits on a bound or m_half lies outside the widths"
             ),
+            "fvu_gate": (
+                f"not interpretable when held-out FVU rises from one width to the next by more "
+                f"than max({cfg.fvu_rise_tol:g} x FVU, {FVU_RISE_SE:g} jackknife SE over prompt "
+                "blocks); data_limited when the train-held-out gap widens there, else "
+                "under_trained"
+            ),
         },
         kappa_hat_status=status,
         kappa_hat_reason=reason,
@@ -708,7 +889,15 @@ def analyze_width_sweep(
         base_width=base,
         d_model=cfg.d_model,
         heldout_fvu=fvu_list,
-        fvu_monotone=fvu_ok,
+        fvu_monotone=gate.passed if gate else None,
+        sweep_cause=gate.cause if gate else None,
+        train_fvu=train_list,
+        fvu_gap=gate.gap if gate else None,
+        fvu_rise_se=None
+        if fvu_rise_se is None
+        else {str(int(m)): fvu_rise_se[int(m)] for m in widths[1:] if int(m) in fvu_rise_se},
+        fvu_rise_allowance=gate.allowance if gate else None,
+        fvu_rise_tol=cfg.fvu_rise_tol,
         n_prompts=ordered[0].n_prompts,
         n_blocks_filled=int(filled.size),
         n_repr_se=jack["n_repr_se"],
@@ -720,6 +909,16 @@ def analyze_width_sweep(
     )
 
 
+def _per_width(values: Mapping[int, float] | None, widths: np.ndarray) -> list[float] | None:
+    """``values`` (width → number) in the order of ``widths``; one for every width."""
+    if values is None:
+        return None
+    missing = [int(m) for m in widths if int(m) not in values]
+    if missing:
+        raise ValueError(f"the FVU per width lacks widths {missing}; give one per width.")
+    return [float(values[int(m)]) for m in widths]
+
+
 def sweep_analysis(
     saes: Mapping[int, SparseAutoencoder],
     acts_grads: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -729,9 +928,12 @@ def sweep_analysis(
     n_blocks: int = 64,
     exact_erank: float | None = None,
     heldout_fvu: Mapping[int, float] | None = None,
+    train_fvu: Mapping[int, float] | None = None,
+    fvu_rise_se: Mapping[int, float] | None = None,
 ) -> tuple[WidthSweepResult, dict[int, FeatureStats]]:
     """:class:`FeatureStats` of every width from the SAME ``(acts, grads)`` batches, then
-    :func:`analyze_width_sweep` (``heldout_fvu``: width → held-out FVU, for the FVU gate).
+    :func:`analyze_width_sweep` (``heldout_fvu``, ``train_fvu``, ``fvu_rise_se``: the FVU
+    gate's inputs).
 
     ``prompt_ids`` holds, per batch of ``acts_grads``, the prompt of every row
     (:func:`structlens.causal_dim.model.token_prompt_ids`): the bootstrap and jackknife
@@ -762,7 +964,10 @@ def sweep_analysis(
     for (acts, grads), pid in zip(batches, ids, strict=True):
         for m, sae in saes.items():
             stats[m].update(sae, acts, grads, pid)
-    res = analyze_width_sweep(stats, config, exact_erank=exact_erank, heldout_fvu=heldout_fvu)
+    res = analyze_width_sweep(
+        stats, config, exact_erank=exact_erank, heldout_fvu=heldout_fvu, train_fvu=train_fvu,
+        fvu_rise_se=fvu_rise_se,
+    )  # fmt: skip
     return res, stats
 
 

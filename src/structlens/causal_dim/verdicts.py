@@ -201,6 +201,8 @@ def kappa_hat(sweep: SweepFit | None, d: int) -> Claim:
         "base_width": int(sweep.widths[0]),
         "kappa_hat_status": status,
         "sweep_status": sweep.sweep_status,
+        "sweep_cause": sweep.sweep_cause,
+        "fvu_gap": sweep.fvu_gap,
         "raw_fit_K": raw_k,
     }
     return _claim(
@@ -218,7 +220,8 @@ def kappa_hat_vs_exact(sweep: SweepFit | None, fits: Sequence[KappaFit]) -> Clai
     if sweep is None or ex is None:
         return not_tested(cid, "needs the width sweep and exact κ at its layer")
     status, reason = kappa_hat_status(sweep)
-    settings = {"layer": int(sweep.layer), "n_vectors": int(ex.n_vectors)}
+    settings = {"layer": int(sweep.layer), "n_vectors": int(ex.n_vectors),
+                "sweep_cause": sweep.sweep_cause}  # fmt: skip
     if status != "identified":
         return _claim(cid, None, None, "unidentified", f"κ̂ is {status}: {reason}", settings,
                       ci_reason="no κ̂ to compare")  # fmt: skip
@@ -366,7 +369,8 @@ def ioi_atp_recall(ioi: IOIRecovery | None, why_not: str = "IOI was not run") ->
 
 
 def epsilon_falls_with_depth(depth: DepthEpsilon | None) -> Claim:
-    """ε(first layer) / ε(last layer), counted only between SAEs of matched FVU."""
+    """ε(first layer) / ε(last layer), counted only between SAEs of matched FVU (each
+    layer's k chosen to match the sweep layer's held-out FVU, see ``depth.k_search``)."""
     cid = "epsilon_falls_with_depth"
     if depth is None or len(depth.rows) < 2:
         return not_tested(cid, "ε was measured at fewer than two depths")
@@ -378,7 +382,8 @@ def epsilon_falls_with_depth(depth: DepthEpsilon | None) -> Claim:
             "unidentified",
             (
                 f"the SAEs' FVU differs by more than {DEPTH_FVU_MATCH} between the two ends "
-                f"({f0:.2f} vs {f1:.2f}), and ε tracks reconstruction quality too"
+                f"({f0:.2f} vs {f1:.2f}{_k_note(depth, r0, r1)}), and ε tracks reconstruction "
+                "quality too"
             ),
         )
     elif ratio > DEPTH_RATIO_SIZE:
@@ -390,11 +395,26 @@ def epsilon_falls_with_depth(depth: DepthEpsilon | None) -> Claim:
     settings = {
         "layers": [r["layer"] for r in depth.rows],
         "width": depth.width,
+        "k": [r.get("k") for r in depth.rows],
         "fvu": [r["quality"]["fvu"] for r in depth.rows],
         "fvu_match_tolerance": DEPTH_FVU_MATCH,
     }
     why_no_ci = "ε is a percentile of one evaluation set; no resampling was run"
-    return _claim(cid, ratio, None, verdict, why, settings, ci_reason=why_no_ci)
+    return _claim(cid, ratio, None, verdict, why, settings, ci_reason=why_no_ci,
+                  per_setting={"k_search": depth.k_search})  # fmt: skip
+
+
+def _k_note(depth: DepthEpsilon, *rows: dict[str, Any]) -> str:
+    """How the k of the two ends was chosen, for an unmatched depth claim ("" with no
+    search): each end's k and, for a searched one, the ks tried and why the search ended."""
+    if not depth.k_search:
+        return ""
+    parts = []
+    for r in rows:
+        found = depth.k_search.get(str(r["layer"]))
+        tried = f", tried k {found['ks']}, search {found['stop']}" if found else ", the target"
+        parts.append(f"layer {r['layer']}: k = {r.get('k')}{tried}")
+    return "; " + "; ".join(parts)
 
 
 def architecture_invariance(arch: ArchitectureCounts | None) -> Claim:
@@ -521,7 +541,8 @@ def caveats(result: CausalAnalysis) -> list[Caveat]:
         out.append(Caveat("base_width", f"{where} not run: {result.sweep_not_run}"))
     elif fit.kappa_hat_status != "identified":
         out.append(Caveat(
-            "unidentified",
+            # a failed FVU gate names its cause (data_limited: train on more tokens)
+            fit.sweep_cause or "unidentified",
             f"{where}: κ̂ is {fit.kappa_hat_status} "
             f"({fit.kappa_hat_reason or 'no saturating fit'}); no κ̂ is reported.",
         ))  # fmt: skip
@@ -574,8 +595,12 @@ def sweep_view(fit: SweepFit) -> dict[str, Any]:
         "identified": identified,
         "base_width": fit.base_width,
         "heldout_fvu": fit.heldout_fvu,
+        "train_fvu": fit.train_fvu,
+        "fvu_gap": fit.fvu_gap,
+        "fvu_rise_allowance": fit.fvu_rise_allowance,
         "fvu_monotone": fit.fvu_monotone,
         "sweep_status": fit.sweep_status,
+        "sweep_cause": fit.sweep_cause,
         "fit": {
             k: v for k, v in fit.fits.get(fit.fit_model, {}).items() if isinstance(v, (int, float))
         },
@@ -610,6 +635,7 @@ def section(result: CausalAnalysis) -> Section:
             "sae_eval": result.n_sae_eval,
             # κ involves no SAE: windows may come from SAE training chunks (counted here)
             "kappa_windows_from_sae_training": result.kappa_windows_from_sae_training,
+            "sae_generated": result.n_sae_generated,
         },
         "sweep": view,
         # the stage results themselves, as the CLI and the replication write them

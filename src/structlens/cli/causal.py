@@ -66,9 +66,10 @@ def jacobian(common: Common, model: ModelArg, **settings: Any) -> None:
 @common_options(executor=True, flags=FLAGS)
 @shared_settings(SWEEP, first=True)
 def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
-    """Width sweep at one layer: TopK SAEs trained to convergence (or the published SAEs of
-    --saes, nothing trained), AtP on the LM loss, N_repr/N_causal, the wedge and κ̂ beside the
-    exact κ there.
+    """Width sweep at one layer: TopK SAEs trained to convergence on the protocol's corpus
+    chunks and generated texts (or the published SAEs of --saes, nothing trained), AtP on
+    the LM loss, N_repr/N_causal, the wedge and κ̂ beside the exact κ there (gated on the
+    held-out FVU, a failure diagnosed as data-limited or under-trained).
 
     With --executor ray the widths train as parallel Ray tasks (same SAEs as locally).
     """
@@ -85,9 +86,11 @@ def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
 
     from structlens.causal_dim.stages import (
         eval_rows,
+        generated_text,
         kappa,
         prompt_sets,
         train_sweep,
+        training_prompts,
         training_rows,
     )
     from structlens.causal_dim.stages import sweep as sweep_stage
@@ -104,14 +107,14 @@ def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
     protocol.check_widths(m.d_model)
     sets = prompt_sets(protocol, m.tokenizer)
     k = kappa(protocol, m, layer, sets)
+    texts = training_prompts(sets, generated_text(protocol, m, sets))
     trained = train_sweep(
-        protocol, training_rows(m, [layer], sets.sae_train).of(layer), d_model=m.d_model,
-        executor=runner,
-    )  # fmt: skip
+        protocol, training_rows(m, [layer], texts).of(layer), d_model=m.d_model, executor=runner
+    )
     saes = {w: sae for w, (sae, _) in trained.items()}
     fit = sweep_stage(
         protocol, saes, eval_rows(m, [layer], sets.sae_eval), layer, sets, exact_kappa=k.erank,
-        d_model=m.d_model,
+        d_model=m.d_model, train_fvu={w: info.final_fvu for w, (_, info) in trained.items()},
     )  # fmt: skip
     site = site_name("resid_pre", layer, n_layers=m.n_layers)
     for w, s in saes.items():

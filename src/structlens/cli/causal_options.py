@@ -49,6 +49,9 @@ PROTOCOL_OPTIONS = {
     "min_count": "min_count",
     "n_bootstrap": "sweep_bootstrap",
     "n_blocks": "sweep_blocks",
+    "extra_prompts": "sae_train_extra",
+    "generated_prompts": "sae_generated_prompts",
+    "fvu_tolerance": "fvu_rise_tol",
 }
 #: The protocol fields as the options that set them, in the messages of its errors.
 FLAGS = {field: f"--{option.replace('_', '-')}" for option, field in PROTOCOL_OPTIONS.items()}
@@ -158,6 +161,9 @@ SWEEP = {
     "min_count": _field("--min-count", int, "min_count"),
     "n_bootstrap": _field("--bootstrap", int, "sweep_bootstrap"),
     "n_blocks": _field("--blocks", int, "sweep_blocks"),
+    "extra_prompts": _field("--extra-prompts", int, "sae_train_extra"),
+    "generated_prompts": _field("--generated-prompts", int, "sae_generated_prompts"),
+    "fvu_tolerance": _field("--fvu-tolerance", float, "fvu_rise_tol"),
     "jacobian_prompts": _field("--jacobian-prompts", int, "kappa_max_vectors"),
     "jacobian_tokens": _field("--jacobian-tokens", int, "jacobian_tokens"),
     "saes": (PretrainedSAEs, None),

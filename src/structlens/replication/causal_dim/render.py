@@ -63,11 +63,14 @@ def _sweep(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
         }
         for i, w in enumerate(sw.widths)
     ]  # fmt: skip
-    gate = ("interpretable (held-out FVU falls with width)" if sw.sweep_status == "interpretable"
-            else f"**not interpretable**: {sw.sweep_reason}; no κ̂ is fitted")  # fmt: skip
+    gate = (f"interpretable (held-out FVU falls with width, within {sw.fvu_rise_tol:.0%} or "
+            "2 SE per step)" if sw.sweep_status == "interpretable"
+            else f"**not interpretable** ({sw.sweep_cause}): {sw.sweep_reason}; no κ̂ is "
+            "fitted")  # fmt: skip
     values = p | {
         "site": site_name("resid_pre", sw.layer), "base_width": sw.base_width,
         "base_over_d": sw.base_width / d, "n_train_tokens": t0.n_train_tokens,
+        "n_train_chunks": run.n_train_chunks, "n_generated": run.n_generated,
         "n_massive": t0.n_massive_dropped, "gate": gate, "n_tokens": sw.n_tokens,
         "epsilon": sw.epsilon, "epsilon_ci": ci(sw.epsilon_ci, 5),
     }  # fmt: skip
@@ -125,7 +128,9 @@ def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
                 for a, v in g.rows.items()]  # fmt: skip
         out.append(t.section("growth", {"widths": g.widths, "layer": g.layer, "k": g.k}, rows))
     if run.depth:
-        out.append(t.section("depth", {"width": run.depth.width, **p}, run.depth.rows))
+        rows = [r | {"search": _k_search(run.depth.k_search.get(str(r["layer"])))}
+                for r in run.depth.rows]  # fmt: skip
+        out.append(t.section("depth", {"width": run.depth.width, **p}, rows))
     if run.ioi:
         out.append(t.section("ioi", vars(run.ioi)))
     if run.synthetic:
@@ -142,6 +147,14 @@ def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
         rows = [vars(r) | {"name": n} for n, r in sorted(run.trained.items())]
         out.append(t.section("training", {}, rows))
     return out
+
+
+def _k_search(found: dict[str, Any] | None) -> str:
+    """One depth row's k search: every k tried with its held-out FVU, and how it ended."""
+    if found is None:
+        return "target (the sweep's SAE)"
+    tried = ", ".join(f"{k}: {f:.3f}" for k, f in zip(found["ks"], found["fvus"], strict=True))
+    return f"{tried} ({found['stop']}; target {found['target_fvu']:.3f})"
 
 
 def render_markdown(run: Run, source: str) -> str:
@@ -180,14 +193,16 @@ def claims(run: Run, source: str) -> ClaimsDocument:
     sw = run.sweep
     if sw is not None:
         status, reason = verdicts.kappa_hat_status(sw)
-        keep = ("layer", "widths", "base_width", "d_model", "heldout_fvu", "fvu_monotone",
-                "sweep_status", "kappa_hat", "base_width_sensitivity")  # fmt: skip
+        keep = ("layer", "widths", "base_width", "d_model", "heldout_fvu", "train_fvu",
+                "fvu_gap", "fvu_rise_allowance", "fvu_monotone", "sweep_status",
+                "sweep_cause", "kappa_hat", "base_width_sensitivity")  # fmt: skip
         trained = {w: run.trained[f"topk-{w}"] for w in sw.widths}
         tokens = {str(w): {"n_train_tokens": r.n_train_tokens, "token_steps": r.tokens}
                   for w, r in trained.items()}  # fmt: skip
         blocks["sweep"] = {k: getattr(sw, k) for k in keep} | {
             "sweep_reason": sw.sweep_reason or None, "kappa_hat_status": status,
             "kappa_hat_reason": reason, "training_tokens": tokens,
+            "training_texts": {"corpus_chunks": run.n_train_chunks, "generated": run.n_generated},
         }  # fmt: skip
     else:
         keys = ("base_width", "d_model", "fvu_monotone", "kappa_hat_status")

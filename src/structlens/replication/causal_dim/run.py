@@ -8,7 +8,10 @@ Every section is a typed stage of :mod:`structlens.causal_dim` under the profile
 SAEs from :mod:`~structlens.causal_dim.sections`).  This module only caches them under
 ``--out``: exact Grams in blocks of 16 vectors, then κ; the training residuals and every SAE
 on them; the evaluation residuals and gradients once, read by every section.  A failing
-section is logged and left out; the others still run.
+section is logged and left out; the others still run.  The SAEs train on the protocol's
+corpus chunks and on texts the model generates (cached like every other input); the
+ε-by-depth SAEs are searched for (:func:`~structlens.causal_dim.stages.match_k`), every
+trial SAE cached under its own name.
 """
 
 from __future__ import annotations
@@ -27,7 +30,17 @@ import torch
 from structlens.causal_dim import experiment as ex
 from structlens.causal_dim.protocol import REPLICATION_PROFILES as PROFILES
 from structlens.causal_dim.protocol import ReplicationProfile
-from structlens.causal_dim.stages import KappaFit, LayerRows, SweepFit, TrainedSAE, sae_jobs
+from structlens.causal_dim.stages import (
+    GeneratedText,
+    KappaFit,
+    KMatch,
+    LayerRows,
+    SweepFit,
+    TrainedSAE,
+    depth_sae_name,
+    match_k,
+    sae_jobs,
+)
 from structlens.pipeline.cache import Stage, StageCache, data_digest
 from structlens.pipeline.progress import log
 from structlens.results import Result, to_jsonable
@@ -41,7 +54,8 @@ GRAM_BLOCK = 16  # vectors per cached Gram block
 @dataclasses.dataclass
 class Run:
     """What the render step reads: every section's typed Result (``None`` when it did not
-    run), each SAE's training and the sections that failed."""
+    run), each SAE's training, the k search of every ε-by-depth layer, how many corpus chunks
+    and generated texts the SAEs trained on and the sections that failed."""
 
     settings: dict[str, Any]  # the profile's JSON
     out: Path
@@ -56,6 +70,9 @@ class Run:
     ioi: ex.IOIRecovery | None = None
     synthetic: ex.SyntheticRecall | None = None
     trained: dict[str, TrainedSAE] = dataclasses.field(default_factory=dict)
+    depth_k: dict[int, KMatch] = dataclasses.field(default_factory=dict)
+    n_train_chunks: int = 0
+    n_generated: int = 0
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -72,7 +89,8 @@ class CausalReplication:
         self.model = load_model(s.model, device=device)
         self.fp = self.model.fingerprint()
         self.prompts = prompt_sets(self.protocol, self.model.tokenizer)
-        self.run_ = Run(s.replace(protocol=self.protocol).to_json(), out, self.model.d_model)
+        self.run_ = Run(s.replace(protocol=self.protocol).to_json(), out, self.model.d_model,
+                        n_train_chunks=len(self.prompts.sae_train))  # fmt: skip
         self.keys: dict[str, str] = {}  # stage keys of κ, the sweep and every SAE by name
 
     def stage(self, name: str, config: dict[str, Any], **keys: Any) -> Stage:
@@ -139,40 +157,79 @@ class CausalReplication:
         self.run_.kappa = sorted(fits, key=lambda f: f.layer)
 
     # -- SAE training ---------------------------------------------------------------------
+    def generated(self) -> GeneratedText:
+        """The texts the model generates for SAE training (cached: sampling costs about as
+        much per token as a forward pass over a whole text)."""
+        from structlens.causal_dim.stages import generated_text
+
+        p = self.protocol
+        config = {"n": p.sae_generated_prompts, "prefix": p.sae_generated_prefix,
+                  "tokens": p.chunk_tokens, "seed": p.seed, "device": self.device}  # fmt: skip
+        stage = Stage("generated", config, model=self.fp, data=data_digest(self.prompts.sae_train))
+        return self.cache.run(
+            stage, GeneratedText, lambda _: generated_text(p, self.model, self.prompts)
+        )
+
     def train(self) -> dict[str, Path]:
-        """Capture the training residuals once, then train every SAE on that one stream;
-        returns each SAE's folder by name."""
-        from structlens.causal_dim.stages import train_sae, training_rows
+        """Capture the training residuals once (corpus chunks and generated texts), then
+        train every SAE on that one stream: the fixed jobs, then the k search of each
+        ε-by-depth layer against the sweep layer's held-out FVU; returns each SAE's folder by
+        name."""
+        from structlens.causal_dim.stages import training_prompts, training_rows
+
+        s = self.s
+        layers = sorted({s.sweep_layer, *s.depth_layers})
+        generated = self.generated()
+        self.run_.n_generated = len(generated.texts)
+        texts = training_prompts(self.prompts, generated)
+        acts_stage = Stage("train-acts", {"layers": layers}, model=self.fp, data=data_digest(texts))
+        acts = self.cache.run(
+            acts_stage, LayerRows, lambda _: training_rows(self.model, layers, texts)
+        )
+        folders: dict[str, Path] = {}
+        fit = partial(self.fit_sae, acts, acts_stage.key, folders)
+        for name, config, layer in sae_jobs(self.protocol, **s.sae_layout()):
+            fit(name, config, layer)
+        w = s.depth_width
+        target = self.run_.trained[f"topk-{w}"].val_fvu_by_epoch[-1]
+        for layer in s.depth_search_layers():
+
+            def trial(config: Any, layer: int = layer) -> TrainedSAE:
+                return fit(depth_sae_name(layer, w, config.k), config, layer)
+
+            self.run_.depth_k[layer] = match_k(
+                self.protocol, trial, layer=layer, width=w, target_fvu=target
+            )
+        return folders
+
+    def fit_sae(
+        self, acts: LayerRows, acts_key: str, folders: dict[str, Path], name: str, config: Any,
+        layer: int,
+    ) -> TrainedSAE:  # fmt: skip
+        """One SAE ``name`` trained (or read back) on the rows of ``layer``; its training is
+        recorded and its folder added to ``folders``."""
+        from structlens.causal_dim.stages import train_sae
         from structlens.sae import save_sae
 
-        s, device = self.s, self.device
-        layers = sorted({s.sweep_layer, *s.depth_layers})
-        train = self.prompts.sae_train
-        acts_stage = Stage("train-acts", {"layers": layers}, model=self.fp, data=data_digest(train))
-        acts = self.cache.run(
-            acts_stage, LayerRows, lambda _: training_rows(self.model, layers, train)
-        )
-        folders = {}
-        for name, config, layer in sae_jobs(self.protocol, **s.sae_layout()):
-            # "record": 2 marks the typed Result (a JSON record before), so old caches recompute
-            cfg = {"name": name, "sae": dataclasses.asdict(config), "layer": layer, "record": 2}
-            stage = self.stage("sae", cfg | {"device": device}, inputs=(acts_stage.key,))
+        device = self.device
+        # "record": 2 marks the typed Result (a JSON record before), so old caches recompute
+        cfg = {"name": name, "sae": dataclasses.asdict(config), "layer": layer, "record": 2}
+        stage = self.stage("sae", cfg | {"device": device}, inputs=(acts_key,))
 
-            def fit(folder: Path, config: Any = config, layer: int = layer) -> TrainedSAE:
-                t = time.time()
-                sae, info = train_sae(self.protocol, acts.of(layer), config, device=device)
-                save_sae(sae, folder / "sae")
-                log(
-                    f"trained {config.architecture}-{config.d_sae} at layer {layer}: FVU "
-                    f"{info.final_fvu:.3f} L0 {info.final_l0:.1f} {info.epochs} epochs "
-                    f"({time.time() - t:.0f} s)"
-                )
-                return TrainedSAE(**vars(info), layer=layer, seconds=time.time() - t, device=device)
+        def compute(folder: Path) -> TrainedSAE:
+            t = time.time()
+            sae, info = train_sae(self.protocol, acts.of(layer), config, device=device)
+            save_sae(sae, folder / "sae")
+            log(
+                f"trained {name} at layer {layer}: FVU {info.final_fvu:.3f} L0 "
+                f"{info.final_l0:.1f} {info.epochs} epochs ({time.time() - t:.0f} s)"
+            )
+            return TrainedSAE(**vars(info), layer=layer, seconds=time.time() - t, device=device)
 
-            self.run_.trained[name] = self.cache.run(stage, TrainedSAE, fit)
-            self.keys[name] = stage.key
-            folders[name] = self.cache.path(stage) / "sae"
-        return folders
+        self.run_.trained[name] = done = self.cache.run(stage, TrainedSAE, compute)
+        self.keys[name] = stage.key
+        folders[name] = self.cache.path(stage) / "sae"
+        return done
 
     # -- sections on the trained SAEs -------------------------------------------------------
     def analyze(self, folders: dict[str, Path]) -> None:
@@ -190,7 +247,8 @@ class CausalReplication:
         st = Stage("eval-grads", {"layers": layers}, model=self.fp, data=data_digest(evalp))
         ev = self.cache.run(st, LayerRows, lambda _: eval_rows(self.model, layers, evalp))
         self.keys["eval-grads"] = st.key
-        trained = Trained(s, self.protocol, self.model, saes, ev, self.prompts, self.run_.kappa)
+        trained = Trained(s, self.protocol, self.model, saes, ev, self.prompts, self.run_.kappa,
+                          training=self.run_.trained, depth_k=self.run_.depth_k)  # fmt: skip
         done: dict[str, Result] = {}
         for sec in sections(trained):
 
