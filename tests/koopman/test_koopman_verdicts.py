@@ -446,11 +446,12 @@ def test_section_caveats():
         split(-1.5, (-2.0, -1.0), layer=0),  # excludes the M^-1/2 rate
         split(layer=1, cond=40.0, m=1000),  # 40² > 1000 / 2
         split(layer=2, cond=20.0, m=1000),  # 20² < 500: well conditioned
+        split(-0.4, (-0.7, -0.2), layer=3),  # holds -1/2 and -1/4 alike
     ]
     sec = v.section(_analysis(halves, {"relu16": "too few rows"}))
     assert [(c.kind, c.message.split(":")[0]) for c in sec.caveats] == [
         ("not_converged", "layer 0"), ("ill_conditioned", "layer 1"),
-        ("not_run", "invariance residual of relu16"),
+        ("rate_unidentified", "layer 3"), ("not_run", "invariance residual of relu16"),
     ]  # fmt: skip
 
 

@@ -629,14 +629,23 @@ def _row(sh: SplitHalfFit, sp: SpectrumFit) -> dict[str, Any]:
 
 
 def caveats(result: DepthAnalysis) -> list[Caveat]:
-    """A layer whose split-half interval excludes the M^-1/2 rate is not converged; one whose
-    eigenvalue condition number is not small against √M has unreliable eigenvalues; an
-    invariance dictionary that could not be fitted did not run."""
-    rate = _paper_value("split_half_rate")
+    """A layer whose split-half interval excludes the M^-1/2 rate is not converged, one whose
+    interval also holds the slower :data:`SLOWER_RATE` has an unidentified rate
+    (:func:`rate_decision`); one whose eigenvalue condition number is not small against √M has
+    unreliable eigenvalues; an invariance dictionary that could not be fitted did not run."""
     out = []
     for sh in result.split_half:
         layer = sh.layers[0]
-        if not contains(sh.slope_ci, rate):
+        decision = rate_decision(sh.slope_ci)
+        if decision == "unidentified":
+            out.append(Caveat(
+                "rate_unidentified",
+                f"layer {layer}: the split-half slope {sh.slope:+.2f} "
+                f"[{sh.slope_ci[0]:+.2f}, {sh.slope_ci[1]:+.2f}] holds both the M^-1/2 rate "
+                f"and the slower M^{SLOWER_RATE:g} of a defective operator; this sample "
+                "cannot tell whether the spectrum converges at the parametric rate.",
+            ))  # fmt: skip
+        elif decision == "not reproduced":
             out.append(Caveat(
                 "not_converged",
                 f"layer {layer}: the split-half slope {sh.slope:+.2f} "
