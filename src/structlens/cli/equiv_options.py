@@ -12,13 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from structlens.cli.checks import (
-    Calls,
-    at_least,
-    check_task,
-    choice,
-    one_of,
-)
+from structlens.cli.checks import Calls, at_least, check_task, choice, one_of
 from structlens.equivalence.protocol import METRIC_NAMES, MIN_PROBE_PROMPTS, EquivalenceProtocol
 
 
