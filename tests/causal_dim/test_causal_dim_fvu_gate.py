@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_causal_dim_identification import _sweep_stats
 
 from structlens.causal_dim import verdicts as V
 from structlens.causal_dim.stages import CausalAnalysis, SweepFit
 from structlens.causal_dim.sweep import (
     FVU_RISE_SE,
-    FeatureStats,
     WidthSweepConfig,
     analyze_width_sweep,
     fvu_gate,
@@ -78,20 +78,8 @@ def test_unsorted_widths_are_ordered_with_their_fvu():
         fvu_gate(WIDTHS, HELD, train_fvu=[0.1, 0.2])
 
 
-def _stats(d=16, widths=(64, 128, 256)):
-    torch.manual_seed(0)
-    acts = torch.randn(300, d, dtype=torch.float64)
-    grads = torch.randn(300, d, dtype=torch.float64)
-    stats = {}
-    for m in widths:
-        s = FeatureStats(m, 8)
-        s.update(TopKSAE(d, m, k=4, seed=m, dtype=torch.float64), acts, grads, torch.arange(300))
-        stats[m] = s
-    return stats
-
-
 def test_the_cause_reaches_the_sweep_the_claims_and_the_caveats():
-    stats = _stats()
+    stats = _sweep_stats()
     held, train = {64: 0.30, 128: 0.20, 256: 0.25}, {64: 0.28, 128: 0.17, 256: 0.12}
     res = analyze_width_sweep(
         stats, WidthSweepConfig(n_bootstrap=0), heldout_fvu=held, train_fvu=train,
