@@ -165,3 +165,23 @@ def test_split_undo_pass_never_splits_a_planted_group():
     assert res.partition == [4, 2] and res.converged and res.resplit_history == []
     assert res.steps == 20  # converged at the first round, the pass having split nothing
     assert recovery_report(res.bases(), truth)["min_matched_overlap"] >= 0.99
+
+
+def test_toy_seeds_guard_only_the_seeds_whose_run_misses():
+    """Each seed draws its own autoencoder and NDM run (seed 0 is the protocol's one toy
+    run); the guarded rerun, at the number of groups, happens exactly where ``recovers``
+    says no."""
+    from structlens.ndm.protocol import PROFILES
+    from structlens.ndm.stages import toy, toy_seeds
+
+    protocol = PROFILES["smoke"].replace(toy_steps=6, toy_ae_steps=20)
+    missed = toy_seeds(protocol, 2, lambda run: run.overlap > 2.0)  # no run can pass
+    assert missed.seeds == missed.guarded_seeds == [0, 1]
+    assert missed.runs[0].record == toy(protocol).record
+    assert [r.record["toy_config"]["seed"] for r in missed.runs] == [0, 1]
+    assert missed.runs[0].record["autoencoder_loss"] != missed.runs[1].record["autoencoder_loss"]
+    for plain, guarded in zip(missed.runs, missed.guarded, strict=True):
+        assert plain.record["ndm_config"]["min_subspaces"] == 1
+        assert guarded.record["ndm_config"]["min_subspaces"] == len(plain.truth) == 2
+    hit = toy_seeds(protocol, 1, lambda run: True)
+    assert hit.guarded == [] and hit.guarded_seeds == []

@@ -21,6 +21,7 @@ from structlens.ndm.stages import (
     Screen,
     ScreenRow,
     ToyRecovery,
+    ToySeeds,
     TrainedLayer,
 )
 from structlens.verdicts import VERDICTS
@@ -89,23 +90,44 @@ def _toy(right, overlap, partition=(4, 4)):
     return ToyRecovery(partition, (4, 4), overlap, right, True, {})
 
 
+_HIT, _MERGED, _LOOSE = _toy(True, 0.95), _toy(False, 1.0, (8,)), _toy(True, 0.5)
+
+
+def _seeds(runs, guarded=()):
+    """Seeds 0.. of ``runs``; the ``guarded`` runs belong to the seeds whose run misses."""
+    missed = [s for s, r in enumerate(runs) if not V.toy_recovers(r)]
+    return ToySeeds(list(range(len(runs))), list(runs), missed[: len(guarded)], list(guarded))
+
+
 @pytest.mark.parametrize(
-    ("toy", "guarded", "verdict", "reason"),
+    ("runs", "guarded", "verdict", "reason"),
     [
-        (_toy(True, 0.95), None, "reproduced", "ground-truth split"),
-        (_toy(False, 1.0, (8,)), _toy(True, 0.95), "partly", "only with the stop guard"),
-        (_toy(True, 0.5), _toy(True, 0.5), "not reproduced", "no run recovers"),
-        (_toy(False, 1.0, (8,)), None, "not reproduced", "no run recovers"),
+        ([_HIT, _HIT, _HIT], [], "reproduced", "every seed (3)"),
+        ([_HIT, _MERGED, _LOOSE], [_MERGED, _LOOSE], "partly", "1 of 3 seeds"),
+        ([_MERGED, _MERGED], [_HIT, _MERGED], "partly", "only with the stop guard (1 of 2"),
+        ([_MERGED, _LOOSE], [_MERGED, _LOOSE], "not reproduced", "no seed recovers"),
     ],
 )
-def test_toy_claim_follows_the_evidence(toy, guarded, verdict, reason):
-    c = V.toy_claim(toy, guarded)
+def test_toy_claim_is_a_rate_over_seeds(runs, guarded, verdict, reason):
+    """The verdict follows the count of seeds that recover the groups (one subspace per
+    group above the overlap threshold); the stop guard only rescues an all-miss."""
+    c = V.toy_claim(_seeds(runs, guarded))
+    k = sum(r is _HIT for r in runs)
     assert c.verdict == verdict and reason in c.note
-    assert c.ours == toy.overlap and c.ci is None and c.ci_reason
-    assert c.settings == {"partition": list(toy.partition), "truth": [4, 4]}
-    assert (c.per_setting == {}) == (guarded is None)
-    if guarded:
-        assert c.per_setting["min_subspaces=2"]["overlap"] == guarded.overlap
+    assert c.ours == k / len(runs) and c.settings["recovered"] == k
+    lo, hi = c.ci
+    assert lo <= c.ours <= hi and (lo > 0) == (k > 0)
+    ((key, fallback),) = c.per_setting.items()
+    assert key.startswith("min_subspaces=2")
+    assert fallback["recovered"] == k + sum(r is _HIT for r in guarded)
+    assert fallback["n"] == len(runs)
+
+
+def test_toy_recovers_needs_the_group_count_and_the_overlap():
+    """A single merged subspace contains both groups (overlap 1) but is not a recovery."""
+    assert V.toy_recovers(_HIT)
+    assert not V.toy_recovers(_MERGED) and not V.toy_recovers(_LOOSE)
+    assert not V.toy_recovers(_toy(True, V.TOY_OVERLAP))
 
 
 def test_toy_recovery_reads_the_pipeline_record():
@@ -188,15 +210,8 @@ def test_browser_claim_needs_the_papers_scale():
 
 
 def test_claims_of_a_run_are_in_the_vocabulary_and_replications():
-    toy = {
-        "partition": [4, 4],
-        "truth_dims": [4, 4],
-        "overlap": 0.95,
-        "converged": True,
-        "right_number_of_subspaces": True,
-    }
-    ev, tr = _evaluation(True, True, 0.7, {"pca": 0.1}, conflict=None, toy=toy)
-    found = V.claims(ev, tr)
+    ev, tr = _evaluation(True, True, 0.7, {"pca": 0.1}, conflict=None)
+    found = V.claims(ev, tr, _seeds([_HIT, _MERGED], [_MERGED]))
     assert [c.id for c in found] == [
         "mean_gini_ndm_vs_baselines", "toy_recovery", "preimage_browser_scale",
     ]  # fmt: skip

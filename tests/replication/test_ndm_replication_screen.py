@@ -94,7 +94,7 @@ def test_claims_document_holds_the_claims_of_the_runs_records(smoke):
 
     R, docs = smoke
     doc = ClaimsDocument.load(docs / "ndm.json")
-    found = claims(R.evaluate, R.train, R.toy2, R.planted, R.browse)
+    found = claims(R.evaluate, R.train, R.toy, R.planted, R.browse)
     assert [c.to_json() for c in doc.claims] == to_jsonable([c.to_json() for c in found])
     by_id = {c.id: c for c in doc.claims}
     assert set(by_id) >= {"mean_gini_ndm_vs_baselines", "toy_recovery", "preimage_browser_scale"}

@@ -14,8 +14,8 @@ functions and only render what they return, so equal protocols give equal result
 * :func:`patch`: every subspace of every decomposition patched for one test;
 * :func:`gini`: the Gini table over the screened tests (:class:`GiniSummary`);
 * :func:`conflict`: knowledge-conflict routing (:class:`ConflictRouting`);
-* :func:`toy`, :func:`toy_guarded`: recovery of the toy model's feature groups
-  (:class:`ToyRecovery`);
+* :func:`toy`, :func:`toy_seeds`: recovery of the toy model's feature groups
+  (:class:`ToyRecovery`, over seeds :class:`ToySeeds`);
 * :func:`planted`: recovery of planted rotated partitions over seeds (:class:`PlantedRecovery`);
 * :func:`preimage_index`: the bounded preimage index embedded in the report;
 * :func:`analysis`: the stages above composed for ``structlens analyze`` (:class:`Analysis`).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,10 +53,10 @@ from structlens.results import Result
 
 __all__ = [
     "TestPlan", "LayerChoice", "LayerSweep", "Screen", "Decomposition", "Estimate",
-    "GiniSummary", "ConflictRouting", "ToyRecovery", "PlantedRecovery", "ScreenRow",
+    "GiniSummary", "ConflictRouting", "ToyRecovery", "ToySeeds", "PlantedRecovery", "ScreenRow",
     "TrainedLayer", "Analysis", "training_prompts", "evaluation_prompts", "selection_task",
     "layer_sweep", "plan_tests", "screen", "train", "decompose", "patch", "gini", "conflict",
-    "toy", "toy_guarded", "planted", "preimage_index", "analysis",
+    "toy", "toy_seeds", "planted", "preimage_index", "analysis",
 ]  # fmt: skip
 
 Prompts = list[tuple[str, list[int]]]
@@ -620,14 +620,38 @@ def toy(protocol: NDMProtocol) -> ToyRecovery:
     return ToyRecovery.of(toy_recovery(toy_cfg, ndm_cfg, seed=protocol.seed))
 
 
-def toy_guarded(toy: Mapping[str, Any], ndm: Mapping[str, Any]) -> ToyRecovery:
-    """The toy recovery at the replication's own settings (``toy``: overrides of
-    :class:`~structlens.ndm.ToyConfig`; ``ndm``: an :class:`~structlens.ndm.NDMConfig`, there
-    with the ``min_subspaces`` stop guard), seed 0."""
-    from structlens.ndm import NDMConfig, ToyConfig
+@dataclass(frozen=True)
+class ToySeeds(Result):
+    """The toy recovery over seeds: ``runs[i]`` is :func:`toy` at seed ``seeds[i]`` (the
+    autoencoder, its samples and NDM all drawn from it); ``guarded[j]`` the same run with
+    the ``min_subspaces`` stop guard at the number of feature groups, at ``guarded_seeds[j]``,
+    run only where the unguarded run misses the groups (the fallback a user would try)."""
+
+    seeds: list[int]
+    runs: list[ToyRecovery]
+    guarded_seeds: list[int]
+    guarded: list[ToyRecovery]
+
+
+def toy_seeds(
+    protocol: NDMProtocol, seeds: int, recovers: Callable[[ToyRecovery], bool]
+) -> ToySeeds:
+    """:func:`toy` at seeds ``protocol.seed .. protocol.seed + seeds - 1``; where a run does
+    not ``recovers`` the groups, again with the stop guard."""
     from structlens.ndm.pipeline import toy_recovery
 
-    return ToyRecovery.of(toy_recovery(ToyConfig(seed=0, **toy), NDMConfig(**ndm), seed=0))
+    toy_cfg, ndm_cfg = protocol.toy()
+    chosen = list(range(protocol.seed, protocol.seed + seeds))
+    runs, guarded, guarded_seeds = [], [], []
+    for seed in chosen:
+        toy_s, ndm_s = replace(toy_cfg, seed=seed), replace(ndm_cfg, seed=seed)
+        run = ToyRecovery.of(toy_recovery(toy_s, ndm_s, seed=seed))
+        runs.append(run)
+        if not recovers(run):
+            guard = replace(ndm_s, min_subspaces=len(run.truth))
+            guarded.append(ToyRecovery.of(toy_recovery(toy_s, guard, seed=seed)))
+            guarded_seeds.append(seed)
+    return ToySeeds(chosen, runs, guarded_seeds, guarded)
 
 
 @dataclass(frozen=True)

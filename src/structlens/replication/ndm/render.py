@@ -40,7 +40,7 @@ def _ci(entry: dict) -> str:
 
 def claims_of(R: Run) -> list[Claim]:
     """The run's claims, in the table's order."""
-    return claims(R.evaluate, R.train, R.toy2, R.planted, R.browse)
+    return claims(R.evaluate, R.train, R.toy, R.planted, R.browse)
 
 
 def _measured(t: Template, c: Claim, ev: EvaluationRun) -> str:
@@ -55,9 +55,13 @@ def _measured(t: Template, c: Claim, ev: EvaluationRun) -> str:
                    "best": _ci(best) if best else "none",
                    "n_screened": len(c.settings["screened_tests"])}  # fmt: skip
     if c.id == "toy_recovery":
-        values |= c.settings | {"guard": "".join(
-            f"; with `{k}`: partition {v['partition']}, overlap {v['overlap']:.3f}"
-            for k, v in c.per_setting.items())}  # fmt: skip
+        assert c.ci is not None  # a profile runs at least one seed
+        ((guard, g),) = c.per_setting.items()
+        runs = c.settings["partitions"]
+        values |= {"k": c.settings["recovered"], "n": len(runs), "ci": ci(c.ci),
+                   "truth": c.settings["truth"], "guard": guard.split(" ")[0],
+                   "k_guard": g["recovered"], "ci_guard": ci(g["ci"]),
+                   "partitions": ", ".join(f"{p}" for p in runs.values())}  # fmt: skip
     if c.id == "planted_partition_recovery":
         return "; ".join(f"{k}: {v['recovered']}/{v['n']} {ci(v['ci'])}"
                          for k, v in c.per_setting.items())  # fmt: skip
@@ -220,11 +224,7 @@ def _browser(t: Template, R: Run) -> list[str]:
 
 def _notes(t: Template, ev: EvaluationRun) -> str:
     null_tests = [row["test"] for row in ev.screen if not row["screened"]]
-    toy = ev.toy
-    assert toy is not None  # the replication's evaluation runs the toy recovery
     return t.section("notes", {
-        "partition": toy["partition"], "truth_dims": toy["truth_dims"],
-        "stopped": "by the merge rule." if toy["converged"] else "by running out of steps.",
         "null_tests": ", ".join(null_tests) + f" remove less than {ev.min_share:.0%} of the "
         "clean metric when the whole space is patched at their layers: no signal, no Gini."
         if null_tests else "none.",

@@ -9,7 +9,7 @@ layers under the protocol's layer rule (the share sweep on selection prompts, a 
 (one stage per layer for its honest timing, then one collecting their checkpoints; on
 ``--profile gpu`` the same activations trained on ``--device`` to the paper's stopping rule,
 :mod:`structlens.ndm.device_train`, used by later stages whenever it is in the cache), the
-patching tests with knowledge conflict and the toy recovery, the guarded toy, the planted
+patching tests with knowledge conflict, the toy recovery over seeds, the planted
 partitions, and the preimage browser; :mod:`structlens.ndm.verdicts` judges them.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 from structlens.ndm.protocol import REPLICATION_PROFILES as PROFILES
 from structlens.ndm.protocol import ReplicationProfile
 from structlens.ndm.runs import BrowseRun, EvaluationRun, TrainingRun
-from structlens.ndm.stages import LayerSweep, PlantedRecovery, ToyRecovery
+from structlens.ndm.stages import LayerSweep, PlantedRecovery, ToySeeds
 from structlens.pipeline.cache import Stage, StageCache
 from structlens.pipeline.progress import log
 from structlens.results import write_results
@@ -51,7 +51,7 @@ class Run:
     per_layer: dict[int, dict[str, Any]]
     evaluate: EvaluationRun
     evaluate_cpu: EvaluationRun | None
-    toy2: ToyRecovery
+    toy: ToySeeds
     planted: list[PlantedRecovery]
     browse: list[BrowseRun]
 
@@ -169,24 +169,30 @@ class NDMReplication:
             # on --device: the gpu profile patches 512 prompts per test
             report = run_evaluation(
                 s.protocol, self._model(self.device), self.cache.path(train_stage),
-                out=folder, tests=list(s.tests), batch_size=16, sweep=sweep,
+                out=folder, tests=list(s.tests), batch_size=16, sweep=sweep, toy=False,
             )  # fmt: skip
             plot_evaluation(report.meta, folder)
             return EvaluationRun.of(report.payload())
 
-        # record 4: the run records its layer sweep (3: a typed Result; 2: the Gini
-        # differences carry their one-sided bootstrap p-values); older records recompute
-        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 4}
+        # "record" changes with what the stored run holds (5: no toy run, which has its own
+        # stage over seeds); older records recompute
+        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 5}
         stage = Stage("evaluate", config, model=self.fp, inputs=(train_stage.key, sweep_stage.key))
         return self.cache.run(stage, EvaluationRun, run)
 
-    def toy2(self) -> ToyRecovery:
-        """The toy recovery with the ``min_subspaces`` stop guard."""
-        from structlens.ndm.stages import toy_guarded
+    def toy(self) -> ToySeeds:
+        """The toy recovery over the profile's ``toy_seeds`` seeds, with the stop guard
+        where the merge rule misses the groups."""
+        from structlens.ndm.stages import toy_seeds
+        from structlens.ndm.verdicts import TOY_OVERLAP, toy_recovers
 
-        cfg, toy = self.s.toy2, self.s.toy2_model
-        stage = Stage("toy-min-subspaces", {"ndm": cfg, "toy": toy, "record": RECORD})
-        return self.cache.run(stage, ToyRecovery, lambda _: toy_guarded(toy, cfg))
+        p, seeds = self.s.protocol, self.s.toy_seeds
+        config = {"toy": [dataclasses.asdict(c) for c in p.toy()], "seeds": seeds,
+                  "overlap": TOY_OVERLAP, "record": 1}  # fmt: skip
+        found = self.cache.run(Stage("toy-seeds", config), ToySeeds,
+                               lambda _: toy_seeds(p, seeds, toy_recovers))  # fmt: skip
+        log(f"toy: {sum(map(toy_recovers, found.runs))}/{seeds} seeds recover the groups")
+        return found
 
     def planted(self) -> list[PlantedRecovery]:
         """The recovery rate over seeds on planted rotated partitions, one restart against
@@ -260,7 +266,7 @@ def run(
         train=train,
         train_dir=rep.cache.path(train_stage),
         per_layer=per_layer,
-        toy2=rep.toy2(),
+        toy=rep.toy(),
         planted=rep.planted(),
         evaluate=rep.evaluate(train_stage, sweep_stage, sweep),
         # the CPU run's evaluation, for comparison with the device-trained one
