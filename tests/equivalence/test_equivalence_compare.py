@@ -45,6 +45,40 @@ def test_rotated_permuted_model_keeps_logits_and_moves_heads(tiny, rotated) -> N
     assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
 
 
+def test_gemma_copies_change_basis_by_a_signed_permutation() -> None:
+    """Gemma 2/3 normalise each block's write, so no gain can be folded away: the copy's
+    basis change is a signed permutation that every gain follows, and the function stays."""
+    from structlens.equivalence.scenarios import random_signed_permutation
+
+    gemma = load_model("tiny-gemma2", seed=1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the random model's gains are all 1 + 0: give them values to move
+        for name, p in gemma.hf.named_parameters():
+            if name.endswith("norm.weight") and p.shape == (gemma.d_model,):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    twin, head_map, r = rotate_and_permute(gemma, seed=3)
+    assert twin.name.endswith("+sperm3")
+    r64 = r.double()
+    assert torch.equal(r64.abs().sum(0), torch.ones(gemma.d_model))
+    assert torch.equal(r64.abs().sum(1), torch.ones(gemma.d_model))
+    assert torch.equal(r64, random_signed_permutation(gemma.d_model, 3).to(r.dtype).double())
+    before, after = gemma.hf.model.layers[1], twin.hf.model.layers[1]
+    for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"):  # fmt: skip
+        g, g2 = getattr(before, name).weight, getattr(after, name).weight
+        assert torch.allclose(g @ r.abs(), g2) and not torch.allclose(g, g2)
+    ids, mask = gemma.tokenize(["Emma was handsome, clever, and rich.", "It is a truth"])
+    sites = ["blocks.1.attn.hook_z", "blocks.2.hook_resid_post"]
+    la, ca = run_with_cache(gemma, ids, mask, sites)
+    lb, cb = run_with_cache(twin, ids, mask, sites)
+    assert torch.allclose(la, lb, atol=1e-4)
+    for h in range(gemma.n_heads):
+        assert torch.allclose(ca[sites[0]][:, :, h], cb[sites[0]][:, :, head_map[1][h]],
+                              atol=1e-5)  # fmt: skip
+    assert torch.allclose(ca[sites[1]] @ r, cb[sites[1]], atol=1e-4)
+    assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
+
+
 def test_rotate_rejects_layernorm_models() -> None:
     with pytest.raises(ValueError, match="LayerNorm"):
         rotate_and_permute(load_model("tiny-gpt2"))

@@ -86,3 +86,18 @@ def test_gemma3_does_ioi_and_greater_than(gemma3):
         # chance is 0.5; the BOS-less prompts of before gave 0.06 (IOI) and 0.31 (greater-than)
         assert r["accuracy_ci"][0] > 0.75, (name, r["accuracy"])
         assert r["metric_ci"][0] > 0, (name, r["metric_mean"])
+
+
+def test_gemma3_has_a_function_preserving_sanity_copy(gemma3):
+    """Gemma's blocks normalise their writes, so the equivalence sanity copy changes the
+    residual basis by a signed permutation (the gains move with it): the copy computes the
+    same logits, each moved head the same ``hook_z``, and a residual stream ``x R``."""
+    from structlens.equivalence.stages import fold_check
+
+    got = fold_check(gemma3, "When Mary and John went to the store, John gave a drink to",
+                     seed=0, layer=9)  # fmt: skip
+    assert got.top1_unchanged
+    assert got.max_abs_logit_diff < 1e-5 * got.max_abs_logit * 100
+    assert got.max_abs_z_diff < 1e-4
+    # float32 round-off of residual entries up to ~1e5 (Gemma's massive activations)
+    assert got.max_abs_resid_rotation_error < 1e-6 * got.max_abs_resid

@@ -1,10 +1,11 @@
 """Model pairs with known answers for interpretive equivalence.
 
 * :func:`rotate_and_permute` -- the sanity scenario: a copy of an RMSNorm model whose residual
-  basis is rotated by a random orthogonal ``R`` and whose attention heads are permuted within
-  each layer, folded into the weights so the function (the logits) is unchanged. Matching
-  must recover the permutation and the equivalence score must be 1. ``rotate=False`` keeps
-  the basis and permutes the heads only (the unrotated copy).
+  basis is rotated by a random orthogonal ``R`` (a random signed permutation for Gemma 2/3,
+  see below) and whose attention heads are permuted within each layer, folded into the
+  weights so the function (the logits) is unchanged. Matching must recover the permutation
+  and the equivalence score must be 1. ``rotate=False`` keeps the basis and permutes the
+  heads only (the unrotated copy).
 * :func:`finetune_on_task` -- a copy of a causal LM fine-tuned on a task's answers (the
   before/after fine-tuning scenario).
 * :data:`SCENARIOS` -- the scenario table of the replication: which model pairs are compared,
@@ -23,6 +24,16 @@ the gains are first folded into the linear layers that read the normalised strea
 the unembedding after the final norm) and set to 1. A tied unembedding is untied first
 because its copy absorbs the final gain. LayerNorm (GPT-2, BERT) also subtracts the mean,
 which commutes only with rotations that fix the all-ones direction; it is not supported here.
+
+Gemma 2 and 3 also normalise what each block *writes* (``post_attention_layernorm`` and
+``post_feedforward_layernorm`` act on the block's output before it joins the residual), so
+their gains sit between a write and the residual stream and cannot be folded into any linear
+layer. A gain commutes with a *signed permutation* ``R`` (``diag(g) R = R diag(g')``, ``g'``
+the permuted gain), and RMSNorm's ``rms`` is invariant under it, so for these families ``R``
+is a random signed permutation and every residual-width gain is permuted with it (Gemma's
+``1 + w`` gains too: a permutation keeps the ones). The copy is the same function in a
+different basis, but a weaker test of basis dependence: per-coordinate statistics are
+permuted, not mixed.
 Heads are permuted by reordering the rows of ``q_proj`` (and of ``k_proj``/``v_proj`` by the
 induced permutation of key/value groups, so grouped-query attention keeps each query head's
 key/value head) and the matching columns of ``o_proj``.
@@ -47,6 +58,7 @@ from structlens.models.loading import Model
 
 __all__ = [
     "rotate_and_permute",
+    "random_signed_permutation",
     "finetune_on_task",
     "FineTuneRun",
     "random_orthogonal",
@@ -66,6 +78,9 @@ __all__ = [
 ]
 
 _RMS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+#: Families whose blocks also normalise their writes (the gains stay; the basis change is a
+#: signed permutation).
+_SANDWICH_FAMILIES = ("gemma2", "gemma3_text")
 
 
 def random_orthogonal(d: int, seed: int) -> torch.Tensor:
@@ -73,6 +88,17 @@ def random_orthogonal(d: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     q, r = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
     return q * torch.sign(torch.diagonal(r))
+
+
+def random_signed_permutation(d: int, seed: int) -> torch.Tensor:
+    """A random ``[d, d]`` signed permutation matrix (float64), deterministic under ``seed``:
+    column ``j`` holds ``±1`` in row ``perm[j]``."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(d, generator=gen)
+    signs = 1.0 - 2.0 * (torch.rand(d, generator=gen, dtype=torch.float64) < 0.5).double()
+    out = torch.zeros(d, d, dtype=torch.float64)
+    out[perm, torch.arange(d)] = signs
+    return out
 
 
 def _head_permutation(n_heads: int, n_kv: int, gen: torch.Generator) -> tuple[list[int], list[int]]:
@@ -100,7 +126,8 @@ def rotate_and_permute(
     Parameters
     ----------
     model : Model
-        A pre-RMSNorm decoder (Llama, Mistral, Qwen2/3 families).
+        A pre-RMSNorm decoder (Llama, Mistral, Qwen2/3 families: ``R`` a Haar rotation) or a
+        Gemma 2/3 decoder (``R`` a signed permutation, see the module docstring).
     seed : int
         Seeds the rotation and the permutations.
     rotate : bool
@@ -116,20 +143,23 @@ def rotate_and_permute(
         what head ``h`` of layer ``l`` of the original computes (identical ``hook_z``); ``R``
         the ``[d, d]`` rotation, with ``resid_new = resid_old @ R`` at every residual site.
     """
-    if model.family.name != "llama" or model.config.model_type not in _RMS_FAMILIES:
+    model_type = model.config.model_type
+    sandwich = model.family.name == "gemma2" and model_type in _SANDWICH_FAMILIES
+    if not sandwich and (model.family.name != "llama" or model_type not in _RMS_FAMILIES):
         raise ValueError(
-            f"rotate_and_permute supports RMSNorm decoders {_RMS_FAMILIES}, got "
-            f"{model.config.model_type!r}: LayerNorm's mean subtraction does not commute with an "
+            f"rotate_and_permute supports RMSNorm decoders {_RMS_FAMILIES + _SANDWICH_FAMILIES}"
+            f", got {model_type!r}: LayerNorm's mean subtraction does not commute with an "
             "arbitrary rotation (see the module docstring)."
         )
     hf = copy.deepcopy(model.hf)
     dtype = next(hf.parameters()).dtype
     base = hf.base_model
-    r = (
-        random_orthogonal(model.d_model, seed)
-        if rotate
-        else torch.eye(model.d_model, dtype=torch.float64)
-    )
+    if not rotate:
+        r = torch.eye(model.d_model, dtype=torch.float64)
+    elif sandwich:
+        r = random_signed_permutation(model.d_model, seed)
+    else:
+        r = random_orthogonal(model.d_model, seed)
     gen = torch.Generator().manual_seed(seed + 1)
 
     def reads(lin: torch.nn.Linear, gain: torch.Tensor | None) -> None:
@@ -143,7 +173,12 @@ def rotate_and_permute(
         if lin.bias is not None:
             lin.bias.copy_((lin.bias.double() @ r).to(dtype))
 
-    if hf.lm_head.weight is base.embed_tokens.weight:
+    def permuted(norm: Any) -> None:
+        # a signed permutation moves each gain with its coordinate (|R| permutes, keeps sums)
+        norm.weight.copy_((norm.weight.double() @ r.abs()).to(dtype))
+
+    tied = hf.lm_head.weight is base.embed_tokens.weight
+    if tied and not sandwich:  # the unembedding absorbs the final gain: untie it first
         hf.lm_head.weight = torch.nn.Parameter(base.embed_tokens.weight.detach().clone())
         hf.config.tie_word_embeddings = False
     emb = base.embed_tokens.weight
@@ -152,13 +187,24 @@ def rotate_and_permute(
     head_map = []
     for layer in base.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        g_attn, g_mlp = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
-            reads(lin, g_attn)
-        for lin in (mlp.gate_proj, mlp.up_proj):
-            reads(lin, g_mlp)
-        g_attn.fill_(1.0)
-        g_mlp.fill_(1.0)
+        if sandwich:
+            for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+                reads(lin, None)
+            for norm in (
+                layer.input_layernorm,
+                layer.post_attention_layernorm,
+                layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm,
+            ):
+                permuted(norm)  # fmt: skip
+        else:
+            g_attn, g_mlp = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
+                reads(lin, g_attn)
+            for lin in (mlp.gate_proj, mlp.up_proj):
+                reads(lin, g_mlp)
+            g_attn.fill_(1.0)
+            g_mlp.fill_(1.0)
         writes(attn.o_proj)
         writes(mlp.down_proj)
         perm, kv_perm = _head_permutation(model.n_heads, n_kv, gen)
@@ -179,9 +225,14 @@ def rotate_and_permute(
         for new, old in enumerate(perm):
             inverse[old] = new
         head_map.append(inverse)
-    reads(hf.lm_head, base.norm.weight)
-    base.norm.weight.fill_(1.0)
-    tag = f"+rot{seed}" if rotate else f"+perm{seed}"
+    if sandwich:
+        permuted(base.norm)
+        if not tied:  # a tied unembedding was rotated with the embedding
+            reads(hf.lm_head, None)
+    else:
+        reads(hf.lm_head, base.norm.weight)
+        base.norm.weight.fill_(1.0)
+    tag = (f"+sperm{seed}" if sandwich else f"+rot{seed}") if rotate else f"+perm{seed}"
     out = Model(hf, model.tokenizer, f"{model.name}{tag}", source=f"{model.source}{tag}")
     return out, head_map, r.to(dtype)
 
