@@ -1,11 +1,22 @@
-"""The κ calibration plants Jacobians whose E[JᵀJ] is known and runs the production κ stage."""
+"""The κ calibration plants Jacobians whose E[JᵀJ] is known and runs the production κ stage;
+the sweep-gate calibration plants SAEs whose held-out FVU is known and runs the gate."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from structlens.calibration.causal import SPECTRUM, calibrate_kappa, planted_grams, true_kappa
+from structlens.calibration.causal import (
+    GATE_FVU,
+    GATE_WIDTHS,
+    SPECTRUM,
+    calibrate_gate,
+    calibrate_kappa,
+    planted_gate_sweep,
+    planted_grams,
+    planted_sae,
+    true_kappa,
+)
 
 
 def test_true_kappa_is_the_entropy_effective_rank():
@@ -89,3 +100,38 @@ def test_the_identification_rule_and_the_papers_are_scored_against_the_planted_k
     # resolve, where the identification rule waits for its interval (independent windows)
     scored = calibrate_stopping("d=16, j^-1", 40, first_seed=1)
     assert scored.paper_false_stop_rate >= 0.2 and scored.false_stop_rate <= 0.05
+
+
+def test_a_planted_sae_reconstructs_with_its_residual_map():
+    import torch
+
+    rng = np.random.default_rng(0)
+    r = 0.1 * rng.standard_normal((6, 6))
+    x = torch.as_tensor(rng.standard_normal((50, 6)))
+    sae = planted_sae(r)
+    assert sae.d_sae == 12
+    torch.testing.assert_close(sae(x), x + x @ torch.as_tensor(r).T)
+
+
+def test_planted_gate_sweeps_have_their_true_fvu():
+    """Over many prompts each width's held-out FVU (the production ``sae_quality``) is its
+    planted population FVU, the last width's the third's times 1 + rise."""
+    import torch
+
+    from structlens.sae.sweep import sae_quality
+
+    saes, acts, ids, truth = planted_gate_sweep(0.1, 400, 32, seed=3)
+    assert list(truth) == list(GATE_WIDTHS)
+    assert truth[GATE_WIDTHS[-1]] == pytest.approx(GATE_FVU[-1] * 1.1)
+    x = torch.cat(acts)
+    for m, sae in saes.items():
+        assert sae_quality(sae, x)["fvu"] == pytest.approx(truth[m], rel=0.03)
+    assert [int(i[0]) for i in ids] == list(range(400)) and all(len(i) == 32 for i in ids)
+
+
+def test_the_gate_passes_a_falling_sweep_and_fails_a_large_rise():
+    falls = calibrate_gate(-0.15, 10, first_seed=5)
+    rises = calibrate_gate(0.1, 10, first_seed=5)
+    assert not falls.expected and falls.rate == 0.0 and falls.mean_rise < -0.1
+    assert rises.expected and rises.rate == 1.0 and rises.raw_rate == 1.0
+    assert 0.05 < rises.mean_rise < 0.15 and 0 < rises.mean_rise_se < 0.05

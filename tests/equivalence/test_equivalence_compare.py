@@ -28,21 +28,27 @@ def rotated(tiny: object) -> tuple:
     return rotate_and_permute(tiny, seed=3)
 
 
+def _same_function_in_a_new_basis(a, b, head_map, r) -> None:
+    """``b`` computes ``a``'s logits, each head ``h`` of layer 1 as ``b``'s head
+    ``head_map[1][h]``, and the residual stream ``x R``, which differs from ``x``."""
+    ids, mask = a.tokenize(["Emma was handsome, clever, and rich.", "It is a truth"])
+    sites = ["blocks.1.attn.hook_z", "blocks.2.hook_resid_post"]
+    la, ca = run_with_cache(a, ids, mask, sites)
+    lb, cb = run_with_cache(b, ids, mask, sites)
+    assert torch.allclose(la, lb, atol=1e-4)
+    za, zb = ca[sites[0]], cb[sites[0]]
+    for h in range(a.n_heads):
+        assert torch.allclose(za[:, :, h], zb[:, :, head_map[1][h]], atol=1e-5)
+    assert torch.allclose(ca[sites[1]] @ r, cb[sites[1]], atol=1e-4)
+    # the basis change really moves the residuals
+    assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
+
+
 def test_rotated_permuted_model_keeps_logits_and_moves_heads(tiny, rotated) -> None:
     model, head_map, r = rotated
     assert not torch.allclose(model.hf.model.embed_tokens.weight, tiny.hf.model.embed_tokens.weight)
     assert any(m != list(range(tiny.n_heads)) for m in head_map)
-    ids, mask = tiny.tokenize(["Emma was handsome, clever, and rich.", "It is a truth"])
-    sites = ["blocks.1.attn.hook_z", "blocks.2.hook_resid_post"]
-    la, ca = run_with_cache(tiny, ids, mask, sites)
-    lb, cb = run_with_cache(model, ids, mask, sites)
-    assert torch.allclose(la, lb, atol=1e-4)
-    za, zb = ca[sites[0]], cb[sites[0]]
-    for h in range(tiny.n_heads):
-        assert torch.allclose(za[:, :, h], zb[:, :, head_map[1][h]], atol=1e-5)
-    assert torch.allclose(ca[sites[1]] @ r, cb[sites[1]], atol=1e-4)
-    # the rotation really mixes the basis: the raw residuals differ
-    assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
+    _same_function_in_a_new_basis(tiny, model, head_map, r)
 
 
 def test_gemma_copies_change_basis_by_a_signed_permutation() -> None:
@@ -67,16 +73,7 @@ def test_gemma_copies_change_basis_by_a_signed_permutation() -> None:
                  "post_feedforward_layernorm"):  # fmt: skip
         g, g2 = getattr(before, name).weight, getattr(after, name).weight
         assert torch.allclose(g @ r.abs(), g2) and not torch.allclose(g, g2)
-    ids, mask = gemma.tokenize(["Emma was handsome, clever, and rich.", "It is a truth"])
-    sites = ["blocks.1.attn.hook_z", "blocks.2.hook_resid_post"]
-    la, ca = run_with_cache(gemma, ids, mask, sites)
-    lb, cb = run_with_cache(twin, ids, mask, sites)
-    assert torch.allclose(la, lb, atol=1e-4)
-    for h in range(gemma.n_heads):
-        assert torch.allclose(ca[sites[0]][:, :, h], cb[sites[0]][:, :, head_map[1][h]],
-                              atol=1e-5)  # fmt: skip
-    assert torch.allclose(ca[sites[1]] @ r, cb[sites[1]], atol=1e-4)
-    assert not torch.allclose(ca[sites[1]], cb[sites[1]], atol=1e-2)
+    _same_function_in_a_new_basis(gemma, twin, head_map, r)
 
 
 def test_rotate_rejects_layernorm_models() -> None:

@@ -1,7 +1,7 @@
 """The patching tests' layers: the depth rule maps the paper's GPT-2 layer to the same relative
 depth; the share sweep keeps the largest whole-space share (the candidate nearest the mapped
-layer within one standard error of it), measured on selection prompts that are never
-evaluation prompts."""
+layer within one standard error of it, leaving the mapped layer only on a significant paired
+gain), measured on selection prompts that are never evaluation prompts."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from structlens.ndm.evaluate import (
     map_layer,
     patch_positions,
     patch_tests_for,
+    share_gain_p,
     sweep_candidates,
     whole_space_run,
     whole_space_share,
@@ -44,20 +45,70 @@ def tiny():
 
 
 def test_choose_layer_is_the_largest_share_nearest_the_mapped_depth():
-    layers, exact = (10, 11, 12, 13, 14), (0.0,) * 5
-    assert choose_layer(12, layers, (0.1, 0.2, 0.3, 0.6, 0.5), exact) == 13  # the argmax
-    assert choose_layer(12, layers, (0.6, 0.2, 0.3, 0.6, 0.1), exact) == 13  # tie: nearer to 12
-    assert choose_layer(12, layers, (0.1, 0.6, 0.3, 0.6, 0.2), exact) == 11  # equal distance
-    assert choose_layer(12, layers, (math.nan, 0.1, -0.2, math.nan, 0.0), exact) == 11
-    assert choose_layer(12, layers, (math.nan,) * 5, exact) == 12  # no behaviour: stay
+    """With every gain over the mapped layer significant, the rule is the argmax, ties
+    (within one standard error) going to the layer nearest the mapped one."""
+    layers, exact, gains = (10, 11, 12, 13, 14), (0.0,) * 5, (0.0, 0.0, math.nan, 0.0, 0.0)
+    assert choose_layer(12, layers, (0.1, 0.2, 0.3, 0.6, 0.5), exact, gains) == 13  # the argmax
+    assert choose_layer(12, layers, (0.6, 0.2, 0.3, 0.6, 0.1), exact, gains) == 13  # tie: nearer
+    assert choose_layer(12, layers, (0.1, 0.6, 0.3, 0.6, 0.2), exact, gains) == 11  # equidistant
+    assert choose_layer(12, layers, (math.nan, 0.1, -0.2, math.nan, 0.0), exact, gains) == 11
+    assert choose_layer(12, layers, (math.nan,) * 5, exact, gains) == 12  # no behaviour: stay
     # within one standard error of the largest share counts as a tie
     noisy = (0.1, 0.2, 0.3, 0.6, 0.5)
-    assert choose_layer(12, layers, noisy, (0.05,) * 5) == 13  # 0.5 < 0.6 - 0.05
-    assert choose_layer(12, layers, noisy, (0.1,) * 5) == 13  # only 14 (0.5) ties with 13
-    assert choose_layer(12, layers, noisy, (0.35,) * 5) == 12  # 0.3 >= 0.6 - 0.35
-    assert choose_layer(12, layers, noisy, (0.0, 0.0, 0.0, math.nan, 0.0)) == 13
-    with pytest.raises(ValueError, match="5 candidate layers for 4 shares and 5 standard"):
-        choose_layer(12, layers, (0.1,) * 4, exact)
+    assert choose_layer(12, layers, noisy, (0.05,) * 5, gains) == 13  # 0.5 < 0.6 - 0.05
+    assert choose_layer(12, layers, noisy, (0.1,) * 5, gains) == 13  # only 14 (0.5) ties
+    assert choose_layer(12, layers, noisy, (0.35,) * 5, gains) == 12  # 0.3 >= 0.6 - 0.35
+    assert choose_layer(12, layers, noisy, (0.0, 0.0, 0.0, math.nan, 0.0), gains) == 13
+    with pytest.raises(ValueError, match="5 candidate layers for 4 shares, 5 standard"):
+        choose_layer(12, layers, (0.1,) * 4, exact, gains)
+
+
+def test_choose_layer_leaves_the_mapped_layer_only_on_a_significant_paired_gain():
+    """Holm over the four other candidates multiplies the smallest p-value by 4: 0.02 stays,
+    0.01 moves; a tied layer that fails its test is passed over for one that passes."""
+    layers, errors, shares = (10, 11, 12, 13, 14), (0.01,) * 5, (0.1, 0.2, 0.3, 0.6, 0.5)
+    p = (0.9, 0.9, math.nan, 0.02, 0.9)
+    assert choose_layer(12, layers, shares, errors, p) == 12  # 4 · 0.02 > 0.05
+    p = (0.9, 0.9, math.nan, 0.01, 0.9)
+    assert choose_layer(12, layers, shares, errors, p) == 13  # 4 · 0.01 <= 0.05
+    assert choose_layer(12, layers, shares, errors, p, alpha=0.01) == 12
+    # 13 and 14 tie within the error; 13 fails its test, 14 passes
+    tied = (0.1, 0.2, 0.3, 0.6, 0.58)
+    p = (0.9, 0.9, math.nan, 0.5, 0.001)
+    assert choose_layer(12, layers, tied, (0.05,) * 5, p) == 14
+    # NaN p-values (no pairing possible) never count
+    assert choose_layer(12, layers, shares, errors, (math.nan,) * 5) == 12
+
+
+def test_share_gain_p_is_the_paired_t_test_of_the_whole_space_effects():
+    """Against scipy's paired t test; the shared prompt noise cancels, so a gain far below
+    each share's own standard error is still detected."""
+    from scipy.stats import ttest_rel
+
+    rng = np.random.default_rng(0)
+    n = 24
+    clean, prompt = np.full(n, 2.0), rng.normal(0.0, 1.0, n)
+    runs = []
+    for gain in (0.0, 0.05, -0.05):
+        full = 1.0 + gain + prompt + 0.01 * rng.standard_normal(n)
+        runs.append(_run(clean, full))
+    p = share_gain_p(runs, 0)
+    assert math.isnan(p[0])
+    ref = ttest_rel(runs[1].full_effect, runs[0].full_effect, alternative="greater").pvalue
+    assert p[1] == pytest.approx(ref, rel=1e-9) and p[1] < 1e-6
+    assert p[2] > 0.999
+    # each share's own (unpaired) error is over three times the share gain of 0.05 / 2
+    assert whole_space_share_error(runs[1]) > 3 * 0.025
+    same = share_gain_p([runs[0], _run(clean, runs[0].full_effect + 0.1)], 0)
+    assert same[1] == 0.0  # a difference without spread
+    assert all(map(math.isnan, share_gain_p([_run(-clean, runs[0].full_effect)] * 2, 0)))
+
+
+def _run(clean, full):
+    n = len(clean)
+    empty, z = np.empty((n, 0)), np.zeros(n, dtype=np.int64)
+    return PatchRun(clean, clean - full, empty, np.asarray(full, float), empty.astype(np.int64),
+                    z, z)  # fmt: skip
 
 
 def test_candidates_are_the_window_around_the_mapped_layer_inside_the_model():
@@ -120,6 +171,8 @@ def test_the_sweep_chooses_the_argmax_of_measured_shares(tiny):
         runs = [whole_space_run(tiny, task, corrupted, layer, positions) for layer in c.candidates]
         np.testing.assert_allclose(c.shares, [whole_space_share(r) for r in runs], rtol=1e-9)
         np.testing.assert_allclose(c.errors, [whole_space_share_error(r) for r in runs], rtol=1e-9)
+        gains = share_gain_p(runs, c.candidates.index(c.mapped))
+        np.testing.assert_allclose(c.p_values, gains, rtol=1e-9)
         finite = [(s, e, layer) for layer, s, e in zip(c.candidates, c.shares, c.errors)
                   if math.isfinite(s)]  # fmt: skip
         if not finite:  # NaN where the random model does not do the task
@@ -128,8 +181,11 @@ def test_the_sweep_chooses_the_argmax_of_measured_shares(tiny):
         measured += 1
         best, error, argmax = max(finite)
         tied = [layer for s, _, layer in finite if s >= best - error]
-        assert argmax in tied and c.chosen in tied
-        assert abs(c.chosen - c.mapped) == min(abs(layer - c.mapped) for layer in tied)
+        assert argmax in tied
+        if c.chosen != c.mapped:  # moved: to the nearest tied layer with a significant gain
+            assert c.chosen in tied and gains[c.candidates.index(c.chosen)] <= 0.05
+            assert abs(c.chosen - c.mapped) <= min(abs(layer - c.mapped) for layer in tied
+                                                   if layer != c.mapped)  # fmt: skip
     assert measured  # at least one test has a measured share to take the argmax of
 
 

@@ -123,11 +123,13 @@ def test_toy_claim_is_a_rate_over_seeds(runs, guarded, verdict, reason):
     assert fallback["n"] == len(runs)
 
 
-def test_toy_recovers_needs_the_group_count_and_the_overlap():
-    """A single merged subspace contains both groups (overlap 1) but is not a recovery."""
+def test_toy_recovers_needs_the_group_dimensions_and_the_overlap():
+    """A single merged subspace contains both groups (overlap 1), and so does a [6, 2] split
+    of [4, 4] groups: neither is a recovery."""
     assert V.toy_recovers(_HIT)
     assert not V.toy_recovers(_MERGED) and not V.toy_recovers(_LOOSE)
     assert not V.toy_recovers(_toy(True, V.TOY_OVERLAP))
+    assert not V.toy_recovers(_toy(True, 1.0, (6, 2)))
 
 
 def test_toy_recovery_reads_the_pipeline_record():
@@ -251,8 +253,10 @@ def _analysis(screened, converged=True, lows=None):
         summary = GiniSummary(0.3, (), {}, None, None)
     browser = {"layer": 2, "entries": [], "top": [], "neighbours": [], "partition": [4, 4]}
     sweep = LayerSweep(PROTOCOL.layer_selection(), [
-        LayerChoice("a", 1, (0, 1, 2), (0.01, 0.05, 0.02), (0.01,) * 3, 1, ("x-0016",)),
-        LayerChoice("b", 2, (1, 2), (math.nan, math.nan), (math.nan, math.nan), 2, ("x-0016",)),
+        LayerChoice("a", 1, (0, 1, 2), (0.01, 0.05, 0.02), (0.01,) * 3, 1, ("x-0016",),
+                    (0.9, math.nan, 0.8)),
+        LayerChoice("b", 2, (1, 2), (math.nan, math.nan), (math.nan, math.nan), 2, ("x-0016",),
+                    (math.nan, math.nan)),
     ])  # fmt: skip
     return Analysis(PROTOCOL, ("induction",), rows, trained, summary, browser, sweep)
 

@@ -20,7 +20,7 @@ from structlens.results import atomic_write_json, to_jsonable
 
 STAGES = ("tasks", "koopman", "ndm", "causal_dim", "equivalence")
 # Part of every cache key and of analysis.json; bump it when a stage's output changes.
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,9 @@ from structlens.causal_dim.stages import KappaFit, PromptSets, kappa
 from structlens.stats.intervals import wilson_interval
 
 __all__ = ["PROTOCOL", "SPECTRUM", "STOPPING_SPECTRA", "KappaCalibration", "StoppingCalibration",
-           "planted_grams", "true_kappa", "calibrate_kappa", "calibrate_stopping"]  # fmt: skip
+           "planted_grams", "true_kappa", "calibrate_kappa", "calibrate_stopping", "GATE_WIDTHS",
+           "GATE_FVU", "GateCalibration", "planted_sae", "planted_gate_sweep",
+           "calibrate_gate"]  # fmt: skip
 
 #: The paper protocol's κ rules (start, cap, tolerance, unit, level).
 PROTOCOL: CausalProtocol = PROFILES["paper"]
@@ -231,4 +234,127 @@ def calibrate_stopping(
         paper_rate=paper / n, paper_false_stop_rate=paper_false / n,
         paper_false_stop_ci=wilson_interval(paper_false, n),
         seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+#: The sweep gate's planted SAEs: four widths' true held-out FVU on a falling curve (the
+#: last one moved by each family's relative rise), the planted states' width and spectrum
+#: (``1/j``, anisotropic as residual streams are), the share of the residual map the widths
+#: share (SAEs of different widths err on the same tokens) and the correlation of the
+#: tokens of one prompt.
+GATE_WIDTHS = (64, 128, 256, 512)
+GATE_FVU = (0.30, 0.25, 0.21)
+GATE_D = 64
+GATE_SHARED = 0.8
+GATE_PROMPT_CORRELATION = 0.5
+
+
+def planted_sae(residual: np.ndarray) -> Any:
+    """A ReLU SAE of width ``2d`` whose reconstruction is ``x + x Rᵀ`` (``R`` the planted
+    ``residual`` map): encoder ``[I; −I]``, decoder ``[I + Rᵀ; −(I + Rᵀ)]``, no biases, so
+    ``ReLU(x)(I + Rᵀ) − ReLU(−x)(I + Rᵀ) = x (I + Rᵀ)``."""
+    import torch
+
+    from structlens.sae.models import ReLUSAE
+
+    d = residual.shape[0]
+    sae = ReLUSAE(d, 2 * d, dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    dec = eye + torch.as_tensor(residual.T, dtype=torch.float64)
+    with torch.no_grad():
+        sae.W_enc_t.copy_(torch.cat([eye, -eye]))
+        sae.W_dec.copy_(torch.cat([dec, -dec]))
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    return sae
+
+
+def planted_gate_sweep(
+    rise: float, n_prompts: int, tokens: int, *, seed: int
+) -> tuple[dict[int, Any], list[Any], list[Any], dict[int, float]]:
+    """One planted width sweep: SAEs by width (:func:`planted_sae`), the held-out
+    activations and their prompt ids per prompt, and each width's true FVU.
+
+    Tokens are ``x = Σ^½ (√ρ u_prompt + √(1 − ρ) e_token)`` with ``Σ = diag(1/j)`` in
+    :data:`GATE_D` dimensions; width ``m``'s residual map is ``R_m ∝ √s G + √(1 − s) G_m``
+    (``s`` = :data:`GATE_SHARED`, Gaussian ``G``), scaled so that its population FVU
+    ``tr(R_m Σ R_mᵀ) / tr Σ`` is :data:`GATE_FVU` for the first three widths and the third's
+    times ``1 + rise`` for the last."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    d, rho, s = GATE_D, GATE_PROMPT_CORRELATION, GATE_SHARED
+    sigma = 1.0 / np.arange(1, d + 1)
+    truth = dict(zip(GATE_WIDTHS, (*GATE_FVU, GATE_FVU[-1] * (1 + rise)), strict=True))
+    shared = rng.standard_normal((d, d))
+    saes = {}
+    for m, f in truth.items():
+        g = np.sqrt(s) * shared + np.sqrt(1 - s) * rng.standard_normal((d, d))
+        g *= np.sqrt(f * sigma.sum() / np.sum(g**2 * sigma))  # tr(G Σ Gᵀ) = Σ_ij G_ij² σ_j
+        saes[m] = planted_sae(g)
+    u = rng.standard_normal((n_prompts, 1, d))
+    e = rng.standard_normal((n_prompts, tokens, d))
+    x = (np.sqrt(rho) * u + np.sqrt(1 - rho) * e) * np.sqrt(sigma)
+    acts = [torch.as_tensor(p) for p in x]
+    ids = [torch.full((tokens,), i, dtype=torch.long) for i in range(n_prompts)]
+    return saes, acts, ids, truth
+
+
+@dataclass(frozen=True)
+class GateCalibration:
+    """How often the width-sweep gate fails ``n`` planted sweeps whose last width's true
+    held-out FVU is ``effect`` (relative) above the previous width's (negative: the curve
+    keeps falling); ``expected`` whether the gate should fail (the true rise exceeds the
+    protocol's ``fvu_rise_tol``).  ``rate``: the gate fails; ``raw_rate``: the rule it
+    replaced fails (a rise above the larger of the tolerance and 2 SE); ``mean_rise`` the
+    mean measured relative rise of the last width; ``mean_rise_se`` the mean standard error
+    of that rise over prompt blocks, relative to the third width's FVU."""
+
+    effect: float
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
+    mean_rise: float
+    mean_rise_se: float
+    seeds: tuple[int, int]
+
+
+def calibrate_gate(
+    rise: float, n: int, *, first_seed: int = 0, protocol: CausalProtocol = PROTOCOL
+) -> GateCalibration:
+    """The gate on ``n`` planted sweeps (seeds ``first_seed, ...``) evaluated on
+    ``protocol``'s held-out prompts (``sae_eval_prompts + sae_eval_extra`` chunks of
+    ``chunk_tokens``) in its ``sweep_blocks``, through the calls the sweep stage makes:
+    :func:`~structlens.sae.sweep.sae_quality` (held-out FVU),
+    :func:`~structlens.causal_dim.sweep.heldout_fvu_rise_se` and
+    :func:`~structlens.causal_dim.sweep.fvu_gate` at ``fvu_rise_tol``."""
+    import torch
+
+    from structlens.causal_dim.sweep import fvu_gate, heldout_fvu_rise_se
+    from structlens.sae.sweep import sae_quality
+
+    n_prompts = protocol.sae_eval_prompts + protocol.sae_eval_extra
+    fails, raw, rises, ses = 0, 0, [], []
+    last, before = GATE_WIDTHS[-1], GATE_WIDTHS[-2]
+    for seed in range(first_seed, first_seed + n):
+        saes, acts, ids, _ = planted_gate_sweep(rise, n_prompts, protocol.chunk_tokens, seed=seed)
+        eval_acts = torch.cat(acts)
+        fvu = {m: sae_quality(sae, eval_acts)["fvu"] for m, sae in saes.items()}
+        rise_se = heldout_fvu_rise_se(saes, acts, ids, protocol.sweep_blocks)
+        gate = fvu_gate(list(fvu), list(fvu.values()), rise_se=rise_se,
+                        tolerance=protocol.fvu_rise_tol)  # fmt: skip
+        fails += not gate.passed
+        f = [fvu[m] for m in GATE_WIDTHS]
+        raw += any(f[i + 1] - f[i] > max(protocol.fvu_rise_tol * f[i], 2 * rise_se[m])
+                   for i, m in enumerate(GATE_WIDTHS[1:]))  # fmt: skip
+        rises.append(fvu[last] / fvu[before] - 1)
+        ses.append(rise_se.get(last, float("nan")) / fvu[before])
+    return GateCalibration(
+        effect=float(rise), expected=rise > protocol.fvu_rise_tol, n=n, rate=fails / n,
+        rate_ci=wilson_interval(fails, n), raw_rate=raw / n, raw_rate_ci=wilson_interval(raw, n),
+        mean_rise=float(np.mean(rises)),
+        mean_rise_se=float(np.mean(ses)), seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

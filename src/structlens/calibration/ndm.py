@@ -1,5 +1,6 @@
 """NDM's rules on planted structure: the merge rule on planted pairs of subspaces whose
-mutual information is known, and the Gini rule on planted subspace patching effects.
+mutual information is known, the Gini rule on planted subspace patching effects, and the
+share sweep's layer rule on planted per-layer whole-space effects.
 
 NDM merges two subspaces when their KSG mutual information, normalised by ``d_a + d_b``,
 exceeds the protocol's ``merge_threshold`` (computed on ``mi_samples`` rows by
@@ -18,6 +19,12 @@ every baseline's effects spread over the subspaces with one profile; NDM's conce
 ``c`` of theirs on one subspace (``c = 0``: NDM is no better, so "above a baseline" is a false
 positive).  Prompts share a factor across methods (the same prompts are patched), as real
 patching runs do.
+
+The layer rule (:func:`~structlens.ndm.evaluate.choose_layer`: leave the mapped layer only
+for a layer within one standard error of the largest share whose paired gain over the mapped
+one survives Holm's adjustment) is scored on planted sweeps (:func:`planted_sweep_runs`):
+every candidate carries one share except the layer after the mapped one, which carries
+``effect`` more (0: the null, where leaving the mapped layer is a false positive).
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from structlens.stats.mutual_info import subspace_mutual_information
 
 __all__ = [
     "PROTOCOL", "MergeRate", "normalized_mi", "planted_pair", "calibrate_merge", "GiniRate",
-    "planted_patch_runs", "calibrate_gini", "GINI_TESTS", "GINI_SUBSPACES",
+    "planted_patch_runs", "calibrate_gini", "GINI_TESTS", "GINI_SUBSPACES", "LAYER_SHARE",
+    "LayerRate", "planted_sweep_runs", "calibrate_layer_rule",
 ]  # fmt: skip
 
 #: The paper protocol's merge rule (``merge_threshold``, ``mi_samples``).
@@ -193,5 +201,94 @@ def calibrate_gini(
         n=n, rate=some / n, rate_ci=wilson_interval(some, n), all_rate=every / n,
         all_rate_ci=wilson_interval(every, n), raw_rate=raw / n,
         raw_rate_ci=wilson_interval(raw, n),
+        seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+#: The layer rule's planted sweep: the share every candidate layer carries (the flat
+#: null), the planted clean metric's mean and spread over prompts, and the spread of a
+#: prompt's whole-space effect around ``share · clean``.
+LAYER_SHARE = 0.5
+_CLEAN = (2.0, 1.0)
+_EFFECT_NOISE = 0.5
+
+
+def planted_sweep_runs(shares: Any, rho: float, n_prompts: int, *, seed: int) -> list[Any]:
+    """Per candidate layer a :class:`~structlens.ndm.evaluate.PatchRun` of the same
+    ``n_prompts`` prompts: clean metric ``c_i ~ N(2, 1)``, whole-space effect
+    ``s_l c_i + ½ (√ρ z_i + √(1 − ρ) ε_il)``, so layer ``l``'s true share is ``s_l`` and a
+    prompt's noise is shared between layers with correlation ``ρ`` (the same prompts are
+    patched at every layer)."""
+    from structlens.ndm.evaluate import PatchRun
+
+    if not 0 <= rho <= 1:
+        raise ValueError(f"rho must lie in [0, 1], got {rho}.")
+    rng = np.random.default_rng(seed)
+    clean = rng.normal(*_CLEAN, n_prompts)
+    shared = rng.standard_normal(n_prompts)
+    runs, empty, zero = [], np.empty((n_prompts, 0)), np.zeros(n_prompts, dtype=np.int64)
+    for s in shares:
+        own = rng.standard_normal(n_prompts)
+        full = s * clean + _EFFECT_NOISE * (np.sqrt(rho) * shared + np.sqrt(1 - rho) * own)
+        runs.append(PatchRun(clean, clean - full, empty, full, empty.astype(np.int64),
+                             zero, zero))  # fmt: skip
+    return runs
+
+
+@dataclass(frozen=True)
+class LayerRate:
+    """How the share sweep's layer rule chooses on ``n`` planted sweeps over the paper
+    protocol's window: every candidate carries share :data:`LAYER_SHARE` except the layer
+    after the mapped one, which carries ``effect`` more (0: the flat null, where leaving the
+    mapped layer is a false positive), with the layers' prompt noise correlated ``rho``.
+    ``rate``: the rule leaves the mapped layer; ``best_rate``: it chooses the layer with the
+    largest true share (the mapped one on the null); ``raw_rate``: the one-standard-error
+    rule without the paired test leaves the mapped layer."""
+
+    effect: float
+    rho: float
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    best_rate: float
+    best_rate_ci: tuple[float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
+    seeds: tuple[int, int]
+
+
+def calibrate_layer_rule(
+    effect: float, rho: float, n: int, *, first_seed: int = 0, protocol: NDMProtocol = PROTOCOL
+) -> LayerRate:
+    """The layer rule on ``n`` planted sweeps (seeds ``first_seed, ...``) of ``protocol``'s
+    ``sweep_window`` and ``sweep_prompts``, through the functions the sweep stage calls:
+    :func:`~structlens.ndm.evaluate.whole_space_share`, its standard error,
+    :func:`~structlens.ndm.evaluate.share_gain_p` and
+    :func:`~structlens.ndm.evaluate.choose_layer`."""
+    from structlens.ndm.evaluate import (
+        choose_layer,
+        share_gain_p,
+        whole_space_share,
+        whole_space_share_error,
+    )
+
+    w = protocol.sweep_window
+    candidates = tuple(range(-w, w + 1))  # the mapped layer is 0
+    shares = [LAYER_SHARE + (effect if c == 1 else 0.0) for c in candidates]
+    best = 1 if effect > 0 else 0
+    moved = hit = raw = 0
+    for seed in range(first_seed, first_seed + n):
+        runs = planted_sweep_runs(shares, rho, protocol.sweep_prompts, seed=seed)
+        s = [whole_space_share(r) for r in runs]
+        e = [whole_space_share_error(r) for r in runs]
+        chosen = choose_layer(0, candidates, s, e, share_gain_p(runs, w))
+        moved += chosen != 0
+        hit += chosen == best
+        raw += choose_layer(0, candidates, s, e, [0.0] * len(candidates)) != 0
+    return LayerRate(
+        effect=float(effect), rho=float(rho), expected=effect > 0, n=n, rate=moved / n,
+        rate_ci=wilson_interval(moved, n), best_rate=hit / n, best_rate_ci=wilson_interval(hit, n),
+        raw_rate=raw / n, raw_rate_ci=wilson_interval(raw, n),
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

@@ -136,8 +136,8 @@ class CausalProtocol(Protocol):
     )
     fvu_rise_tol: float = described(
         0.01,
-        "A rise of held-out FVU with width below this share of the narrower width's FVU (or "
-        "below two standard errors over prompt blocks) does not fail the sweep gate.",
+        "A rise of held-out FVU with width below this share of the narrower width's FVU (plus "
+        "1.645 standard errors over prompt blocks) does not fail the sweep gate.",
     )
     depth_k_ladder: tuple[int, ...] = described(
         (4, 8, 16, 32, 64, 128),

@@ -133,29 +133,72 @@ def sweep_candidates(mapped: int, n_layers: int, window: int) -> tuple[int, ...]
     return tuple(range(max(0, mapped - window), min(n_layers, mapped + window + 1)))
 
 
+#: Level of the paired test a layer must pass to take a test off its mapped layer (Holm's
+#: adjustment over the window's other candidates).
+SWEEP_ALPHA = 0.05
+
+
+def share_gain_p(runs: Sequence[PatchRun], mapped: int) -> tuple[float, ...]:
+    """One-sided p-values that each run's whole-space share exceeds that of ``runs[mapped]``.
+
+    The runs patch the same prompts at different layers, so the comparison is paired: a t
+    test (n − 1 degrees of freedom) of the per-prompt differences of the whole-space effects
+    (every run's share has the same clean-metric denominator).  NaN at ``mapped`` itself,
+    where a share is NaN (no behaviour to remove) and with fewer than two prompts; a
+    difference without spread gives 0 when positive, else 1.
+    """
+    from scipy.stats import t as student_t
+
+    ref = runs[mapped]
+    if not math.isfinite(whole_space_share(ref)) or len(ref.full_effect) < 2:
+        return (float("nan"),) * len(runs)
+    out = []
+    for i, run in enumerate(runs):
+        if i == mapped or not math.isfinite(whole_space_share(run)):
+            out.append(float("nan"))
+            continue
+        diff = np.asarray(run.full_effect, float) - np.asarray(ref.full_effect, float)
+        mean, sd = float(diff.mean()), float(diff.std(ddof=1))
+        if sd == 0.0:
+            out.append(0.0 if mean > 0 else 1.0)
+            continue
+        out.append(float(student_t.sf(mean / (sd / math.sqrt(diff.size)), diff.size - 1)))
+    return tuple(out)
+
+
 def choose_layer(
-    mapped: int, candidates: Sequence[int], shares: Sequence[float], errors: Sequence[float]
+    mapped: int,
+    candidates: Sequence[int],
+    shares: Sequence[float],
+    errors: Sequence[float],
+    p_values: Sequence[float],
+    alpha: float = SWEEP_ALPHA,
 ) -> int:
     """The share sweep's rule, fixed before any share is seen: the candidate nearest
     ``mapped`` (the shallower at equal distance) among those whose whole-space share is
-    within one standard error (``errors``) of the largest share.
+    within one standard error (``errors``) of the largest share, where a candidate other
+    than ``mapped`` counts only if its paired gain over ``mapped`` (``p_values``,
+    :func:`share_gain_p`) survives Holm's adjustment over the other candidates at
+    ``alpha``; ``mapped`` when none counts.
 
     This is the one-standard-error rule of model selection with the paper's depth as the
-    default: a test leaves its mapped layer only for a layer that carries the task by more
-    than the noise of the selection prompts, so equal or indistinguishable shares (a patch
-    that already removes everything at several layers) keep it where the paper put it.
+    default and a test to leave it: a test moves only to a layer that carries the task by
+    more than the noise of the selection prompts, measured on the same prompts (the
+    layers' per-prompt effects are correlated) and over every candidate it could have
+    moved to.  Equal or indistinguishable shares keep it where the paper put it.
     Non-finite shares (a model that does not do the task) never count; with none finite the
     layer stays ``mapped``; a best share without a finite error counts alone.
 
-    >>> choose_layer(12, (10, 11, 12, 13, 14), (0.2, 0.5, 0.56, 0.6, 0.3), (0.05,) * 5)
-    12
-    >>> choose_layer(12, (10, 11, 12, 13, 14), (0.2, 0.5, 0.56, 0.9, 0.3), (0.05,) * 5)
+    >>> layers, shares = (10, 11, 12, 13, 14), (0.2, 0.5, 0.56, 0.9, 0.3)
+    >>> choose_layer(12, layers, shares, (0.05,) * 5, (0.2, 0.3, float("nan"), 0.001, 0.4))
     13
+    >>> choose_layer(12, layers, shares, (0.05,) * 5, (0.2, 0.3, float("nan"), 0.04, 0.4))
+    12
     """
-    if not len(candidates) == len(shares) == len(errors):
+    if not len(candidates) == len(shares) == len(errors) == len(p_values):
         raise ValueError(
-            f"{len(candidates)} candidate layers for {len(shares)} shares and {len(errors)} "
-            "standard errors."
+            f"{len(candidates)} candidate layers for {len(shares)} shares, {len(errors)} "
+            f"standard errors and {len(p_values)} p-values."
         )
     finite = [(float(s), float(e), int(c))
               for c, s, e in zip(candidates, shares, errors) if math.isfinite(s)]  # fmt: skip
@@ -163,7 +206,18 @@ def choose_layer(
         return int(mapped)
     best, error, _ = max(finite)
     floor = best - (error if math.isfinite(error) else 0.0)
-    return min((c for s, _, c in finite if s >= floor), key=lambda c: (abs(c - mapped), c))
+    tested = [(int(c), float(p)) for c, p in zip(candidates, p_values)
+              if c != mapped and math.isfinite(p)]  # fmt: skip
+    beats = set()
+    if tested:
+        from structlens.stats.multiplicity import holm
+
+        rejected = holm([p for _, p in tested], alpha).rejected
+        beats = {c for (c, _), r in zip(tested, rejected, strict=True) if r}
+    counted = [c for s, _, c in finite if s >= floor and (c == mapped or c in beats)]
+    if not counted:
+        return int(mapped)
+    return min(counted, key=lambda c: (abs(c - mapped), c))
 
 
 def name_swap_corruption(task: TaskDataset) -> list[list[int]]:

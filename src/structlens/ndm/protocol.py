@@ -180,9 +180,12 @@ class NDMProtocol(Protocol):
     def layer_selection(self) -> dict[str, Any]:
         """The fields that decide the patching tests' layers (the selection prompts follow
         the evaluation prompts of ``patch_prompts`` and ``seed``): a layer sweep recorded
-        under equal ones is this protocol's choice."""
+        under equal ones is this protocol's choice.  ``sweep_alpha`` is the level of the
+        sweep's paired test (:data:`~structlens.ndm.evaluate.SWEEP_ALPHA`)."""
+        from structlens.ndm.evaluate import SWEEP_ALPHA
+
         names = ("layer_rule", "sweep_window", "sweep_prompts", "patch_prompts", "seed")
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, name) for name in names} | {"sweep_alpha": SWEEP_ALPHA}
 
     def sae_baseline(self) -> Any:
         """The SAE of the SAE-clustering baseline."""

@@ -42,6 +42,7 @@ from structlens.ndm.evaluate import (
     patch_positions,
     patch_subspaces,
     patch_tests_for,
+    share_gain_p,
     summarize_gini,
     sweep_candidates,
     whole_space_run,
@@ -124,8 +125,10 @@ class LayerChoice(Result):
     ``shares[i]`` is the whole-space share (:func:`~structlens.ndm.evaluate.whole_space_share`)
     at layer ``candidates[i]`` on the selection prompts ``prompt_ids`` (never evaluation
     prompts, :func:`selection_task`), ``errors[i]`` its standard error over those prompts,
-    and ``chosen`` the candidate :func:`~structlens.ndm.evaluate.choose_layer` picks; under
-    the depth rule nothing is measured (no candidates) and ``chosen`` is ``mapped``.
+    ``p_values[i]`` the one-sided paired p-value of its gain over ``mapped``
+    (:func:`~structlens.ndm.evaluate.share_gain_p`), and ``chosen`` the candidate
+    :func:`~structlens.ndm.evaluate.choose_layer` picks; under the depth rule nothing is
+    measured (no candidates) and ``chosen`` is ``mapped``.
     """
 
     test: str
@@ -135,15 +138,17 @@ class LayerChoice(Result):
     errors: tuple[float, ...]
     chosen: int
     prompt_ids: tuple[str, ...] = ()
+    p_values: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         # a saved result reads its tuples back as JSON lists
-        for name in ("candidates", "shares", "errors", "prompt_ids"):
+        for name in ("candidates", "shares", "errors", "prompt_ids", "p_values"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if not len(self.candidates) == len(self.shares) == len(self.errors):
+        n = len(self.candidates)
+        if not n == len(self.shares) == len(self.errors) == len(self.p_values):
             raise ValueError(
-                f"{len(self.candidates)} candidates for {len(self.shares)} shares and "
-                f"{len(self.errors)} standard errors."
+                f"{n} candidates for {len(self.shares)} shares, {len(self.errors)} standard "
+                f"errors and {len(self.p_values)} p-values."
             )
 
 
@@ -236,9 +241,10 @@ def _choice(protocol: NDMProtocol, model: Any, test: PatchTest, batch_size: int)
     ]
     shares = tuple(whole_space_share(r) for r in runs)
     errors = tuple(whole_space_share_error(r) for r in runs)
-    chosen = choose_layer(mapped, candidates, shares, errors)
+    p_values = share_gain_p(runs, candidates.index(mapped))
+    chosen = choose_layer(mapped, candidates, shares, errors, p_values)
     return LayerChoice(
-        test.name, mapped, candidates, shares, errors, chosen, tuple(task.prompt_ids)
+        test.name, mapped, candidates, shares, errors, chosen, tuple(task.prompt_ids), p_values
     )
 
 

@@ -63,8 +63,8 @@ def _sweep(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
         }
         for i, w in enumerate(sw.widths)
     ]  # fmt: skip
-    gate = (f"interpretable (held-out FVU falls with width, within {sw.fvu_rise_tol:.0%} or "
-            "2 SE per step)" if sw.sweep_status == "interpretable"
+    gate = (f"interpretable (held-out FVU falls with width, within {sw.fvu_rise_tol:.0%} "
+            "plus 1.645 SE per step)" if sw.sweep_status == "interpretable"
             else f"**not interpretable** ({sw.sweep_cause}): {sw.sweep_reason}; no κ̂ is "
             "fitted")  # fmt: skip
     values = p | {

@@ -124,21 +124,22 @@ def _training(t: Template, R: Run) -> list[str]:
 
 
 def _sweep(t: Template, R: Run, ev: EvaluationRun) -> str:
-    """How the tests' layers were chosen: every candidate's share and standard error, the
-    chosen one marked."""
+    """How the tests' layers were chosen: every candidate's share, standard error and the
+    paired p-value of its gain over the mapped layer, the chosen one marked."""
     sweep = R.sweep
     if sweep.rule == "depth":
         return t.section("sweep_depth", {"layers": ", ".join(
             f"{c.test} {c.chosen}" for c in sweep.choices)})  # fmt: skip
 
-    def cell(layer: int, share: float, error: float, chosen: int) -> str:
-        text = f"{layer}: {share:.3f} ± {error:.3f}"
+    def cell(layer: int, share: float, error: float, p: float, chosen: int) -> str:
+        text = f"{layer}: {share:.3f} ± {error:.3f}" + (f" (p {p:.2g})" if math.isfinite(p) else "")
         return f"**{text}**" if layer == chosen else text
 
     rows = [{
         "test": c.test, "paper": ev.tests[c.test]["gpt2_layer"], "mapped": c.mapped,
         "chosen": c.chosen, "shares": " · ".join(
-            cell(*found, c.chosen) for found in zip(c.candidates, c.shares, c.errors)),
+            cell(*found, c.chosen)
+            for found in zip(c.candidates, c.shares, c.errors, c.p_values, strict=True)),
     } for c in sweep.choices]  # fmt: skip
     return t.section("sweep", sweep.selection, rows)
 

@@ -104,7 +104,8 @@ class NDMReplication:
         def compute(_: Path) -> LayerSweep:
             return plan_tests(s.protocol, self._model(self.device), list(s.tests)).sweep
 
-        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 1}
+        # record 2: the sweep leaves a mapped layer only on a significant paired gain
+        config = {"tests": list(s.tests), "protocol": s.protocol.to_json(), "record": 2}
         stage = Stage("layer-sweep", config, model=self.fp)
         found = self.cache.run(stage, LayerSweep, compute)
         if not found.layers:
