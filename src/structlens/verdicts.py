@@ -238,10 +238,12 @@ def _calibration() -> dict[str, Any]:
 def calibration_notes(method: str) -> tuple[str, ...]:
     """One line per calibrated rule of ``method`` (``koopman``, ``ndm``, ``causal_dim``,
     ``equivalence``): the rule and its measured error rates or coverage, from the committed
-    calibration (docs/calibration.md); empty when the method has none."""
+    calibration (docs/calibration.md), opening with "NOT CALIBRATED" and where the rule misses
+    its targets when it does; empty when the method has none."""
     doc = _calibration()
     return tuple(
-        f"{r['rule']}: {r['summary']} ({doc['profile']} profile; docs/calibration.md)"
+        (f"NOT CALIBRATED, {'; '.join(r['misses'])}. " if r.get("misses") else "")
+        + f"{r['rule']}: {r['summary']} ({doc['profile']} profile; docs/calibration.md)"
         for r in doc.get(method, {}).values()
         if "summary" in r
     )

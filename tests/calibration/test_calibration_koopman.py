@@ -159,4 +159,24 @@ def test_reports_print_the_committed_calibration_beside_their_verdicts():
         notes = calibration_notes(method)
         assert len(notes) == len(rules)
         assert all(r["rule"] in n and r["summary"] in n for r, n in zip(rules, notes))
+        assert all(n.startswith("NOT CALIBRATED") == bool(r["misses"])
+                   for r, n in zip(rules, notes))  # fmt: skip
     assert calibration_notes("no such method") == ()
+    # the heavy-tail rule calls t-tails of population kurtosis 3 and 6 heavy
+    assert doc["koopman"]["heavy_tails"]["misses"]
+
+
+def test_a_rule_misses_its_target_only_at_the_protocols_own_setting():
+    from structlens.calibration.run import misses
+
+    doc = {"target_false_positive_rate": 0.05, "target_coverage": [0.9, 0.98]}
+    null = {"family": "null", "expected": False, "rate": 0.1, "rate_ci": [0.07, 0.15]}
+    ok = {"family": "alt", "expected": True, "rate": 0.9, "rate_ci": [0.85, 0.93]}
+    assert misses({"families": [ok]}, doc) == []
+    (found,) = misses({"families": [null, ok]}, doc)
+    assert "0.10 [0.07, 0.15]" in found and "family null" in found
+    # a row of another resampling unit than the protocol's is a comparison, not the rule
+    assert misses({"unit": "layer", "families": [null | {"unit": "head"}]}, doc) == []
+    covered = {"family": "c", "coverage": 0.8, "coverage_ci": [0.74, 0.85]}
+    assert "coverage 0.80" in misses({"families": [covered]}, doc)[0]
+    assert misses({"families": [covered | {"coverage_ci": [0.85, 0.93]}]}, doc) == []

@@ -33,6 +33,7 @@ from structlens.calibration.koopman import (
     calibrate_slope,
     calibrate_universality,
 )
+from structlens.calibration.regression import KEYS
 from structlens.causal_dim.sweep import FVU_RISE_Z
 from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
 from structlens.koopman.verdicts import HEAVY, SLOWER_RATE
@@ -129,9 +130,38 @@ def _ci(rate: float, ci: Any, digits: int = 2) -> str:
     return f"{rate:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
+def misses(block: dict[str, Any], doc: dict[str, Any]) -> list[str]:
+    """Where a rule's block misses the document's targets at the protocol's own setting (rows
+    of another resampling ``unit`` than the protocol's are comparisons, not the rule): a
+    family where the rule should say no, whose rate's interval lies above the false-positive
+    target, or an interval whose coverage's interval lies outside the coverage band."""
+    fpr, (lo, hi) = doc["target_false_positive_rate"], doc["target_coverage"]
+    unit = block.get("unit") or block.get("protocol", {}).get("kappa_unit")
+    out = []
+    for row in block.get("families", block.get("effects", [])):
+        if unit and row.get("unit", unit) != unit:
+            continue
+        name = ", ".join(f"{k} {row[k]}" for k in KEYS if k in row)
+        if row.get("expected") is False and "rate_ci" in row and row["rate_ci"][0] > fpr:
+            out.append(
+                f"says yes in {_ci(row['rate'], row['rate_ci'])} where it should not ({name})"
+            )
+        if "coverage_ci" in row and not (
+            row["coverage_ci"][1] >= lo and row["coverage_ci"][0] <= hi
+        ):
+            out.append(f"coverage {_ci(row['coverage'], row['coverage_ci'])} ({name})")
+        if "false_stop_ci" in row and row["false_stop_ci"][0] > fpr:
+            out.append(f"false stops {_ci(row['false_stop_rate'], row['false_stop_ci'])} ({name})")
+    return out
+
+
 def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with a one-line ``summary`` in every rule's block: what the reports print beside
-    the verdicts that rule decides."""
+    the verdicts that rule decides; and ``misses`` (:func:`misses`), which the reports print as
+    a flag that the rule is not calibrated to its targets."""
+    for method in ("koopman", "ndm", "causal_dim", "equivalence"):
+        for block in doc.get(method, {}).values():
+            block["misses"] = misses(block, doc)
     sh = doc["koopman"]["split_half_slope"]
     simple, jordan = sh["families"]
     sh["summary"] = (
