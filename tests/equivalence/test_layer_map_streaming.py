@@ -141,3 +141,25 @@ def test_streamed_validation_equals_the_held_logits(tiny):
     assert streamed[1]["kl"] == pytest.approx(kl_from_logits(ref.numpy(), out.numpy()), rel=1e-4)
     top1 = float((out.argmax(-1) == ref.argmax(-1)).double().mean())
     assert streamed[1]["top1"] == pytest.approx(top1, abs=1.5 / len(ref))
+
+
+def test_row_blocks_and_float32_rows_give_the_float64_kl(rng):
+    """More rows than a block, float32 patched logits: the same numbers as upcasting the
+    whole matrices first (the blocks upcast the same float32 values)."""
+    from structlens.equivalence.congruity import ROW_BLOCK
+
+    n = 2 * ROW_BLOCK + 5
+    ref = rng.normal(size=(n, 11)).astype(np.float32)
+    patched = (ref + 0.3 * rng.normal(size=(n, 11))).astype(np.float32)
+    lp = log_softmax_rows(ref)
+    assert lp.dtype == np.float64
+    np.testing.assert_array_equal(lp, log_softmax_rows(ref.astype(np.float64)))
+    whole = log_softmax_rows(ref.astype(np.float64)[:ROW_BLOCK])
+    np.testing.assert_array_equal(lp[:ROW_BLOCK], whole)
+    got = kl_rows(lp, patched)
+    p64 = patched.astype(np.float64)
+    lq = p64 - p64.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    expected = np.sum(np.exp(lp) * (lp - lq), axis=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+    assert got.shape == (n,) and np.all(got >= 0)

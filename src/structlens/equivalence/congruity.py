@@ -96,21 +96,36 @@ def accumulated_representation(
     return out
 
 
+#: Rows of a logit matrix converted to float64 at a time: over a 262,144-token vocabulary a
+#: block is 256 MiB, where the whole matrix of a batch's positions would be gigabytes.
+ROW_BLOCK = 128
+
+
 def log_softmax_rows(logits: object, name: str = "logits") -> np.ndarray:
-    """Row-wise log-softmax in float64 (``[rows, classes]``)."""
-    p = check_matrix(logits, name, min_rows=1).astype(np.float64)
-    lp = p - p.max(1, keepdims=True)
-    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
-    return lp
+    """Row-wise log-softmax in float64 (``[rows, classes]``), computed in blocks of
+    :data:`ROW_BLOCK` rows (each upcast on its own: the same values as upcasting the whole)."""
+    p = check_matrix(logits, name, min_rows=1)
+    out = np.empty(p.shape, dtype=np.float64)
+    for i in range(0, p.shape[0], ROW_BLOCK):
+        lp = p[i : i + ROW_BLOCK].astype(np.float64)
+        lp -= lp.max(1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+        out[i : i + ROW_BLOCK] = lp
+    return out
 
 
 def kl_rows(reference_logp: np.ndarray, patched_logits: object) -> np.ndarray:
     """Per row, ``KL(softmax(reference) || softmax(patched))`` in nats, from the reference's
-    :func:`log_softmax_rows` (computed once when many patches share one reference)."""
-    lq = log_softmax_rows(patched_logits, "patched_logits")
-    if reference_logp.shape != lq.shape:
-        raise ValueError(f"logit shapes differ: {reference_logp.shape} vs {lq.shape}.")
-    return np.sum(np.exp(reference_logp) * (reference_logp - lq), axis=1)
+    :func:`log_softmax_rows` (computed once when many patches share one reference); the
+    patched logits (any float dtype) are taken :data:`ROW_BLOCK` rows at a time."""
+    q = check_matrix(patched_logits, "patched_logits", min_rows=1)
+    if reference_logp.shape != q.shape:
+        raise ValueError(f"logit shapes differ: {reference_logp.shape} vs {q.shape}.")
+    out = np.empty(q.shape[0], dtype=np.float64)
+    for i in range(0, q.shape[0], ROW_BLOCK):
+        ref, lq = reference_logp[i : i + ROW_BLOCK], log_softmax_rows(q[i : i + ROW_BLOCK])
+        out[i : i + ROW_BLOCK] = np.sum(np.exp(ref) * (ref - lq), axis=1)
+    return out
 
 
 def kl_from_logits(reference_logits: object, patched_logits: object) -> float:

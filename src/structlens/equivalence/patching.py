@@ -92,7 +92,7 @@ def validate(
                 forward(model_a, toks, ctx_a)
         with torch.no_grad(), prefix.record():
             base, mask = forward(model_b, toks, ctx_b)
-        ref = _eval_rows(base, mask, task_b, idx, start).double()
+        ref = _eval_rows(base, mask, task_b, idx, start).float()
         ref_logp, ref_top = log_softmax_rows(ref.cpu().numpy(), "reference_logits"), ref.argmax(-1)
         del ref
         if task_b is not None:
@@ -109,8 +109,9 @@ def validate(
                 hooked(model_b, writes={site_b: write}),
             ):
                 out, _ = forward(model_b, toks, ctx_b)
-            p = _eval_rows(out, mask, task_b, idx, start).double()
-            kl[k].append(kl_rows(ref_logp, p.cpu().numpy()))
+            # float32 rows: kl_rows upcasts them a block at a time
+            p = _eval_rows(out, mask, task_b, idx, start)
+            kl[k].append(kl_rows(ref_logp, p.float().cpu().numpy()))
             agree[k].append(p.argmax(-1) == ref_top)
             if task_b is not None:
                 patched_metric[k].append(
