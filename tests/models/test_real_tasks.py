@@ -97,7 +97,7 @@ def test_gemma3_has_a_function_preserving_sanity_copy(gemma3):
     got = fold_check(gemma3, "When Mary and John went to the store, John gave a drink to",
                      seed=0, layer=9)  # fmt: skip
     assert got.top1_unchanged
-    assert got.max_abs_logit_diff < 1e-5 * got.max_abs_logit * 100
+    assert got.max_abs_logit_diff < 1e-3 * got.max_abs_logit
     assert got.max_abs_z_diff < 1e-4
     # float32 round-off of residual entries up to ~1e5 (Gemma's massive activations)
     assert got.max_abs_resid_rotation_error < 1e-6 * got.max_abs_resid

@@ -267,6 +267,19 @@ def test_a_recorded_sweep_is_reused_only_under_its_own_protocol(tiny, monkeypatc
     partial = stages.LayerSweep(recorded.selection, recorded.choices[:1])
     with pytest.raises(InputError, match="no choice for the tests"):
         stages.plan_tests(PROTOCOL, tiny, sweep=partial)
+    # a sweep an older `ndm train` recorded (one standard error alone: no p-values, no
+    # sweep_alpha) is not this protocol's and is swept again, not loaded
+    from structlens.ndm.experiment import _recorded_sweep
+
+    doc = recorded.to_json()
+    assert _recorded_sweep({"layer_sweep": doc}, PROTOCOL).chosen == recorded.chosen
+    old = {
+        **doc,
+        "selection": {k: v for k, v in doc["selection"].items() if k != "sweep_alpha"},
+        "choices": [{k: v for k, v in c.items() if k != "p_values"} for c in doc["choices"]],
+    }
+    assert _recorded_sweep({"layer_sweep": old}, PROTOCOL) is None
+    assert _recorded_sweep({}, PROTOCOL) is None
 
 
 def test_the_sweep_survives_a_save_and_a_load(tiny, tmp_path, monkeypatch):

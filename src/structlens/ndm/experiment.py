@@ -297,8 +297,10 @@ def _recorded_sweep(meta: dict[str, Any], protocol: NDMProtocol) -> LayerSweep |
     from structlens.ndm.stages import LayerSweep
 
     doc = meta.get("layer_sweep")
-    sweep = None if doc is None else LayerSweep.from_dict(doc)
-    return sweep if sweep is not None and sweep.selection == protocol.layer_selection() else None
+    # compared before loading: a sweep recorded under another rule may lack its fields
+    if doc is None or doc.get("selection") != protocol.layer_selection():
+        return None
+    return LayerSweep.from_dict(doc)
 
 
 def _check_rotations(model: Any, train: Path, layers: Sequence[int], allow_foreign: bool) -> None:
