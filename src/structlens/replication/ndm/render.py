@@ -132,7 +132,7 @@ def _sweep(t: Template, R: Run, ev: EvaluationRun) -> str:
             f"{c.test} {c.chosen}" for c in sweep.choices)})  # fmt: skip
 
     def cell(layer: int, share: float, error: float, p: float, chosen: int) -> str:
-        text = f"{layer}: {share:.3f} ± {error:.3f}" + (f" (p {p:.2g})" if math.isfinite(p) else "")
+        text = f"{layer}: {share:.3f} ± {error:.3f}" + (f" (p {p:.3g})" if math.isfinite(p) else "")
         return f"**{text}**" if layer == chosen else text
 
     rows = [{
