@@ -54,7 +54,7 @@ def test_rotated_permuted_model_keeps_logits_and_moves_heads(tiny, rotated) -> N
 def test_gemma_copies_change_basis_by_a_signed_permutation() -> None:
     """Gemma 2/3 normalise each block's write, so no gain can be folded away: the copy's
     basis change is a signed permutation that every gain follows, and the function stays."""
-    from structlens.equivalence.scenarios import random_signed_permutation
+    from structlens.equivalence.scenarios import basis_change, random_signed_permutation
 
     gemma = load_model("tiny-gemma2", seed=1)
     gen = torch.Generator().manual_seed(0)
@@ -63,7 +63,7 @@ def test_gemma_copies_change_basis_by_a_signed_permutation() -> None:
             if name.endswith("norm.weight") and p.shape == (gemma.d_model,):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     twin, head_map, r = rotate_and_permute(gemma, seed=3)
-    assert twin.name.endswith("+sperm3")
+    assert twin.name.endswith("+sperm3") and basis_change(twin.name) == "signed-permuted"
     r64 = r.double()
     assert torch.equal(r64.abs().sum(0), torch.ones(gemma.d_model))
     assert torch.equal(r64.abs().sum(1), torch.ones(gemma.d_model))

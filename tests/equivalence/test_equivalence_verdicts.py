@@ -77,10 +77,10 @@ def comparison(passed, null=None, *, method="patching", layers=None, caveats=(),
     )  # fmt: skip
 
 
-def sanity_check(r: ModelComparison, *, passed=True, logit_diff=1e-6, recovered=1.0):
+def sanity_check(r: ModelComparison, *, passed=True, logit_diff=1e-6, recovered=1.0, copy="a+rot3"):
     return SanityCheck(
-        comparison=r, rotation_seed=3, max_abs_logit_diff=logit_diff,
-        heads_recovered=recovered, passed=passed, reason="planted",
+        comparison=dataclasses.replace(r, model_b=copy), rotation_seed=3,
+        max_abs_logit_diff=logit_diff, heads_recovered=recovered, passed=passed, reason="planted",
     )  # fmt: skip
 
 
@@ -314,7 +314,10 @@ def test_congruity_on_both_sanity_copies_is_reported_beside_with_its_caveats():
     )  # fmt: skip
     section = v.section(ModelAnalysis(PROTOCOL, check, None, None))
     rows = section.details["congruity"]
-    assert [r["pair"] for r in rows] == [v.ROTATED_COPY, v.UNROTATED_COPY]
+    assert [r["pair"] for r in rows] == [
+        "rotated + head-permuted copy (known: equivalent)",
+        v.UNROTATED_COPY,
+    ]
     assert [r["known"] for r in rows] == ["equivalent", "equivalent"]
     assert [r["decision"] for r in rows] == ["different", "unidentified"]
     assert rows[0]["decided_by"] == "uniform_average"
@@ -322,6 +325,7 @@ def test_congruity_on_both_sanity_copies_is_reported_beside_with_its_caveats():
     assert rows[0]["variance_weighted"]["decision"] == "unidentified"
     assert rows[0]["uniform_average"]["base_r2_ba"] == -0.5
     assert rows[1]["max_abs_logit_diff"] == 2e-6
+    assert any("rotated copy" in c.message for c in section.caveats)
     assert section.details["rows"][0]["sanity"]["unrotated"]["decision"] == "unidentified"
     kinds = [c.kind for c in section.caveats]
     assert kinds == ["congruity_false_difference", "congruity_basis_dependent"]
@@ -380,3 +384,23 @@ def test_a_small_lm_plateaued_only_when_its_rule_stopped_it_early(tmp_path):
     assert not dataclasses.replace(rec, steps_run=2000).plateaued
     assert not dataclasses.replace(rec, converged=None, held_out_loss=[]).plateaued
     assert SmallLMTraining.load(rec.save(tmp_path)) == rec
+
+
+def test_the_sanity_row_names_how_the_copy_changed_the_basis():
+    """Gemma's copy is signed-permuted (its sandwich norms admit no rotation): its rows and
+    caveats say so, and a name that is no copy of ``rotate_and_permute`` is refused."""
+    rotated = dataclasses.replace(
+        comparison([True] * 12, [False] * 12), congruity=congruity((0.0, 1.0), (0.0, 0.0))
+    )
+    check = dataclasses.replace(
+        sanity_check(rotated, copy="gemma3-270m+sperm0"),
+        unrotated=congruity((0.0, 0.0), (0.0, 0.0)), unrotated_max_abs_logit_diff=2e-6,
+    )  # fmt: skip
+    section = v.section(ModelAnalysis(PROTOCOL, check, None, None))
+    pairs = [r["pair"] for r in section.details["congruity"]]
+    assert pairs[0] == "signed-permuted + head-permuted copy (known: equivalent)"
+    assert section.details["rows"][0]["pair"] == pairs[0]
+    basis = [c.message for c in section.caveats if "depends on the basis" in c.message]
+    assert basis and "signed-permuted copy" in basis[0] and "rotated" not in basis[0]
+    with pytest.raises(ValueError, match="not a copy made by rotate_and_permute"):
+        v.sanity_copy(sanity_check(rotated, copy="b"))

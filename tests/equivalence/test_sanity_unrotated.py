@@ -14,7 +14,7 @@ import torch
 
 from structlens.equivalence import stages as es
 from structlens.equivalence.protocol import PROFILES
-from structlens.equivalence.scenarios import rotate_and_permute
+from structlens.equivalence.scenarios import basis_change, rotate_and_permute
 from structlens.interventions import run_with_cache
 from structlens.models import load_model
 
@@ -46,7 +46,8 @@ def check(recorded) -> es.SanityCheck:
 
 def test_unrotated_copy_keeps_the_basis_and_permutes_the_same_heads(tiny) -> None:
     plain, plain_map, eye = rotate_and_permute(tiny, seed=3, rotate=False)
-    _, rot_map, r = rotate_and_permute(tiny, seed=3)
+    rot, rot_map, r = rotate_and_permute(tiny, seed=3)
+    assert (basis_change(plain.name), basis_change(rot.name)) == ("basis kept", "rotated")
     assert plain_map == rot_map  # the same permutation: the copies differ by R only
     assert any(m != list(range(tiny.n_heads)) for m in plain_map)
     assert torch.equal(eye, torch.eye(tiny.d_model, dtype=eye.dtype))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -58,6 +59,8 @@ from structlens.models.loading import Model
 
 __all__ = [
     "rotate_and_permute",
+    "BASIS_CHANGES",
+    "basis_change",
     "random_signed_permutation",
     "finetune_on_task",
     "FineTuneRun",
@@ -115,6 +118,31 @@ def _head_permutation(n_heads: int, n_kv: int, gen: torch.Generator) -> tuple[li
 
 def _rows(w: torch.Tensor, blocks: int, order: Sequence[int]) -> torch.Tensor:
     return w.reshape(blocks, -1, *w.shape[1:])[list(order)].reshape(w.shape)
+
+
+#: How :func:`rotate_and_permute` changes the residual basis, by the tag its copy's name
+#: carries (``+rot3``: rotated under seed 3).
+BASIS_CHANGES = {"+rot": "rotated", "+sperm": "signed-permuted", "+perm": "basis kept"}
+_TAG_OF = {change: tag for tag, change in BASIS_CHANGES.items()}
+
+
+def _basis(sandwich: bool, rotate: bool) -> str:
+    return "basis kept" if not rotate else "signed-permuted" if sandwich else "rotated"
+
+
+def basis_change(name: str) -> str:
+    """What :func:`rotate_and_permute` did to the residual basis of the copy named ``name``
+    (one of :data:`BASIS_CHANGES`' values), read from the tag it appended to the name.
+
+    Raises ``ValueError`` for a name without such a tag (not a copy made here).
+    """
+    m = re.search(r"(\+[a-z]+)\d+$", name)
+    if m is None or m.group(1) not in BASIS_CHANGES:
+        raise ValueError(
+            f"{name!r} is not a copy made by rotate_and_permute (its name ends in one of "
+            f"{sorted(BASIS_CHANGES)} and the seed)."
+        )
+    return BASIS_CHANGES[m.group(1)]
 
 
 @torch.no_grad()
@@ -232,7 +260,7 @@ def rotate_and_permute(
     else:
         reads(hf.lm_head, base.norm.weight)
         base.norm.weight.fill_(1.0)
-    tag = (f"+sperm{seed}" if sandwich else f"+rot{seed}") if rotate else f"+perm{seed}"
+    tag = f"{_TAG_OF[_basis(sandwich, rotate)]}{seed}"
     out = Model(hf, model.tokenizer, f"{model.name}{tag}", source=f"{model.source}{tag}")
     return out, head_map, r.to(dtype)
 

@@ -592,7 +592,7 @@ def analysis(
     from structlens.errors import InputError
     from structlens.models import load_model
 
-    step("rotated copy")
+    step("sanity copy")
     check, error = None, None
     try:
         check = sanity(protocol, model)

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from structlens.equivalence.scenarios import SCENARIOS, Scenario
+from structlens.equivalence.scenarios import SCENARIOS, Scenario, basis_change
 from structlens.equivalence.score import PairedNullDecision
 from structlens.equivalence.stages import (
     CongruityEstimate,
@@ -94,9 +94,8 @@ PAPER: dict[str, PaperValue] = {
 }
 #: The sanity copy computes the same function: its logits may differ by float round-off only.
 SANITY_MAX_LOGIT_DIFF = 1e-3
-#: The two sanity copies, as rows of the ``analyze`` section.
-ROTATED_COPY = "rotated + head-permuted copy (known: equivalent)"
-UNROTATED_COPY = "head-permuted copy, not rotated (known: equivalent; CONGRUITY only)"
+#: The sanity copy whose residual basis is kept, as a row of the ``analyze`` section.
+UNROTATED_COPY = "head-permuted copy, basis kept (known: equivalent; CONGRUITY only)"
 #: How each way of averaging per-coordinate encoding R² is named in words.
 R2_NAMES = {
     "uniform_average": "uniform R² (the reference's, deciding)",
@@ -368,7 +367,7 @@ def sanity_claim(checks: Mapping[str, SanityCheck]) -> Claim:
             c.max_abs_logit_diff < SANITY_MAX_LOGIT_DIFF and c.heads_recovered == 1.0
             for c in checks.values()
         ),
-        "what": f"the rotated copy's logits equal the model's (max |Δlogit| < "
+        "what": f"the copy's logits equal the model's (max |Δlogit| < "
         f"{SANITY_MAX_LOGIT_DIFF:g}) and matching recovers every planted head partner",
         "max_abs_logit_diff": {x: c.max_abs_logit_diff for x, c in checks.items()},
         "heads_recovered": {x: c.heads_recovered for x, c in checks.items()},
@@ -525,6 +524,7 @@ def congruity_caveats(check: SanityCheck) -> list[Caveat]:
             )
         )
     rotated, unrotated = check.comparison.congruity, check.unrotated
+    changed = basis_change(check.comparison.model_b)
     if rotated is not None and unrotated is not None:
         for r, u in zip(rotated.estimates, unrotated.estimates, strict=False):
             if r.decision != u.decision:
@@ -532,18 +532,26 @@ def congruity_caveats(check: SanityCheck) -> list[Caveat]:
                     Caveat(
                         "congruity_basis_dependent",
                         f"CONGRUITY with {R2_NAMES[r.multioutput]} decides {r.decision!r} on "
-                        f"the rotated copy and {u.decision!r} on the unrotated one: the two "
-                        "copies differ only by a rotation of the residual basis, so that "
-                        "estimator's answer depends on the basis.",
+                        f"the {changed} copy and {u.decision!r} on the one whose basis was "
+                        f"kept: the two copies differ only by the {changed} residual basis, "
+                        "so that estimator's answer depends on the basis.",
                     )
                 )
     return out
 
 
+def sanity_copy(check: SanityCheck) -> str:
+    """The row name of the sanity copy: how its basis was changed (rotated; a signed
+    permutation for Gemma 2/3, whose sandwich norms admit no rotation) and its heads
+    permuted."""
+    return f"{basis_change(check.comparison.model_b)} + head-permuted copy (known: equivalent)"
+
+
 def sanity_copies(check: SanityCheck) -> list[tuple[str, CongruityScores]]:
-    """The sanity copies that ran CONGRUITY, each with its row name: the rotated one, then
-    the unrotated one (both known to be equivalent)."""
-    copies = [(ROTATED_COPY, check.comparison.congruity), (UNROTATED_COPY, check.unrotated)]
+    """The sanity copies that ran CONGRUITY, each with its row name: the one whose basis was
+    changed (:func:`sanity_copy`), then the one whose basis was kept (both known to be
+    equivalent)."""
+    copies = [(sanity_copy(check), check.comparison.congruity), (UNROTATED_COPY, check.unrotated)]
     return [(pair, c) for pair, c in copies if c is not None]
 
 
@@ -589,7 +597,7 @@ def section(result: ModelAnalysis) -> Section:
     if result.sanity_error is not None:
         caveats.append(Caveat("not_run", f"sanity row: {result.sanity_error}"))
     if check is not None:
-        row = _analysis_row(check.comparison, ROTATED_COPY)
+        row = _analysis_row(check.comparison, sanity_copy(check))
         row["sanity"] = {k: getattr(check, k) for k in ("passed", "reason", "heads_recovered")}
         row["sanity"] |= {
             "unrotated": to_jsonable(check.unrotated),
