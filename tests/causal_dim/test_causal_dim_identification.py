@@ -111,3 +111,43 @@ def test_exponential_half_width_and_exact_curves():
     fit = fit_saturating(WIDTHS, early, "exponential")
     status, reason = kappa_identification(WIDTHS, early, fit, "exponential")
     assert status == "unidentified"
+
+
+def _brute_force_rss(widths, y, model):
+    """The least residual sum of squares of ``model`` over a dense grid of its parameters in
+    their boxes (log K from max y up, log m½ over the widths' span and beyond, Hill's n), an
+    independent check of the fit's optimiser."""
+    m, ly = np.asarray(widths, float), np.log(y)
+    log_k = np.log(y.max()) + np.linspace(0, 8, 161)
+    log_h = np.linspace(np.log(m.min()) - 3, np.log(m.max()) + 5, 161)
+    n = np.exp(np.linspace(np.log(0.1), np.log(10), 41)) if model == "hill" else np.ones(1)
+    K, H, N = np.meshgrid(np.exp(log_k), np.exp(log_h), n, indexing="ij")
+    K, H, N = (a[..., None] for a in (K, H, N))
+    if model == "michaelis_menten":
+        pred = K * m / (m + H)
+    elif model == "exponential":
+        pred = K * -np.expm1(-m / H)
+    else:
+        pred = K / (1 + (H / m) ** N)
+    return float(np.min(np.sum((np.log(pred) - ly) ** 2, axis=-1)))
+
+
+@pytest.mark.parametrize("model", ["michaelis_menten", "exponential", "hill"])
+def test_the_fit_is_at_least_as_good_as_any_point_of_a_dense_grid(model):
+    """``fit_saturating`` profiles log K out and searches the shapes over their whole box: its
+    residual sum of squares is never above the best of a dense grid over all parameters, on
+    saturating, linear, power-law and noisy flat counts."""
+    rng = np.random.default_rng(7)
+    w = np.array([2304.0, 4608, 9216, 18432])
+    curves = [
+        47 * w / w[0],
+        188 * w / (w + 3 * w[0]),
+        47 * (w / w[0]) ** 0.5,
+        47 * np.exp(0.2 * rng.standard_normal(4)),
+        np.array([47.0, 39, 30, 27]),  # falling, as SmolLM2's counts did
+    ]
+    for y in curves:
+        y = np.round(y * np.exp(0.05 * rng.standard_normal(4)))
+        fit = fit_saturating(w, y, model)
+        rss = fit["rms_log_residual"] ** 2 * w.size
+        assert rss <= _brute_force_rss(w, y, model) + 1e-9, (model, y, fit)
