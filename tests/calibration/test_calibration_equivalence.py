@@ -66,3 +66,90 @@ def test_the_group_rule_claims_strong_rows_and_holm_only_removes_claims():
     assert strong.expected and strong.all_rate >= 0.8 and strong.rate >= strong.all_rate
     null = calibrate_group("null", 0.3, 12, 200, first_seed=0)
     assert not null.expected and null.rate <= null.raw_rate and null.rows == 3
+
+
+def test_planted_copies_are_a_s_implementations_in_b_s_basis():
+    """Known structure: a copy in the same basis is A's group itself; a rotated copy has A's
+    inner products between every pair of implementations (one orthogonal map) but not A's
+    coordinates; each intervention changes the clean representation along one direction."""
+    from structlens.calibration.equivalence import planted_implementations
+
+    a, b = planted_implementations("copy, same basis", 0.0, 3)
+    assert len(a) == PROTOCOL.congruity_top_k + 1
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    a, b = planted_implementations("copy, rotated basis", 0.0, 3)
+    for x, y in zip(a, b, strict=True):
+        for x2, y2 in zip(a, b, strict=True):
+            np.testing.assert_allclose(x @ x2.T, y @ y2.T, atol=1e-9)
+        assert not np.allclose(x, y)
+    assert all(np.linalg.matrix_rank(x - a[0]) == 1 for x in a[1:])
+    same = planted_implementations("private variables, rotated basis", 0.0, 3)
+    for x, y in zip(same[1], b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_the_private_share_is_the_share_of_variance_the_other_model_lacks():
+    """With many prompts, B's representation at ε differs from √(1 − ε) times its ε = 0
+    version (the variables it shares with A) by a share ε of its variance, and that part is
+    uncorrelated with A's."""
+    from structlens.calibration.equivalence import planted_implementations
+
+    wide = PROTOCOL.replace(probe_prompts=20_000)
+    family = "private variables, rotated basis"
+    a0, b0 = planted_implementations(family, 0.0, 5, protocol=wide)
+    for eps in (0.05, 0.2):
+        a, b = planted_implementations(family, eps, 5, protocol=wide)
+        private = b[0] - np.sqrt(1 - eps) * b0[0]
+        assert abs(private.var(0).sum() / b[0].var(0).sum() - eps) < 0.01
+        cross = (private - private.mean(0)).T @ (a[0] - a[0].mean(0)) / len(private)
+        assert np.abs(cross).max() < 0.02
+
+
+def test_congruity_never_calls_identical_groups_different_and_always_separates_distinct_ones():
+    """Known answers: with B's group A's own, a within-model triple wins only where its two
+    draws differ from each other and from the cross draw, p ≤ 0.4, so no estimate says
+    different; where each model carries 30% of its variance in variables the other lacks,
+    the within-model encodings always win and both estimates say different."""
+    from structlens.calibration.equivalence import congruity_decision, planted_implementations
+
+    for seed in range(3):
+        same = congruity_decision(*planted_implementations("copy, same basis", 0.0, seed))
+        assert [e.decision for e in same.estimates] == ["unidentified"] * 2
+        assert max(same.mean_p_ab, same.mean_p_ba) <= 0.45
+        apart = planted_implementations("private variables, rotated basis", 0.3, seed)
+        assert [e.decision for e in congruity_decision(*apart).estimates] == ["different"] * 2
+
+
+def test_congruity_decision_is_the_verdict_a_comparison_reaches(monkeypatch):
+    """The calibration's decision on a comparison's own implementations (the tiny model
+    against its rotated copy, recorded from the production run) is the production verdict,
+    every statistic equal."""
+    from _models import get_model
+    from structlens.calibration.equivalence import congruity_decision
+    from structlens.equivalence import patching, stages
+    from structlens.equivalence.protocol import PROFILES
+    from structlens.equivalence.scenarios import rotate_and_permute
+
+    protocol = PROFILES["smoke"]
+    model = get_model("tiny-llama")
+    copy, _, _ = rotate_and_permute(model, seed=protocol.rotation_seed)
+    seen: list[tuple] = []
+    statistics = patching._congruity_statistics
+
+    def record(*args):
+        seen.append(args)
+        return statistics(*args)
+
+    monkeypatch.setattr(patching, "_congruity_statistics", record)
+    probe = stages.probe_for(protocol, model, copy)
+    production = stages._congruity(
+        patching.congruity(model, copy, probe, protocol.compare_config())
+    )
+    group_a, group_b, inter_a, inter_b = seen[0][:4]
+    for group, intervened in ((group_a, inter_a), (group_b, inter_b)):
+        assert len(intervened) == len(group) - 1
+        assert all(x is y for x, y in zip(intervened, group[1:], strict=True))
+    ours = congruity_decision(group_a, group_b, protocol=protocol)
+    assert production is not None
+    assert ours.estimates == production.estimates
