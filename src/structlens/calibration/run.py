@@ -1219,7 +1219,10 @@ def _wedge(doc: dict[str, Any]) -> list[str]:
         + (", ".join(f"wedge {r['effect']:g}" for r in over) if over else "none")
         + ".",
         "- Evaluation noise lifts features just below the threshold over it, and wide SAEs have "
-        "more of them: the measured N_causal grows faster than the planted one, so the "
+        "more of them (the planted non-causal features have one |AtP| distribution at every "
+        "width, so their number near the threshold grows with the width; in real sweeps "
+        "features split and weaken as the width grows, which this does not model): the "
+        "measured N_causal grows faster than the planted one, so the "
         "measured wedge falls short of the planted wedge and the rule is conservative (its "
         "interval covers the expected measured wedge, not the planted one). The delete-one "
         "jackknife the interval used before overstated the wedge's standard error 2.3–3.1×: "

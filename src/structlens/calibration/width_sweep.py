@@ -17,8 +17,11 @@ FeatureStats` defines it).  Of the ``m`` features:
   ``T·r_i·g`` and ``g ~ Gamma(2, 1/2)`` drawn per prompt and feature, the within-prompt
   correlation the sweep's prompt-block resampling exists for.
 
-``N_repr`` grows with the width in proportion (the same share of live features at every
-width), so the planted wedge is ``(m_max/m_0) / (n_causal(m_max)/n_causal(m_0))``.
+The non-causal features have one ``|AtP|`` distribution at every width, so their number
+near the threshold grows in proportion to the width (real SAEs split and weaken features as
+they widen, which this does not model).  ``N_repr`` grows with the width in proportion (the
+same share of live features at every width), so the planted wedge is
+``(m_max/m_0) / (n_causal(m_max)/n_causal(m_0))``.
 
 The population is drawn once per family (its seed); an instance redraws the evaluation
 prompts only, which is the variability the sweep's intervals claim to cover (the SAEs are
