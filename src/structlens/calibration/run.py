@@ -217,6 +217,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     _ndm_summaries(doc)
     _layer_summary(doc)
     _causal_and_equivalence_summaries(doc)
+    _sweep_summaries(doc)
     _congruity_and_layer_map_summaries(doc)
     return doc
 
@@ -294,6 +295,31 @@ def _layer_summary(doc: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
+def _sweep_summaries(doc: dict[str, Any]) -> None:
+    w = doc["causal_dim"]["wedge"]
+    w["summary"] = (
+        f"says gap where the planted wedge is at most {w['gap']:g} in "
+        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} (wedge {r['effect']:g})"
+                    for r in w["families"] if not r["expected"])
+        + "; power "
+        + ", ".join(f"{r['rate']:.2f} at a planted wedge of {r['effect']:g}"
+                    for r in w["families"] if r["expected"])
+        + "; the interval covers the expected measured wedge in "
+        + ", ".join(f"{r['coverage']:.2f}" for r in w["families"])
+    )  # fmt: skip
+    kh = doc["causal_dim"]["kappa_hat"]
+    kh["summary"] = (
+        "says identified for curves without an asymptote inside the widths in "
+        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} ({r['family']} {r['effect']:g})"
+                    for r in kh["families"] if not r["expected"])
+        + "; for saturating curves in "
+        + ", ".join(f"{r['rate']:.2f} (m½ = {r['effect']:g}·m₀)"
+                    for r in kh["families"] if r["expected"])
+        + "".join(f"; its interval covers the planted K in {r['coverage']:.2f} "
+                  f"(m½ = {r['effect']:g}·m₀)" for r in kh.get("intervals", []))
+    )  # fmt: skip
+
+
 def _causal_and_equivalence_summaries(doc: dict[str, Any]) -> None:
     k = doc["causal_dim"]["kappa_interval"]
     own = [r for r in k["families"] if r["unit"] == k["protocol"]["kappa_unit"]]
@@ -326,28 +352,6 @@ def _causal_and_equivalence_summaries(doc: dict[str, Any]) -> None:
         + "; power "
         + ", ".join(f"{r['rate']:.2f} at a rise of {r['effect']:.0%}"
                     for r in g["families"] if r["expected"])
-    )  # fmt: skip
-    w = doc["causal_dim"]["wedge"]
-    w["summary"] = (
-        f"says gap where the planted wedge is at most {w['gap']:g} in "
-        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} (wedge {r['effect']:g})"
-                    for r in w["families"] if not r["expected"])
-        + "; power "
-        + ", ".join(f"{r['rate']:.2f} at a planted wedge of {r['effect']:g}"
-                    for r in w["families"] if r["expected"])
-        + "; the interval covers the expected measured wedge in "
-        + ", ".join(f"{r['coverage']:.2f}" for r in w["families"])
-    )  # fmt: skip
-    kh = doc["causal_dim"]["kappa_hat"]
-    kh["summary"] = (
-        "says identified for curves without an asymptote inside the widths in "
-        + ", ".join(f"{_ci(r['rate'], r['rate_ci'])} ({r['family']} {r['effect']:g})"
-                    for r in kh["families"] if not r["expected"])
-        + "; for saturating curves in "
-        + ", ".join(f"{r['rate']:.2f} (m½ = {r['effect']:g}·m₀)"
-                    for r in kh["families"] if r["expected"])
-        + "".join(f"; its interval covers the planted K in {r['coverage']:.2f} "
-                  f"(m½ = {r['effect']:g}·m₀)" for r in kh.get("intervals", []))
     )  # fmt: skip
     e = doc["equivalence"]["paired_decision"]
     own = [r for r in e["families"] if r["unit"] == e["unit"]]
