@@ -236,23 +236,27 @@ class _Profiled:
         log_n = theta[..., 1] if self.name == "hill" else np.zeros(theta.shape[:-1])
         return theta[..., 0, None], np.asarray(log_n)[..., None]
 
-    def rss(self, theta: np.ndarray, log_k: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Residual sums of squares at shape parameters ``theta`` (``[..., n_shape]``) and
-        the ``log K`` they go with (the profiled one, or ``log_k`` when given)."""
+    def _profile(self, theta: np.ndarray, log_k: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The log shape ``[..., widths]`` at ``theta`` and the ``log K`` that goes with it
+        (the profiled one, clipped to its bounds, or ``log_k`` when given)."""
         log_h, log_n = self._split(theta)
         shape = _log_shape(self.name, self.m, log_h, log_n)
         if log_k is None:
             lk = np.clip(np.mean(self.log_y - shape, axis=-1), *self.k_bounds)
         else:
             lk = np.full(shape.shape[:-1], float(log_k))
+        return shape, lk
+
+    def rss(self, theta: np.ndarray, log_k: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Residual sums of squares at shape parameters ``theta`` (``[..., n_shape]``) and
+        the ``log K`` they go with (the profiled one, or ``log_k`` when given)."""
+        shape, lk = self._profile(theta, log_k)
         return np.sum((shape + lk[..., None] - self.log_y) ** 2, axis=-1), lk
 
     def residuals(self, theta: np.ndarray, log_k: float | None = None) -> np.ndarray:
         """The log residuals at one ``theta`` (with its profiled or the given ``log K``)."""
-        log_h, log_n = self._split(np.asarray(theta, dtype=np.float64)[None])
-        shape = _log_shape(self.name, self.m, log_h, log_n)[0]
-        lk = self.rss(np.asarray(theta)[None], log_k)[1][0]
-        return shape + lk - self.log_y
+        shape, lk = self._profile(np.asarray(theta, dtype=np.float64)[None], log_k)
+        return shape[0] + lk[0] - self.log_y
 
     def _hill_jacobian(self, theta: np.ndarray, log_k: float | None) -> np.ndarray:
         """d residuals / d (log m½, log n) of the Hill form: its log shape is
@@ -262,7 +266,7 @@ class _Profiled:
         u = n * (theta[0] - np.log(self.m))
         sig = 0.5 * (1 + np.tanh(u / 2))  # the logistic function, without overflow
         jac = np.stack([-sig * n, -sig * u], axis=1)
-        lk = self.rss(np.asarray(theta)[None], log_k)[1][0]
+        lk = self._profile(np.asarray(theta, dtype=np.float64)[None], log_k)[1][0]
         if log_k is None and self.k_bounds[0] < lk < self.k_bounds[1]:
             jac -= jac.mean(axis=0)
         return jac
@@ -798,7 +802,8 @@ def distinct_count_jackknife(
     smooth in the data, for which the delete-one jackknife's variance is not consistent (it
     is for sample quantiles the textbook failure); the delete-d jackknife with ``d``
     proportional to ``B`` is.  On planted sweeps the delete-one standard error of the wedge
-    was 2.3–3.1 times its sampling spread (``docs/calibration.md``).  The intervals are
+    was more than 1.8 times its sampling spread (``tests/causal_dim/
+    test_causal_dim_resampling_unit.py``).  The intervals are
     ``estimate ± t_{B−1} · SE`` around the observed values (module docstring: the
     estimand is the expected count on an evaluation set of the same size), cut to the range
     of the statistic (counts in ``[0, m]``, ratios ``≥ 0``).
