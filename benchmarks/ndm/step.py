@@ -21,8 +21,9 @@ re-projection every ``P`` steps), the bound's numerator:
   block-triangular ``[[W^T, G], [0, W^T]]``, 3 ``d x d`` products per block product of a
   degree-15 Taylor approximant (6 products) after ``s' = ceil(log2(|W|_1 / 2.12))``
   squarings (float32, ``structlens.ndm.expm``), ``6 (6 + s') d^3`` backward; the Cayley map
-  ``(I - W/2)^{-1}(I + W/2)``: LU ``2/3 d^3`` and a solve with ``d`` right-hand sides
-  ``2 d^3`` forward, one more such solve and one product ``4 d^3`` backward.
+  with the product by ``B`` folded in (``R = 2 B (I - W/2)^{-1} - B``, as training computes
+  it): LU ``2/3 d^3`` and a solve with ``d`` right-hand sides ``2 d^3`` forward, one more such
+  solve and one product ``4 d^3`` backward, and no separate ``R = B Q``.
 
 ``fraction_of_flop_bound`` is that count over the best of the GEMM rates (measured just
 before each timed variant, since load on a shared machine moves them), divided by the measured
@@ -108,12 +109,12 @@ def step_flops(
         s_bwd = max(0, math.ceil(math.log2(max(w_norm, 1e-300) / theta)))
         retract = 2 * (5 + s_fwd) * d**3 + 6 * (6 + s_bwd) * d**3
     else:
-        retract = (2 / 3 + 2 + 4) * d**3
+        retract = (2 / 3 + 2 + 4) * d**3  # with the product by B
     return {
         "search": 2 * batch * bank * d,
         "rerank_and_loss": 2 * batch * rerank * d**2 + 6 * batch * d**2,
         "projection_amortised": 2 * bank * d**2 / interval,
-        "rotation_product": 4 * d**3,
+        "rotation_product": 4 * d**3 if retraction == "exp" else 0,
         "retraction": retract,
     }
 
@@ -135,7 +136,7 @@ def time_ours(
     def step() -> None:
         q = next(batches)
         rotation.A.grad = None
-        R = rotation(adjoint_dtype)
+        R = rotation(adjoint_dtype, keys.dtype)  # as NDM._step: Cayley in the loss's dtype
         nn = index.nearest(q, R.detach(), rerank)
         neighbor_distance_loss(q, keys, nn, R, partition).backward()
 

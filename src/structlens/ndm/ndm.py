@@ -122,7 +122,9 @@ class NDMConfig:
         Both are orthogonal for every ``A`` and agree to second order in ``W``, so they take
         the same first steps after a restart, but trajectories part over many steps.  At
         ``d = 576`` PyTorch's gradient of the exponential is most of a CPU training step with
-        a small bank (benchmarks/ndm), hence ``exp_gradient``.
+        a small bank (benchmarks/ndm), hence ``exp_gradient``.  A training step computes
+        the Cayley map and its gradient, with the product by the base, in ``dtype`` (the
+        loss's), from one LU factorisation.
     exp_gradient
         How the exponential's gradient is computed in a training step: ``"float64"``
         (default) or ``"float32"``, the Fréchet derivative from ``d x d`` block-triangular
@@ -328,6 +330,31 @@ def orthogonal_map(
     return torch.linalg.solve(eye - 0.5 * W, eye + 0.5 * W)
 
 
+class _CayleyRotation(torch.autograd.Function):
+    """``R = B (I - W/2)^{-1} (I + W/2) = 2 B M^{-1} - B`` with ``M = I - W/2``, for a fixed
+    orthogonal ``B`` and skew-symmetric ``W``, in ``dtype``.
+
+    ``Y = B M^{-1}`` is one solve with ``M^T = I + W/2`` (its LU kept), and the gradient
+    ``dL/dW = Y^T G M^{-T} = (M^{-1} G^T Y)^T`` one product and one solve with the same LU:
+    about ``6.7 d^3`` operations against ``11.3 d^3`` for the solve, the product by ``B``
+    and their gradients taken apart."""
+
+    @staticmethod
+    def forward(ctx: Any, base: torch.Tensor, W: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        b, w = base.to(dtype), W.to(dtype)
+        eye = torch.eye(w.shape[-1], dtype=dtype, device=w.device)
+        lu, pivots = torch.linalg.lu_factor(eye + 0.5 * w)
+        Y = torch.linalg.lu_solve(lu, pivots, b.mT).mT
+        ctx.save_for_backward(lu, pivots, Y)
+        return (2 * Y - b).to(base.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, G: torch.Tensor) -> tuple[None, torch.Tensor, None]:
+        lu, pivots, Y = ctx.saved_tensors
+        Z = torch.linalg.lu_solve(lu, pivots, G.to(Y.dtype).mT @ Y, adjoint=True)
+        return None, Z.mT.to(G.dtype), None
+
+
 class _Rotation(torch.nn.Module):
     """``R = B Q(A - A^T)`` in float64, ``Q`` the ``retraction``'s orthogonal map: orthogonal
     for any ``A``; ``B`` is fixed."""
@@ -340,9 +367,16 @@ class _Rotation(torch.nn.Module):
         self.A = torch.nn.Parameter(torch.zeros_like(self.base))
         self.retraction = retraction
 
-    def forward(self, adjoint_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``R``; ``adjoint_dtype`` as in :func:`orthogonal_map`."""
-        return self.base @ orthogonal_map(self.A - self.A.T, self.retraction, adjoint_dtype)
+    def forward(
+        self, adjoint_dtype: torch.dtype | None = None, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        """``R``, in float64; ``adjoint_dtype`` as in :func:`orthogonal_map`, ``dtype`` the
+        arithmetic of the Cayley map (training passes the loss's dtype, which ``R`` is cast
+        to there)."""
+        W = self.A - self.A.T
+        if self.retraction == "cayley":
+            return _CayleyRotation.apply(self.base, W, dtype)
+        return self.base @ orthogonal_map(W, "exp", adjoint_dtype)
 
 
 class _Feed:
@@ -858,7 +892,7 @@ class NDM:
         cfg = self.config
         assert bank.index is not None
         q = bank.batch(state)
-        R = state.rotation(_ADJOINT_DTYPES[cfg.exp_gradient])
+        R = state.rotation(_ADJOINT_DTYPES[cfg.exp_gradient], _DTYPES[cfg.dtype])
         neighbors = bank.index.nearest(q, R.detach(), cfg.rerank)
         loss = neighbor_distance_loss(q, bank.keys, neighbors, R, state.partition)
         state.optimizer.zero_grad(set_to_none=True)

@@ -11,13 +11,16 @@ the current ``R``.  The returned neighbour is therefore exact unless the true on
 the candidate list, which needs a ranking error larger than the gap to the ``rerank``-th key.
 
 The ranking is arranged so that its cost is about that of the score products (one batched
-float32 matrix product per tile of keys, all subspaces of one size at once).  A top-``r``
-selection over every score would cost more than the products, so each tile's keys are cut
-into groups of ``GROUP`` and only a group's minimum score is kept (an elementwise minimum over
-``GROUP`` slices of the tile, so a group's keys are strided).  The ``r`` best keys lie in the
-``r`` groups of smallest minimum (a key among the ``r`` best has at most ``r - 1`` better keys,
-hence at most ``r - 1`` groups with a smaller minimum), so the top ``r`` of the group minima,
-then of the scores of those groups' keys, are the exact top ``r`` of all keys.
+float32 matrix product per tile of keys, all subspaces of one size at once).  Each key's
+coordinates carry ``|k|^2`` as one more column and each query ``-2 q`` and a 1, so one product
+gives the scores with nothing added after.  A top-``r`` selection over every score would cost
+more than the products, so each tile's keys are cut into groups of ``GROUP`` and only a
+group's minimum score is kept (an elementwise minimum over ``GROUP`` slices of the tile, so a
+group's keys are strided).  The ``r`` best keys lie in the ``r`` groups of smallest minimum
+(a key among the ``r`` best has at most ``r - 1`` better keys, hence at most ``r - 1`` groups
+with a smaller minimum), so the top ``r`` of the group minima, then of the scores of those
+groups' keys (recomputed, one matrix-vector product per subspace and query), are the exact
+top ``r`` of all keys.
 """
 
 from __future__ import annotations
@@ -94,13 +97,15 @@ class RotatedKeys:
         self.chunk_size = self.tile * max(1, chunk_size // self.tile)
         rot = rotation.to(keys.dtype)
         self.rotation = rot
-        # Per run, the keys' coordinates as (subspaces, padded, size), so a tile of keys is
-        # contiguous in every subspace; padding rows score +inf and are never chosen.
-        # Every row is written once (no zero fill of the whole bank first), and the chunks'
-        # temporaries are reused: fresh ones this large are page-faulted in at every use.
-        self.blocks = [keys.new_empty(count, self.padded, size) for _, _, count, size in self.runs]
+        # Per run, the keys' coordinates as (subspaces, padded, size + 1), the last column
+        # |k|^2, so a tile of keys is contiguous in every subspace; padding rows score the
+        # largest finite value and are never chosen.  Every row is written once (no zero fill
+        # of the whole bank first), and the chunks' temporaries are reused: fresh ones this
+        # large are page-faulted in at every use.
+        self.blocks = [keys.new_empty(n, self.padded, size + 1) for _, _, n, size in self.runs]
         for block in self.blocks:
-            block[:, m:] = 0
+            block[:, m:, :-1] = 0
+            block[:, m:, -1] = torch.finfo(keys.dtype).max
         rows_in = min(PROJECT_ROWS, m)
         centred = self._workspace("centred", (rows_in, keys.shape[1]))
         z = self._workspace("projected", (rows_in, keys.shape[1]))
@@ -110,17 +115,11 @@ class RotatedKeys:
             torch.mm(centred[:n], rot, out=z[:n])
             for block, (_, column, count, size) in zip(self.blocks, self.runs, strict=True):
                 rows = z[:n, column : column + count * size].reshape(n, count, size)
-                block[:, r0 : r0 + n] = rows.transpose(0, 1)
-        self.sq_norms = []
-        for block in self.blocks:
-            sq = block.new_empty(block.shape[:2])
-            squares = self._workspace("squares", (block.shape[0], rows_in, block.shape[2]))
-            for p0 in range(0, self.padded, rows_in):  # squares of one chunk at a time
-                part = block[:, p0 : p0 + rows_in]
-                prod = squares[:, : part.shape[1]]
-                torch.sum(torch.mul(part, part, out=prod), 2, out=sq[:, p0 : p0 + rows_in])
-            sq[:, m:] = math.inf
-            self.sq_norms.append(sq)
+                part = block[:, r0 : r0 + n]
+                part[..., :-1] = rows.transpose(0, 1)
+                coords = part[..., :-1]
+                squares = self._workspace(f"squares{size}", coords.shape)
+                torch.sum(torch.mul(coords, coords, out=squares), 2, out=part[..., -1])
         self._buffers.clear()  # the searches' buffers have other shapes
 
     def _workspace(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -178,9 +177,11 @@ class RotatedKeys:
     def _candidates(self, run: int, zq: torch.Tensor, r: int) -> torch.Tensor:
         """The ``r`` keys of smallest ``|k|^2 - 2 q.k`` for every subspace of ``run`` and query
         (``zq`` is ``(count, b, size)``, centred queries in the projection's rotation)."""
-        block, sq = self.blocks[run], self.sq_norms[run]
+        block = self.blocks[run]
         count, b, _ = zq.shape
         per_tile = self.tile // GROUP
+        # |k|^2 - 2 q.k ranks keys like the squared distance (|q|^2 is constant per row).
+        weights = torch.cat([-2 * zq, zq.new_ones(count, b, 1)], 2)
         scores = self._workspace("scores", (count, b, self.tile))
         best_val: torch.Tensor | None = None
         best_grp: torch.Tensor | None = None
@@ -188,14 +189,7 @@ class RotatedKeys:
             c1 = min(c0 + self.chunk_size, self.padded)
             minima = self._workspace("minima", (count, b, (c1 - c0) // GROUP))
             for t0 in range(c0, c1, self.tile):
-                # |k|^2 - 2 q.k ranks keys like the squared distance (|q|^2 is constant per row).
-                torch.baddbmm(
-                    sq[:, None, t0 : t0 + self.tile],
-                    zq,
-                    block[:, t0 : t0 + self.tile].transpose(1, 2),
-                    alpha=-2,
-                    out=scores,
-                )
+                torch.bmm(weights, block[:, t0 : t0 + self.tile].transpose(1, 2), out=scores)
                 g0 = (t0 - c0) // GROUP
                 # Group j of a tile holds its keys j, j + per_tile, j + 2 per_tile, ...
                 torch.amin(
@@ -212,13 +206,15 @@ class RotatedKeys:
         tile0 = (best_grp // per_tile) * self.tile + best_grp % per_tile
         offsets = torch.arange(GROUP, device=zq.device) * per_tile
         keys = (tile0[..., None] + offsets).flatten(2)  # (count, b, groups * GROUP)
-        # Row indices into the run's flattened (count * padded, size) coordinates.
+        # Row indices into the run's flattened (count * padded, size + 1) coordinates.
         rows = (keys + torch.arange(count, device=zq.device)[:, None, None] * self.padded).flatten()
         coords = self._workspace("coords", (rows.numel(), block.shape[2]))
         torch.index_select(block.view(-1, block.shape[2]), 0, rows, out=coords)
-        dots = coords.view(*keys.shape, -1).mul_(zq[:, :, None, :]).sum(3)
-        score = sq.view(-1).index_select(0, rows).view(keys.shape) - 2 * dots
-        pos = score.topk(r, dim=2, largest=False).indices
+        # one matrix-vector product per (subspace, query)
+        score = torch.bmm(
+            coords.view(count * b, -1, block.shape[2]), weights.view(count * b, -1, 1)
+        )
+        pos = score.view(keys.shape).topk(r, dim=2, largest=False).indices
         return keys.gather(2, pos)
 
 
