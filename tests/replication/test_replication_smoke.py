@@ -109,7 +109,7 @@ def test_causal_dimension_second_run_is_all_hits_with_identical_documents(tmp_pa
 
 @pytest.mark.slow  # three spawned training processes and two evaluations: ~3 min here
 def test_ndm_device_training_path_runs_on_the_cpu(tmp_path, monkeypatch):
-    """The gpu profile's device training (pack → per-layer processes → training directory)
+    """The cpu and gpu profiles' device training (pack → per-layer processes → training directory)
     end to end on the tiny model, on the CPU; evaluation then uses the device-trained run and
     still evaluates the CPU run for comparison."""
     from structlens.replication.ndm import run as ndm_run

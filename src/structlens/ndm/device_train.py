@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -72,12 +74,14 @@ def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None)
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {list(tensors)}")
 
 
-def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict[str, Any]:
-    path, name, device, seconds, out, overrides = args
+def _train_layer(
+    args: tuple[str, str, str, float | None, str, dict[str, Any], int],
+) -> dict[str, Any]:
+    path, name, device, seconds, out, overrides, threads = args
     from structlens.ndm import NDM, NDMConfig
     from structlens.ndm.experiment import save_rotation
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     with safe_open(path, framework="pt") as f:
         h = f.get_tensor(name).float()
     settings = {**DEVICE_CONFIG, **overrides}
@@ -92,21 +96,36 @@ def _train_layer(args: tuple[str, str, str, float, str, dict[str, Any]]) -> dict
         res = NDM(cfg).fit(h, checkpoint_dir=ckpt, stop_at_step=target)
         elapsed = time.perf_counter() - t0
         print(f"L{layer}: step {res.steps}, partition {res.partition}, {elapsed:.0f} s", flush=True)
-        if res.converged or res.steps >= cfg.max_steps or elapsed > seconds:
+        if res.converged or res.steps >= cfg.max_steps or elapsed > (seconds or math.inf):
             break
     res.save(Path(out) / f"ndm-L{layer}")
     save_rotation(Path(out) / f"R-L{layer}.safetensors", res.rotation, res.partition)
     return {"layer": layer, **res.training_record(h.shape[0], elapsed)}
 
 
-def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[str, Any]) -> None:
+def _threads_per_layer(device: str, layers: int) -> int:
+    """Torch threads of each layer's process: on the CPU the free cores shared out (at least
+    one each, so layers beyond the cores take turns instead of spinning threads against each
+    other); on an accelerator two, for the host-side work."""
+    if device != "cpu":
+        return 2
+    return max(1, len(os.sched_getaffinity(0)) // layers)
+
+
+def train(
+    path: Path, device: str, seconds: float | None, out: Path, overrides: dict[str, Any]
+) -> None:
+    """Train every layer of the packed ``path`` on ``device``, one process per layer, each
+    until the stopping rule, ``max_steps`` or ``seconds`` of wall time (``None``: no limit),
+    into ``out``."""
     from structlens.results import atomic_write_json
 
     with safe_open(str(path), framework="pt") as f:
         names = sorted(f.keys(), key=lambda s: int(s[1:]))
         header = json.loads(f.metadata()["train_meta"])
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(path), n, device, seconds, str(out), overrides) for n in names]
+    threads = _threads_per_layer(device, len(names))
+    jobs = [(str(path), n, device, seconds, str(out), overrides, threads) for n in names]
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         rows = pool.map(_train_layer, jobs)
     results = {str(r.pop("layer")): r for r in rows}
@@ -117,6 +136,7 @@ def train(path: Path, device: str, seconds: float, out: Path, overrides: dict[st
         "partition": {k: v["partition"] for k, v in results.items()},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
         "seconds_limit": seconds,
+        "threads_per_layer": threads,
         "results": results,
     }
     atomic_write_json(out / "ndm_train.json", payload)

@@ -250,8 +250,9 @@ class ReplicationProfile(Settings):
     ``ndm`` config); ``browse`` the preimage browser's arguments at every
     ``(text, position)`` of ``queries``.  ``device_training`` trains on the device to the
     paper's stopping rule (``device_rows`` activations per layer, ``device_config`` over
-    :data:`structlens.ndm.device_train.DEVICE_CONFIG`); without it a device run found in the
-    cache (e.g. copied from a GPU host) is still used.
+    :data:`structlens.ndm.device_train.DEVICE_CONFIG`, at most ``device_seconds`` of wall
+    time per layer, ``None`` for no limit) on ``--device``, the CPU included; without it a
+    device run found in the cache (e.g. copied from a GPU host) is still used.
     """
 
     profile: str
@@ -265,6 +266,7 @@ class ReplicationProfile(Settings):
     device_rows: int
     device_config: Mapping[str, Any]
     queries: tuple[tuple[str, int], ...]
+    device_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not self.tests:
@@ -297,9 +299,14 @@ _REPLICATION_CPU = ReplicationProfile(
     # recovery over seeds on planted rotated partitions, one run against restarts
     planted={"sizes": [[4, 4], [4, 4, 8]], "seeds": 10, "restarts": [1, 3],
              "ndm": _PLANTED_NDM},
-    browse={"k": 5, "extra_corpus_prompts": None}, device_training=False,
-    device_rows=12_416,  # activations per layer sent to the device (float16, < 64 MiB)
-    device_config={},
+    browse={"k": 5, "extra_corpus_prompts": None},
+    # trained to the stopping rule on the CPU: the paper's batch, unit and threshold, the
+    # protocol's 8k bank, the Cayley map (its step costs half the exponential's), at most
+    # 20,000 steps with merges every 1,500 from 3,000, one process per layer
+    device_training=True,
+    device_rows=12_416,  # activations per layer packed for training (float16, < 64 MiB)
+    device_config={"retraction": "cayley", "max_steps": 20_000, "bank_size": 8192},
+    device_seconds=5400.0,
     queries=(("When Mary and John went to the store, John gave a drink to", -1),
              ("It is a truth universally acknowledged, that a single man in possession", -1)),
 )  # fmt: skip
@@ -308,13 +315,14 @@ _REPLICATION_CPU = ReplicationProfile(
 # 20 x 128 queries per refresh; >= 500 prompts per test (Gini CI width about +-0.03)
 _GPU_ROWS = 102_400
 
-#: The replication's profiles: ``cpu`` trains 60 steps per layer on the CPU; ``gpu`` trains
-#: on the device to the paper's stopping rule with the paper's merge schedule and restarts;
+#: The replication's profiles: ``cpu`` trains 60 steps per layer with the protocol, then to
+#: the stopping rule (or 20,000 steps) on the CPU; ``gpu`` trains on the device to the
+#: paper's stopping rule with the paper's merge schedule and restarts;
 #: ``smoke`` runs every section on a random 3-layer Llama with SmolLM2's tokenizer.
 REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
     "cpu": _REPLICATION_CPU,
     "gpu": _REPLICATION_CPU.replace(
-        profile="gpu", device_training=True, device_rows=_GPU_ROWS,
+        profile="gpu", device_rows=_GPU_ROWS, device_seconds=None,
         device_config={"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
                        "bank_size": _GPU_ROWS - 20 * 128},
         # on the device the sweep costs little: more selection prompts, a less noisy choice
@@ -333,7 +341,8 @@ REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
                  "ndm": _PLANTED_NDM | {"max_steps": 40, "merge_start": 20,
                                         "merge_interval": 10, "bank_size": 256,
                                         "mi_samples": 200}},
-        browse={"k": 3, "extra_corpus_prompts": 3}, device_rows=2_000,
+        # the device path has its own (slow) test
+        browse={"k": 3, "extra_corpus_prompts": 3}, device_training=False, device_rows=2_000,
         device_config={"max_steps": 20, "merge_start": 10, "merge_interval": 10,
                        "batch_size": 16, "refresh_interval": 5, "bank_size": 512,
                        "mi_samples": 300, "unit_size": 8, "chunk_steps": 10},

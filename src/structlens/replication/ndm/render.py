@@ -17,12 +17,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from structlens.ndm.runs import EvaluationRun
+from structlens.ndm.runs import EvaluationRun, TrainingRun
 from structlens.ndm.verdicts import PAPER, claims, conflict_routing
 from structlens.replication.claims import ClaimsDocument
 from structlens.replication.markdown import Template, ci, value_ci, with_calibration, write_text
 from structlens.replication.ndm.run import METHOD, Run
 from structlens.verdicts import Claim
+
+#: How the documents name ``NDMConfig.retraction``'s maps (the reference code's is the
+#: exponential).
+RETRACTION_NAMES = {"exp": "matrix-exponential", "cayley": "Cayley"}
 
 TEMPLATE = Path(__file__).with_name("template.md")
 BASELINES = {
@@ -88,6 +92,7 @@ def _settings(t: Template, R: Run) -> str:
     cfg = next(iter(tr.results.values()))["config"]  # the layers share their settings
     rule = t.blocks[f"layer_rule {R.sweep.rule}"].format_map(R.sweep.selection)
     values = tr.protocol | cfg | {
+        "retraction_name": RETRACTION_NAMES[cfg.get("retraction", "exp")],
         "layers": ", ".join(map(str, layers)), "layer_rule": rule,
         "n_units": 576 // cfg["unit_size"],
         "subset": f"{tr.layer(layers[0])['n_activations']:,} of " if R.device_run else "",
@@ -99,15 +104,32 @@ def _settings(t: Template, R: Run) -> str:
     return t.section("settings", {}, rows)
 
 
+def _device(tr: TrainingRun) -> str:
+    """Where a device run trained, as the documents name it."""
+    return "the CPU" if tr.device == "cpu" else tr.device or "a GPU"
+
+
 def _training(t: Template, R: Run) -> list[str]:
     """How training ran, and each layer's partition, merges and distance from the identity."""
     from structlens.ndm.experiment import load_rotation
 
     tr, layers = R.train, R.sweep.layers
     first = tr.layer(layers[0])
-    how = (t.section("training_device", {"device": tr.device or "a GPU", "note": tr.note or "",
-                                          "n_activations": first["n_activations"]})
-           if R.device_run else t.section("training_cpu", first["config"]))  # fmt: skip
+    cfg, paper = first["config"], PAPER["schedule"]
+    schedule = {f"paper_{k}": v for k, v in paper.items()} | {
+        "steps_share": cfg["max_steps"] / paper["steps"],
+        "bank_share": cfg["bank_size"] / paper["bank"],
+        "retraction_name": RETRACTION_NAMES[cfg.get("retraction", "exp")],
+    }  # fmt: skip
+    if R.device_run:
+        seconds = R.settings.get("device_seconds")
+        how = t.section("training_device", cfg | schedule | {
+            "device": _device(tr),
+            "limit": f", each stopped after {seconds / 60:.0f} min if not done" if seconds else "",
+            "note": f" {tr.note}." if tr.note else "", "n_activations": first["n_activations"],
+        })  # fmt: skip
+    else:
+        how = t.section("training_cpu", cfg | schedule)
     rows = []
     for layer in layers:
         r = tr.layer(layer)
@@ -182,7 +204,8 @@ def _comparison(t: Template, R: Run) -> list[str]:
     if not (R.device_run and sm and sm.gini_mean is not None):
         return []
     ginis = "; ".join(f"{m} {_ci(v['dimension'])}" for m, v in sm.gini_mean.items())
-    return [t.section("comparison", {"n_prompts": sm.n_prompts, "ginis": ginis})]
+    steps = max(r["steps"] for r in R.per_layer.values())
+    return [t.section("comparison", {"n_prompts": sm.n_prompts, "ginis": ginis, "steps": steps})]
 
 
 def _subspace(s: int, rates: dict[str, Any]) -> Any:
@@ -235,7 +258,7 @@ def _notes(t: Template, ev: EvaluationRun) -> str:
 def render(R: Run, source: str, found: list[Claim]) -> str:
     """The markdown of one run over its claims ``found``."""
     t, ev = Template(TEMPLATE), R.evaluate
-    training = (f"Training: {R.train.device or 'a GPU'}, see below." if R.device_run
+    training = (f"Training: {_device(R.train)}, see below." if R.device_run
                 else "Training: the same CPU, no GPU.")  # fmt: skip
     head = {"source": source, "training": training}
     parts = [

@@ -1,14 +1,14 @@
 """Reproduce the NDM paper's claims on SmolLM2-135M-Instruct and write docs/replication/ndm.md.
 
-    python -m structlens.replication ndm                    # CPU: 60-step smoke-scale training
-    python -m structlens.replication ndm --profile gpu --device cuda   # converged training
+    python -m structlens.replication ndm                    # CPU: to the stopping rule or 20k steps
+    python -m structlens.replication ndm --profile gpu --device cuda   # the paper's schedule
 
 Each stage is cached and calls the ``structlens ndm`` commands' library functions: the tests'
 layers under the protocol's layer rule (the share sweep on selection prompts, a typed
 :class:`~structlens.ndm.stages.LayerSweep`), training at those layers
-(one stage per layer for its honest timing, then one collecting their checkpoints; on
-``--profile gpu`` the same activations trained on ``--device`` to the paper's stopping rule,
-:mod:`structlens.ndm.device_train`, used by later stages whenever it is in the cache), the
+(one stage per layer for its honest timing, then one collecting their checkpoints; the cpu
+and gpu profiles then train the same activations on ``--device`` to the stopping rule with
+:mod:`structlens.ndm.device_train`, a run later stages use whenever it is in the cache), the
 patching tests with knowledge conflict, the toy recovery over seeds, the planted
 partitions, and the preimage browser; :mod:`structlens.ndm.verdicts` judges them.
 """
@@ -142,6 +142,8 @@ class NDMReplication:
 
     def device_stage(self, cpu_train: Stage) -> Stage:
         config = {"rows": self.s.device_rows, "overrides": self.s.device_config}
+        if self.s.device_seconds is not None:  # a limit can decide how many steps are taken
+            config["seconds"] = self.s.device_seconds
         return Stage("train-device", config | {"record": RECORD}, inputs=(cpu_train.key,))
 
     def train_device(self, cpu_train: Stage, layers: list[int]) -> tuple[Stage, TrainingRun]:
@@ -152,7 +154,8 @@ class NDMReplication:
         def fit(folder: Path) -> None:
             packed = folder / "device-activations.safetensors"
             device_train.pack(self.cache.path(cpu_train), layers, packed, self.s.device_rows)
-            device_train.train(packed, self.device, 1e9, folder, dict(self.s.device_config))
+            device_train.train(packed, self.device, self.s.device_seconds, folder,
+                               dict(self.s.device_config))  # fmt: skip
             packed.unlink()
 
         stage = self.device_stage(cpu_train)
