@@ -13,6 +13,7 @@ from structlens.causal_dim.sweep import (
     fit_saturating,
     fvu_gate,
     kappa_identification,
+    power_law_lack_of_fit,
     profile_interval_K,
 )
 from structlens.sae import TopKSAE
@@ -57,6 +58,66 @@ def test_linear_and_flat_curves_are_unidentified():
         WIDTHS, early, fit_saturating(WIDTHS, early, "michaelis_menten")
     )
     assert status == "unidentified" and "m_half" in reason
+
+
+def _with_halves(truth, sigma, seed, halves=100):
+    """Counts ``truth·e^{σz}`` and half-sample counts whose log-covariance is ``σ² I`` (scale 1),
+    independent across widths."""
+    rng = np.random.default_rng(seed)
+    noise = lambda *shape: np.exp(sigma * rng.standard_normal(shape))  # noqa: E731
+    return truth * noise(truth.size), truth * noise(halves, truth.size)
+
+
+def test_the_power_law_lack_of_fit_test_holds_its_level_and_rejects_a_saturating_curve():
+    """A power law ``a·m^0.5`` (which never saturates) is rejected at 5% about 5% of the time;
+    a Michaelis–Menten curve whose bend lies inside the widths is rejected every time, and
+    only then is its κ̂ identified."""
+    sigma = 0.05
+    power = 3.0 * WIDTHS**0.5
+    rejected = 0
+    for seed in range(300):
+        y, halves = _with_halves(power, sigma, seed)
+        p = power_law_lack_of_fit(WIDTHS, y, halves, 1.0)
+        rejected += p < 0.05
+        if p >= 0.05:
+            status, reason = kappa_identification(
+                WIDTHS, y, fit_saturating(WIDTHS, y, "michaelis_menten"), power_law_p=p
+            )
+            assert status == "unidentified"
+    assert 0.02 <= rejected / 300 <= 0.09
+    saturating = 500.0 * WIDTHS / (WIDTHS + 6e3)
+    for seed in range(20):
+        y, halves = _with_halves(saturating, sigma, seed)
+        p = power_law_lack_of_fit(WIDTHS, y, halves, 1.0)
+        assert p < 1e-3
+        fit = fit_saturating(WIDTHS, y, "michaelis_menten")
+        assert kappa_identification(WIDTHS, y, fit, power_law_p=p) == ("identified", "")
+
+
+def test_an_exact_base_count_is_a_point_the_power_law_must_pass_through():
+    """The base width's N_causal does not vary between halves (ε is defined there): the test
+    keeps its level with the power law pinned through it, and a law that misses it fails."""
+    sigma = 0.05
+    power = 3.0 * WIDTHS**0.5
+    rejected = 0
+    for seed in range(300):
+        y, halves = _with_halves(power, sigma, seed)
+        y[0], halves[:, 0] = power[0], power[0]
+        rejected += power_law_lack_of_fit(WIDTHS, y, halves, 1.0) < 0.05
+    assert 0.02 <= rejected / 300 <= 0.09
+    y, halves = _with_halves(power, sigma, 0)
+    y[0], halves[:, 0] = 2 * power[0], 2 * power[0]  # the rest lies on a law it misses
+    assert power_law_lack_of_fit(WIDTHS, y, halves, 1.0) < 1e-6
+
+
+def test_a_bend_that_cannot_be_tested_is_not_identified():
+    y = 500.0 * WIDTHS[:2] / (WIDTHS[:2] + 6e3)
+    assert math.isnan(power_law_lack_of_fit(WIDTHS[:2], y, np.tile(y, (10, 1)), 1.0))
+    fit = fit_saturating(WIDTHS, 500.0 * WIDTHS / (WIDTHS + 6e3), "michaelis_menten")
+    status, reason = kappa_identification(
+        WIDTHS, 500.0 * WIDTHS / (WIDTHS + 6e3), fit, power_law_p=math.nan
+    )
+    assert status == "unidentified" and "cannot be tested" in reason
 
 
 def test_fvu_gate():

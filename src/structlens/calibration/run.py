@@ -34,7 +34,7 @@ from structlens.calibration.koopman import (
     calibrate_universality,
 )
 from structlens.calibration.regression import KEYS
-from structlens.causal_dim.sweep import FVU_RISE_Z
+from structlens.causal_dim.sweep import FVU_RISE_Z, POWER_LAW_ALPHA
 from structlens.equivalence.encoding import EncodingConfig
 from structlens.equivalence.protocol import PROFILES as EQUIVALENCE
 from structlens.koopman.verdicts import HEAVY, SLOWER_RATE
@@ -614,8 +614,9 @@ def _kappa_hat_rule(p: Profile) -> dict[str, Any]:
         for c, x in p.kappa_hat_families if c == "saturating" and x <= 3 and p.kappa_hat_intervals
     ]  # fmt: skip
     return {
-        "rule": "κ̂ is identified when the Michaelis–Menten fit's K is off its bounds and m½ lies "
-        "inside the measured widths",
+        "rule": "κ̂ is identified when the Michaelis–Menten fit's K is off its bounds, m½ lies "
+        "inside the measured widths, and a power law through N_causal fails its lack-of-fit "
+        f"test at {POWER_LAW_ALPHA:g}",
         "stage": "structlens.causal_dim.sweep.analyze_width_sweep with "
         "structlens.causal_dim.verdicts.kappa_hat_status (planted FeatureStats)",
         "protocol": _sweep_protocol(),

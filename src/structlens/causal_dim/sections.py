@@ -68,7 +68,7 @@ class Trained:
 
 def _sweep(t: Trained) -> Section | None:
     from structlens.causal_dim.stages import sweep
-    from structlens.causal_dim.sweep import FVU_RISE_Z, HALF_SAMPLES
+    from structlens.causal_dim.sweep import FVU_RISE_Z, HALF_SAMPLES, POWER_LAW_ALPHA
 
     p, L = t.protocol, t.profile.sweep_layer
     topk = {w: t.saes[f"topk-{w}"] for w in p.sweep_widths if f"topk-{w}" in t.saes}
@@ -79,9 +79,11 @@ def _sweep(t: Trained) -> Section | None:
     names = {w: f"topk-{w}" for w in topk}
     train_fvu = ({w: t.training[n].final_fvu for w, n in names.items()}
                  if all(n in t.training for n in names.values()) else None)  # fmt: skip
-    # the gate's bound and the wedge's interval are in the key: a sweep judged under another
-    # bound, or with the delete-one jackknife's wedge interval, is analysed again
-    config = {"layer": L, "fvu_rise_z": FVU_RISE_Z, "wedge_half_samples": HALF_SAMPLES}
+    # the gate's bound, the wedge's interval and κ̂'s power-law test are in the key: a sweep
+    # judged under another bound, with the delete-one jackknife's wedge interval or without
+    # the test, is analysed again
+    config = {"layer": L, "fvu_rise_z": FVU_RISE_Z, "wedge_half_samples": HALF_SAMPLES,
+              "power_law_alpha": POWER_LAW_ALPHA}  # fmt: skip
     return Section("sweep", "sweep", SweepFit, config, tuple(names.values()),
                    lambda _: sweep(p, topk, t.ev, L, t.prompts, exact_kappa=exact, d_model=d,
                                    train_fvu=train_fvu),

@@ -46,8 +46,13 @@ Definitions (choices the paper leaves open are fixed here and recorded in the re
   least-squares solution.
 * **Identification** (:func:`kappa_identification`).  The fits bound ``K`` below by
   ``max N_causal``; a ``K`` on a bound, or ``m½`` outside the measured widths, means the curve
-  has not bent over inside the data and ``K`` is not determined by it.  Such a κ̂ is reported
-  as ``"unidentified"`` with the reason, ``kappa_hat`` is NaN, and no interval is given.
+  has not bent over inside the data and ``K`` is not determined by it.  A saturating curve
+  also fits counts that grow as a power law ``a·m^b`` without limit, so the bend must be
+  shown against that alternative: a power law through the counts must fail its lack-of-fit
+  test (:func:`power_law_lack_of_fit`, generalised least squares on ``log N_causal`` with
+  the counts' delete-half jackknife covariance across widths) at :data:`POWER_LAW_ALPHA`.
+  Otherwise κ̂ is reported as ``"unidentified"`` with the reason, ``kappa_hat`` is NaN, and
+  no interval is given.
 * **Gates** (a status, not a fit).  ε is anchored at the base width, so ``N_causal(m_base)``
   is ``⌈0.02·m_base⌉`` by construction; with ``m_base < 4·d`` the whole curve is pinned near
   2% of a width too small to hold the layer's causal directions (the paper's base width is
@@ -329,20 +334,59 @@ def fit_saturating(widths: np.ndarray, counts: np.ndarray, model: str) -> dict[s
     return out
 
 
+#: Level at which a power law through the N_causal counts must fail its lack-of-fit test
+#: before κ̂ counts as identified.
+POWER_LAW_ALPHA = 0.05
+
+
+def power_law_lack_of_fit(
+    widths: np.ndarray, counts: np.ndarray, half_counts: np.ndarray, scale: float
+) -> float:
+    """p-value of a power law ``N = a·m^b`` through ``counts`` over ``widths``.
+
+    Generalised least squares on ``log N`` with the covariance of ``log N`` across widths
+    estimated from ``half_counts`` (``(halves, widths)``, the counts of random halves of the
+    prompt blocks) times ``scale`` (the delete-half jackknife's ``(B − d)/d``); the statistic
+    ``rᵀ Σ⁻¹ r`` of the residuals ``r`` is referred to χ² with ``widths − 2`` degrees of
+    freedom.  A width whose count does not vary between halves (the base width, whose
+    ``N_causal`` is fixed by ε's definition) is an exact point the law must pass through:
+    it takes a variance far below the others', and the degrees of freedom stay ``widths − 2``.
+    NaN when it cannot be computed: fewer than three widths, a zero count, or no count that
+    varies.
+    """
+    from scipy.stats import chi2
+
+    y, halves = np.asarray(counts, dtype=np.float64), np.asarray(half_counts, dtype=np.float64)
+    if y.size < 3 or np.any(y <= 0) or np.any(halves <= 0):
+        return float("nan")
+    cov = scale * np.atleast_2d(np.cov(np.log(halves), rowvar=False))
+    top = float(np.max(np.diag(cov)))
+    if not top > 0:
+        return float("nan")
+    inv = np.linalg.inv(cov + 1e-9 * top * np.eye(y.size))
+    X = np.column_stack([np.ones_like(y), np.log(np.asarray(widths, dtype=np.float64))])
+    beta = np.linalg.lstsq(X.T @ inv @ X, X.T @ inv @ np.log(y), rcond=None)[0]
+    r = np.log(y) - X @ beta
+    return float(chi2.sf(float(r @ inv @ r), y.size - 2))
+
+
 def kappa_identification(
     widths: np.ndarray,
     counts: np.ndarray,
     fit: Mapping[str, float],
     model: str = "michaelis_menten",
     rtol: float = 1e-6,
+    power_law_p: float | None = None,
 ) -> tuple[str, str]:
     """``("identified", "")`` or ``("unidentified", reason)`` for a saturating fit of
     ``counts`` over ``widths`` (see the module docstring).
 
     Unidentified when ``K`` sits on its lower bound ``max N_causal`` (within ``rtol``: the
-    constraint is active) or at the upper end of its range, or when the half-saturation
+    constraint is active) or at the upper end of its range, when the half-saturation
     width ``m½`` (``m₀·ln 2`` for the exponential form, whose ``fit["m_half"]`` is its scale
-    ``m₀``) lies outside the measured widths.
+    ``m₀``) lies outside the measured widths, or, given ``power_law_p``
+    (:func:`power_law_lack_of_fit`), when a power law is not rejected at
+    :data:`POWER_LAW_ALPHA` (a NaN p-value: it could not be tested).
     """
     m = np.asarray(widths, dtype=np.float64)
     y_max = float(np.max(counts))
@@ -360,6 +404,16 @@ def kappa_identification(
         return "unidentified", (
             f"m_half = {m_half:.4g} lies outside the measured widths [{m.min():.4g}, "
             f"{m.max():.4g}]: the saturation is not observed"
+        )
+    if power_law_p is not None and not power_law_p < POWER_LAW_ALPHA:
+        if math.isnan(power_law_p):
+            return "unidentified", (
+                "the bend cannot be tested against a power law (fewer than 3 widths, or a "
+                "zero count)"
+            )
+        return "unidentified", (
+            f"a power law N = a·m^b, which never saturates, fits the counts within their "
+            f"sampling error (lack-of-fit p = {power_law_p:.3g} ≥ {POWER_LAW_ALPHA:g})"
         )
     return "identified", ""
 
@@ -464,8 +518,10 @@ class WidthSweepResult(Result):
 
     ``kappa_hat_status`` is ``"identified"``, ``"unidentified"`` (``kappa_hat`` NaN, reason in
     ``kappa_hat_reason``, raw fit still in ``fits``), ``"no fit"`` or ``"not interpretable"``
-    (the sweep gate failed).  ``kappa_hat_ci`` is the bootstrap interval and
-    ``kappa_hat_profile_ci`` the profile-likelihood interval, both only for identified fits.
+    (the sweep gate failed); ``power_law_p`` is the p-value of a power law through N_causal
+    (:func:`power_law_lack_of_fit`, NaN where there was nothing to fit).  ``kappa_hat_ci`` is
+    the bootstrap interval and ``kappa_hat_profile_ci`` the profile-likelihood interval, both
+    only for identified fits.
     ``sweep_status`` is ``"interpretable"`` or ``"not interpretable"`` (reason in
     ``sweep_reason``, diagnosis in ``sweep_cause``, one of :data:`FVU_CAUSES`, ``None`` when
     the gate passed or did not run); ``fvu_monotone`` says whether held-out FVU falls with
@@ -519,6 +575,7 @@ class WidthSweepResult(Result):
     distinct_ci_method: str = ""
     distinct_ci_reason: str = ""
     wedge_ci_method: str = ""
+    power_law_p: float = float("nan")
 
 
 def _counts(
@@ -779,14 +836,21 @@ def _half_sample_se(
     """The delete-half jackknife standard error of the wedge: its variance over
     :data:`HALF_SAMPLES` random halves of the filled blocks (``d = ⌊B/2⌋`` deleted, ε
     recomputed) times ``(B − d)/d`` (Shao & Wu 1989); NaN when a half leaves it undefined."""
-    rng = np.random.default_rng(cfg.seed)
+    w, scale = _half_weights(stats[0].n_blocks, filled, cfg.seed)
+    reps = [_distinct(r, c)[2] for r, c in zip(*_counts_batch(stats, cfg, w)[:2], strict=True)]
+    return float(np.sqrt(scale * np.var(reps))) if np.all(np.isfinite(reps)) else math.nan
+
+
+def _half_weights(n_blocks: int, filled: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
+    """Block weights of :data:`HALF_SAMPLES` random halves of the ``filled`` blocks (``d =
+    ⌊B/2⌋`` deleted) and the delete-half jackknife's variance factor ``(B − d)/d``."""
+    rng = np.random.default_rng(seed)
     b = filled.size
     d = b // 2
-    w = np.zeros((HALF_SAMPLES, stats[0].n_blocks))
+    w = np.zeros((HALF_SAMPLES, n_blocks))
     for row in w:
         row[rng.choice(filled, b - d, replace=False)] = 1.0
-    reps = [_distinct(r, c)[2] for r, c in zip(*_counts_batch(stats, cfg, w)[:2], strict=True)]
-    return float(np.sqrt((b - d) / d * np.var(reps))) if np.all(np.isfinite(reps)) else math.nan
+    return w, (b - d) / d
 
 
 def distinct_count_jackknife(
@@ -933,11 +997,17 @@ def analyze_width_sweep(
     interpretable = gate is None or gate.passed
     n_repr, n_causal, eps = _counts(ordered, cfg, None)
     fits: dict[str, dict[str, Any]] = _fit_all(widths, n_causal) if interpretable else {}
-    for name, fit in fits.items():
-        fit["status"], fit["reason"] = kappa_identification(widths, n_causal, fit, name)
-    rng = np.random.default_rng(cfg.seed)
     n_blocks = ordered[0].n_blocks
     filled = np.flatnonzero(ordered[0].tokens.numpy() > 0)
+    power_p = float("nan")
+    if fits and filled.size >= 2:
+        w, scale = _half_weights(n_blocks, filled, cfg.seed)
+        power_p = power_law_lack_of_fit(widths, n_causal, _counts_batch(ordered, cfg, w)[1], scale)
+    for name, fit in fits.items():
+        fit["status"], fit["reason"] = kappa_identification(
+            widths, n_causal, fit, name, power_law_p=power_p
+        )
+    rng = np.random.default_rng(cfg.seed)
     boot_c, boot_eps = [], []
     boot_k: dict[str, list[float]] = {name: [] for name in fits}
     weights = block_bootstrap_weights(ordered[0].tokens, cfg.n_bootstrap, rng)
@@ -1031,7 +1101,9 @@ def analyze_width_sweep(
                 "set of as many prompts"
             ),
             "identification": (
-                "unidentified when K sits on a bound or m_half lies outside the widths"
+                "unidentified when K sits on a bound, m_half lies outside the widths, or a "
+                f"power law fits N_causal (lack-of-fit p >= {POWER_LAW_ALPHA:g}, delete-half "
+                "jackknife covariance across widths)"
             ),
             "fvu_gate": (
                 f"not interpretable when held-out FVU rises from one width to the next by more "
@@ -1042,6 +1114,7 @@ def analyze_width_sweep(
         },
         kappa_hat_status=status,
         kappa_hat_reason=reason,
+        power_law_p=power_p,
         kappa_hat_profile_ci=chosen["K_profile_ci"] if identified and chosen is not None else None,
         sweep_status="interpretable" if interpretable else "not interpretable",
         sweep_reason=sweep_reason,
