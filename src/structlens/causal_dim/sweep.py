@@ -830,37 +830,45 @@ def _distinct(n_repr: np.ndarray, n_causal: np.ndarray) -> tuple[np.ndarray, np.
 HALF_SAMPLES = 100
 
 
-def _half_sample_se(
-    stats: Sequence[FeatureStats], cfg: WidthSweepConfig, filled: np.ndarray
-) -> float:
-    """The delete-half jackknife standard error of the wedge: its variance over
-    :data:`HALF_SAMPLES` random halves of the filled blocks (``d = ⌊B/2⌋`` deleted, ε
-    recomputed) times ``(B − d)/d`` (Shao & Wu 1989); NaN when a half leaves it undefined."""
-    w, scale = _half_weights(stats[0].n_blocks, filled, cfg.seed)
-    reps = [_distinct(r, c)[2] for r, c in zip(*_counts_batch(stats, cfg, w)[:2], strict=True)]
-    return float(np.sqrt(scale * np.var(reps))) if np.all(np.isfinite(reps)) else math.nan
+@dataclasses.dataclass(frozen=True)
+class _Halves:
+    """``N_repr`` and ``N_causal`` ``[HALF_SAMPLES, n_widths]`` on random halves of the filled
+    prompt blocks (``d = ⌊B/2⌋`` deleted, ε recomputed in each) and the delete-half
+    jackknife's variance factor ``(B − d)/d`` (Shao & Wu 1989)."""
 
+    n_repr: np.ndarray
+    n_causal: np.ndarray
+    scale: float
 
-def _half_weights(n_blocks: int, filled: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
-    """Block weights of :data:`HALF_SAMPLES` random halves of the ``filled`` blocks (``d =
-    ⌊B/2⌋`` deleted) and the delete-half jackknife's variance factor ``(B − d)/d``."""
-    rng = np.random.default_rng(seed)
-    b = filled.size
-    d = b // 2
-    w = np.zeros((HALF_SAMPLES, n_blocks))
-    for row in w:
-        row[rng.choice(filled, b - d, replace=False)] = 1.0
-    return w, (b - d) / d
+    @classmethod
+    def of(
+        cls, stats: Sequence[FeatureStats], cfg: WidthSweepConfig, filled: np.ndarray
+    ) -> _Halves:
+        rng = np.random.default_rng(cfg.seed)
+        b = filled.size
+        d = b // 2
+        w = np.zeros((HALF_SAMPLES, stats[0].n_blocks))
+        for row in w:
+            row[rng.choice(filled, b - d, replace=False)] = 1.0
+        n_repr, n_causal, _ = _counts_batch(stats, cfg, w)
+        return cls(n_repr, n_causal, (b - d) / d)
+
+    def wedge_se(self) -> float:
+        """The delete-half jackknife standard error of the wedge; NaN when a half leaves it
+        undefined."""
+        reps = [_distinct(r, c)[2] for r, c in zip(self.n_repr, self.n_causal, strict=True)]
+        return float(np.sqrt(self.scale * np.var(reps))) if np.all(np.isfinite(reps)) else math.nan
 
 
 def distinct_count_jackknife(
-    stats: Sequence[FeatureStats], cfg: WidthSweepConfig
+    stats: Sequence[FeatureStats], cfg: WidthSweepConfig, halves: _Halves | None = None
 ) -> dict[str, Any]:
     """Jackknife intervals of ``N_repr``, its growth and the wedge.
 
     ``N_repr`` and its growth: each replicate drops one filled prompt block from every width
     (the delete-one-block jackknife).  The wedge: each replicate keeps a random half of the
-    filled blocks (the delete-half jackknife, :func:`_half_sample_se`), ε recomputed so its
+    filled blocks (the delete-half jackknife; ``halves``, computed when not given), ε
+    recomputed so its
     ``N_causal`` follows the same rule as on all data.  ``N_causal`` counts features whose
     mean lies above a threshold that is itself a sample quantile, a statistic that is not
     smooth in the data, for which the delete-one jackknife's variance is not consistent (it
@@ -932,7 +940,8 @@ def distinct_count_jackknife(
         out["reason"] = "N_repr is 0 at the base width on all data or without some block"
     from scipy.stats import t as t_dist
 
-    se_w = _half_sample_se(stats, cfg, filled) if np.isfinite(est_w) else math.nan
+    halves = halves or _Halves.of(stats, cfg, filled)
+    se_w = halves.wedge_se() if np.isfinite(est_w) else math.nan
     if math.isfinite(se_w):
         half = float(t_dist.ppf(0.5 + cfg.ci / 2, filled.size - 1)) * se_w
         out["wedge_ci"] = [max(est_w - half, 0.0), est_w + half]
@@ -999,10 +1008,11 @@ def analyze_width_sweep(
     fits: dict[str, dict[str, Any]] = _fit_all(widths, n_causal) if interpretable else {}
     n_blocks = ordered[0].n_blocks
     filled = np.flatnonzero(ordered[0].tokens.numpy() > 0)
+    # the half-samples behind the wedge's interval and the power-law test
+    halves = _Halves.of(ordered, cfg, filled) if filled.size >= 2 else None
     power_p = float("nan")
-    if fits and filled.size >= 2:
-        w, scale = _half_weights(n_blocks, filled, cfg.seed)
-        power_p = power_law_lack_of_fit(widths, n_causal, _counts_batch(ordered, cfg, w)[1], scale)
+    if fits and halves is not None:
+        power_p = power_law_lack_of_fit(widths, n_causal, halves.n_causal, halves.scale)
     for name, fit in fits.items():
         fit["status"], fit["reason"] = kappa_identification(
             widths, n_causal, fit, name, power_law_p=power_p
@@ -1042,7 +1052,7 @@ def analyze_width_sweep(
         ok = [b / b[0] for b in boot if b[0] > 0]
         return np.asarray(ci(ok)) if len(ok) >= 2 else np.full((2, widths.size), np.nan)
 
-    jack = distinct_count_jackknife(ordered, cfg)
+    jack = distinct_count_jackknife(ordered, cfg, halves)
     _, repr_growth, wedge = _distinct(n_repr, n_causal)
     chosen = fits.get(cfg.fit_model)
     if not interpretable:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import time
@@ -96,7 +95,8 @@ def _train_layer(
         res = NDM(cfg).fit(h, checkpoint_dir=ckpt, stop_at_step=target)
         elapsed = time.perf_counter() - t0
         print(f"L{layer}: step {res.steps}, partition {res.partition}, {elapsed:.0f} s", flush=True)
-        if res.converged or res.steps >= cfg.max_steps or elapsed > (seconds or math.inf):
+        out_of_time = seconds is not None and elapsed > seconds
+        if res.converged or res.steps >= cfg.max_steps or out_of_time:
             break
     res.save(Path(out) / f"ndm-L{layer}")
     save_rotation(Path(out) / f"R-L{layer}.safetensors", res.rotation, res.partition)

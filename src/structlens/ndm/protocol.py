@@ -300,9 +300,9 @@ _REPLICATION_CPU = ReplicationProfile(
     planted={"sizes": [[4, 4], [4, 4, 8]], "seeds": 10, "restarts": [1, 3],
              "ndm": _PLANTED_NDM},
     browse={"k": 5, "extra_corpus_prompts": None},
-    # trained to the stopping rule on the CPU: the paper's batch, unit and threshold, the
-    # protocol's 8k bank, the Cayley map (its step costs half the exponential's), at most
-    # 20,000 steps with merges every 1,500 from 3,000, one process per layer
+    # trained to the stopping rule on the CPU: DEVICE_CONFIG's unit, batch, threshold and
+    # merge schedule, the protocol's 8k bank, the Cayley map (its step costs half the
+    # exponential's), at most 20,000 steps, one process per layer
     device_training=True,
     device_rows=12_416,  # activations per layer packed for training (float16, < 64 MiB)
     device_config={"retraction": "cayley", "max_steps": 20_000, "bank_size": 8192},
