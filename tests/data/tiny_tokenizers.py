@@ -42,6 +42,7 @@ def task_words() -> set[str]:
 def build_word_tokenizer(
     extra_words: Iterable[str] = (),
     *,
+    drop_words: Iterable[str] = (),
     digits: str = "split",
     add_bos: bool = False,
     padding_side: str = "right",
@@ -50,7 +51,8 @@ def build_word_tokenizer(
 
     ``add_bos``: its post-processor puts ``<s>`` before every text (as Gemma's and Llama-2's
     tokenizers do with the default ``add_special_tokens=True``); ``padding_side`` is where
-    ``tokenizer(texts, padding=True)`` pads.
+    ``tokenizer(texts, padding=True)`` pads; ``drop_words`` are left out of the vocabulary
+    (they become ``[UNK]``, as a word split into pieces is not one token).
     """
     if digits == "split":
         numbers = [str(d) for d in range(10)]
@@ -60,7 +62,9 @@ def build_word_tokenizer(
         digit_split = pre_tokenizers.Split(Regex(r"\d\d"), behavior="isolated")
     else:
         raise ValueError(f"digits must be 'split' or 'pairs', got {digits!r}")
-    words = sorted((task_words() | set(extra_words) | set(numbers)) - set(SPECIALS))
+    words = sorted(
+        (task_words() | set(extra_words) | set(numbers)) - set(SPECIALS) - set(drop_words)
+    )
     vocab = {w: i for i, w in enumerate([*SPECIALS, *words])}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), digit_split])

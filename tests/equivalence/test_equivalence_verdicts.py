@@ -93,7 +93,17 @@ def claimed_row(k: int, n: int) -> ModelComparison:
 def test_every_paper_value_names_a_scenario_group():
     groups = {sc.group for sc in SCENARIOS}
     assert set(v.PAPER) == {v.claim_id(g) for g in groups}
-    assert all(p.low <= p.high for p in v.PAPER.values())
+    # a range, or none at all (a row the paper has no value for)
+    assert all(p.low <= p.high or np.isnan([p.low, p.high]).all() for p in v.PAPER.values())
+
+
+def test_a_row_without_a_paper_value_is_measured_not_judged():
+    row = comparison([True] * 5, method="similarity")  # the cross-family row: no patching
+    assert v.vs_paper("cross-family", row.heads.score_ci) == "no paper value"
+    verdict, reason = v.row_verdict("cross-family", row)
+    assert verdict == "not tested" and "no value to compare with" in reason
+    claim = v.group_claim("cross-family", {"cross-family": row})
+    assert claim.verdict == "not tested" and claim.ours == 1.0
 
 
 def test_claimed_is_the_paired_test_and_none_without_a_null():

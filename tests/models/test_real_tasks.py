@@ -101,3 +101,17 @@ def test_gemma3_has_a_function_preserving_sanity_copy(gemma3):
     assert got.max_abs_z_diff < 1e-4
     # float32 round-off of residual entries up to ~1e5 (Gemma's massive activations)
     assert got.max_abs_resid_rotation_error < 1e-6 * got.max_abs_resid
+
+
+def test_smollm2_and_gemma3_share_ioi_prompts(gemma3, smollm2):
+    from structlens.equivalence.probes import task_probe
+
+    probe = task_probe(smollm2, gemma3, "ioi", n=24, seed=0)
+    alone = make_task("ioi", smollm2.tokenizer, n=24, seed=0)
+    assert probe.texts == list(alone.texts)  # every IOI name is one token in Gemma's too
+    bos = gemma3.tokenizer.bos_token_id
+    for text, a, b in zip(probe.texts, probe.tokens_a, probe.tokens_b, strict=True):
+        assert a == smollm2.tokenizer(text)["input_ids"] and a[0] != bos
+        assert b == gemma3.tokenizer(text)["input_ids"] and b[0] == bos
+        # the prediction is read after the same last word in both
+        assert smollm2.tokenizer.decode(a[-1:]) == gemma3.tokenizer.decode(b[-1:]) == " to"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from structlens.equivalence.congruity import kl_rows, log_softmax_rows
+from structlens.equivalence.congruity import LogitReference
 from structlens.equivalence.layer_map import choose_layer_map, fit_layer_map
 from structlens.equivalence.protocol import PROFILES, EquivalenceProtocol
 from structlens.equivalence.score import equivalence_score
@@ -126,9 +126,9 @@ def _behaviour(y: np.ndarray, replaced: np.ndarray, readout: np.ndarray) -> tupl
     """Mean KL (nats) of B's predictions with its layer ``y`` replaced by ``replaced``, and
     their top-1 agreement, as :func:`structlens.equivalence.patching.validate` measures
     them."""
-    ref = log_softmax_rows(y @ readout, "reference_logits")
+    ref = y @ readout
     logits = replaced @ readout
-    kl = float(np.mean(kl_rows(ref, logits)))
+    kl = float(np.mean(LogitReference(ref).kl(logits)))
     return kl, float(np.mean(np.argmax(logits, 1) == np.argmax(ref, 1)))
 
 

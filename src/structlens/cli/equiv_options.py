@@ -77,7 +77,8 @@ Protocol = Annotated[
     str,
     typer.Option(
         "--protocol",
-        help="The equivalence protocol: a name (paper, paper-subset, paper-sentence, smoke) or "
+        help="The equivalence protocol: a name (paper, paper-subset, paper-sentence, "
+        "paper-cross-family, smoke) or "
         "a JSON file of its fields; the options below override its fields.",
     ),
     Calls(load_protocol),

@@ -17,13 +17,12 @@ from structlens.models.loading import Model
 
 from .collect import _batches, forward
 from .congruity import (
+    LogitReference,
     PointTestResult,
     SelectivityResult,
     accumulated_representation,
     bootstrap_point_test,
     kl_from_logits,
-    kl_rows,
-    log_softmax_rows,
     rank_heads,
     selectivity_test,
 )
@@ -70,8 +69,9 @@ def validate(
     ``fn(act_b, cache_a)`` returns B's replacement activation given A's cache of the batch
     (A is not run when ``a_sites`` is empty).  ``context_*``: each model's encoder input per
     prompt (:func:`~structlens.equivalence.collect.forward`).
-    Each batch is reduced to per-row KL and top-1 agreement before the next: holding every
-    patch's float64 logits (rows x vocabulary) would take gigabytes for a 49k vocabulary.
+    Each batch is reduced to per-row KL (:class:`~structlens.equivalence.congruity.LogitReference`)
+    and top-1 agreement before the next: holding every patch's logits (rows x vocabulary)
+    would take gigabytes for a 262k vocabulary.
     A patched forward takes the unpatched forward's outputs of the layers below its site's
     layer (:class:`~structlens.equivalence.prefix.LayerOutputs`), which it would recompute
     unchanged.
@@ -93,7 +93,7 @@ def validate(
         with torch.no_grad(), prefix.record():
             base, mask = forward(model_b, toks, ctx_b)
         ref = _eval_rows(base, mask, task_b, idx, start).float()
-        ref_logp, ref_top = log_softmax_rows(ref.cpu().numpy(), "reference_logits"), ref.argmax(-1)
+        reference, ref_top = LogitReference(ref.cpu().numpy()), ref.argmax(-1)
         del ref
         if task_b is not None:
             orig_metric.append(task_b.metric(task_b.gather_logits(base, idx), idx).double())
@@ -109,9 +109,8 @@ def validate(
                 hooked(model_b, writes={site_b: write}),
             ):
                 out, _ = forward(model_b, toks, ctx_b)
-            # float32 rows: kl_rows upcasts them a block at a time
             p = _eval_rows(out, mask, task_b, idx, start)
-            kl[k].append(kl_rows(ref_logp, p.float().cpu().numpy()))
+            kl[k].append(reference.kl(p.float().cpu().numpy()))
             agree[k].append(p.argmax(-1) == ref_top)
             if task_b is not None:
                 patched_metric[k].append(

@@ -83,17 +83,13 @@ class Probe:
 
 
 def task_probe(model_a: Any, model_b: Any, task: str, n: int = 64, seed: int = 0) -> Probe:
-    """A probe from a circuit task (``structlens.data.tasks``); both tokenizers must yield the
-    same prompts. Corrupted prompts are the task's first corruption (IOI: ``abc``)."""
-    from structlens.data.tasks import make_task
+    """A probe from a circuit task (``structlens.data.tasks``) on the same prompt texts for
+    both models: where their tokenizers differ, the task's words are those that are single
+    tokens in both (:func:`~structlens.data.tasks.make_shared_task`).  Corrupted prompts are
+    the task's first corruption (IOI: ``abc``)."""
+    from structlens.data.tasks import make_shared_task
 
-    ta = make_task(task, model_a.tokenizer, n=n, seed=seed)
-    tb = make_task(task, model_b.tokenizer, n=n, seed=seed)
-    if ta.texts != tb.texts:
-        raise ValueError(
-            f"the two tokenizers yield different {task!r} prompts (token filters differ); use a "
-            "corpus probe for models with different tokenizers."
-        )
+    ta, tb = make_shared_task(task, [model_a.tokenizer, model_b.tokenizer], n=n, seed=seed)
     corruption = next(iter(ta.corrupted))
     return Probe(
         name=task,

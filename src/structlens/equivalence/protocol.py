@@ -252,7 +252,9 @@ _PAPER = EquivalenceProtocol()
 #: the small byte-level LMs (every head and layer validated; also the CLI's default);
 #: ``paper-subset`` its protocol for SmolLM2-sized pairs on a CPU (an IOI probe, the 30 heads
 #: whose mean ablation moves B most on the fit prompts, 4 layers); ``paper-sentence`` the one
-#: for models whose tokenizers differ (sentence rows, similarity score); ``smoke`` shrinks
+#: for models whose tokenizers differ (sentence rows, similarity score); ``paper-cross-family``
+#: the same rows on an IOI probe whose names are single tokens in both tokenizers, so that
+#: CONGRUITY intervenes with the task's corrupted prompts; ``smoke`` shrinks
 #: CONGRUITY for the tiny test models and keeps every rule.
 PROFILES: dict[str, EquivalenceProtocol] = {
     "paper": _PAPER,
@@ -268,6 +270,14 @@ PROFILES: dict[str, EquivalenceProtocol] = {
     "paper-sentence": _PAPER.replace(
         probe_prompts=64, representation="sentence", congruity_top_k=2, congruity_max_layers=3
     ),
+    "paper-cross-family": _PAPER.replace(
+        probe="ioi",
+        probe_prompts=96,
+        representation="sentence",
+        congruity_top_k=2,
+        congruity_max_layers=3,
+        batch_size=12,
+    ),  # fmt: skip
     "smoke": _PAPER.replace(
         probe_prompts=24, congruity_top_k=2, congruity_max_layers=1, point_n=4, straps=4
     ),

@@ -521,8 +521,8 @@ class Scenario:
 # of ~16 tokens give ~700 token rows, more than d = 576, as the Procrustes map of a copy needs
 # (equivalence.layer_map).  The small LMs' corpus probes give ~2,400 fit rows for d = 128,
 # enough for the ridge map of independently trained models.  MiniLM against SmolLM2 has two
-# tokenizers: "paper-sentence".
-_SMOL, _SENT, _COPY = "paper-subset", "paper-sentence", "copy"
+# tokenizers: "paper-sentence"; SmolLM2 against Gemma 3 too, on IOI: "paper-cross-family".
+_SMOL, _SENT, _CROSS, _COPY = "paper-subset", "paper-sentence", "paper-cross-family", "copy"
 
 
 def _finetune_row(name: str, model_b: str, setting: str) -> Scenario:
@@ -541,6 +541,8 @@ SCENARIOS = (
              "same bytes"),
     Scenario("enc-dec", "encoder-other-data", "minilm-l6", "smollm2-135m",
              "MiniLM-L6 vs SmolLM2, sentences", _SENT),
+    Scenario("cross-family", "cross-family", "smollm2-135m", "gemma3-270m",
+             "SmolLM2 vs Gemma 3 270M, IOI (names single tokens in both), sentences", _CROSS),
     Scenario("seeds-s0-s1", "seeds", "small:L4-s0", "small:L4-s1", "4L seed 0 vs 1"),
     Scenario("seeds-s0-s2", "seeds", "small:L4-s0", "small:L4-s2", "4L seed 0 vs 2"),
     Scenario("seeds-s1-s2", "seeds", "small:L4-s1", "small:L4-s2", "4L seed 1 vs 2"),

@@ -19,6 +19,7 @@ from structlens.data.tasks.ioi import IOITask, make_ioi
 from structlens.data.tasks.registry import (
     MAX_PROMPTS,
     available_tasks,
+    make_shared_task,
     make_task,
     make_task_up_to,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "make_greater_than",
     "make_ioi",
     "make_knowledge_conflict",
+    "make_shared_task",
     "make_task",
     "make_task_up_to",
     "pad_batch",

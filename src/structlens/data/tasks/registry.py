@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from structlens.data.tasks.base import TaskDataset
+from structlens.data.tasks.base import Encoder, TaskDataset
 from structlens.data.tasks.facts import make_factual_recall, make_knowledge_conflict
 from structlens.data.tasks.greater_than import make_greater_than
 from structlens.data.tasks.ioi import make_ioi
@@ -21,6 +22,14 @@ TASKS: dict[str, Callable[..., TaskDataset]] = {
     "greater_than": make_greater_than,
     "knowledge_conflict": make_knowledge_conflict,
     "factual_recall": make_factual_recall,
+}
+
+
+#: The options of each task that list the words its prompts draw from.  A word is usable only
+#: where it is one token after a space, so the usable words depend on the tokenizer.
+WORD_LISTS: dict[str, tuple[str, ...]] = {
+    "ioi": ("names", "places", "objects"),
+    "greater_than": ("nouns",),
 }
 
 
@@ -102,3 +111,44 @@ def make_task_up_to(name: str, tokenizer: Any, *, n: int | None, seed: int = 0) 
         if capped is None or len(task) >= capped:
             raise
         return task
+
+
+def make_shared_task(
+    name: str, tokenizers: Sequence[Any], *, n: int | None = None, seed: int = 0
+) -> list[TaskDataset]:
+    """The task ``name`` built for each of ``tokenizers`` on the same prompt texts.
+
+    Each tokenizer alone would keep the words that are single tokens in it (IOI's names,
+    places and objects; greater-than's nouns; :data:`WORD_LISTS`), and two tokenizers keep
+    different words, so the same seed gives different prompts.  Here every word list is cut
+    to the words that are single tokens in all ``tokenizers`` before the prompts are drawn.
+    For one tokenizer (or several that agree on every word) the cut removes nothing and the
+    datasets are :func:`make_task`'s.  Each dataset keeps its own tokenizer's special tokens
+    (Gemma's ``<bos>``; none for SmolLM2), so token positions differ while texts agree.
+
+    Raises
+    ------
+    ValueError
+        When the texts still differ (a task whose prompts depend on the tokenizer beyond its
+        word lists, e.g. greater-than's two-digit years), naming the first difference.
+    """
+    if not tokenizers:
+        raise ValueError("make_shared_task needs at least one tokenizer.")
+    options = inspect.signature(TASKS[name]).parameters if name in TASKS else {}
+    kwargs: dict[str, list[str]] = {}
+    encoders = [Encoder(t) for t in tokenizers]
+    for option in WORD_LISTS.get(name, ()):
+        words = options[option].default
+        kwargs[option] = [
+            w for w in words if all(e.single_token(" " + w) is not None for e in encoders)
+        ]
+    tasks = [make_task(name, t, n=n, seed=seed, **kwargs) for t in tokenizers]
+    for i, task in enumerate(tasks[1:], 1):
+        if list(task.texts) != list(tasks[0].texts):
+            first = next(j for j, (a, b) in enumerate(zip(tasks[0].texts, task.texts)) if a != b)
+            raise ValueError(
+                f"task {name!r} gives different prompts for tokenizers 0 and {i} even on "
+                f"shared words (prompt {first}: {tasks[0].texts[first]!r} vs "
+                f"{task.texts[first]!r}); compare these models on a corpus probe."
+            )
+    return tasks
