@@ -12,10 +12,10 @@ from structlens.equivalence import (
     kl_from_logits,
     layer_similarity_matrix,
 )
-from structlens.equivalence.collect import _pad, collect_rows
+from structlens.equivalence.collect import _pad, collect_rows, forward
 from structlens.equivalence.congruity import ROW_BLOCK, LogitReference
 from structlens.equivalence.patching import validate
-from structlens.equivalence.probes import corpus_probe
+from structlens.equivalence.probes import corpus_probe, task_probe
 from structlens.interventions import hooked
 from structlens.models import load_model
 
@@ -175,3 +175,45 @@ def test_streamed_validation_equals_the_held_logits(tiny):
     assert streamed[1]["kl"] == pytest.approx(kl_from_logits(ref.numpy(), out.numpy()), rel=1e-4)
     top1 = float((out.argmax(-1) == ref.argmax(-1)).double().mean())
     assert streamed[1]["top1"] == pytest.approx(top1, abs=1.5 / len(ref))
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model("tiny-smol", seed=1)  # SmolLM2's tokenizer: IOI names are one token
+
+
+def test_outputs_at_positions_are_the_full_outputs_there(smol):
+    probe = task_probe(smol, smol, "ioi", n=12)
+    toks = probe.tokens_b[:5]
+    positions = probe.task_b.metric_position_index(list(range(5))).tolist()
+    with torch.no_grad():
+        full, mask = forward(smol, toks)
+        at, mask_at = forward(smol, toks, positions=positions)
+    assert at.shape == (5, len(positions[0]), full.shape[-1])
+    want = probe.task_b.gather_logits(full, list(range(5)))
+    torch.testing.assert_close(at[:, 0], want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(mask, mask_at)
+
+
+def test_task_validation_scores_the_metric_positions_of_the_full_logits(smol):
+    """KL, top-1 and metric ratio of a patch on a task probe, each prompt's logits computed
+    only at its metric positions, equal those read off the full logits."""
+    probe = task_probe(smol, smol, "ioi", n=12)
+    task, heldout, site = probe.task_b, [1, 4, 6, 9, 10], "blocks.1.attn.hook_z"
+
+    def ablate(act, src):
+        out = act.clone()
+        out[:, 1:, 0] = 0.0
+        return out
+
+    (got,) = validate(smol, smol, probe.tokens_b, heldout, task, 1, [(site, ablate)], [], 2)
+    ids, mask = _pad([probe.tokens_b[i] for i in heldout], smol)
+    with torch.no_grad():
+        ref = task.gather_logits(smol.forward(ids, mask), heldout)
+        with hooked(smol, writes={site: lambda act: ablate(act, None)}):
+            out = task.gather_logits(smol.forward(ids, mask), heldout)
+    assert got["kl"] > 1e-4
+    assert got["kl"] == pytest.approx(kl_from_logits(ref.numpy(), out.numpy()), rel=1e-4)
+    assert got["top1"] == float((out.argmax(-1) == ref.argmax(-1)).double().mean())
+    ratio = float(task.metric(out, heldout).mean() / task.metric(ref, heldout).mean())
+    assert got["metric_ratio"] == pytest.approx(ratio, rel=1e-4)

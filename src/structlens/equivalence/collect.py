@@ -37,6 +37,7 @@ def forward(
     model: Model,
     tokens: Sequence[Sequence[int]],
     context: Sequence[Sequence[int]] | None = None,
+    positions: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's output on the right-padded ``tokens`` and their mask.
 
@@ -44,14 +45,29 @@ def forward(
     decoder then reads ``tokens`` causally, so the output and the decoder's sites have the
     prompts' positions, as a decoder-only model's do; ``None`` runs ``model.forward`` on the
     prompts alone (an encoder–decoder language model's encoder then reads its start token).
+    ``positions`` (the same number ``k`` for every prompt): only the outputs there,
+    ``[batch, k, ...]``, the values of the full output at those positions; a decoder-only
+    language model then unembeds only them
+    (:func:`~structlens.interventions.fastrun.metric_logits`), which over a 262k vocabulary
+    is most of a forward's arithmetic.
     """
+    from structlens.interventions.fastrun import metric_logits
+
     ids, mask = _pad(tokens, model)
+    decoder_only = context is None and model.causal and not model.is_encoder_decoder
+    if positions is not None and decoder_only:
+        return metric_logits(model, ids, mask, positions), mask
     if context is None:
-        return model.forward(ids, mask), mask
-    if len(context) != len(tokens):
-        raise ValueError(f"{len(context)} encoder contexts for {len(tokens)} prompts.")
-    source, source_mask = _pad(context, model)
-    return model.forward(source, source_mask, decoder_input_ids=ids), mask
+        out = model.forward(ids, mask)
+    else:
+        if len(context) != len(tokens):
+            raise ValueError(f"{len(context)} encoder contexts for {len(tokens)} prompts.")
+        source, source_mask = _pad(context, model)
+        out = model.forward(source, source_mask, decoder_input_ids=ids)
+    if positions is None:
+        return out, mask
+    idx = torch.as_tensor([list(p) for p in positions], device=out.device)
+    return out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), mask
 
 
 def _sites(model: Model) -> tuple[list[str], list[str]]:

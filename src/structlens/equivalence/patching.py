@@ -39,15 +39,26 @@ __all__ = ["Writers", "validate", "validation_writers", "null_kl", "congruity"]
 Writer = Callable[[torch.Tensor, dict], torch.Tensor]
 
 
-def _eval_rows(
-    logits: torch.Tensor, mask: torch.Tensor, task: Any, idx: list[int], start: int
-) -> torch.Tensor:
+def _eval_rows(logits: torch.Tensor, mask: torch.Tensor, task: Any, start: int) -> torch.Tensor:
+    """The rows validation scores: a task's metric positions (``logits`` already holds only
+    them, :func:`_metric_positions`), else every real token from ``start`` on."""
     if task is not None:
-        g = task.gather_logits(logits, idx)
-        return g.reshape(-1, g.shape[-1])
+        return logits.reshape(-1, logits.shape[-1])
     keep = mask.bool().clone()
     keep[:, :start] = False
     return logits[keep]
+
+
+def _metric_positions(task: Any, idx: list[int]) -> list[list[int]] | None:
+    """The positions a task's metric reads in prompts ``idx`` (``None`` without a task)."""
+    return None if task is None else task.metric_position_index(idx).tolist()
+
+
+def _metric_input(logits: torch.Tensor) -> torch.Tensor:
+    """Logits at the metric positions as the task's metric takes them (one position: its
+    ``[b, vocab]`` row, as :meth:`~structlens.data.tasks.base.TaskDataset.gather_logits`
+    gives it)."""
+    return logits[:, 0] if logits.shape[1] == 1 else logits
 
 
 def validate(
@@ -90,13 +101,14 @@ def validate(
             ctx_a = None if context_a is None else [context_a[i] for i in idx]
             with torch.no_grad(), hooked(model_a, a_sites) as cache_a:
                 forward(model_a, toks, ctx_a)
+        positions = _metric_positions(task_b, idx)
         with torch.no_grad(), prefix.record():
-            base, mask = forward(model_b, toks, ctx_b)
-        ref = _eval_rows(base, mask, task_b, idx, start).float()
+            base, mask = forward(model_b, toks, ctx_b, positions)
+        ref = _eval_rows(base, mask, task_b, start).float()
         reference, ref_top = LogitReference(ref.cpu().numpy()), ref.argmax(-1)
         del ref
         if task_b is not None:
-            orig_metric.append(task_b.metric(task_b.gather_logits(base, idx), idx).double())
+            orig_metric.append(task_b.metric(_metric_input(base), idx).double())
         del base
         for k, (site_b, fn) in enumerate(writers):
 
@@ -108,14 +120,12 @@ def validate(
                 prefix.below(first[k]),
                 hooked(model_b, writes={site_b: write}),
             ):
-                out, _ = forward(model_b, toks, ctx_b)
-            p = _eval_rows(out, mask, task_b, idx, start)
+                out, _ = forward(model_b, toks, ctx_b, positions)
+            p = _eval_rows(out, mask, task_b, start)
             kl[k].append(reference.kl(p.float().cpu().numpy()))
             agree[k].append(p.argmax(-1) == ref_top)
             if task_b is not None:
-                patched_metric[k].append(
-                    task_b.metric(task_b.gather_logits(out, idx), idx).double()
-                )
+                patched_metric[k].append(task_b.metric(_metric_input(out), idx).double())
             del out, p
     records = []
     for k in range(len(writers)):
@@ -192,11 +202,19 @@ def _congruity_group(
     def ctx(idx: list[int]) -> list[list[int]] | None:
         return None if context is None else [context[i] for i in idx]
 
+    def last_scored(idx: list[int]) -> list[list[int]]:
+        # the position whose prediction ranks the heads: the task's last metric position,
+        # else the prompt's last token
+        if task is not None:
+            return task.metric_position_index(idx)[:, -1:].tolist()
+        return [[len(tokens[i]) - 1] for i in idx]
+
     def run(
         idx: list[int], writes: dict | None, reads: list[str]
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """Outputs at :func:`last_scored` ``[b, 1, ...]``, the cache of ``reads``, the mask."""
         with torch.no_grad(), hooked(model, reads, writes) as cache:
-            out, mask = forward(model, [tokens[i] for i in idx], ctx(idx))
+            out, mask = forward(model, [tokens[i] for i in idx], ctx(idx), last_scored(idx))
         return out, dict(cache), mask
 
     clean: list[tuple[torch.Tensor, dict, torch.Tensor]] = []
@@ -216,24 +234,13 @@ def _congruity_group(
             means[s] = tot / cnt
         sources = [{s: means[s].expand_as(c[1][s]) for s in z_sites} for c in clean]
 
-    def rows(out: torch.Tensor, mask: torch.Tensor, idx: list[int]) -> torch.Tensor:
-        if task is not None:
-            return task.gather_logits(out, idx).reshape(len(idx), -1, out.shape[-1])[:, -1]
-        last = mask.sum(1) - 1
-        return out[torch.arange(out.shape[0]), last]
-
     def rep(caches: list[dict], masks: list[torch.Tensor]) -> np.ndarray:
         parts = []
         for c, m in zip(caches, masks, strict=True):
             parts.append(accumulated_representation([c[s] for s in resid], position, mask=m))
         return np.concatenate(parts)
 
-    ref_logits = np.concatenate(
-        [
-            rows(o, m, idx).double().cpu().numpy()
-            for (o, _, m), idx in zip(clean, batches, strict=True)
-        ]
-    )
+    ref_logits = np.concatenate([o[:, -1].double().cpu().numpy() for o, _, _ in clean])
     base = rep([c[1] for c in clean], [c[2] for c in clean])
     kl = np.full((n_layers, model.n_heads), -np.inf)
     reps: dict[tuple[int, int], np.ndarray] = {}
@@ -249,7 +256,7 @@ def _congruity_group(
                     return out
 
                 o, c, m = run(idx, {s: write}, resid)
-                outs.append(rows(o, m, idx).double().cpu().numpy())
+                outs.append(o[:, -1].double().cpu().numpy())
                 caches.append(c)
                 masks.append(m)
             kl[l, h] = _effect(model, ref_logits, np.concatenate(outs))

@@ -50,6 +50,14 @@ DEVICE_CONFIG = {
 CHUNK_STEPS = 250
 
 
+def settings(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The settings a device run trains with: :data:`DEVICE_CONFIG` with ``overrides``, and
+    ``chunk_steps`` (steps between checkpoints, :data:`CHUNK_STEPS` unless overridden; with a
+    time limit it decides where a run stops).  A cache key of the run is made from these, so
+    a change of a default reaches it."""
+    return {**DEVICE_CONFIG, "chunk_steps": CHUNK_STEPS, **overrides}
+
+
 def pack(train_dir: Path, layers: list[int], out: Path, rows: int | None = None) -> None:
     from structlens.capture.store import ActivationStore
     from structlens.sites import site_name
@@ -83,9 +91,9 @@ def _train_layer(
     torch.set_num_threads(threads)
     with safe_open(path, framework="pt") as f:
         h = f.get_tensor(name).float()
-    settings = {**DEVICE_CONFIG, **overrides}
-    chunk = settings.pop("chunk_steps", CHUNK_STEPS)
-    cfg = NDMConfig(**settings, device=device)
+    config = settings(overrides)
+    chunk = config.pop("chunk_steps")
+    cfg = NDMConfig(**config, device=device)
     layer = int(name[1:])
     ckpt = Path(out) / "checkpoints" / f"L{layer}"
     t0 = time.perf_counter()

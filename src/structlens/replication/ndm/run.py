@@ -141,7 +141,12 @@ class NDMReplication:
         return stage, self._trained(stage, partial(self._train, layers, layers)), per_layer
 
     def device_stage(self, cpu_train: Stage) -> Stage:
-        config = {"rows": self.s.device_rows, "overrides": self.s.device_config}
+        from structlens.ndm import device_train
+
+        # the settings the run trains with, defaults included, so that a changed default
+        # is a new stage rather than a reused run
+        config = {"rows": self.s.device_rows,
+                  "settings": device_train.settings(dict(self.s.device_config))}  # fmt: skip
         if self.s.device_seconds is not None:  # a limit can decide how many steps are taken
             config["seconds"] = self.s.device_seconds
         return Stage("train-device", config | {"record": RECORD}, inputs=(cpu_train.key,))
