@@ -150,13 +150,21 @@ def metric_logits(
     """Logits ``[b, k, vocab]`` at ``positions[i]`` (``k`` per prompt) of a forward pass.
 
     Runs the base model (any active hooks apply), gathers the final hidden states at the given
-    positions and unembeds only those — identical to slicing the full logits.
+    positions and unembeds only those, then applies what the family's head does after the
+    unembedding (Gemma-2/3's soft-capping, Granite's ``logits_scaling``, Cohere's
+    ``logit_scale``): the values of the full logits at those positions.
     """
     out = model.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = out.last_hidden_state
     idx = torch.as_tensor([list(p) for p in positions], device=hidden.device)
     picked = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
     logits = model.hf.get_output_embeddings()(picked)
+    scaling = getattr(model.config, "logits_scaling", None)  # Granite divides by it
+    if scaling:
+        logits = logits / scaling
+    scale = getattr(model.config, "logit_scale", None)  # Cohere multiplies by it
+    if scale:
+        logits = logits * scale
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
