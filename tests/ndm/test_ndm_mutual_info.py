@@ -118,3 +118,22 @@ def test_rows_equal_up_to_float_noise_are_neighbours_at_their_true_distance(rng)
     got = subspace_mutual_information(z, [2, 2], k=1, standardize=False, normalize=False)
     c = z - z.mean(0)
     assert got[0, 1] == pytest.approx(_ksg_block_brute_force(c[:, :2], c[:, 2:], 1), abs=1e-9)
+
+
+@pytest.mark.parametrize("near_duplicates", [False, True])
+def test_fused_pass_equals_the_tensor_operations_bit_for_bit(rng, monkeypatch, near_duplicates):
+    """With k = 1 the neighbour distances and counts of every pair come from one numba pass
+    (several chunks of query rows, rows equal up to float noise included); the matrix is the
+    one the tensor operations give, to the last bit."""
+    pytest.importorskip("numba")
+    from structlens.stats import mutual_info
+
+    x, y, _ = _gaussian_pair(rng, 700, 3, 0.8)
+    z = np.hstack([x, y, rng.standard_normal((700, 2))])
+    if near_duplicates:
+        z = np.vstack([z, z[:9] + 1e-9 * rng.standard_normal((9, z.shape[1]))])
+    fused = subspace_mutual_information(z, [3, 3, 2], k=1, chunk_size=256)
+    monkeypatch.setattr(mutual_info, "_numba_available", lambda: False)
+    tensor = subspace_mutual_information(z, [3, 3, 2], k=1, chunk_size=256)
+    np.testing.assert_array_equal(fused, tensor)
+    assert fused[0, 1] > 0.05 > abs(fused[0, 2])

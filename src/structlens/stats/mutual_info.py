@@ -206,11 +206,17 @@ def subspace_mutual_information(
             d2 = sq[start:stop, None] + sq[None, :] - 2.0 * (b[start:stop] @ b.T)
             d2.clamp_(min=0.0)
             dists.append(d2)  # squared distances order the same way as distances
-        for a, b in pairs:
+        # one fused pass per pair where it applies (k = 1 on the CPU, numba installed)
+        fused = k == 1 and zt.device.type == "cpu" and _numba_available()
+        counts = _pair_counts(dists, pairs, start) if fused else None
+        for p, (a, b) in enumerate(pairs):
             da, db = dists[a], dists[b]
-            joint = torch.maximum(da, db)
-            joint[rows, rows + start] = torch.inf
-            eps = _kth_smallest(joint, k)
+            if counts is None:
+                joint = torch.maximum(da, db)
+                joint[rows, rows + start] = torch.inf
+                eps = _kth_smallest(joint, k)
+            else:
+                eps = torch.from_numpy(counts[0][p])
             near = torch.nonzero(eps < tol).flatten()
             if near.numel():
                 # ‖x‖² + ‖y‖² − 2x·y loses every digit for near-duplicate rows (activations
@@ -226,9 +232,12 @@ def subspace_mutual_information(
                     f"blocks {a} and {b}: some points have a zero {k}-th-neighbour distance "
                     "(duplicates within the pair's coordinates); add tiny noise or raise k."
                 )
-            na = (da < eps[:, None]).sum(1)
-            nb = (db < eps[:, None]).sum(1)
-            psi_sum[(a, b)] += float((digamma(na.cpu().numpy()) + digamma(nb.cpu().numpy())).sum())
+            if counts is not None and not near.numel():
+                na, nb = counts[1][p], counts[2][p]
+            else:
+                na = (da < eps[:, None]).sum(1).cpu().numpy()
+                nb = (db < eps[:, None]).sum(1).cpu().numpy()
+            psi_sum[(a, b)] += float((digamma(na) + digamma(nb)).sum())
     out = np.zeros((n_blocks, n_blocks))
     for a, b in pairs:
         mi = digamma(k) + digamma(n) - psi_sum[(a, b)] / n
@@ -236,6 +245,50 @@ def subspace_mutual_information(
             mi /= sizes[a] + sizes[b]
         out[a, b] = out[b, a] = mi
     return out
+
+
+def _pair_counts(
+    dists: list[torch.Tensor], pairs: list[tuple[int, int]], start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every pair ``(a, b)`` and query row ``i`` of one chunk (rows ``start + i``), with
+    ``k = 1``: ``eps`` the smallest ``max(da[i, j], db[i, j])`` over ``j != start + i``, and
+    the counts of ``da[i, j] < eps`` and ``db[i, j] < eps`` over all ``j`` (the row itself
+    included).  The values :func:`subspace_mutual_information` computes with tensor
+    operations, in one pass over each pair's distances instead of five, pairs in parallel."""
+    stack = np.stack([d.numpy() for d in dists])
+    eps, na, nb = _pair_counts_kernel()(stack, np.asarray(pairs, dtype=np.int64), start)
+    return eps, na, nb
+
+
+@functools.cache
+def _pair_counts_kernel() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Compile the fused KSG pass of :func:`_pair_counts` (once per process).  No fastmath:
+    the comparisons must order the same float64 values as the tensor operations do."""
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=False)
+    def kernel(dists, pairs, start):
+        n_pairs, rows, n = pairs.shape[0], dists.shape[1], dists.shape[2]
+        eps = np.empty((n_pairs, rows))
+        na = np.empty((n_pairs, rows), dtype=np.int64)
+        nb = np.empty((n_pairs, rows), dtype=np.int64)
+        # a query row's distances in every block stay in cache for all the pairs
+        for i in prange(rows):
+            for p in range(n_pairs):
+                da, db = dists[pairs[p, 0], i], dists[pairs[p, 1], i]
+                e = np.inf
+                for j in range(n):  # the row itself (j = start + i) excluded below
+                    if j != start + i:
+                        e = min(e, max(da[j], db[j]))
+                ca = 0
+                cb = 0
+                for j in range(n):
+                    ca += da[j] < e
+                    cb += db[j] < e
+                eps[p, i], na[p, i], nb[p, i] = e, ca, cb
+        return eps, na, nb
+
+    return kernel
 
 
 def _numba_available() -> bool:
