@@ -135,7 +135,7 @@ def make_shared_task(
     if not tokenizers:
         raise ValueError("make_shared_task needs at least one tokenizer.")
     options = inspect.signature(TASKS[name]).parameters if name in TASKS else {}
-    kwargs: dict[str, list[str]] = {}
+    kwargs: dict[str, Any] = {}
     encoders = [Encoder(t) for t in tokenizers]
     for option in WORD_LISTS.get(name, ()):
         words = options[option].default
