@@ -103,10 +103,14 @@ def _detail(t: Template, sc: Scenario, r: ModelComparison) -> str:
     cg, sim = r.congruity, r.matched_layer_similarity
     return t.blocks["row detail"].format(
         sc=sc, r=r, rs=r.representational, rs_ci=ci(r.representational.score_ci),
+        # the scenario's names of trained models (small:…, finetune:…), not their cache paths
+        a=sc.model_a, b=sc.model_b or r.model_b,
         choices=_choices(r),
         sim_mean=np.mean(sim), sim_min=np.min(sim), heads=np.mean(r.matched_head_similarity),
         kl=f"; median head KL {np.median(r.heads.kl):.3g} nats" if r.heads.kl else "",
-        score_ci=ci(r.heads.score_ci), congruity=(
+        score_ci=ci(r.heads.score_ci),
+        score_kind="behavioural" if r.heads.method == "patching" else "similarity score",
+        congruity=(
             f"; CONGRUITY mean p A→B {cg.mean_p_ab:.2f}, selectivity {cg.selectivity_ab:.2f}"
             + (
                 f" (variance-weighted R²: mean p A→B {w.mean_p_ab:.2f}, selectivity "
