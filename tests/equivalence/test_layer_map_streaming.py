@@ -217,3 +217,14 @@ def test_task_validation_scores_the_metric_positions_of_the_full_logits(smol):
     assert got["top1"] == float((out.argmax(-1) == ref.argmax(-1)).double().mean())
     ratio = float(task.metric(out, heldout).mean() / task.metric(ref, heldout).mean())
     assert got["metric_ratio"] == pytest.approx(ratio, rel=1e-4)
+
+
+def test_row_blocks_in_parallel_lanes_give_the_same_kl(rng, monkeypatch):
+    from structlens.equivalence import congruity
+
+    ref = (3 * rng.normal(size=(5 * ROW_BLOCK + 3, 300))).astype(np.float32)
+    patched = (ref + rng.normal(size=ref.shape)).astype(np.float32)
+    monkeypatch.setattr(congruity, "lane_budget", lambda: 1)
+    one = LogitReference(ref).kl(patched)
+    monkeypatch.setattr(congruity, "lane_budget", lambda: 3)
+    np.testing.assert_array_equal(LogitReference(ref).kl(patched), one)

@@ -26,11 +26,13 @@ holds the array side; the caller runs the models and the patching.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from ..results import Result
+from ..stats.lanes import lane_budget, run_in_lanes
 from ._checks import check_finite, check_matrix, to_numpy
 from .encoding import EncodingConfig, _XEncoder
 
@@ -95,10 +97,10 @@ def accumulated_representation(
     return out
 
 
-#: Rows of a logit matrix taken at a time: over a 262,144-token vocabulary a block's float32
-#: temporaries are 128 MiB each, where the whole matrix of a batch's positions would be
-#: gigabytes.
-ROW_BLOCK = 128
+#: Rows of a logit matrix taken at a time (blocks run in parallel lanes, one per thread of
+#: torch's budget): over a 262,144-token vocabulary a block's float32 temporaries are 64 MiB
+#: each, where the whole matrix of a batch's positions would be gigabytes.
+ROW_BLOCK = 64
 #: Largest argument of ``exp`` taken in each precision (below its overflow, 88.7 and 709.8).
 _EXP_MAX = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
 
@@ -146,9 +148,22 @@ class LogitReference:
         b = check_matrix(patched_logits, "patched_logits", min_rows=1)
         if b.shape != self.logits.shape:
             raise ValueError(f"logit shapes differ: {self.logits.shape} vs {b.shape}.")
-        cap = _EXP_MAX[self.logits.dtype]
         out = np.empty(len(b), dtype=np.float64)
-        for i in range(0, len(b), ROW_BLOCK):
+        starts = range(0, len(b), ROW_BLOCK)
+        # blocks write disjoint rows of ``out``: their lanes' timing cannot change a value
+        lanes = min(lane_budget(), len(starts))
+        if lanes > 1:
+            run_in_lanes([
+                functools.partial(self._blocks, b, out, starts[j::lanes]) for j in range(lanes)
+            ])  # fmt: skip
+        else:
+            self._blocks(b, out, starts)
+        return out
+
+    def _blocks(self, b: np.ndarray, out: np.ndarray, starts: Sequence[int]) -> None:
+        """:meth:`kl` of the row blocks starting at ``starts``, into ``out``."""
+        cap = _EXP_MAX[self.logits.dtype]
+        for i in starts:
             a, p = self.logits[i : i + ROW_BLOCK], self.probs[i : i + ROW_BLOCK]
             nd = np.subtract(b[i : i + ROW_BLOCK], a, dtype=a.dtype)  # -d
             first = -np.sum(p * nd, axis=1, dtype=np.float64)
@@ -161,7 +176,6 @@ class LogitReference:
                 shift = b[i + r].astype(np.float64) - a[r] - top[r]
                 lse = top[r] + np.log(np.sum(p[r] * np.exp(shift)))
                 out[i + r] = first[r] + lse
-        return out
 
 
 def kl_from_logits(reference_logits: object, patched_logits: object) -> float:
