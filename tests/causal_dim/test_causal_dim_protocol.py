@@ -106,5 +106,15 @@ def test_prompt_sets_follow_the_split_rule():
     assert sets.kappa_windows[n_held] == full[0][step : step + p.jacobian_tokens]
     assert all(len(w) == p.jacobian_tokens for w in sets.kappa_windows)
     assert len(sets.kappa_windows) == 2000
+    assert sets.holdout_stride == p.holdout_every  # enough chunks: the protocol's stride
     with pytest.raises(InputError, match="held-out"):
         prompt_sets(PROFILES["smoke"].replace(sae_eval_prompts=10_000), tok)
+    # one more held-out chunk than every holdout_every-th gives: the longest stride that
+    # holds out enough (a large-vocabulary tokenizer's fewer chunks), the sets still disjoint
+    need = len(held) + 1 - p.ce_prompts
+    denser = prompt_sets(p.replace(sae_eval_prompts=need), tok)
+    stride = denser.holdout_stride
+    assert stride < p.holdout_every and -(-len(full) // stride) >= len(held) + 1
+    assert -(-len(full) // (stride + 1)) < len(held) + 1
+    assert [list(x) for x in denser.sae_eval[:need]] == full[::stride][:need]
+    assert not {tuple(c) for c in denser.sae_train} & {tuple(c) for c in denser.sae_eval}

@@ -10,7 +10,9 @@ protocols therefore give equal stage results.
 
 Prompt sets
     The corpus is cut into chunks of ``chunk_tokens`` tokens (full chunks only); every
-    ``holdout_every``-th chunk is held out of SAE training.  SAEs train on the first
+    ``holdout_every``-th chunk is held out of SAE training (every shorter stride's chunk
+    where that holds out fewer than the evaluation and CE prompts need: a tokenizer with a
+    larger vocabulary cuts the corpus into fewer chunks).  SAEs train on the first
     ``sae_train_prompts`` other chunks and on ``sae_train_extra`` further ones after those the
     evaluation takes (null: every one left); the sweep evaluates on the first
     ``sae_eval_prompts`` held-out chunks plus ``sae_eval_extra`` training-side chunks left over

@@ -47,6 +47,7 @@ from structlens.results import Result
 __all__ = [
     "PromptSets",
     "prompt_sets",
+    "holdout_stride",
     "GeneratedText",
     "generated_text",
     "training_prompts",
@@ -85,7 +86,8 @@ class PromptSets(Result):
     are drawn and ``kappa_chunks`` the chunk each was cut from (the jackknife's unit);
     ``kappa_train_chunks`` counts those windows (at most ``kappa_max_vectors``) that were
     cut from SAE training chunks: κ involves no SAE, so they serve once the held-out chunks
-    are used up.
+    are used up.  ``holdout_stride``: every how many chunks one was held out
+    (:func:`holdout_stride`).
     """
 
     sae_train: list
@@ -97,6 +99,7 @@ class PromptSets(Result):
     n_chunks: int
     n_heldout: int
     n_train_extra: int = 0
+    holdout_stride: int | None = None
 
 
 def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = None) -> PromptSets:
@@ -113,13 +116,15 @@ def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = No
     p = protocol
     chunks = chunk_documents(load_texts(data), tokenizer, max_tokens=p.chunk_tokens)
     full = [list(c.token_ids) for c in chunks if len(c.token_ids) == p.chunk_tokens]
-    index = list(range(len(full)))
-    held = index[:: p.holdout_every]
-    other = [i for i in index if i % p.holdout_every]
     n_tr, n_ev = p.sae_train_prompts, p.sae_eval_prompts
+    need_held = n_ev + p.ce_prompts
+    stride = holdout_stride(len(full), p.holdout_every, need_held)
+    index = list(range(len(full)))
+    held = index[::stride]
+    other = [i for i in index if i % stride]
     n_side = n_tr + p.sae_eval_extra  # training-side chunks of training and evaluation
     n_extra = len(other) - n_side if p.sae_train_extra is None else p.sae_train_extra
-    need_held, need_other = n_ev + p.ce_prompts, n_side + max(n_extra, 0)
+    need_other = n_side + max(n_extra, 0)
     if len(held) < need_held or len(other) < need_other:
         raise InputError(
             f"the corpus gives {len(full)} chunks of {p.chunk_tokens} tokens ({len(held)} "
@@ -148,7 +153,23 @@ def prompt_sets(protocol: CausalProtocol, tokenizer: Any, data: Path | None = No
         n_chunks=len(full),
         n_heldout=len(held),
         n_train_extra=n_extra,
+        holdout_stride=stride,
     )
+
+
+def holdout_stride(n_chunks: int, holdout_every: int, need: int) -> int:
+    """Every how many chunks one is held out: ``holdout_every``, or the largest shorter
+    stride that holds out the ``need`` chunks the protocol evaluates on (a tokenizer with a
+    larger vocabulary cuts the same corpus into fewer chunks); at least 2, so that chunks
+    are left to train on.
+
+    >>> holdout_stride(871, 20, 44), holdout_stride(843, 20, 44)
+    (20, 19)
+    """
+    stride = holdout_every
+    while stride > 2 and -(-n_chunks // stride) < need:
+        stride -= 1
+    return stride
 
 
 @dataclasses.dataclass(frozen=True)
