@@ -91,10 +91,16 @@ class Protocol:
 
     def check_types(self) -> None:
         """Each field holds its default's type: a one-line :class:`InputError` otherwise
-        (``None`` defaults admit an integer; tuples of strings are also read from lists)."""
+        (``None`` defaults admit an integer, or numbers where the field is declared a tuple;
+        tuples are also read from lists)."""
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value, default = getattr(self, f.name), f.default
-            if default is None:
+            numbers = default is None and str(f.type).startswith("tuple")
+            if numbers and isinstance(value, (tuple, list)):
+                ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                if ok:
+                    object.__setattr__(self, f.name, tuple(value))
+            elif default is None:
                 ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
             elif isinstance(default, bool):
                 ok = isinstance(value, bool)
@@ -116,6 +122,8 @@ class Protocol:
                 want = (
                     f"a list of {'integers' if item is int else 'strings'}"
                     if isinstance(default, tuple)
+                    else "a list of numbers or null"
+                    if numbers
                     else ("an integer or null" if default is None else type(default).__name__)
                 )
                 raise InputError(f"{f.name} must be {want}; got {value!r}.")

@@ -118,3 +118,18 @@ def test_prompt_sets_follow_the_split_rule():
     assert -(-len(full) // (stride + 1)) < len(held) + 1
     assert [list(x) for x in denser.sae_eval[:need]] == full[::stride][:need]
     assert not {tuple(c) for c in denser.sae_train} & {tuple(c) for c in denser.sae_eval}
+
+
+def test_width_ratios_give_every_model_width_the_same_sweep():
+    from structlens.analyze.config import PROFILES as ANALYZE
+
+    cpu = ANALYZE["cpu"].causal_dim
+    assert cpu.for_model(576).sweep_widths == (2304, 4608, 9216)  # SmolLM2: as before
+    gemma = cpu.for_model(640)  # Gemma 3 270M: its own 4·d base, so the sweep runs
+    assert gemma.sweep_widths == (2560, 5120, 10240)
+    gemma.check_widths(640)
+    with pytest.raises(InputError, match="below 4·d"):
+        cpu.replace(sweep_width_ratios=None, sweep_widths=(2304, 4608)).check_widths(640)
+    assert PROFILES["paper"].for_model(640) is PROFILES["paper"]  # absolute widths stay
+    with pytest.raises(InputError, match="sweep_width_ratios"):
+        PROFILES["paper"].replace(sweep_width_ratios=(8.0, 4.0))

@@ -51,11 +51,12 @@ PROFILES: dict[str, Profile] = {
         koopman_corpus=120, koopman_tokens=64, koopman=KOOPMAN["paper"],
         ndm=NDM["cpu"],
         # the paper's rules at CPU sizes: fewer Jacobian vectors, SAE training data (no
-        # further corpus chunks, no generated text) and widths
+        # further corpus chunks, no generated text) and widths (4·d, 8·d, 16·d: 2304 to
+        # 9216 for SmolLM2, 2560 to 10240 for Gemma 3 270M)
         kappa_layers=2,
         causal_dim=CAUSAL["paper"].replace(
             kappa_start=8, kappa_max_vectors=32, sae_train_prompts=160, sae_train_extra=0,
-            sae_generated_prompts=0, sae_max_epochs=3, sweep_widths=(2304, 4608, 9216),
+            sae_generated_prompts=0, sae_max_epochs=3, sweep_width_ratios=(4.0, 8.0, 16.0),
             sweep_bootstrap=100,
         ),
         # the layer map needs more fit tokens (half the probe) than d = 576 dimensions; a

@@ -115,6 +115,11 @@ class CausalProtocol(Protocol):
     sweep_widths: tuple[int, ...] = described(
         (2304, 4608, 9216, 18432), "SAE widths of the sweep (ascending, at least two)."
     )
+    sweep_width_ratios: tuple[float, ...] | None = described(
+        None,
+        "SAE widths as multiples of d (null: sweep_widths); a model's protocol "
+        "(for_model) has the widths they give, the same sweep at any width of model.",
+    )
     min_base_width_ratio: float = described(
         4.0, "The base (smallest) width must be at least this times d (0: no check)."
     )
@@ -210,6 +215,14 @@ class CausalProtocol(Protocol):
                 f"sweep_widths must be at least two ascending distinct widths >= 1; got "
                 f"{list(widths)}."
             )
+        ratios = self.sweep_width_ratios
+        if ratios is not None and (
+            len(ratios) < 2 or min(ratios) <= 0 or list(ratios) != sorted(set(ratios))
+        ):
+            raise InputError(
+                f"sweep_width_ratios must be at least two ascending distinct multiples of d "
+                f"above 0 (or null); got {list(ratios)}."
+            )
         if self.min_base_width_ratio < 0 or self.massive_norm_factor <= 1:
             raise InputError(
                 "min_base_width_ratio must be >= 0 and massive_norm_factor > 1; got "
@@ -261,6 +274,19 @@ class CausalProtocol(Protocol):
             seed=self.seed, d_model=d_model, min_base_width_ratio=self.min_base_width_ratio,
             fvu_rise_tol=self.fvu_rise_tol,
         )  # fmt: skip
+
+    def for_model(self, d_model: int) -> CausalProtocol:
+        """This protocol for a model of width ``d_model``: ``sweep_widths`` the multiples
+        ``sweep_width_ratios`` of ``d_model`` (rounded) where they are set, else itself.
+
+        >>> CausalProtocol(sweep_width_ratios=(4, 8)).for_model(640).sweep_widths
+        (2560, 5120)
+        """
+        if self.sweep_width_ratios is None:
+            return self
+        return self.replace(
+            sweep_widths=tuple(int(round(r * d_model)) for r in self.sweep_width_ratios)
+        )
 
     def check_widths(self, d_model: int) -> None:
         """A one-line :class:`InputError` when the base width is below the protocol's

@@ -756,6 +756,7 @@ def analysis(
     sweep at the middle analysis layer (always a κ layer, so κ̂ sits beside its exact κ);
     ``step(what)`` is called before each part (a progress callback)."""
     d = model.d_model
+    protocol = protocol.for_model(d)
     sets = prompt_sets(protocol, model.tokenizer)
     mid = layers[len(layers) // 2]
     fits = []

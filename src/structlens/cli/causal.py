@@ -104,6 +104,7 @@ def sweep(common: Common, model: ModelArg, **settings: Any) -> None:
     check_layers(str(layer), m.n_layers)
     if not m.causal:
         raise InputError(f"{m.name} is an encoder; the sweep's AtP metric is the LM loss.")
+    protocol = protocol.for_model(m.d_model)
     protocol.check_widths(m.d_model)
     sets = prompt_sets(protocol, m.tokenizer)
     k = kappa(protocol, m, layer, sets)

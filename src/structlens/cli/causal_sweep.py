@@ -46,7 +46,8 @@ def pretrained_sweep(
         saes = pretrained_sweep_saes(
             specs, model=m, site=site, d_model=m.d_model, allow_foreign=allow_foreign
         )
-    protocol = protocol.replace(sweep_widths=tuple(saes))
+    # the published SAEs' widths, whatever multiples of d the protocol names
+    protocol = protocol.replace(sweep_widths=tuple(saes), sweep_width_ratios=None)
     protocol.check_widths(m.d_model)
     sets = prompt_sets(protocol, m.tokenizer)
     k = kappa(protocol, m, layer, sets)
