@@ -115,3 +115,20 @@ def test_smollm2_and_gemma3_share_ioi_prompts(gemma3, smollm2):
         assert b == gemma3.tokenizer(text)["input_ids"] and b[0] == bos
         # the prediction is read after the same last word in both
         assert smollm2.tokenizer.decode(a[-1:]) == gemma3.tokenizer.decode(b[-1:]) == " to"
+
+
+def test_compare_across_families_on_a_shared_task_probe(gemma3, smollm2):
+    """Two tokenizers, one IOI probe: sentence rows, the similarity score, and CONGRUITY
+    ranking each model's heads by its own last scored position (the same text in both)."""
+    from structlens.equivalence.compare import CompareConfig, compare
+    from structlens.equivalence.probes import task_probe
+
+    probe = task_probe(smollm2, gemma3, "ioi", n=12, seed=0)
+    assert not probe.shared_tokens
+    cfg = CompareConfig(congruity_max_layers=1, congruity_top_k=1, point_n=4, straps=4)
+    res = compare(smollm2, gemma3, probe, cfg)
+    assert res.representation == "sentence" and res.validation_method == "similarity"
+    assert len(res.validation) == gemma3.n_layers * gemma3.n_heads  # every head of B matched
+    top_a, top_b = res.congruity["top_heads_a"], res.congruity["top_heads_b"]
+    assert top_a[0][0] < smollm2.n_layers and top_b[0][0] < gemma3.n_layers
+    assert res.congruity["intervention"] == "head hook_z from corrupted run"
