@@ -96,7 +96,10 @@ def main() -> None:
         result["torch_threads"] = torch.get_num_threads()
     except ImportError:
         pass
-    path = HERE / f"results_{args.profile}.json" if args.profile != "cpu" else HERE / "results.json"
+    # SmolLM2's cpu profile is results.json; any other profile or model has its own file
+    name = "" if args.profile == "cpu" else f"_{args.profile}"
+    name += "" if args.model == "smollm2-135m" else f"_{args.model}"
+    path = HERE / f"results{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -121,8 +121,9 @@ class LogitReference:
     bfloat16 logits; float64 for float64) with every sum accumulated in float64.  In float32
     the error is that of the terms, about ``1e-7 * sqrt(2 KL)`` nats (relative 1e-5 at
     KL = 1e-4, 1e-3 at KL = 1e-9), against log-softmax arithmetic in float64 on the same
-    logits, which takes 4.7 times as long at 262,144 classes on one thread (8 times against two
-    lanes); identical logits give exactly 0.  A row where the patch raises a logit so far
+    logits, which takes 7.8 times as long for one reference and one patch of 384 rows at
+    262,144 classes on one thread (``benchmarks/equivalence/kl.py``); identical logits give
+    exactly 0.  A row where the patch raises a logit so far
     that ``exp(-d)`` would overflow takes the shifted sum ``m + log(S)`` instead, with
     ``m = max(-d)`` and ``S = sum(p * exp(-d - m))``.
 

@@ -206,7 +206,7 @@ def subspace_mutual_information(
             d2 = sq[start:stop, None] + sq[None, :] - 2.0 * (b[start:stop] @ b.T)
             d2.clamp_(min=0.0)
             dists.append(d2)  # squared distances order the same way as distances
-        # one fused pass per pair where it applies (k = 1 on the CPU, numba installed)
+        # one compiled pass for all pairs where it applies (k = 1 on the CPU, numba installed)
         fused = k == 1 and zt.device.type == "cpu" and _numba_available()
         counts = _pair_counts(dists, pairs, start) if fused else None
         for p, (a, b) in enumerate(pairs):
@@ -254,7 +254,8 @@ def _pair_counts(
     ``k = 1``: ``eps`` the smallest ``max(da[i, j], db[i, j])`` over ``j != start + i``, and
     the counts of ``da[i, j] < eps`` and ``db[i, j] < eps`` over all ``j`` (the row itself
     included).  The values :func:`subspace_mutual_information` computes with tensor
-    operations, in one pass over each pair's distances instead of five, pairs in parallel."""
+    operations, in one pass over each pair's distances instead of five, query rows in
+    parallel."""
     stack = np.stack([d.numpy() for d in dists])
     eps, na, nb = _pair_counts_kernel()(stack, np.asarray(pairs, dtype=np.int64), start)
     return eps, na, nb
@@ -277,8 +278,8 @@ def _pair_counts_kernel() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndar
             for p in range(n_pairs):
                 da, db = dists[pairs[p, 0], i], dists[pairs[p, 1], i]
                 e = np.inf
-                for j in range(n):  # the row itself (j = start + i) excluded below
-                    if j != start + i:
+                for j in range(n):
+                    if j != start + i:  # not the query row itself
                         e = min(e, max(da[j], db[j]))
                 ca = 0
                 cb = 0
