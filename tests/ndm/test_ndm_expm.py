@@ -1,7 +1,7 @@
 """The exponential's block-triangular gradient: the Fréchet derivative it computes agrees with a
 known closed form, with finite differences and with PyTorch's own gradient, in float64 and (to
 float32 rounding) in float32, for single and batched matrices of small and large norm; NDM's
-default (float64) gradient is PyTorch's to round-off; the products it takes are the ones the
+gradient options are PyTorch's to their precision; the products it takes are the ones the
 step benchmark counts; and training with it follows PyTorch's trajectory."""
 
 import pytest
@@ -63,19 +63,20 @@ def test_the_rotation_map_uses_it_and_stays_exact():
     assert _rel(W.grad, expected) < 1e-12
 
 
+@pytest.mark.parametrize(("option", "tolerance"), [("float64", 1e-10), ("float32", 1e-6)])
 @pytest.mark.parametrize("norm", [5.0, 25.0])
-def test_the_default_gradient_is_pytorchs_to_round_off(norm):
-    """NDMConfig's default exponential gradient, through the rotation map a training step
-    uses, equals autograd's on a d = 64 skew matrix of |W|_1 = norm."""
+def test_each_gradient_option_is_pytorchs_to_its_precision(norm, option, tolerance):
+    """The exponential gradient of each ``NDMConfig.exp_gradient`` option (the default is
+    float32), through the rotation map a training step uses, equals autograd's on a d = 64
+    skew matrix of |W|_1 = norm to that precision's round-off."""
     W = _skew(64, 1.0, 7)
     W = (W * (norm / float(torch.linalg.matrix_norm(W, 1)))).requires_grad_()
     G = torch.randn(64, 64, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     torch.linalg.matrix_exp(W).backward(G)
     expected, W.grad = W.grad, None
-    adjoint = _ADJOINT_DTYPES[NDMConfig().exp_gradient]
-    assert adjoint is not None  # the default is the block-triangular gradient, not autograd's
-    orthogonal_map(W, "exp", adjoint).backward(G)
-    assert _rel(W.grad, expected) < 1e-10
+    assert NDMConfig().exp_gradient == "float32"
+    orthogonal_map(W, "exp", _ADJOINT_DTYPES[option]).backward(G)
+    assert _rel(W.grad, expected) < tolerance
 
 
 def test_an_unknown_gradient_option_is_refused():

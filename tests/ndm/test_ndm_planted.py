@@ -112,21 +112,26 @@ def test_resplit_settings_are_validated():
         NDMConfig(resplit_steps=0).validate()
 
 
-def test_planted_instance_that_merged_wrongly_is_recovered():
-    # The instance of test_ndm_ndm's restart test: one run from 2-D units ends at [8] (two
-    # independent 4-D groups merged); re-splitting before the merges recovers [4, 4].
-    planted = planted_partition([4, 4], 3000, seed=2)
-    cfg = NDMConfig(
-        unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768, refresh_interval=30,
-        reproject_interval=10, merge_start=150, merge_interval=50, mi_samples=600,
-        init="random", seed=2, log_interval=50,
-    )  # fmt: skip
-    assert NDM(cfg).fit(planted.h).partition == [8]
-    res = NDM(dataclasses.replace(cfg, resplit_trials=4)).fit(planted.h)
-    assert res.partition == [4, 4] and res.converged and len(res.resplit_history) >= 1
-    report = recovery_report(res.bases(), planted.bases())
-    assert report["min_matched_overlap"] >= 0.95
-    assert all(ov >= 0.95 for ov in report["matched_overlap"])
+def test_planted_instances_that_merged_wrongly_are_recovered():
+    # Planted [4, 4] from 2-D units: about half the runs end at [8] (two independent 4-D
+    # groups merged), which run is chaotic in round-off (the exponential's gradient option
+    # moves it); re-splitting before the merges recovers [4, 4] in each of them.
+    merged = 0
+    for seed in range(5):
+        planted = planted_partition([4, 4], 3000, seed=seed)
+        cfg = NDMConfig(
+            unit_size=2, lr=2e-2, batch_size=64, max_steps=400, bank_size=768,
+            refresh_interval=30, reproject_interval=10, merge_start=150, merge_interval=50,
+            mi_samples=600, init="random", seed=seed, log_interval=50,
+        )  # fmt: skip
+        if NDM(cfg).fit(planted.h).partition != [8]:
+            continue
+        merged += 1
+        res = NDM(dataclasses.replace(cfg, resplit_trials=4)).fit(planted.h)
+        assert res.partition == [4, 4] and res.converged and len(res.resplit_history) >= 1
+        report = recovery_report(res.bases(), planted.bases())
+        assert all(ov >= 0.95 for ov in report["matched_overlap"])
+    assert merged >= 1  # the instances exercise the re-split
 
 
 def _aligned(sizes, n=3000, seed=0):
