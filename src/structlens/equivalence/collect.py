@@ -38,6 +38,9 @@ def forward(
     tokens: Sequence[Sequence[int]],
     context: Sequence[Sequence[int]] | None = None,
     positions: Sequence[Sequence[int]] | None = None,
+    *,
+    rows_from: int | None = None,
+    max_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's output on the right-padded ``tokens`` and their mask.
 
@@ -50,13 +53,28 @@ def forward(
     language model then unembeds only them
     (:func:`~structlens.interventions.fastrun.metric_logits`), which over a 262k vocabulary
     is most of a forward's arithmetic.
+    ``rows_from`` (instead of ``positions``): only the outputs at real tokens from that
+    position on, ``[rows, ...]`` in the order of ``out[keep]``; a decoder-only language model
+    then unembeds only those rows (:func:`~structlens.interventions.fastrun.row_logits`), not
+    the padding nor the positions before ``rows_from``; ``max_rows``: where there are more
+    such tokens, only ``max_rows`` of them, evenly spaced in that order
+    (:func:`thin_rows`).
     """
-    from structlens.interventions.fastrun import metric_logits
+    from structlens.interventions.fastrun import metric_logits, row_logits
 
+    if positions is not None and rows_from is not None:
+        raise ValueError("pass positions or rows_from, not both.")
     ids, mask = _pad(tokens, model)
     decoder_only = context is None and model.causal and not model.is_encoder_decoder
+    keep = None
+    if rows_from is not None:
+        keep = mask.bool().clone()
+        keep[:, :rows_from] = False
+        keep = thin_rows(keep, max_rows)
     if positions is not None and decoder_only:
         return metric_logits(model, ids, mask, positions), mask
+    if keep is not None and decoder_only:
+        return row_logits(model, ids, mask, keep), mask
     if context is None:
         out = model.forward(ids, mask)
     else:
@@ -64,10 +82,30 @@ def forward(
             raise ValueError(f"{len(context)} encoder contexts for {len(tokens)} prompts.")
         source, source_mask = _pad(context, model)
         out = model.forward(source, source_mask, decoder_input_ids=ids)
+    if keep is not None:
+        return out[keep.to(out.device)], mask
     if positions is None:
         return out, mask
     idx = torch.as_tensor([list(p) for p in positions], device=out.device)
     return out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), mask
+
+
+def thin_rows(keep: torch.Tensor, max_rows: int | None) -> torch.Tensor:
+    """``keep`` (boolean ``[b, seq]``) with only ``max_rows`` of its true entries, evenly
+    spaced in row-major order (the first and the last kept), where it has more; unchanged
+    otherwise.
+
+    >>> thin_rows(torch.ones(2, 5, dtype=torch.bool), 4).int().tolist()
+    [[1, 0, 0, 1, 0], [0, 1, 0, 0, 1]]
+    """
+    n = int(keep.sum())
+    if max_rows is None or n <= max_rows:
+        return keep
+    flat = keep.flatten().nonzero().flatten()
+    pick = flat[torch.as_tensor(np.linspace(0, n - 1, max_rows).round().astype(np.int64))]
+    out = torch.zeros(keep.numel(), dtype=torch.bool, device=keep.device)
+    out[pick] = True
+    return out.reshape(keep.shape)
 
 
 def _sites(model: Model) -> tuple[list[str], list[str]]:
@@ -100,8 +138,10 @@ def collect_rows(
     zs: list[list[np.ndarray]] = [[] for _ in z_sites]
     for idx in _batches(len(tokens), batch_size):
         part = None if context is None else [context[i] for i in idx]
+        # the rows are hooked activations: the outputs are not read, so a decoder-only
+        # language model unembeds one position per prompt, not every one
         with torch.no_grad(), hooked(model, [*resid_sites, *z_sites]) as cache:
-            _, mask = forward(model, [tokens[i] for i in idx], part)
+            _, mask = forward(model, [tokens[i] for i in idx], part, [[0]] * len(idx))
         keep = mask.bool().clone()
         keep[:, :start] = False
         if not bool(keep.any(1).all()):

@@ -137,6 +137,13 @@ class CompareConfig:
         matched partners (each through its own map), against a null that mean-ablates all of
         them. Demanding where single heads are redundant (large models), at one forward per
         layer of B for each of the two.
+    max_validate_head_groups : int or None
+        Validate the head groups of a seeded random subset of B's layers (all when None).
+    max_scored_logits : int or None
+        Without a task, score each validation batch at no more than this many logits
+        (scored positions x vocabulary): when its real tokens from ``start`` on exceed it,
+        evenly spaced ones of them, the same for the unpatched forward and every patch, and
+        only those are unembedded (all when None).
     null_baseline : bool
         Also score a null: each validated head of B mean-ablated (its fit-set mean) instead
         of replaced by its partner. A null score near the real one means the criterion
@@ -182,6 +189,8 @@ class CompareConfig:
     validate_layers: bool = True
     max_validate_layers: int | None = None
     validate_head_groups: bool = False
+    max_validate_head_groups: int | None = None
+    max_scored_logits: int | None = None
     null_baseline: bool = True
     congruity: bool = True
     congruity_top_k: int = 4
@@ -457,7 +466,7 @@ def _select_heads(
         heads = [(int(lb), int(hb)) for _, (lb, hb) in pairs]
         context = probe.context_b
         kl = null_kl(model_b, probe.tokens_b, fit, probe.task_b, start, heads, raw_zb,
-                     cfg.batch_size, context)  # fmt: skip
+                     cfg.batch_size, context, max_logits=cfg.max_scored_logits)  # fmt: skip
         max_kl = cfg.criterion.max_kl if cfg.criterion.max_kl is not None else 0.1
         grid = np.zeros((max(lb for lb, _ in heads) + 1, max(hb for _, hb in heads) + 1))
         for (lb, hb), v in zip(heads, kl, strict=True):
@@ -543,6 +552,20 @@ def compare(
         pick = sorted(rng.choice(len(layer_pairs), cfg.max_validate_layers, replace=False).tolist())
         layer_pairs = [layer_pairs[i] for i in pick]
         layer_sims = [layer_sims[i] for i in pick]
+    group_source = matching["heads"]["pairs"]
+    group_selection: dict[str, Any] = {}
+    n_groups = len({int(lb) for _, (lb, _) in group_source})
+    if (
+        can_patch
+        and cfg.validate_head_groups
+        and cfg.max_validate_head_groups is not None
+        and cfg.max_validate_head_groups < n_groups
+    ):
+        layers_b = sorted({int(lb) for _, (lb, _) in group_source})
+        drawn = rng.choice(len(layers_b), cfg.max_validate_head_groups, replace=False)
+        chosen = {layers_b[i] for i in drawn.tolist()}
+        group_source = [p for p in group_source if int(p[1][0]) in chosen]
+        group_selection = {"method": "random", "of": n_groups}
     layer_map = None
     if can_patch and cfg.validate_layers:
         (rows, width_a), width_b = raw_a[first].shape, raw_b[first].shape[1]
@@ -554,7 +577,7 @@ def compare(
     head_groups: dict[str, Any] = {}
     if can_patch:
         w = validation_writers(
-            cfg, head_pairs, matching["heads"]["pairs"], layer_pairs,
+            cfg, head_pairs, group_source, layer_pairs,
             (raw_a, raw_b, raw_za, raw_zb), start, model_b.dtype,
             (model_a.output_stack, model_b.output_stack),
             layer_map.method if layer_map is not None else None,
@@ -563,6 +586,7 @@ def compare(
         records = validate_patches(
             model_a, model_b, probe.tokens_b, heldout, probe.task_b, start, w.all(), w.a_sites,
             cfg.batch_size, context_a=probe.context_a, context_b=probe.context_b,
+            max_logits=cfg.max_scored_logits,
         )  # fmt: skip
         nh, nl, nn = len(w.heads), len(w.layers), len(w.nulls)
         group_pairs = sorted(w.by_layer)
@@ -592,7 +616,7 @@ def compare(
                     alpha=cfg.null_alpha,
                     min_score=cfg.equivalent_at,
                 ).to_json(),
-            }
+            } | ({"selection": group_selection} if group_selection else {})
     head_score, method = _score(head_pairs, head_sims, head_records, cfg)
     informative: dict[str, Any] = {}
     if null_records is not None:

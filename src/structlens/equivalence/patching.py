@@ -39,14 +39,23 @@ __all__ = ["Writers", "validate", "validation_writers", "null_kl", "congruity"]
 Writer = Callable[[torch.Tensor, dict], torch.Tensor]
 
 
-def _eval_rows(logits: torch.Tensor, mask: torch.Tensor, task: Any, start: int) -> torch.Tensor:
-    """The rows validation scores: a task's metric positions (``logits`` already holds only
-    them, :func:`_metric_positions`), else every real token from ``start`` on."""
-    if task is not None:
-        return logits.reshape(-1, logits.shape[-1])
-    keep = mask.bool().clone()
-    keep[:, :start] = False
-    return logits[keep]
+def _eval_rows(logits: torch.Tensor, task: Any) -> torch.Tensor:
+    """The rows validation scores, ``[rows, vocab]``: a task's metric positions, else every
+    real token from ``start`` on (``logits`` already holds only them: :func:`_metric_positions`
+    and :func:`_rows_from`)."""
+    return logits.reshape(-1, logits.shape[-1]) if task is not None else logits
+
+
+def _n_outputs(model: Model) -> int:
+    """Width of the model's output rows (its vocabulary for a language model)."""
+    head = model.hf.get_output_embeddings() if model.causal else None
+    return int(head.weight.shape[0]) if head is not None else int(model.d_model)
+
+
+def _rows_from(task: Any, start: int) -> int | None:
+    """``forward``'s ``rows_from`` for validation: without a task, every real token from
+    ``start`` on is scored, and only those rows are unembedded."""
+    return start if task is None else None
 
 
 def _metric_positions(task: Any, idx: list[int]) -> list[list[int]] | None:
@@ -74,6 +83,7 @@ def validate(
     *,
     context_a: list[list[int]] | None = None,
     context_b: list[list[int]] | None = None,
+    max_logits: int | None = None,
 ) -> list[dict[str, float]]:
     """Patch each (site, fn) into B on the prompts ``heldout``; KL, top-1 and metric ratio.
 
@@ -85,13 +95,18 @@ def validate(
     would take gigabytes for a 262k vocabulary.
     A patched forward takes the unpatched forward's outputs of the layers below its site's
     layer (:class:`~structlens.equivalence.prefix.LayerOutputs`), which it would recompute
-    unchanged.
+    unchanged.  Without a task, only the scored rows are unembedded; ``max_logits`` (rows x
+    vocabulary) thins them to evenly spaced ones where a batch has more
+    (:attr:`~structlens.equivalence.compare.CompareConfig.max_scored_logits`).
     """
     kl: list[list[np.ndarray]] = [[] for _ in writers]
     agree: list[list[torch.Tensor]] = [[] for _ in writers]
     orig_metric: list[torch.Tensor] = []
     patched_metric: list[list[torch.Tensor]] = [[] for _ in writers]
     prefix, first = LayerOutputs(model_b), [first_layer(model_b, site) for site, _ in writers]
+    rows_from = _rows_from(task_b, start)
+    max_rows = None if max_logits is None else max(1, max_logits // _n_outputs(model_b))
+    rows = {"rows_from": rows_from, "max_rows": max_rows}
     for chunk in _batches(len(heldout), batch_size):
         idx = [heldout[i] for i in chunk]
         toks = [tokens[i] for i in idx]
@@ -103,8 +118,8 @@ def validate(
                 forward(model_a, toks, ctx_a)
         positions = _metric_positions(task_b, idx)
         with torch.no_grad(), prefix.record():
-            base, mask = forward(model_b, toks, ctx_b, positions)
-        ref = _eval_rows(base, mask, task_b, start).float()
+            base, _ = forward(model_b, toks, ctx_b, positions, **rows)
+        ref = _eval_rows(base, task_b).float()
         reference, ref_top = LogitReference(ref.cpu().numpy()), ref.argmax(-1)
         del ref
         if task_b is not None:
@@ -120,8 +135,8 @@ def validate(
                 prefix.below(first[k]),
                 hooked(model_b, writes={site_b: write}),
             ):
-                out, _ = forward(model_b, toks, ctx_b, positions)
-            p = _eval_rows(out, mask, task_b, start)
+                out, _ = forward(model_b, toks, ctx_b, positions, **rows)
+            p = _eval_rows(out, task_b)
             kl[k].append(reference.kl(p.float().cpu().numpy()))
             agree[k].append(p.argmax(-1) == ref_top)
             if task_b is not None:
@@ -151,6 +166,7 @@ def null_kl(
     raw_zb: list,
     batch_size: int,
     context_b: list[list[int]] | None = None,
+    max_logits: int | None = None,
 ) -> list[float]:
     """Mean KL (nats) of B's predictions with each head ``(layer, head)`` of B mean-ablated
     (to its mean over the fit rows ``raw_zb``, the null's own intervention), on the prompts
@@ -163,7 +179,7 @@ def null_kl(
     ]
     records = validate(
         model_b, model_b, tokens, prompts, task_b, start, writers, [], batch_size,
-        context_b=context_b,
+        context_b=context_b, max_logits=max_logits,
     )  # fmt: skip
     return [r["kl"] for r in records]
 

@@ -128,6 +128,17 @@ class EquivalenceProtocol(Protocol):
     validate_head_groups: bool = described(
         True, "Also replace all heads of each layer of B at once."
     )
+    max_validate_head_groups: int | None = described(
+        None, "Validate the head groups of at most this many layers of B (a seeded subset)."
+    )
+    # the unembedding and the KL of every patched forward cost rows x vocabulary: over a
+    # 262k vocabulary they are most of validation, over a byte vocabulary nothing
+    max_scored_logits: int | None = described(
+        None,
+        "Without a task probe, score each validation batch (and the sanity copy's logit gap) "
+        "at most at this many logits (positions x vocabulary; evenly spaced positions, the "
+        "same for every patch; all: null).",
+    )
     map_method: str = described("ridge", "Map from A's head to B's: ridge or procrustes.")
     layer_map: str = described(
         "auto",
@@ -178,7 +189,10 @@ class EquivalenceProtocol(Protocol):
                 "encoder_context": 0, "first_layer": 0,
             }
         )  # fmt: skip
-        for name in ("max_validate_heads", "max_validate_layers", "congruity_max_layers"):
+        for name in (
+            "max_validate_heads", "max_validate_layers", "congruity_max_layers",
+            "max_validate_head_groups", "max_scored_logits",
+        ):  # fmt: skip
             if (v := getattr(self, name)) is not None and v < 1:
                 raise InputError(f"{name} must be >= 1 or null; got {v}.")
         for name in ("heldout_fraction", "null_alpha"):
@@ -231,6 +245,8 @@ class EquivalenceProtocol(Protocol):
             validate_layers=self.validate_layers,
             max_validate_layers=self.max_validate_layers,
             validate_head_groups=self.validate_head_groups,
+            max_validate_head_groups=self.max_validate_head_groups,
+            max_scored_logits=self.max_scored_logits,
             null_baseline=self.null != "none",
             congruity=self.congruity,
             congruity_top_k=self.congruity_top_k,
@@ -255,7 +271,11 @@ _PAPER = EquivalenceProtocol()
 #: for models whose tokenizers differ (sentence rows, similarity score); ``paper-cross-family``
 #: the same rows on an IOI probe whose names are single tokens in both tokenizers, so that
 #: CONGRUITY intervenes with the task's corrupted prompts; ``smoke`` shrinks
-#: CONGRUITY for the tiny test models and keeps every rule.
+#: CONGRUITY for the tiny test models and keeps every rule, and bounds the patched forwards
+#: of larger models (at most 32 heads, 8 head groups, 2^24 scored logits per batch: a random
+#: 32 of Gemma 3 270M's 72 heads, 64 of its ~360 scored positions per batch) at sizes no tiny
+#: test model reaches (32 heads and 8 layers at most, a 257-token vocabulary), so that their
+#: smoke results are those of the uncapped rules.
 PROFILES: dict[str, EquivalenceProtocol] = {
     "paper": _PAPER,
     "paper-subset": _PAPER.replace(
@@ -279,6 +299,14 @@ PROFILES: dict[str, EquivalenceProtocol] = {
         batch_size=12,
     ),  # fmt: skip
     "smoke": _PAPER.replace(
-        probe_prompts=24, congruity_top_k=2, congruity_max_layers=1, point_n=4, straps=4
+        probe_prompts=24,
+        congruity_top_k=2,
+        congruity_max_layers=1,
+        point_n=4,
+        straps=4,
+        max_validate_heads=32,
+        head_subset="random",
+        max_validate_head_groups=8,
+        max_scored_logits=2**24,
     ),
 }

@@ -482,17 +482,21 @@ def compare_models(
 
 
 def _logit_gap(protocol: EquivalenceProtocol, model: Any, twin: Any, probe: Probe) -> float:
+    """Largest absolute difference of the two models' outputs at every real token of the
+    first batch of probe prompts (only those rows are unembedded), or at as many evenly
+    spaced ones as ``protocol.max_scored_logits`` allows."""
     import torch
 
-    from structlens.data.tasks import pad_batch
+    from structlens.equivalence.collect import forward
+    from structlens.equivalence.patching import _n_outputs
 
     tokens = probe.tokens_a[: protocol.batch_size]
-    ids, mask = pad_batch(tokens, int(model.tokenizer.pad_token_id))
-    ids, mask = ids.to(model.device), mask.to(model.device)
+    budget = protocol.max_scored_logits
+    rows = None if budget is None else max(1, budget // _n_outputs(model))
     with torch.no_grad():
-        a, b = model.forward(ids, mask), twin.forward(ids, mask)
-    keep = mask.bool()
-    return float((a[keep].double() - b[keep].double()).abs().max())
+        a, _ = forward(model, tokens, rows_from=0, max_rows=rows)
+        b, _ = forward(twin, tokens, rows_from=0, max_rows=rows)
+    return float((a.double() - b.double()).abs().max())
 
 
 def congruity_only(protocol: EquivalenceProtocol) -> EquivalenceProtocol:

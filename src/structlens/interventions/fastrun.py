@@ -158,7 +158,33 @@ def metric_logits(
     hidden = out.last_hidden_state
     idx = torch.as_tensor([list(p) for p in positions], device=hidden.device)
     picked = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-    logits = model.hf.get_output_embeddings()(picked)
+    return _unembed(model, picked)
+
+
+def row_logits(
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """Logits ``[n, vocab]`` at the ``n`` positions where the boolean ``rows`` ``[b, seq]``
+    is true, in the order of ``logits[rows]``: the values of the full logits there, with only
+    those positions unembedded (over a 262k vocabulary the unembedding of padding and of
+    unscored positions is most of a forward's arithmetic).
+
+    Runs the base model (any active hooks apply), as :func:`metric_logits` does.  The
+    unembedding's matrix product then has ``n`` rows instead of ``b * seq``; the BLAS gives
+    each row the same value at either count from a dozen rows on (below that it may switch
+    kernels and move the last bit).
+    """
+    out = model.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return _unembed(model, out.last_hidden_state[rows.to(out.last_hidden_state.device)])
+
+
+def _unembed(model: Model, hidden: torch.Tensor) -> torch.Tensor:
+    """The language-model head on final hidden states: the output embedding, then what the
+    family's head does after it."""
+    logits = model.hf.get_output_embeddings()(hidden)
     scaling = getattr(model.config, "logits_scaling", None)  # Granite divides by it
     if scaling:
         logits = logits / scaling

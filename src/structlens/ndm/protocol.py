@@ -80,6 +80,13 @@ class NDMProtocol(Protocol):
     unit_size: int = described(
         48, "Initial subspace size (the gcd with d where it does not divide d)."
     )
+    # the patching tests patch every subspace (with each baseline) and a merge round scores
+    # every pair: both grow with d / unit, which a unit sized for a tiny model makes large
+    max_units: int | None = described(
+        None,
+        "Most initial subspaces: where d / unit exceeds it, the unit is the smallest divisor "
+        "of d that gives at most this many (null: no bound).",
+    )
     steps: int = described(600, "Most optimisation steps per layer.")
     bank_size: int = described(8192, "Keys in the neighbour memory bank (at most half the rows).")
     batch_size: int = described(128, "Queries per optimisation step.")
@@ -137,6 +144,8 @@ class NDMProtocol(Protocol):
                 "seed": 0,
             }
         )  # fmt: skip
+        if self.max_units is not None and self.max_units < 1:
+            raise InputError(f"max_units must be >= 1 or null; got {self.max_units}.")
         if self.corpus_prompts + self.task_prompts == 0:
             raise InputError("corpus_prompts and task_prompts must not both be 0.")
         for name, known in (("training_tasks", TRAINING_TASKS), ("baselines", BASELINES)):
@@ -161,14 +170,24 @@ class NDMProtocol(Protocol):
         ``unit_size`` and ``d`` when it does not divide ``d``; the bank and the MI sample hold
         at most half the rows, and a bank refresh serves no more steps than the other half
         holds queries for.  A layer with the protocol's sizes is trained with them unchanged.
+        With ``max_units``, a unit that would give more subspaces grows to the smallest
+        divisor of ``d`` that gives at most ``max_units``.
+
+        >>> NDMProtocol(unit_size=8, max_units=16).ndm_config(n_rows=1000, d=640).unit_size
+        40
+        >>> NDMProtocol(unit_size=8, max_units=16).ndm_config(n_rows=1000, d=64).unit_size
+        8
         """
         from structlens.ndm.ndm import NDMConfig
 
         if n_rows < 4:
             raise InputError(f"NDM needs at least 4 activations per layer; got {n_rows}.")
         bank = min(self.bank_size, n_rows // 2)
+        unit = self.unit_size if d % self.unit_size == 0 else math.gcd(d, self.unit_size)
+        if self.max_units is not None and d // unit > self.max_units:
+            unit = next(u for u in range(-(-d // self.max_units), d + 1) if d % u == 0)
         return NDMConfig(
-            unit_size=self.unit_size if d % self.unit_size == 0 else math.gcd(d, self.unit_size),
+            unit_size=unit,
             lr=self.lr, batch_size=self.batch_size, max_steps=self.steps, bank_size=bank,
             refresh_interval=max(1, min(self.refresh_interval, (n_rows - bank) // self.batch_size)),
             merge_start=self.merge_start, merge_interval=self.merge_interval,
@@ -226,8 +245,11 @@ PROFILES: dict[str, NDMProtocol] = {
         refresh_interval=25, merge_start=100, merge_interval=100, mi_samples=2000,
         baselines=("identity", "random", "pca"), gini_bootstrap=500,
     ),
+    # 8-dimensional units for the tiny models (d = 64: 8 subspaces); at most 16 subspaces
+    # (Gemma 3 270M: 40-dimensional units, not 80 units to patch and pair)
     "smoke": NDMProtocol(
-        corpus_prompts=64, corpus_tokens=64, task_prompts=4, unit_size=8, steps=30,
+        corpus_prompts=64, corpus_tokens=64, task_prompts=4, unit_size=8, max_units=16,
+        steps=30,
         bank_size=2048, batch_size=64, refresh_interval=20, merge_start=10, merge_interval=10,
         mi_samples=1000, patch_prompts=16, sweep_window=1, sweep_prompts=8,
         baselines=("identity", "random", "pca"),
