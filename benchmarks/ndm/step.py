@@ -23,8 +23,9 @@ re-projection every ``P`` steps), the bound's numerator:
   ``|W^4|_1^{1/4} >= |W|_2`` against float32's threshold 2.12, in
   ``expm.adjoint_products(s')`` products (17 at ``s' = 0``), ``2 adjoint_products(s') d^3``
   backward; the Cayley map with the product by ``B`` folded in (``R = 2 B (I - W/2)^{-1} -
-  B``, as training computes it): LU ``2/3 d^3`` and a solve with ``d`` right-hand sides ``2 d^3`` forward, one more such
-  solve and one product ``4 d^3`` backward, and no separate ``R = B Q``.
+  B``, as training computes it): LU ``2/3 d^3`` and a solve with ``d`` right-hand sides
+  ``2 d^3`` forward, one more such solve and one product ``4 d^3`` backward, and no separate
+  ``R = B Q``.
 
 ``fraction_of_flop_bound`` is that count over the best of the GEMM rates (measured just
 before each timed variant, since load on a shared machine moves them), divided by the measured
