@@ -75,9 +75,11 @@ def test_match_k_reaches_the_fvu_of_another_sae_on_a_tiny_problem():
     p = CausalProtocol(
         sweep_widths=(32, 64), min_base_width_ratio=0.0, sae_k=1, sae_batch_size=100,
         sae_max_epochs=4, sae_lr_base=2e-3, sae_dead_tokens=1000, depth_k_ladder=(1, 2, 4, 8),
-        depth_k_trials=3, depth_fvu_tol=0.03,
+        depth_k_trials=4, depth_fvu_tol=0.03,
     )  # fmt: skip
-    # the target: an SAE of k = 4 trained from another initialisation
+    # the target: an SAE of k = 4 trained from another initialisation.  From k = 1 and 2 the
+    # power law points between 4 and 8 (about 5.7 on one host), so the rung it rounds to moves
+    # with the BLAS's round-off; a fourth trial brackets the target from either side.
     other = p.replace(seed=1)
     target = train_sae(other, x, other.sae_config(32, k=4))[1].val_fvu_by_epoch[-1]
     trained = {}
@@ -90,7 +92,8 @@ def test_match_k_reaches_the_fvu_of_another_sae_on_a_tiny_problem():
     m = match_k(p, train, layer=3, width=32, target_fvu=target)
     assert m.matched and abs(m.fvu - target) <= p.depth_fvu_tol and m.k == 4
     assert m.ks[0] == p.sae_k and len(m.ks) <= p.depth_k_trials
-    assert m.fvus == sorted(m.fvus, reverse=True)  # FVU fell with every larger k
+    by_k = [f for _, f in sorted(zip(m.ks, m.fvus, strict=True))]
+    assert by_k == sorted(by_k, reverse=True)  # FVU fell with every larger k
     assert m.name in trained and trained[m.name].k == 4
     assert sorted(trained) == sorted(depth_sae_name(3, 32, k) for k in m.ks)
 
