@@ -17,7 +17,7 @@ schedule without either step.  Seeds run in the outer loop and shapes in the inn
 ``--out`` is rewritten after every run, so an interrupted measurement leaves the same seeds
 0..k-1 for every shape.  Prints one line per shape at the end.  ``--exp-gradient`` defaults to
 ``pytorch`` (autograd's gradient of the exponential, with which ``planted_recovery.json`` was
-measured), not to ``NDMConfig``'s ``float64``, the same derivative to round-off.
+measured), not to ``NDMConfig``'s ``float32`` (``planted_recovery_float32_gradient.json``).
 """
 
 from __future__ import annotations
