@@ -46,10 +46,14 @@ def _eval_rows(logits: torch.Tensor, task: Any) -> torch.Tensor:
     return logits.reshape(-1, logits.shape[-1]) if task is not None else logits
 
 
-def _n_outputs(model: Model) -> int:
-    """Width of the model's output rows (its vocabulary for a language model)."""
+def rows_within(model: Model, max_logits: int | None) -> int | None:
+    """Most output rows a budget of ``max_logits`` logits (rows x the model's output width,
+    its vocabulary for a language model) allows, at least one; ``None``: no budget."""
+    if max_logits is None:
+        return None
     head = model.hf.get_output_embeddings() if model.causal else None
-    return int(head.weight.shape[0]) if head is not None else int(model.d_model)
+    width = int(head.weight.shape[0]) if head is not None else int(model.d_model)
+    return max(1, max_logits // width)
 
 
 def _rows_from(task: Any, start: int) -> int | None:
@@ -105,7 +109,7 @@ def validate(
     patched_metric: list[list[torch.Tensor]] = [[] for _ in writers]
     prefix, first = LayerOutputs(model_b), [first_layer(model_b, site) for site, _ in writers]
     rows_from = _rows_from(task_b, start)
-    max_rows = None if max_logits is None else max(1, max_logits // _n_outputs(model_b))
+    max_rows = rows_within(model_b, max_logits)
     rows = {"rows_from": rows_from, "max_rows": max_rows}
     for chunk in _batches(len(heldout), batch_size):
         idx = [heldout[i] for i in chunk]

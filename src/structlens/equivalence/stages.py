@@ -488,11 +488,10 @@ def _logit_gap(protocol: EquivalenceProtocol, model: Any, twin: Any, probe: Prob
     import torch
 
     from structlens.equivalence.collect import forward
-    from structlens.equivalence.patching import _n_outputs
+    from structlens.equivalence.patching import rows_within
 
     tokens = probe.tokens_a[: protocol.batch_size]
-    budget = protocol.max_scored_logits
-    rows = None if budget is None else max(1, budget // _n_outputs(model))
+    rows = rows_within(model, protocol.max_scored_logits)
     with torch.no_grad():
         a, _ = forward(model, tokens, rows_from=0, max_rows=rows)
         b, _ = forward(twin, tokens, rows_from=0, max_rows=rows)
