@@ -324,11 +324,11 @@ _REPLICATION_CPU = ReplicationProfile(
     browse={"k": 5, "extra_corpus_prompts": None},
     # trained to the stopping rule on the CPU: DEVICE_CONFIG's unit, batch, threshold and
     # merge schedule, the protocol's 8k bank, the Cayley map (its step costs half the
-    # exponential's), at most 20,000 steps, one process per layer
+    # exponential's), at most 20,000 steps, one process per layer; no wall-time limit, so
+    # that the steps taken, and the partitions, do not depend on the machine's load
     device_training=True,
     device_rows=12_416,  # activations per layer packed for training (float16, < 64 MiB)
     device_config={"retraction": "cayley", "max_steps": 20_000, "bank_size": 8192},
-    device_seconds=5400.0,
     queries=(("When Mary and John went to the store, John gave a drink to", -1),
              ("It is a truth universally acknowledged, that a single man in possession", -1)),
 )  # fmt: skip
@@ -344,7 +344,7 @@ _GPU_ROWS = 102_400
 REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
     "cpu": _REPLICATION_CPU,
     "gpu": _REPLICATION_CPU.replace(
-        profile="gpu", device_rows=_GPU_ROWS, device_seconds=None,
+        profile="gpu", device_rows=_GPU_ROWS,
         device_config={"max_steps": 100_000, "merge_start": 20_000, "merge_interval": 8_000,
                        "bank_size": _GPU_ROWS - 20 * 128},
         # on the device the sweep costs little: more selection prompts, a less noisy choice
