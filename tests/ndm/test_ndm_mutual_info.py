@@ -137,3 +137,22 @@ def test_fused_pass_equals_the_tensor_operations_bit_for_bit(rng, monkeypatch, n
     tensor = subspace_mutual_information(z, [3, 3, 2], k=1, chunk_size=256)
     np.testing.assert_array_equal(fused, tensor)
     assert fused[0, 1] > 0.05 > abs(fused[0, 2])
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_the_compiled_kernels_leave_torchs_thread_budget_as_it_was(rng, budget):
+    """Numba's OpenMP layer sets the shared runtime's thread count to its own pool size at
+    each parallel launch: a process limited to one torch thread (NDM's per-layer training
+    processes) went on with two after its first merge round.  Both kernels keep the budget."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(budget)
+        x = rng.standard_normal((600, 8))
+        subspace_mutual_information(x, [4, 4])
+        assert torch.get_num_threads() == budget
+        mutual_information(x[:, :3], x[:, 3:6] + x[:, :3], k=3, algorithm="numba")
+        assert torch.get_num_threads() == budget
+    finally:
+        torch.set_num_threads(before)

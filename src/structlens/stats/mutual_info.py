@@ -27,8 +27,9 @@ negative near independence.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -121,7 +122,10 @@ def mutual_information(
     elif algorithm == "numba":
         if not _numba_available():
             raise ValueError("algorithm='numba' needs the numba package: pip install numba.")
-        eps, nx, ny = _numba_kernel()(np.ascontiguousarray(xs.T), np.ascontiguousarray(ys.T), k)
+        with _torch_thread_budget():
+            eps, nx, ny = _numba_kernel()(
+                np.ascontiguousarray(xs.T), np.ascontiguousarray(ys.T), k
+            )
     else:
         p = float("inf") if metric == "chebyshev" else 2.0
         eps, nx, ny = _counts_torch(torch.from_numpy(xs), torch.from_numpy(ys), k, p)
@@ -257,8 +261,27 @@ def _pair_counts(
     operations, in one pass over each pair's distances instead of five, query rows in
     parallel."""
     stack = np.stack([d.numpy() for d in dists])
-    eps, na, nb = _pair_counts_kernel()(stack, np.asarray(pairs, dtype=np.int64), start)
+    with _torch_thread_budget():
+        eps, na, nb = _pair_counts_kernel()(stack, np.asarray(pairs, dtype=np.int64), start)
     return eps, na, nb
+
+
+@contextlib.contextmanager
+def _torch_thread_budget() -> Iterator[None]:
+    """Run a compiled kernel's parallel loops on torch's thread budget and leave the budget
+    as it was.  Numba's OpenMP layer shares the OpenMP runtime with torch and sets its thread
+    count to numba's own pool size (one per core) at each parallel launch, so a process
+    limited to one torch thread (NDM's per-layer training processes, Ray workers) went on
+    after its first merge round with two, oversubscribing the cores it shares."""
+    import numba
+    import torch
+
+    budget = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(budget, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(budget)
 
 
 @functools.cache
