@@ -29,10 +29,7 @@ KEYS = (
     "dictionary", "shift", "concentration",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.
-RATES = (
-    "rate", "all_rate", "raw_rate", "light_rate", "coverage", "accepted", "holds_rate",
-    "false_stop_rate",
-)  # fmt: skip
+RATES = ("rate", "all_rate", "raw_rate", "coverage", "accepted", "holds_rate", "false_stop_rate")
 
 
 @dataclass(frozen=True)
