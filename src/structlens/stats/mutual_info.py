@@ -123,9 +123,7 @@ def mutual_information(
         if not _numba_available():
             raise ValueError("algorithm='numba' needs the numba package: pip install numba.")
         with _torch_thread_budget():
-            eps, nx, ny = _numba_kernel()(
-                np.ascontiguousarray(xs.T), np.ascontiguousarray(ys.T), k
-            )
+            eps, nx, ny = _numba_kernel()(np.ascontiguousarray(xs.T), np.ascontiguousarray(ys.T), k)
     else:
         p = float("inf") if metric == "chebyshev" else 2.0
         eps, nx, ny = _counts_torch(torch.from_numpy(xs), torch.from_numpy(ys), k, p)
@@ -277,7 +275,8 @@ def _torch_thread_budget() -> Iterator[None]:
     import torch
 
     budget = torch.get_num_threads()
-    numba.set_num_threads(max(1, min(budget, numba.config.NUMBA_NUM_THREADS)))
+    pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    numba.set_num_threads(max(1, min(budget, pool)))
     try:
         yield
     finally:
