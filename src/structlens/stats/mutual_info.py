@@ -272,7 +272,6 @@ def _torch_thread_budget() -> Iterator[None]:
     limited to one torch thread (NDM's per-layer training processes, Ray workers) went on
     after its first merge round with two, oversubscribing the cores it shares."""
     import numba
-    import torch
 
     budget = torch.get_num_threads()
     pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
