@@ -132,20 +132,32 @@ def test_the_gaussian_and_student_t_states_have_the_stated_kurtosis():
 
 
 def test_the_heavy_tail_rule_is_scored_through_the_production_decision(monkeypatch):
-    """Gaussian states are never heavy and 50-kurtosis massive coordinates always are; the
-    rate is the production decision's (raising koopman.verdicts.HEAVY silences it)."""
+    """Gaussian states are light and 50-kurtosis massive coordinates heavy; the rates are the
+    production decision's (raising koopman.verdicts.HEAVY turns the heavy states light), and
+    the old statistic (the largest sample kurtosis) is reported beside them."""
     from structlens.koopman import verdicts
 
     null = calibrate_heavy_tails("correlated Gaussian", 0.0, 32, 1000, 5, first_seed=7)
-    assert not null.expected and null.rate == 0.0 and null.seeds == (7, 11)
-    assert null.n == 5 and null.quantiles[0] <= null.quantiles[1] <= null.quantiles[2] < 1
+    assert not null.expected and null.rate == 0.0 and null.light_rate == 1.0
+    assert null.n == 5 and null.seeds == (7, 11)
+    assert null.quantiles[0] <= null.quantiles[1] <= null.quantiles[2] < null.raw_quantiles[2]
     heavy = calibrate_heavy_tails("massive coordinates", 50.0, 32, 2000, 5, first_seed=7)
     assert heavy.expected and heavy.kurtosis == 50.0 and heavy.rate == 1.0
+    assert heavy.light_rate == 0.0 and heavy.raw_rate == 1.0
     assert heavy.rate_ci[0] < 1.0 == heavy.rate_ci[1]
     monkeypatch.setattr(verdicts, "HEAVY", 1e9)
     silenced = calibrate_heavy_tails("massive coordinates", 50.0, 32, 2000, 5, first_seed=7)
-    assert silenced.rate == 0.0 and not silenced.expected
-    assert silenced.mean_estimate == heavy.mean_estimate
+    assert silenced.rate == 0.0 and silenced.light_rate == 1.0 and not silenced.expected
+    assert silenced.quantiles == heavy.quantiles
+
+
+def test_the_bounds_do_not_call_t_tails_of_a_small_kurtosis_heavy():
+    """t_5 (population excess kurtosis 6 < HEAVY): over 64 coordinates the largest sample
+    kurtosis passes the threshold in most instances, the largest jackknife lower bound in
+    none (the old rule's false positive, which the bounds remove)."""
+    t5 = calibrate_heavy_tails("Student-t", 5.0, 64, 1984, 8, first_seed=3)
+    assert not t5.expected and t5.raw_rate >= 0.75
+    assert t5.rate == 0.0
 
 
 def test_reports_print_the_committed_calibration_beside_their_verdicts():
@@ -164,8 +176,8 @@ def test_reports_print_the_committed_calibration_beside_their_verdicts():
         assert all(n.startswith("NOT CALIBRATED") == bool(r["misses"])
                    for r, n in zip(rules, notes))  # fmt: skip
     assert calibration_notes("no such method") == ()
-    # the heavy-tail rule calls t-tails of population kurtosis 3 and 6 heavy
-    assert doc["koopman"]["heavy_tails"]["misses"]
+    # CONGRUITY calls a rotated copy different
+    assert doc["equivalence"]["congruity_decision"]["misses"]
 
 
 def test_a_rule_misses_its_target_only_at_the_protocols_own_setting():

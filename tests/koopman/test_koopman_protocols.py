@@ -22,7 +22,12 @@ from structlens.koopman import (
     solve,
     split_half_convergence,
 )
-from structlens.koopman.diagnostics import henrici_noise_floor, lifting_tails, tail_statistics
+from structlens.koopman.diagnostics import (
+    henrici_noise_floor,
+    kurtosis_bounds,
+    lifting_tails,
+    tail_statistics,
+)
 
 LAM = np.array([0.9, 0.5 + 0.3j, 0.5 - 0.3j, -0.4])
 
@@ -169,6 +174,35 @@ def test_batched_pooling_gives_the_resampling_loops_numbers(monkeypatch):
     np.testing.assert_allclose(
         stages._radius_bootstrap(blocks, cfg, 20, 0), np.percentile(radii, [2.5, 97.5]), rtol=1e-10
     )
+
+
+def test_kurtosis_bounds_cover_known_kurtoses_and_widen_with_an_outlier():
+    """Gaussian coordinates (excess kurtosis 0) and a Bernoulli(2%) one (45) lie inside their
+    bounds; one extreme row lifts a coordinate's sample kurtosis far above 10 but widens its
+    jackknife spread as much, so its lower bound stays below (the statistic the heavy-tail rule
+    reads, not the sample maximum)."""
+    rng = np.random.default_rng(1)
+    n = 20000
+    x = rng.standard_normal((n, 4))
+    x[:, 3] = rng.random(n) < 0.02
+    prompts = np.arange(n) // 16
+    est, lower, upper = kurtosis_bounds(x, prompts)
+    truth = np.array([0.0, 0.0, 0.0, (1 - 6 * 0.02 * 0.98) / (0.02 * 0.98)])
+    assert np.all(lower < truth) and np.all(truth < upper)
+    assert np.all(lower <= est) and np.all(est <= upper)
+    assert lower[3] > 10 and upper[:3].max() < 1
+    # one prompt group holding one extreme value
+    y = rng.standard_normal((2000, 2))
+    y[7, 0] = 40.0
+    est, lower, _ = kurtosis_bounds(y, np.arange(2000) // 16)
+    stats = tail_statistics(y, np.arange(2000) // 16)
+    assert stats["max_excess_kurtosis"] > 100 and lower[0] < 10
+    assert stats["max_kurtosis_lower"] < 10 and stats["kurtosis_blocks"] == 32
+    # rows as their own groups are the default; one group leaves the bounds undefined
+    np.testing.assert_array_equal(kurtosis_bounds(y, np.arange(2000))[1], kurtosis_bounds(y)[1])
+    assert np.isnan(kurtosis_bounds(y, np.zeros(2000))[1]).all()
+    with pytest.raises(ValueError, match="one label per row"):
+        kurtosis_bounds(y, np.arange(5))
 
 
 def test_tail_statistics_known_answers():

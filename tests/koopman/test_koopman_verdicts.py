@@ -34,10 +34,13 @@ def split(slope=-0.5, ci=(-0.7, -0.3), layer=1, cond=2.0, m=1000, dictionary="pc
     )  # fmt: skip
 
 
-def tails(max_kurt):
+def tails(max_kurt, spread=2.0):
+    """Tail statistics whose heaviest coordinate's kurtosis is ``max_kurt`` ± ``spread``."""
     return {
         "max_excess_kurtosis": max_kurt, "p95_excess_kurtosis": 1.0, "norm_kurtosis": 1.1,
-        "norm_kurtosis_gaussian": 1.0, "gram_max_excess_kurtosis": 3.0, "gram_tail_ratio": 5.0,
+        "max_kurtosis_lower": max_kurt - spread, "max_kurtosis_upper": max_kurt + spread,
+        "kurtosis_blocks": 32, "norm_kurtosis_gaussian": 1.0, "gram_max_excess_kurtosis": 3.0,
+        "gram_tail_ratio": 5.0,
     }  # fmt: skip
 
 
@@ -303,7 +306,10 @@ def test_the_depth_half_without_two_depths_is_not_tested():
         (50.0, (1.0, 2.0), "reproduced"),
         (50.0, (1.0, 20.0), "partly"),
         (50.0, (30.0, 20.0), "not reproduced"),
-        (5.0, (1.0, 20.0), "not tested"),
+        (50.0, (30.0, 10.0), "not reproduced"),  # one heavy, one unidentified, none light
+        (50.0, (1.0, 10.0), "unidentified"),  # one light, one unidentified
+        (5.0, (1.0, 20.0), "not tested"),  # light states: nothing to remove
+        (10.0, (1.0, 2.0), "unidentified"),  # the states' bounds straddle HEAVY
     ],
 )
 def test_heavy_tails(state, lifts, verdict):
@@ -314,7 +320,7 @@ def test_heavy_tails(state, lifts, verdict):
     }
     c = v.heavy_tails_claim(fits)
     _valid(c, verdict)
-    assert c.ours == state  # the states' max excess kurtosis
+    assert c.ours == state  # the states' max sample excess kurtosis
     assert c.settings["lifted_max_excess_kurtosis"] == {
         "L6/pca8_lifted": lifts[0], "L6/rff64_lifted": lifts[1]
     }  # fmt: skip
@@ -322,11 +328,30 @@ def test_heavy_tails(state, lifts, verdict):
         assert "not heavy-tailed" in c.note
 
 
+def test_only_the_lifts_of_heavy_layers_count():
+    """A layer whose states are light has nothing for its lifts to remove: its heavy lift does
+    not turn the claim at the heavy layer."""
+    fits = {
+        "L6/identity": spec("identity", layer=6, state=50.0),
+        "L6/pca8": spec("pca8", layer=6, state=50.0, lift=1.0),
+        "L9/identity": spec("identity", layer=9, state=1.0),
+        "L9/pca8": spec("pca8", layer=9, state=1.0, lift=30.0),
+    }
+    c = v.heavy_tails_claim(fits)
+    _valid(c, "reproduced")
+    assert c.settings["classes"]["L9/pca8_lifted"] == "heavy"
+
+
 def test_the_heavy_tail_decision_is_one_function_the_claim_calls(monkeypatch):
-    """is_heavy is strict at HEAVY, and the claim decides through it (the calibration scores
-    the same function): raising HEAVY turns heavy states into "not tested"."""
-    assert not v.is_heavy({"max_excess_kurtosis": v.HEAVY})
-    assert v.is_heavy({"max_excess_kurtosis": v.HEAVY + 1e-9})
+    """tail_class is strict at HEAVY on both bounds, and the claim decides through it (the
+    calibration scores the same function): raising HEAVY turns heavy states light, and the
+    claim "not tested"."""
+    at = {"max_kurtosis_lower": v.HEAVY, "max_kurtosis_upper": v.HEAVY}
+    assert v.tail_class(at) == "light" and not v.is_heavy(at)
+    above = {"max_kurtosis_lower": v.HEAVY + 1e-9, "max_kurtosis_upper": v.HEAVY + 1}
+    assert v.tail_class(above) == "heavy" and v.is_heavy(above)
+    nan = {"max_kurtosis_lower": float("nan"), "max_kurtosis_upper": float("nan")}
+    assert v.tail_class(nan) == "unidentified"
     fits = {"L6/identity": spec("identity", state=50.0), "L6/pca8": spec("pca8", lift=1.0)}
     assert v.heavy_tails_claim(fits).verdict == "reproduced"
     monkeypatch.setattr(v, "HEAVY", 100.0)

@@ -26,9 +26,10 @@ samples, and on replicas whose last one has an eigenvalue moved
 the null that refits the PCA per half (each replica's PCA keeps a slightly different
 subspace: the dictionary-mismatch confound, which the null must hold).
 
-The heavy-tail rule ("a coordinate set is heavy-tailed when its maximum over coordinates of
-the sample excess kurtosis exceeds ``HEAVY = 10``", :func:`~structlens.koopman.verdicts.is_heavy`
-on :func:`~structlens.koopman.diagnostics.tail_statistics`) is scored on planted states
+The heavy-tail rule ("a coordinate set is heavy-tailed when some coordinate's excess kurtosis
+is above ``HEAVY = 10`` with confidence, light when every coordinate's is below it",
+:func:`~structlens.koopman.verdicts.tail_class` on the jackknife bounds of
+:func:`~structlens.koopman.diagnostics.tail_statistics`) is scored on planted states
 ``X (m, d)`` whose population excess kurtosis is known in closed form
 (:func:`planted_states`, :func:`planted_kurtosis`): Gaussian states (the null), a few
 "massive" coordinates spiking on a small share of rows, and Student-t coordinates
@@ -51,7 +52,7 @@ __all__ = [
     "calibrate_henrici", "henrici_departure", "PROTOCOL", "HENRICI_THRESHOLD", "REPLICAS",
     "UNIVERSALITY_SYSTEMS", "UniversalityRate", "calibrate_universality", "TAIL_FAMILIES",
     "MASSIVE_COORDINATES", "MASSIVE_SHARE", "spike_size", "planted_kurtosis", "planted_states",
-    "TailRate", "calibrate_heavy_tails",
+    "PROMPT_ROWS", "TailRate", "calibrate_heavy_tails",
 ]  # fmt: skip
 
 Family = Literal["simple", "jordan"]
@@ -390,17 +391,25 @@ def planted_states(family: str, effect: float, d: int, m: int, *, seed: int = 0)
     return X
 
 
+#: Rows of one planted "prompt": the jackknife of the rule deals prompts into blocks, as the
+#: stage does with a layer's prompt ids (planted rows are independent, so any grouping holds).
+PROMPT_ROWS = 16
+
+
 @dataclass(frozen=True)
 class TailRate:
-    """How often the heavy-tail rule says "heavy" on ``n`` instances of planted states
+    """How the heavy-tail rule classifies ``n`` instances of planted states
     (:func:`planted_states`) of one ``family`` and parameter ``effect`` at width ``d`` and
     ``m`` rows.
 
     ``kurtosis`` is the planted population excess kurtosis of the heaviest coordinate (the
     truth) and ``expected`` whether it exceeds the threshold, i.e. whether "heavy" is right
-    there; ``rate`` is the share of instances the rule calls heavy, with its Wilson interval.
-    ``mean_estimate`` and ``quantiles`` (5%, 50%, 95%) summarise the statistic it thresholds,
-    the maximum over coordinates of the sample excess kurtosis.
+    there and "light" wrong; ``rate`` is the share of instances the rule calls heavy and
+    ``light_rate`` the share it calls light, with their Wilson intervals (the rest are
+    unidentified).  ``quantiles`` (5%, 50%, 95%) summarise the largest lower bound the rule
+    compares with the threshold; ``raw_quantiles`` and ``raw_rate`` the maximum over
+    coordinates of the sample excess kurtosis, and how often it alone exceeds the threshold
+    (the rule before the bounds).
     """
 
     family: str
@@ -410,33 +419,48 @@ class TailRate:
     m: int
     expected: bool
     n: int
-    mean_estimate: float
     quantiles: tuple[float, float, float]
     rate: float
     rate_ci: tuple[float, float]
+    light_rate: float
+    light_rate_ci: tuple[float, float]
+    raw_quantiles: tuple[float, float, float]
+    raw_rate: float
+    raw_rate_ci: tuple[float, float]
     seeds: tuple[int, int]
 
 
 def calibrate_heavy_tails(
     family: str, effect: float, d: int, m: int, n: int, *, first_seed: int = 0
 ) -> TailRate:
-    """The heavy-tail rule, :func:`~structlens.koopman.verdicts.is_heavy` on
-    :func:`~structlens.koopman.diagnostics.tail_statistics`, on ``n`` instances of
-    :func:`planted_states` with seeds ``first_seed, first_seed + 1, ...``."""
+    """The heavy-tail rule, :func:`~structlens.koopman.verdicts.tail_class` on
+    :func:`~structlens.koopman.diagnostics.tail_statistics` with rows grouped into prompts of
+    :data:`PROMPT_ROWS`, on ``n`` instances of :func:`planted_states` with seeds
+    ``first_seed, first_seed + 1, ...``."""
     from structlens.koopman.diagnostics import tail_statistics
-    from structlens.koopman.verdicts import HEAVY, is_heavy
+    from structlens.koopman.verdicts import HEAVY, tail_class
 
     truth = planted_kurtosis(family, effect)
-    estimates, yes = [], 0
+    prompts = np.arange(m) // PROMPT_ROWS
+    lower, raw, heavy, light, raw_heavy = [], [], 0, 0, 0
     for seed in range(first_seed, first_seed + n):
+        X = planted_states(family, effect, d, m, seed=seed)
         # the rule reads the coordinates' kurtosis only: no Gram-entry tails (max_coords=2)
-        stats = tail_statistics(planted_states(family, effect, d, m, seed=seed), max_coords=2)
-        estimates.append(stats["max_excess_kurtosis"])
-        yes += is_heavy(stats)
-    q = np.quantile(estimates, (0.05, 0.5, 0.95))
+        stats = tail_statistics(X, prompts, max_coords=2, seed=seed)
+        lower.append(stats["max_kurtosis_lower"])
+        raw.append(stats["max_excess_kurtosis"])
+        c = tail_class(stats)
+        heavy, light = heavy + (c == "heavy"), light + (c == "light")
+        raw_heavy += stats["max_excess_kurtosis"] > HEAVY
+
+    def q(v: list[float]) -> tuple[float, float, float]:
+        a, b, c = np.quantile(v, (0.05, 0.5, 0.95))
+        return float(a), float(b), float(c)
+
     return TailRate(
         family=family, effect=float(effect), kurtosis=truth, d=d, m=m, expected=truth > HEAVY,
-        n=n, mean_estimate=float(np.mean(estimates)),
-        quantiles=(float(q[0]), float(q[1]), float(q[2])), rate=yes / n,
-        rate_ci=wilson_interval(yes, n), seeds=(first_seed, first_seed + n - 1),
+        n=n, quantiles=q(lower), rate=heavy / n, rate_ci=wilson_interval(heavy, n),
+        light_rate=light / n, light_rate_ci=wilson_interval(light, n), raw_quantiles=q(raw),
+        raw_rate=raw_heavy / n, raw_rate_ci=wilson_interval(raw_heavy, n),
+        seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip

@@ -29,7 +29,10 @@ KEYS = (
     "dictionary", "shift", "concentration",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.
-RATES = ("rate", "all_rate", "raw_rate", "coverage", "accepted", "holds_rate", "false_stop_rate")
+RATES = (
+    "rate", "all_rate", "raw_rate", "light_rate", "coverage", "accepted", "holds_rate",
+    "false_stop_rate",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ the *maximum* per-coordinate excess kurtosis, the norm kurtosis ``E‖x − μ�
 (``(d + 2)/d`` for an isotropic Gaussian) and the tails of the per-sample Gram entries
 ``z_i z_j`` (standardised coordinates; these are what the EDMDc Gram averages), and
 :func:`lifting_tails` compares them before and after a dictionary lift.
+
+The maximum of sample kurtoses is not an estimate of the largest population kurtosis: where a
+coordinate has no finite eighth moment (Student-t with ν ≤ 8) its sample kurtosis has no
+finite variance, and the maximum over hundreds of coordinates lands far above every population
+value.  :func:`kurtosis_bounds` therefore bounds each coordinate's kurtosis by a
+delete-a-block jackknife over groups of rows (prompts): a few extreme rows that decide a sample
+kurtosis also decide its jackknife spread, so they widen the bound instead of lifting it.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from structlens.results import Result
 __all__ = [
     "HenriciNoiseFloor",
     "henrici_noise_floor",
+    "KURTOSIS_ALPHA",
+    "KURTOSIS_BLOCKS",
+    "kurtosis_bounds",
     "tail_statistics",
     "lifting_tails",
 ]
@@ -144,16 +154,98 @@ def _excess_kurtosis(z: np.ndarray) -> np.ndarray:
     return out
 
 
-def tail_statistics(X: np.ndarray, *, max_coords: int = 64, seed: int = 0) -> dict[str, float]:
+#: Most blocks of the jackknife of each coordinate's kurtosis (groups of rows dealt into them).
+KURTOSIS_BLOCKS = 32
+#: Level of the kurtosis bounds: the lower bounds at ``KURTOSIS_ALPHA / d`` per coordinate
+#: (Bonferroni: "some coordinate is above" holds at ``KURTOSIS_ALPHA`` over the family), the
+#: upper bounds at ``KURTOSIS_ALPHA`` per coordinate ("every coordinate is below" is an
+#: intersection of claims, each tested at the level of the whole).
+KURTOSIS_ALPHA = 0.05
+
+
+def kurtosis_bounds(
+    X: np.ndarray,
+    groups: np.ndarray | None = None,
+    *,
+    blocks: int = KURTOSIS_BLOCKS,
+    alpha: float = KURTOSIS_ALPHA,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each coordinate's excess kurtosis with one-sided confidence bounds.
+
+    The rows of ``X`` ``(m, d)`` are dealt into ``B = min(blocks, G)`` blocks by their
+    ``groups`` (``G`` distinct labels, e.g. prompt ids; ``None``: every row its own group),
+    the groups in a ``seed``-ed random order; the sample kurtosis is recomputed without each
+    block from per-block power sums (:func:`~structlens.stats.intervals.group_jackknife`),
+    and the bounds are the bias-corrected estimate ∓ ``t_{B−1}`` quantile × its standard error.
+
+    Returns
+    -------
+    estimate, lower, upper : arrays ``[d]``
+        The bias-corrected kurtosis, its lower bound at one-sided level ``alpha / d`` and its
+        upper bound at one-sided level ``alpha`` (see :data:`KURTOSIS_ALPHA`).  NaN for a
+        constant coordinate, and the bounds NaN with fewer than 2 groups.
+    """
+    from scipy.stats import t as student_t
+
+    from structlens.stats.intervals import group_jackknife
+
+    x = np.asarray(X, dtype=np.float64)
+    m, d = x.shape
+    labels = np.arange(m) if groups is None else np.asarray(groups)
+    if labels.shape != (m,):
+        raise ValueError(f"groups must hold one label per row ({m}); got shape {labels.shape}.")
+    if blocks < 2 or not 0 < alpha < 1:
+        raise ValueError(f"blocks must be >= 2 and alpha in (0, 1); got {blocks}, {alpha}.")
+    uniq, inverse = np.unique(labels, return_inverse=True)
+    b = max(1, min(blocks, len(uniq)))
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    block = np.empty(len(uniq), dtype=np.intp)
+    block[order] = np.arange(len(uniq)) % b
+    onehot = np.zeros((b, m))
+    onehot[block[inverse], np.arange(m)] = 1.0
+    xc = x - x.mean(0)  # centred once, so that the moments below cancel little
+    # power sums per block, [b, 5, d]: the count, then Σx, Σx², Σx³, Σx⁴
+    sums = np.stack(
+        [np.repeat(onehot.sum(1, keepdims=True), d, 1), *(onehot @ xc**p for p in (1, 2, 3, 4))],
+        axis=1,
+    )
+    total = sums.sum(0)
+    if b < 2:
+        nan = np.full(d, np.nan)
+        return _kurtosis_of(total), nan, nan.copy()
+    jk = group_jackknife(_kurtosis_of(total), np.stack([_kurtosis_of(total - s) for s in sums]))
+    q_low = float(student_t.ppf(1 - alpha / d, b - 1))
+    q_up = float(student_t.ppf(1 - alpha, b - 1))
+    return jk.bias_corrected, jk.bias_corrected - q_low * jk.se, jk.bias_corrected + q_up * jk.se
+
+
+def _kurtosis_of(s: np.ndarray) -> np.ndarray:
+    """Excess kurtosis from power sums ``s`` ``[5, d]`` (count, Σx, Σx², Σx³, Σx⁴)."""
+    n = s[0]
+    mu, e2, e3, e4 = s[1] / n, s[2] / n, s[3] / n, s[4] / n
+    m2 = e2 - mu**2
+    m4 = e4 - 4 * mu * e3 + 6 * mu**2 * e2 - 3 * mu**4
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(m2 > 1e-300, m4 / m2**2 - 3.0, np.nan)
+
+
+def tail_statistics(
+    X: np.ndarray, groups: np.ndarray | None = None, *, max_coords: int = 64, seed: int = 0
+) -> dict[str, float]:
     """Heavy-tail numbers of the rows of ``X`` ``(m, d)`` (see the module docstring).
 
     Returns ``max_excess_kurtosis`` (and ``argmax``), ``p95_excess_kurtosis``,
     ``norm_kurtosis``, ``norm_kurtosis_gaussian`` (``(d + 2)/d``, the isotropic-Gaussian
-    reference) and, over the products ``z_i z_j`` (i < j) of at most ``max_coords``
-    standardised coordinates (the highest-kurtosis coordinate always included, the rest a
-    seeded sample), ``gram_max_excess_kurtosis``, ``gram_p95_excess_kurtosis`` and
-    ``gram_tail_ratio`` = 99.9th percentile of ``|z_i z_j|`` over its mean (pooled).
-    Constant coordinates are ignored.
+    reference); from :func:`kurtosis_bounds` over ``groups`` of rows (prompt ids; ``None``:
+    rows), ``max_kurtosis_lower`` (the largest lower bound: some coordinate's kurtosis is
+    above it, at level :data:`KURTOSIS_ALPHA` over the coordinates), ``max_kurtosis_upper``
+    (the largest upper bound: every coordinate's kurtosis is below it) and
+    ``kurtosis_blocks``; and, over the products ``z_i z_j`` (i < j) of at most
+    ``max_coords`` standardised coordinates (the highest-kurtosis coordinate always
+    included, the rest a seeded sample), ``gram_max_excess_kurtosis``,
+    ``gram_p95_excess_kurtosis`` and ``gram_tail_ratio`` = 99.9th percentile of
+    ``|z_i z_j|`` over its mean (pooled).  Constant coordinates are ignored.
     """
     x = np.asarray(X, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] < 4:
@@ -162,13 +254,18 @@ def tail_statistics(X: np.ndarray, *, max_coords: int = 64, seed: int = 0) -> di
     live = np.flatnonzero(np.isfinite(kurt))
     if live.size == 0:
         raise ValueError("every coordinate of X is constant; no tails to measure.")
+    _, lower, upper = kurtosis_bounds(x[:, live], groups, seed=seed)
     xc = x - x.mean(0)
     r2 = np.sum(xc**2, axis=1)
     d = int(live.size)
+    n_groups = x.shape[0] if groups is None else len(np.unique(groups))
     out = {
         "max_excess_kurtosis": float(np.nanmax(kurt)),
         "argmax_excess_kurtosis": int(np.nanargmax(kurt)),
         "p95_excess_kurtosis": float(np.nanpercentile(kurt, 95)),
+        "max_kurtosis_lower": float(np.max(lower)),
+        "max_kurtosis_upper": float(np.max(upper)),
+        "kurtosis_blocks": min(KURTOSIS_BLOCKS, n_groups),
         "norm_kurtosis": float(np.mean(r2**2) / np.mean(r2) ** 2),
         "norm_kurtosis_gaussian": (d + 2) / d,
     }
@@ -196,11 +293,18 @@ def tail_statistics(X: np.ndarray, *, max_coords: int = 64, seed: int = 0) -> di
 
 
 def lifting_tails(
-    X: np.ndarray, dictionary: Dictionary, *, max_coords: int = 64, seed: int = 0
+    X: np.ndarray,
+    dictionary: Dictionary,
+    groups: np.ndarray | None = None,
+    *,
+    max_coords: int = 64,
+    seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """:func:`tail_statistics` of the states ``X`` and of their lift ``Ψ(X)`` (``dictionary``
-    fitted), as ``{"state": ..., "lifted": ...}``."""
+    fitted), rows grouped by ``groups``, as ``{"state": ..., "lifted": ...}``."""
     return {
-        "state": tail_statistics(X, max_coords=max_coords, seed=seed),
-        "lifted": tail_statistics(dictionary.transform(X), max_coords=max_coords, seed=seed),
+        "state": tail_statistics(X, groups, max_coords=max_coords, seed=seed),
+        "lifted": tail_statistics(
+            dictionary.transform(X), groups, max_coords=max_coords, seed=seed
+        ),
     }

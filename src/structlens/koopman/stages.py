@@ -203,7 +203,8 @@ class SpectrumFit(Result):
     ``henrici_extrapolated_relative``: the sampling part of the relative Henrici departure and
     its ``M → ∞`` extrapolation (:func:`structlens.koopman.diagnostics.henrici_noise_floor`);
     ``None`` with ``noise_floor_reason`` when a quarter of the blocks cannot determine a fit.
-    ``state_tails`` / ``lifted_tails``: heavy-tail numbers before and after lifting
+    ``state_tails`` / ``lifted_tails``: heavy-tail numbers before and after lifting, the
+    kurtosis bounds jackknifed over prompts
     (:func:`structlens.koopman.diagnostics.tail_statistics`; no lifted tails for identity).
     ``mom_eigenvalues`` and ``mom_bottleneck``: the median-of-means fit's spectrum and its
     bottleneck distance to the mean fit's (``None`` with ``mom_reason`` when
@@ -315,7 +316,7 @@ def spectrum(
             )
     lifted = None
     if parse_dictionary(spec)[0] != "identity":
-        lifted = tail_statistics(dic.transform(rows.X), seed=seed)
+        lifted = tail_statistics(dic.transform(rows.X), rows.prompt_ids, seed=seed)
     return SpectrumFit(
         layers=list(rows.layers),
         dictionary=dictionary_label(spec),
@@ -337,7 +338,7 @@ def spectrum(
         control_rank=int(res.control_rank),
         control_energy_kept=float(res.control_energy_kept),
         cond_gram=float(res.cond_gram),
-        state_tails=tail_statistics(rows.X, seed=seed),
+        state_tails=tail_statistics(rows.X, rows.prompt_ids, seed=seed),
         lifted_tails=lifted,
         mom_eigenvalues=None if mom_ev is None else np.asarray(mom_ev),
         mom_bottleneck=mom_w,

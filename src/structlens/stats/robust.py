@@ -74,21 +74,22 @@ def median_of_means(x: np.ndarray, block_ids: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TailDiagnostic:
-    """Excess kurtosis of features: 0 for Gaussian tails, ≫ 0 for heavy tails.
+    """Per-feature excess kurtosis summarised: 0 for Gaussian tails, ≫ 0 for heavy tails.
 
-    ``heavy`` is True when the 95th percentile of per-feature excess kurtosis exceeds
-    ``threshold`` — the regime where the median-of-means estimator is worth its variance cost.
+    A description, not a decision: sample kurtoses of features without a finite eighth moment
+    have no finite variance, so their median, 95th percentile or maximum can land far above
+    every population value.  Whether a coordinate set is heavy-tailed is decided by
+    :func:`structlens.koopman.verdicts.tail_class` on jackknife bounds
+    (:func:`structlens.koopman.diagnostics.kurtosis_bounds`), calibrated in
+    docs/calibration.md.
     """
 
     median_kurtosis: float
     p95_kurtosis: float
     max_kurtosis: float
-    fraction_heavy: float
-    threshold: float
-    heavy: bool
 
 
-def tail_diagnostic(moments: ColumnMoments | np.ndarray, threshold: float = 10.0) -> TailDiagnostic:
+def tail_diagnostic(moments: ColumnMoments | np.ndarray) -> TailDiagnostic:
     """Summarise per-feature excess kurtosis from an accumulator or a (n, p) array."""
     if not isinstance(moments, ColumnMoments):
         a = np.asarray(moments, dtype=np.float64)
@@ -97,12 +98,8 @@ def tail_diagnostic(moments: ColumnMoments | np.ndarray, threshold: float = 10.0
     k = k[np.isfinite(k)]
     if k.size == 0:
         raise ValueError("every feature is constant; no kurtosis can be computed.")
-    p95 = float(np.percentile(k, 95))
     return TailDiagnostic(
         median_kurtosis=float(np.median(k)),
-        p95_kurtosis=p95,
+        p95_kurtosis=float(np.percentile(k, 95)),
         max_kurtosis=float(k.max()),
-        fraction_heavy=float(np.mean(k > threshold)),
-        threshold=threshold,
-        heavy=p95 > threshold,
     )

@@ -20,6 +20,7 @@ import numpy as np
 
 from structlens.koopman import stages as st
 from structlens.koopman import verdicts as v
+from structlens.koopman.diagnostics import KURTOSIS_ALPHA, KURTOSIS_BLOCKS
 from structlens.koopman.protocol import dictionary_label
 from structlens.replication.claims import ClaimsDocument
 from structlens.replication.koopman.run import METHOD
@@ -98,7 +99,7 @@ PARTS = (
         {"k": k, "e": e, "m": _ioi(e), "o": v.ordering(e)} for k, e in t.ioi.items()
     )),
     Part("tails", ("heavy_tails_removed_by_lifting",), lambda t: (
-        {"k": k, "f": f} for k, f in v.tails(t.fits).items()
+        {"k": k, "f": f, "c": v.tail_class(f)} for k, f in v.tails(t.fits).items()
     )),
     Part("reduction", ("reduction_bound", "reduction_certificate_cert_holds"), _each("reduction")),
     Part("sae_seeds", ("invariance_penalty_identifiability",), _each("sae_runs")),
@@ -122,6 +123,7 @@ def render(
     mom = {k: f.mom_bottleneck for k, f in t.fits.items() if f.mom_bottleneck is not None}
     kw = {"s": s, "t": t, "c": c, "v": v, "mom": mom, "red": red, "last": s["layers"][-1]}
     kw |= {"pooled": f"{red.layers[0]}-{red.layers[-1]}", "source": source}
+    kw |= {"tail_blocks": KURTOSIS_BLOCKS, "tail_alpha": KURTOSIS_ALPHA}
     L = [fill(blocks["header"], minutes=seconds / 60, **kw) + "\n"]
     for part in PARTS:
 

@@ -32,7 +32,7 @@ METHOD = "koopman"
 
 # Every stage's config carries the version of its Result's layout, so that a stage cached in
 # an older layout recomputes.
-RECORD = 4
+RECORD = 5
 T = TypeVar("T", bound=Result)
 
 
