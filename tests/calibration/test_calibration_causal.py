@@ -102,6 +102,30 @@ def test_the_identification_rule_and_the_papers_are_scored_against_the_planted_k
     assert scored.paper_false_stop_rate >= 0.2 and scored.false_stop_rate <= 0.05
 
 
+def test_a_spectrum_is_found_for_any_kappa_between_one_and_d():
+    from structlens.calibration.causal import spectrum_with_kappa
+
+    for target in (64.0, 29.1, 9.7, 1.5):
+        m = spectrum_with_kappa(target, 64)
+        assert true_kappa(m) == pytest.approx(target, rel=1e-9) and np.all(np.diff(m) <= 0)
+    for bad in (1.0, 65.0):
+        with pytest.raises(ValueError, match="kappa"):
+            spectrum_with_kappa(bad, 64)
+
+
+def test_the_scale_rule_is_scored_against_the_planted_ratio():
+    """Pairs of one spectrum are never called different, pairs three-fold apart never the
+    same (a cap of 32 vectors: wide intervals, so "unidentified" is allowed either way)."""
+    from structlens.calibration.causal import PROTOCOL, calibrate_scale
+
+    short = PROTOCOL.replace(kappa_max_vectors=32)
+    same = calibrate_scale(1.0, 4, first_seed=1, protocol=short)
+    apart = calibrate_scale(3.0, 4, first_seed=1, protocol=short)
+    assert not same.expected and same.rate == 0 and same.kappa[0] == same.kappa[1]
+    assert apart.expected and apart.same_rate == 0
+    assert apart.kappa[0] == pytest.approx(3 * apart.kappa[1])
+
+
 def test_a_planted_sae_reconstructs_with_its_residual_map():
     import torch
 

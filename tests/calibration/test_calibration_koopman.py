@@ -66,6 +66,7 @@ def test_the_command_writes_both_documents(tmp_path, monkeypatch):
         3, merge_rhos=(0.0,), gini_effects=(0.0,), universality_instances=1,
         universality_families=(("4-d", "identity", 0.0),), tail_sizes=((16, 256),),
         wedges=(1.5,), kappa_hat_families=(("saturating", 1.5),), kappa_hat_intervals=1,
+        scale_ratios=(1.0,),
         congruity_families=(("copy, rotated basis", 0.0),), layer_map_noise=(0.0,),
     )  # fmt: skip
     monkeypatch.setitem(calibration.PROFILES, "smoke", tiny)

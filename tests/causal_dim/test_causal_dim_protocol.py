@@ -133,3 +133,27 @@ def test_width_ratios_give_every_model_width_the_same_sweep():
     assert PROFILES["paper"].for_model(640) is PROFILES["paper"]  # absolute widths stay
     with pytest.raises(InputError, match="sweep_width_ratios"):
         PROFILES["paper"].replace(sweep_width_ratios=(8.0, 4.0))
+
+
+def test_matched_layer_keeps_relative_depth():
+    """SmolLM2's κ layers (of 30) land on Gemma 3 270M's (of 18) at the same relative depth,
+    the first and last layers on the first and last, and a layer outside the model fails."""
+    from structlens.causal_dim.stages import matched_layer
+
+    assert [matched_layer(l, 30, 18) for l in (5, 15, 25)] == [3, 9, 15]
+    assert (matched_layer(0, 30, 18), matched_layer(29, 30, 18)) == (0, 17)
+    assert [matched_layer(l, 18, 30) for l in (3, 9, 15)] == [5, 15, 25]
+    assert matched_layer(1, 3, 3) == 1 and matched_layer(2, 3, 2) == 1
+    for bad in ((30, 30, 18), (-1, 30, 18), (0, 0, 18), (0, 30, 0)):
+        with pytest.raises(InputError, match="layer"):
+            matched_layer(*bad)
+
+
+def test_a_cross_family_model_must_be_another_model():
+    from structlens.causal_dim.protocol import REPLICATION_PROFILES
+
+    cpu = REPLICATION_PROFILES["cpu"]
+    assert cpu.cross_family == "gemma3-270m" and REPLICATION_PROFILES["gpu"].cross_family
+    assert REPLICATION_PROFILES["smoke"].cross_family != REPLICATION_PROFILES["smoke"].model
+    with pytest.raises(InputError, match="another model"):
+        cpu.replace(cross_family=cpu.model)

@@ -263,6 +263,46 @@ def test_growth_invariance_needs_matched_saes():
     assert c.note == "no N_causal at a base width"
 
 
+# ---------------------------------------------------------------- scale invariance
+def _kappa_at(layer: int, kappa: float, lo: float, hi: float) -> KappaFit:
+    return kfit(layer, erank=kappa, erank_ci=(lo, hi), kappa_over_d=kappa / D)
+
+
+def test_kappa_ratio_bounds_are_the_quotients_of_the_intervals():
+    ratio, low, high = V.kappa_ratio(_kappa_at(1, 40.0, 30.0, 50.0), _kappa_at(1, 20.0, 10.0, 25.0))
+    assert (ratio, low, high) == (2.0, 30.0 / 25.0, 50.0 / 10.0)
+
+
+@pytest.mark.parametrize(
+    "theirs, verdict",
+    [
+        ((40.0, 36.0, 44.0), "reproduced"),  # bounds 38/44 = 0.86 .. 42/36 = 1.17
+        ((20.0, 18.0, 22.0), "not reproduced"),  # bounds 1.73 .. 2.33, beyond 1.25
+        ((80.0, 72.0, 88.0), "not reproduced"),  # bounds 0.43 .. 0.58, below 1/1.25
+        ((34.0, 25.0, 45.0), "unidentified"),  # bounds 0.84 .. 1.68 straddle 1.25
+    ],
+)
+def test_scale_invariance_reads_the_middle_layer_by_the_ratio_bounds(theirs, verdict):
+    """The headline is the middle κ layer's match, fixed in advance: an outer layer whose
+    κ agree (or disagree) never decides it; N_causal's construction is named in the note."""
+    ours = [_kappa_at(1, 10.0, 9.0, 11.0), _kappa_at(2, 40.0, 38.0, 42.0),
+            _kappa_at(3, 90.0, 80.0, 99.0)]  # fmt: skip
+    cross = {1: _kappa_at(0, 10.0, 9.0, 11.0), 2: _kappa_at(1, *theirs),
+             3: _kappa_at(2, 20.0, 18.0, 22.0)}  # fmt: skip
+    c = V.scale_invariance(ours[::-1], cross, models=("a", "b"), d_models=(D, 32))
+    assert c.verdict == verdict
+    assert c.settings["layers"] == [2, 1] and c.settings["ratio"] == 40.0 / theirs[0]
+    assert set(c.per_setting) == {"1", "2", "3"} and c.ci is None and c.ci_reason
+    assert "328 at the paper's 16384" in c.note and "stand-in" in c.note
+
+
+def test_scale_invariance_not_tested_without_the_cross_family_model():
+    assert V.scale_invariance([kfit(1)], None).verdict == "not tested"
+    assert V.scale_invariance([kfit(1)], {}).verdict == "not tested"
+    c = V.scale_invariance([kfit(1), kfit(2), kfit(3)], {1: kfit(0)})
+    assert c.verdict == "not tested" and "layer 2" in c.note
+
+
 def test_claims_cover_the_paper_table_and_say_why_when_not_tested():
     found = V.claims(D)
     assert [c.id for c in found] == list(V.PAPER)

@@ -97,3 +97,19 @@ def test_every_template_row_belongs_to_a_section():
     rows = {k.split(" ", 1)[1] for k in blocks if k.startswith("row ")}
     sections = {k.split(" ", 1)[1] for k in blocks if k.startswith("section ")}
     assert rows <= sections and all("{rows}" in blocks[f"section {r}"] for r in rows)
+
+
+def test_cross_family_section_and_claim_read_the_same_fits(tmp_path):
+    """The section's rows and the claim come from the run's cross-family fits: the headline
+    row's ratio is the claim's, and a run without them shows neither."""
+    run = _run(tmp_path)
+    assert "Cross-family" not in render_markdown(run, "test")
+    other = dataclasses.replace(run.kappa[0], layer=2, erank=5.0, erank_ci=(4.0, 6.0))
+    run = dataclasses.replace(run, n_layers=4, cross_model="other", cross_d_model=8,
+                              cross_n_layers=3, cross_kappa={3: other})  # fmt: skip
+    doc = render_markdown(run, "test")
+    assert "## Cross-family stand-in at matched relative depth" in doc
+    assert "| 3 | 2 | 0.75 / 0.67 | 10.0 | [10.0, 10.0] | 1.000 | 5.0 | [4.0, 6.0] |" in doc
+    c = {c.id: c for c in claims_of(run)}["scale_invariance"]
+    assert c.settings["ratio"] == 2.0 and c.verdict == "not reproduced"  # bounds 1.67 .. 2.5
+    assert claims(run, "test").to_json()["cross_family"]["layers"] == {"3": 2}

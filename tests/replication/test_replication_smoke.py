@@ -181,6 +181,12 @@ def _check_causal(raw, md):
         assert found["k"] in found["ks"] and 1 <= len(found["ks"]) <= trials
         assert depth["settings"]["k"][layers.index(int(layer))] == found["k"]
     assert "k search" in md
+    # the cross-family model's κ at matched relative depth (tiny-gpt2, 3 layers like tiny-llama)
+    cross = raw["cross_family"]
+    assert cross["model"] == "tiny-gpt2" and cross["layers"] == {"1": 1, "2": 2}
+    scale = by_id["scale_invariance"]
+    assert scale["verdict"] != "not tested" and scale["settings"]["layers"] == [2, 2]
+    assert "## Cross-family stand-in at matched relative depth" in md
 
 
 @pytest.mark.parametrize("method", ["koopman", "causal-dimension"])

@@ -35,8 +35,9 @@ from structlens.causal_dim.stages import KappaFit, PromptSets, kappa
 from structlens.stats.intervals import wilson_interval
 
 __all__ = ["PROTOCOL", "SPECTRUM", "STOPPING_SPECTRA", "KappaCalibration", "StoppingCalibration",
-           "planted_grams", "true_kappa", "calibrate_kappa", "calibrate_stopping", "GATE_WIDTHS",
-           "GATE_FVU", "GateCalibration", "planted_sae", "planted_gate_sweep",
+           "planted_grams", "true_kappa", "calibrate_kappa", "calibrate_stopping", "SCALE_RATIOS",
+           "SCALE_BASE", "spectrum_with_kappa", "ScaleCalibration", "calibrate_scale",
+           "GATE_WIDTHS", "GATE_FVU", "GateCalibration", "planted_sae", "planted_gate_sweep",
            "calibrate_gate"]  # fmt: skip
 
 #: The paper protocol's κ rules (start, cap, tolerance, unit, level).
@@ -233,6 +234,82 @@ def calibrate_stopping(
         coverage_ci=wilson_interval(covered, n), mean_vectors=float(np.mean(vectors)),
         paper_rate=paper / n, paper_false_stop_rate=paper_false / n,
         paper_false_stop_ci=wilson_interval(paper_false, n),
+        seeds=(first_seed, first_seed + n - 1),
+    )  # fmt: skip
+
+
+#: κ_A/κ_B of the scale rule's planted pairs: within :data:`~structlens.causal_dim.verdicts.
+#: SCALE_MATCH` of 1 (the rule should not say "different") and beyond it (it should not say
+#: "the same").
+SCALE_RATIOS = (1.0, 1.1, 1.5, 2.0, 3.0)
+#: The scale rule's first model: the ``j^-1`` spectrum in 64 dimensions (κ ≈ 29), which 128
+#: rank-2 windows do not identify within 5%, as in the real models.
+SCALE_BASE = "d=64, j^-1"
+
+
+def spectrum_with_kappa(kappa_: float, d: int) -> np.ndarray:
+    """The spectrum ``j^-a`` (``j = 1..d``) whose κ is ``kappa_`` (``a ≥ 0`` by bisection; κ
+    falls as ``a`` grows, from ``d`` at ``a = 0``)."""
+    if not 1 < kappa_ <= d:
+        raise ValueError(f"kappa must lie in (1, d = {d}]; got {kappa_}.")
+    j = np.arange(1, d + 1, dtype=np.float64)
+    lo, hi = 0.0, 1.0
+    while true_kappa(j**-hi) > kappa_:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if true_kappa(j**-mid) > kappa_ else (lo, mid)
+    return j ** -((lo + hi) / 2)
+
+
+@dataclass(frozen=True)
+class ScaleCalibration:
+    """The scale rule (:func:`~structlens.causal_dim.verdicts.scale_invariance`) on ``n``
+    planted pairs whose true κ are ``kappa`` (the first model's and the second's, ratio
+    ``ratio``).  ``expected`` is whether the pair truly differs by more than the rule's factor
+    (so "different" is right and "the same" wrong); ``rate`` the share of pairs called
+    different (not reproduced), ``same_rate`` the share called the same (reproduced), with
+    their Wilson intervals; ``identified`` the share of pairs whose two κ were both
+    identified."""
+
+    ratio: float
+    kappa: tuple[float, float]
+    expected: bool
+    n: int
+    rate: float
+    rate_ci: tuple[float, float]
+    same_rate: float
+    same_rate_ci: tuple[float, float]
+    identified: float
+    seeds: tuple[int, int]
+
+
+def calibrate_scale(
+    ratio: float, n: int, *, first_seed: int = 0, protocol: CausalProtocol = PROTOCOL
+) -> ScaleCalibration:
+    """Run :func:`~structlens.causal_dim.stages.kappa` on both members of ``n`` planted pairs
+    (seeds ``first_seed, ...``; the second member's windows from an independent seed) under
+    ``protocol``, and the scale rule on the two fits."""
+    from structlens.causal_dim.verdicts import SCALE_MATCH, scale_invariance
+
+    m_a = STOPPING_SPECTRA[SCALE_BASE]
+    m_b = spectrum_with_kappa(true_kappa(m_a) / ratio, len(m_a))
+    different = same = both = 0
+    for seed in range(first_seed, first_seed + n):
+        fits = []
+        for m, s in ((m_a, seed), (m_b, seed + 1_000_000)):
+            prompts, grams = planted_grams(0.0, seed=s, m=m)
+            fits.append(kappa(protocol.replace(seed=s), None, 0, prompts,
+                              grams=functools.partial(_windows, grams)))  # fmt: skip
+        verdict = scale_invariance(fits[:1], {0: fits[1]}).verdict
+        different += verdict == "not reproduced"
+        same += verdict == "reproduced"
+        both += fits[0].identified and fits[1].identified
+    return ScaleCalibration(
+        ratio=float(ratio), kappa=(true_kappa(m_a), true_kappa(m_b)),
+        expected=bool(max(ratio, 1 / ratio) > SCALE_MATCH), n=n, rate=different / n,
+        rate_ci=wilson_interval(different, n), same_rate=same / n,
+        same_rate_ci=wilson_interval(same, n), identified=both / n,
         seeds=(first_seed, first_seed + n - 1),
     )  # fmt: skip
 

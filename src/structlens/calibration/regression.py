@@ -26,12 +26,12 @@ LEVEL = 1e-3
 #: The fields that name a planted family; everything else in a family's row is measured.
 KEYS = (
     "family", "effect", "rho", "d", "m", "unit", "partner_pass", "n_heads", "shared", "system",
-    "dictionary", "shift", "concentration",
+    "dictionary", "shift", "concentration", "ratio",
 )  # fmt: skip
 #: The measured rates of a family's row that the test compares.
 RATES = (
-    "rate", "all_rate", "raw_rate", "light_rate", "coverage", "accepted", "holds_rate",
-    "false_stop_rate",
+    "rate", "all_rate", "raw_rate", "light_rate", "same_rate", "coverage", "accepted",
+    "holds_rate", "false_stop_rate",
 )  # fmt: skip
 
 

@@ -337,6 +337,8 @@ class ReplicationProfile(Settings):
     ``ablation_width`` (the four-cell and architecture controls) and ``depth_width`` are
     widths of the protocol's sweep; ``arch_sweep_widths`` are the widths of the controls'
     growth sweeps at matched L0 (empty: no growth section); ``ioi_prompts`` 0 leaves IOI out.
+    ``cross_family`` names a model of another family whose exact κ is measured at the
+    layers of matched relative depth (``None``: no cross-family section).
     """
 
     profile: str
@@ -352,8 +354,13 @@ class ReplicationProfile(Settings):
     ioi_prompts: int
     seed: int
     synthetic_steps: int
+    cross_family: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cross_family == self.model:
+            raise InputError(
+                f"cross_family must name another model than {self.model!r}, or be None."
+            )
         widths = self.protocol.sweep_widths
         for name in ("ablation_width", "depth_width"):
             if getattr(self, name) not in widths:
@@ -395,13 +402,15 @@ _REPLICATION_CPU = ReplicationProfile(
     jacobian_layers=(15, 5, 25), sweep_layer=15, ablation_width=2304,
     arch_controls=("jumprelu", "relu"), arch_sweep_widths=(),
     depth_layers=(1, 5, 10, 20, 27), depth_width=2304, ioi_prompts=32, seed=0,
-    synthetic_steps=600,
+    synthetic_steps=600, cross_family="gemma3-270m",
 )  # fmt: skip
 
 #: The replication's profiles: ``cpu`` at the paper protocol's CPU sizes (no growth sweeps of
 #: the controls), ``gpu`` with the paper's span, ``smoke`` on the tiny test model (its
 #: byte-level tokenizer has no single-token names, so no IOI; fewer than 600 synthetic steps
-#: leave the atoms control untrained).
+#: leave the atoms control untrained).  The cross-family model of the CPU and GPU profiles is
+#: Gemma 3 270M (18 layers against SmolLM2's 30: layers 5, 15, 25 match 3, 9, 15), a
+#: stand-in for the paper's Gemma-2-2B against 9B (another family as well as another size).
 REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
     "cpu": _REPLICATION_CPU,
     "gpu": _REPLICATION_CPU.replace(
@@ -412,6 +421,6 @@ REPLICATION_PROFILES: dict[str, ReplicationProfile] = {
     "smoke": _REPLICATION_CPU.replace(
         profile="smoke", model="tiny-llama", protocol=_SMOKE, jacobian_layers=(1, 2),
         sweep_layer=1, ablation_width=256, arch_sweep_widths=(256, 512), depth_layers=(0, 2),
-        depth_width=256, ioi_prompts=0,
+        depth_width=256, ioi_prompts=0, cross_family="tiny-gpt2",
     ),
 }  # fmt: skip

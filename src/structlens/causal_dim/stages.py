@@ -31,6 +31,7 @@ A driver that caches (the replication) may hand :func:`kappa` its own Gram sourc
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ __all__ = [
     "blocked_grams",
     "KappaFit",
     "kappa",
+    "matched_layer",
     "LayerRows",
     "training_rows",
     "eval_rows",
@@ -366,6 +368,23 @@ def kappa(
         curve_pr=curve.pr,
         curve_pr_sd=curve.pr_sd,
     )
+
+
+def matched_layer(layer: int, n_layers: int, other_n_layers: int) -> int:
+    """The layer of a model with ``other_n_layers`` layers at the relative depth of
+    ``layer`` in one with ``n_layers`` (``layer / n_layers``, halves rounded up).
+
+    Raises
+    ------
+    InputError
+        When ``layer`` is not in ``[0, n_layers)`` or a layer count is below 1.
+    """
+    if n_layers < 1 or other_n_layers < 1 or not 0 <= layer < n_layers:
+        raise InputError(
+            f"layer must be in [0, n_layers) and both layer counts >= 1; got layer {layer} "
+            f"of {n_layers}, matched into {other_n_layers}."
+        )
+    return min(other_n_layers - 1, math.floor(layer * other_n_layers / n_layers + 0.5))
 
 
 # ---------------------------------------------------------------- residual rows

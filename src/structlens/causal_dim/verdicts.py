@@ -65,15 +65,20 @@ PAPER: dict[str, tuple[str, str]] = {
         "N_causal growth with width is architecture-invariant (matched L0 and FVU)",
         "stated for the method (same growth curve per architecture)",
     ),
+    "scale_invariance": (
+        "The causal count is the same at matched relative depth in a larger model",
+        "N_causal = 328 in Gemma-2-2B and Gemma-2-9B (16k SAEs; 3.46× the parameters)",
+    ),
 }
 #: The paper's setting, which the replication's scale caveats compare against.
-PAPER_SETTING = {
+PAPER_SETTING: dict[str, Any] = {
     "reference": "Sarkar & Deka, arXiv 2605.08740",
     "model": "Gemma-2-2B",
     "d_model": 2304,
     "saes": "Gemma Scope SAEs 16k–1M",
     "sae_tokens": "4–16B",
     "width_span": 64,
+    "base_width": 16384,  # the width of the SAEs whose N_causal the scale comparison reads
 }
 
 # Our decision rules (fixed in advance, not the paper's numbers).
@@ -91,6 +96,9 @@ GROWTH_INVARIANCE = 1.5
 L0_MATCH = 0.2  # L0 within this share of k counts as matched
 # Fewer residual vectors than this per layer and κ is flagged (the replication uses 128).
 MIN_KAPPA_VECTORS = 32
+# Two models' κ count as the same when their ratio's bounds lie within this factor of 1, and
+# as different when both bounds lie beyond it.
+SCALE_MATCH = 1.25
 
 
 def _f(x: Any) -> float:
@@ -470,6 +478,82 @@ def architecture_invariance_of_growth(growth: ArchitectureGrowth | None) -> Clai
     return _claim(cid, spread, None, verdict, why, settings, ci_reason=why_no_ci)
 
 
+def kappa_ratio(a: KappaFit, b: KappaFit) -> tuple[float, float, float]:
+    """κ_a/κ_b and its bounds, the quotients of the two κ intervals
+    ``(lo_a/hi_b, hi_a/lo_b)``: each bound errs only when one interval misses on one side."""
+    (lo_a, hi_a), (lo_b, hi_b) = a.erank_ci, b.erank_ci
+    return a.erank / b.erank, lo_a / hi_b, hi_a / lo_b if lo_b > 0 else math.inf
+
+
+def scale_invariance(
+    fits: Sequence[KappaFit],
+    cross: dict[int, KappaFit] | None,
+    *,
+    models: tuple[str, str] = ("", ""),
+    d_models: tuple[int, int] = (0, 0),
+    percentile: float = 98.0,
+) -> Claim:
+    """The paper's scale invariance, tested on exact κ at matched relative depth in a model
+    of another family (``cross``: its fits by the layer of ``fits`` they match).
+
+    The paper's count cannot test it: with ε the base width's ``percentile``-th percentile,
+    N_causal at a base width ``m`` is ``⌈(1 − percentile/100)·m⌉`` in any model (0.02 ×
+    16384 = 328, the paper's count in both), so exact κ is compared instead.  The headline is
+    the middle κ layer, fixed in advance as in :func:`exact_kappa`.  The bounds of κ_A/κ_B
+    are :func:`kappa_ratio`'s (each errs with at most the probability that one interval
+    misses on one side, ≤ 0.05 by their measured coverage, docs/calibration.md):
+    reproduced when both bounds lie within a factor :data:`SCALE_MATCH` of 1, not reproduced
+    when both lie beyond it on one side, else unidentified.  A cross-family stand-in: the two
+    models differ in family as well as in size, so a difference cannot be put on size alone.
+    """
+    cid = "scale_invariance"
+    if not fits or not cross:
+        return not_tested(cid, "no cross-family model in this run")
+    by_layer = sorted(fits, key=lambda f: f.layer)
+    a = by_layer[len(by_layer) // 2]
+    b = cross.get(int(a.layer))
+    if b is None:
+        return not_tested(cid, f"the cross-family model's κ at the match of layer {a.layer} failed")
+    (lo_a, hi_a), (lo_b, hi_b) = a.erank_ci, b.erank_ci
+    ratio, low, high = kappa_ratio(a, b)
+    if 1 / SCALE_MATCH <= low and high <= SCALE_MATCH:
+        verdict, why = "reproduced", f"κ within a factor {SCALE_MATCH:g} by both bounds"
+    elif low > SCALE_MATCH or high < 1 / SCALE_MATCH:
+        verdict = "not reproduced"
+        why = f"κ differs by more than a factor {SCALE_MATCH:g} by both bounds"
+    else:
+        verdict = "unidentified"
+        why = f"the ratio's bounds [{low:.2f}, {high:.2f}] straddle a factor {SCALE_MATCH:g}"
+    share, paper_width = 1 - percentile / 100, PAPER_SETTING["base_width"]
+    why += (
+        f"; cross-family stand-in ({models[1]} against {models[0]}, another family as well as "
+        f"another size); N_causal at a base width m is ⌈{share:.2g}·m⌉ in any model by ε's "
+        f"construction ({math.ceil(share * paper_width - 1e-9)} at the paper's {paper_width}), "
+        "so exact κ is compared"
+    )
+    ours = (
+        f"κ {a.erank:.1f} [{lo_a:.1f}, {hi_a:.1f}] (L{a.layer}, {a.kappa_over_d:.2f}·d) vs "
+        f"{b.erank:.1f} [{lo_b:.1f}, {hi_b:.1f}] (L{b.layer}, {b.kappa_over_d:.2f}·d): ratio "
+        f"{ratio:.2f}, bounds [{low:.2f}, {high:.2f}]"
+    )
+    settings = {
+        "models": list(models), "d_models": list(d_models), "layers": [int(a.layer), int(b.layer)],
+        "ratio": ratio, "ratio_bounds": [low, high], "match": SCALE_MATCH,
+        "n_vectors": [int(a.n_vectors), int(b.n_vectors)],
+        "identified": [bool(a.identified), bool(b.identified)],
+    }  # fmt: skip
+    per_layer = {
+        str(f.layer): {"cross_layer": int(g.layer), "kappa": [f.erank, g.erank],
+                       "kappa_ci": [list(f.erank_ci), list(g.erank_ci)],
+                       "kappa_over_d": [f.kappa_over_d, g.kappa_over_d]}
+        for f in by_layer if (g := cross.get(int(f.layer))) is not None
+    }  # fmt: skip
+    return _claim(
+        cid, ours, None, verdict, why, settings, per_setting=per_layer,
+        ci_reason="two κ intervals and the quotient bounds of their ratio are in `ours`",
+    )  # fmt: skip
+
+
 def claims(
     d: int,
     fits: Sequence[KappaFit] = (),
@@ -482,8 +566,14 @@ def claims(
     depth: DepthEpsilon | None = None,
     arch: ArchitectureCounts | None = None,
     growth: ArchitectureGrowth | None = None,
+    cross: dict[int, KappaFit] | None = None,
+    models: tuple[str, str] = ("", ""),
+    d_models: tuple[int, int] = (0, 0),
+    percentile: float = 98.0,
 ) -> list[Claim]:
-    """Every claim of :data:`PAPER`, in its order, from the Results that ran."""
+    """Every claim of :data:`PAPER`, in its order, from the Results that ran (``cross``, the
+    cross-family model's κ by matched layer, with the two ``models``, their ``d_models`` and
+    the protocol's ε ``percentile``)."""
     return [
         wedge(sweep),
         kappa_hat(sweep, d),
@@ -496,6 +586,7 @@ def claims(
         epsilon_falls_with_depth(depth),
         architecture_invariance(arch),
         architecture_invariance_of_growth(growth),
+        scale_invariance(fits, cross, models=models, d_models=d_models, percentile=percentile),
     ]
 
 

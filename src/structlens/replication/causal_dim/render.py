@@ -10,6 +10,7 @@ Verdicts are the Claims'; nothing here decides one.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ def claims_of(run: Run) -> list[Claim]:
     return verdicts.claims(
         run.d_model, run.kappa, run.sweep, four=run.fourcell, synthetic=run.synthetic,
         ioi=run.ioi, ioi_not_run=ioi_why, depth=run.depth, arch=run.arch, growth=run.growth,
+        cross=run.cross_kappa, models=(run.settings["model"], run.cross_model or ""),
+        d_models=(run.d_model, run.cross_d_model),
+        percentile=run.settings["protocol"]["percentile"],
     )  # fmt: skip
 
 
@@ -109,6 +113,33 @@ def _kappa(run: Run, t: Template, p: dict[str, Any]) -> str:
     return t.section("kappa", values, (vars(f) for f in fits))
 
 
+def _cross_family(run: Run, t: Template, p: dict[str, Any]) -> str:
+    share, paper_width = 1 - p["percentile"] / 100, verdicts.PAPER_SETTING["base_width"]
+    values = {
+        "percentile": p["percentile"], "share": share, "paper_width": paper_width,
+        "by_construction": math.ceil(share * paper_width - 1e-9),
+        "model": run.settings["model"], "d": run.d_model, "n_layers": run.n_layers,
+        "cross_model": run.cross_model, "cross_d": run.cross_d_model,
+        "cross_n_layers": run.cross_n_layers, "match": verdicts.SCALE_MATCH,
+    }  # fmt: skip
+    rows = []
+    for f in run.kappa:
+        g = run.cross_kappa.get(f.layer)
+        if g is None:
+            continue
+        ratio, low, high = verdicts.kappa_ratio(f, g)
+        rows.append({
+            "layer": f.layer, "cross_layer": g.layer, "depth": f.layer / run.n_layers,
+            "cross_depth": g.layer / run.cross_n_layers, "kappa": f.erank,
+            "kappa_ci": f.erank_ci, "kappa_over_d": f.kappa_over_d, "cross_kappa": g.erank,
+            "cross_kappa_ci": g.erank_ci, "cross_kappa_over_d": g.kappa_over_d,
+            "n_vectors": f.n_vectors, "cross_n_vectors": g.n_vectors,
+            "identified": f.identified, "cross_identified": g.identified,
+            "ratio": ratio, "low": low, "high": high,
+        })  # fmt: skip
+    return t.section("cross_family", values, rows)
+
+
 def _sections(run: Run, t: Template, p: dict[str, Any]) -> list[str]:
     """The replication-only sections that ran, each a template block with its rows."""
     out = []
@@ -174,6 +205,8 @@ def render_markdown(run: Run, source: str) -> str:
         plot_spectrum({f.layer: f for f in run.kappa}, out / "sigma_spectrum.png")
         plot_kappa_curve({f.layer: f.curve() for f in run.kappa}, out / "kappa_vs_n.png")
         parts.append(_kappa(run, t, p))
+    if run.kappa and run.cross_kappa:
+        parts.append(_cross_family(run, t, p))
     parts += _sections(run, t, p)
     scale = "no SAE sweep in this run"
     if run.sweep:
@@ -212,6 +245,11 @@ def claims(run: Run, source: str) -> ClaimsDocument:
         "identified": {str(f.layer): f.identified for f in run.kappa},
         "residual_bias": {str(f.layer): f.residual_bias for f in run.kappa},
     }
+    blocks["cross_family"] = {
+        "model": run.cross_model, "d_model": run.cross_d_model, "n_layers": run.cross_n_layers,
+        "layers": {str(a): f.layer for a, f in run.cross_kappa.items()},
+        "identified": {str(a): f.identified for a, f in run.cross_kappa.items()},
+    }  # fmt: skip
     return ClaimsDocument(METHOD, source, tuple(claims_of(run)), blocks)
 
 

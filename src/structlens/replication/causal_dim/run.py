@@ -35,6 +35,7 @@ from structlens.causal_dim.stages import (
     KappaFit,
     KMatch,
     LayerRows,
+    PromptSets,
     SweepFit,
     TrainedSAE,
     depth_sae_name,
@@ -55,7 +56,8 @@ GRAM_BLOCK = 16  # vectors per cached Gram block
 class Run:
     """What the render step reads: every section's typed Result (``None`` when it did not
     run), each SAE's training, the k search of every ε-by-depth layer, how many corpus chunks
-    and generated texts the SAEs trained on and the sections that failed."""
+    and generated texts the SAEs trained on, the sections that failed, and the cross-family
+    model's exact κ at the layer of matched relative depth to each of ours."""
 
     settings: dict[str, Any]  # the profile's JSON
     out: Path
@@ -74,6 +76,11 @@ class Run:
     n_train_chunks: int = 0
     n_generated: int = 0
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    n_layers: int = 0
+    cross_model: str | None = None  # the cross-family model, its width, its layer count
+    cross_d_model: int = 0
+    cross_n_layers: int = 0
+    cross_kappa: dict[int, KappaFit] = dataclasses.field(default_factory=dict)  # by our layer
 
 
 class CausalReplication:
@@ -90,7 +97,8 @@ class CausalReplication:
         self.fp = self.model.fingerprint()
         self.prompts = prompt_sets(self.protocol, self.model.tokenizer)
         self.run_ = Run(s.replace(protocol=self.protocol).to_json(), out, self.model.d_model,
-                        n_train_chunks=len(self.prompts.sae_train))  # fmt: skip
+                        n_train_chunks=len(self.prompts.sae_train),
+                        n_layers=self.model.n_layers)  # fmt: skip
         self.keys: dict[str, str] = {}  # stage keys of κ, the sweep and every SAE by name
 
     def stage(self, name: str, config: dict[str, Any], **keys: Any) -> Stage:
@@ -115,22 +123,25 @@ class CausalReplication:
             self.run_.failures[name] = traceback.format_exc()
 
     # -- exact κ ------------------------------------------------------------------------
-    def gram_source(self, layer: int, used: list[Stage]) -> Callable[[int, int], np.ndarray]:
+    def gram_source(
+        self, model: Any, prompts: PromptSets, layer: int, used: list[Stage]
+    ) -> Callable[[int, int], np.ndarray]:
         """``grams(start, stop)`` for :func:`structlens.causal_dim.stages.kappa`: the exact
-        Grams of windows ``start:stop`` of ``layer``, computed (or read back) in cached blocks
-        of :data:`GRAM_BLOCK` vectors; every block stage used is appended to ``used``."""
+        Grams of ``model`` at windows ``start:stop`` of ``prompts`` at ``layer``, computed (or
+        read back) in cached blocks of :data:`GRAM_BLOCK` vectors; every block stage used is
+        appended to ``used``."""
         from structlens.causal_dim.stages import GramBlock, blocked_grams, exact_grams
 
-        windows, p = self.prompts.kappa_windows, self.protocol
+        windows, p, fp = prompts.kappa_windows, self.protocol, model.fingerprint()
         jacobian = {"output": p.jacobian_output, "positions": p.jacobian_positions}
 
         def block(a: int, b: int) -> np.ndarray:
             config = {"layer": layer, "start": a, "stop": b, **jacobian}
-            stage = Stage("grams", config, model=self.fp, data=data_digest(windows[a:b]))
+            stage = Stage("grams", config, model=fp, data=data_digest(windows[a:b]))
 
             def compute(_: Path) -> GramBlock:
                 t = time.time()
-                g = exact_grams(p, self.model, layer, windows[a:b])
+                g = exact_grams(p, model, layer, windows[a:b])
                 log(f"layer {layer}: vectors {a}-{b} ({(time.time() - t) / (b - a):.1f} s/vec)")
                 return GramBlock(grams=g)
 
@@ -139,22 +150,43 @@ class CausalReplication:
 
         return blocked_grams(block, GRAM_BLOCK)
 
-    def jacobian(self) -> None:
-        """Exact κ of every Jacobian layer (the protocol's stage) from cached Gram blocks, one
-        cached :class:`KappaFit` per layer over the blocks it drew."""
+    def kappa_fit(self, model: Any, prompts: PromptSets, layer: int, key: str) -> KappaFit:
+        """Exact κ of ``model`` at ``layer`` (the protocol's stage) from cached Gram blocks,
+        cached as one :class:`KappaFit` over the blocks it drew."""
         from structlens.causal_dim.kappa import IDENTIFICATION_RULE
         from structlens.causal_dim.stages import kappa
 
-        fits = []
-        for layer in self.s.jacobian_layers:
-            used: list[Stage] = []
-            fit: KappaFit = kappa(self.protocol, self.model, layer, self.prompts,
-                                  grams=self.gram_source(layer, used))  # fmt: skip
-            config = {"layer": layer, "rule": IDENTIFICATION_RULE}
-            stage = self.stage("kappa", config, inputs=tuple(st.key for st in used))
-            # computed above (it reads the Gram blocks' cache); called at once, in this pass
-            fits.append(self.cached(stage, KappaFit, lambda: fit, f"kappa-L{layer}"))  # noqa: B023
+        used: list[Stage] = []
+        fit = kappa(self.protocol, model, layer, prompts,
+                    grams=self.gram_source(model, prompts, layer, used))  # fmt: skip
+        config = {"layer": layer, "rule": IDENTIFICATION_RULE}
+        stage = self.stage("kappa", config, inputs=tuple(st.key for st in used))
+        # computed above (it reads the Gram blocks' cache)
+        return self.cached(stage, KappaFit, lambda: fit, key)
+
+    def jacobian(self) -> None:
+        """Exact κ of every Jacobian layer."""
+        fits = [self.kappa_fit(self.model, self.prompts, layer, f"kappa-L{layer}")
+                for layer in self.s.jacobian_layers]  # fmt: skip
         self.run_.kappa = sorted(fits, key=lambda f: f.layer)
+
+    def cross_family(self) -> None:
+        """Exact κ of the profile's cross-family model at the layer of matched relative depth
+        to each Jacobian layer, on its own tokens of the same corpus windows' chunks."""
+        from structlens.causal_dim.stages import matched_layer, prompt_sets
+        from structlens.models import load_model
+
+        name = self.s.cross_family
+        if name is None:
+            return
+        other = load_model(name, device=self.device)
+        prompts = prompt_sets(self.protocol, other.tokenizer)
+        r = self.run_
+        r.cross_model, r.cross_d_model, r.cross_n_layers = name, other.d_model, other.n_layers
+        for layer in sorted(self.s.jacobian_layers):
+            theirs = matched_layer(layer, self.model.n_layers, other.n_layers)
+            key = f"cross-kappa-L{theirs}"
+            r.cross_kappa[layer] = self.kappa_fit(other, prompts, theirs, key)
 
     # -- SAE training ---------------------------------------------------------------------
     def generated(self) -> GeneratedText:
@@ -271,7 +303,7 @@ class CausalReplication:
         )
 
 
-STAGES = ("jacobian", "train", "analyze", "synthetic")
+STAGES = ("jacobian", "train", "analyze", "synthetic", "cross_family")
 
 
 def run(
@@ -303,6 +335,9 @@ def run(
     if "synthetic" in stages:
         log("stage synthetic")
         rep.synthetic()
+    if "cross_family" in stages and s.cross_family is not None:
+        log("stage cross_family")
+        rep.part("cross_family", rep.cross_family)
     md, js = write(rep.run_, doc_dir)
     log(f"wrote {md} and {js}")
     return rep.run_, rep.cache
