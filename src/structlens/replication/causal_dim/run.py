@@ -172,7 +172,8 @@ class CausalReplication:
 
     def cross_family(self) -> None:
         """Exact κ of the profile's cross-family model at the layer of matched relative depth
-        to each Jacobian layer, on its own tokens of the same corpus windows' chunks."""
+        to each Jacobian layer, on windows the protocol's rule cuts from the same corpus in its
+        own tokens."""
         from structlens.causal_dim.stages import matched_layer, prompt_sets
         from structlens.models import load_model
 
