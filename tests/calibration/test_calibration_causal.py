@@ -119,8 +119,7 @@ def test_the_scale_rule_is_scored_against_the_planted_ratio():
     from structlens.calibration.causal import PROTOCOL, calibrate_scale
 
     short = PROTOCOL.replace(kappa_max_vectors=32)
-    same = calibrate_scale(1.0, 4, first_seed=1, protocol=short)
-    apart = calibrate_scale(3.0, 4, first_seed=1, protocol=short)
+    same, apart = calibrate_scale((1.0, 3.0), 4, first_seed=1, protocol=short)
     assert not same.expected and same.rate == 0 and same.kappa[0] == same.kappa[1]
     assert apart.expected and apart.same_rate == 0
     assert apart.kappa[0] == pytest.approx(3 * apart.kappa[1])

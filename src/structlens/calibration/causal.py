@@ -25,6 +25,7 @@ which it replaced.  Its planted families (:data:`STOPPING_SPECTRA`) range from s
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,33 +286,40 @@ class ScaleCalibration:
 
 
 def calibrate_scale(
-    ratio: float, n: int, *, first_seed: int = 0, protocol: CausalProtocol = PROTOCOL
-) -> ScaleCalibration:
+    ratios: Sequence[float], n: int, *, first_seed: int = 0, protocol: CausalProtocol = PROTOCOL
+) -> list[ScaleCalibration]:
     """Run :func:`~structlens.causal_dim.stages.kappa` on both members of ``n`` planted pairs
-    (seeds ``first_seed, ...``; the second member's windows from an independent seed) under
-    ``protocol``, and the scale rule on the two fits."""
+    per ratio of ``ratios`` (seeds ``first_seed, ...``; the second member's windows from an
+    independent seed) under ``protocol``, and the scale rule on the two fits.  The first
+    member of a seed is the same at every ratio, so it is fitted once."""
     from structlens.causal_dim.verdicts import SCALE_MATCH, scale_invariance
 
+    def fit(m: np.ndarray, seed: int) -> KappaFit:
+        prompts, grams = planted_grams(0.0, seed=seed, m=m)
+        return kappa(protocol.replace(seed=seed), None, 0, prompts,
+                     grams=functools.partial(_windows, grams))  # fmt: skip
+
     m_a = STOPPING_SPECTRA[SCALE_BASE]
-    m_b = spectrum_with_kappa(true_kappa(m_a) / ratio, len(m_a))
-    different = same = both = 0
-    for seed in range(first_seed, first_seed + n):
-        fits = []
-        for m, s in ((m_a, seed), (m_b, seed + 1_000_000)):
-            prompts, grams = planted_grams(0.0, seed=s, m=m)
-            fits.append(kappa(protocol.replace(seed=s), None, 0, prompts,
-                              grams=functools.partial(_windows, grams)))  # fmt: skip
-        verdict = scale_invariance(fits[:1], {0: fits[1]}).verdict
-        different += verdict == "not reproduced"
-        same += verdict == "reproduced"
-        both += fits[0].identified and fits[1].identified
-    return ScaleCalibration(
-        ratio=float(ratio), kappa=(true_kappa(m_a), true_kappa(m_b)),
-        expected=bool(max(ratio, 1 / ratio) > SCALE_MATCH), n=n, rate=different / n,
-        rate_ci=wilson_interval(different, n), same_rate=same / n,
-        same_rate_ci=wilson_interval(same, n), identified=both / n,
-        seeds=(first_seed, first_seed + n - 1),
-    )  # fmt: skip
+    seeds = range(first_seed, first_seed + n)
+    firsts = [fit(m_a, seed) for seed in seeds]
+    out = []
+    for ratio in ratios:
+        m_b = spectrum_with_kappa(true_kappa(m_a) / ratio, len(m_a))
+        different = same = both = 0
+        for seed, a in zip(seeds, firsts, strict=True):
+            b = fit(m_b, seed + 1_000_000)
+            verdict = scale_invariance([a], {0: b}).verdict
+            different += verdict == "not reproduced"
+            same += verdict == "reproduced"
+            both += a.identified and b.identified
+        out.append(ScaleCalibration(
+            ratio=float(ratio), kappa=(true_kappa(m_a), true_kappa(m_b)),
+            expected=bool(max(ratio, 1 / ratio) > SCALE_MATCH), n=n, rate=different / n,
+            rate_ci=wilson_interval(different, n), same_rate=same / n,
+            same_rate_ci=wilson_interval(same, n), identified=both / n,
+            seeds=(first_seed, first_seed + n - 1),
+        ))  # fmt: skip
+    return out
 
 
 #: The sweep gate's planted SAEs: four widths' true held-out FVU on a falling curve (the

@@ -593,7 +593,7 @@ def _stopping_rule(p: Profile) -> dict[str, Any]:
 def _scale_rule(p: Profile) -> dict[str, Any]:
     from structlens.causal_dim.verdicts import SCALE_MATCH
 
-    rows = [causal.calibrate_scale(r, p.instances, first_seed=FIRST_SEED) for r in p.scale_ratios]
+    rows = causal.calibrate_scale(p.scale_ratios, p.instances, first_seed=FIRST_SEED)
     return {
         "rule": "two models' κ are the same when both bounds of κ_A/κ_B (the quotients of "
         f"their 95% intervals) lie within a factor {SCALE_MATCH:g} of 1, different when both "
