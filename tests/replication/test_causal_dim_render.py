@@ -109,7 +109,13 @@ def test_cross_family_section_and_claim_read_the_same_fits(tmp_path):
                               cross_n_layers=3, cross_kappa={3: other})  # fmt: skip
     doc = render_markdown(run, "test")
     assert "## Cross-family stand-in at matched relative depth" in doc
-    assert "| 3 | 2 | 0.75 / 0.67 | 10.0 | [10.0, 10.0] | 1.000 | 5.0 | [4.0, 6.0] |" in doc
+    # κ, its interval and the plug-in (8, the clipped bias correction's source) of each model
+    row = "| 3 | 2 | 0.75 / 0.67 | 10.0 | [10.0, 10.0] | 8.0 | 1.000 | 5.0 | [4.0, 6.0] | 8.0 |"
+    assert row in doc
     c = {c.id: c for c in claims_of(run)}["scale_invariance"]
     assert c.settings["ratio"] == 2.0 and c.verdict == "not reproduced"  # bounds 1.67 .. 2.5
     assert claims(run, "test").to_json()["cross_family"]["layers"] == {"3": 2}
+    # a failed cross-family stage is named as the reason, not "no cross-family model"
+    failed = dataclasses.replace(run, cross_kappa={}, failures={"cross_family": "Traceback"})
+    c = {c.id: c for c in claims_of(failed)}["scale_invariance"]
+    assert c.verdict == "not tested" and "stage failed" in c.note

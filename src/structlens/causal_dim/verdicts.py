@@ -25,6 +25,7 @@ from structlens.causal_dim.experiment import (
     IOIRecovery,
     SyntheticRecall,
 )
+from structlens.causal_dim.protocol import PROFILES as _PROTOCOLS
 from structlens.causal_dim.stages import CausalAnalysis, KappaFit, SweepFit
 from structlens.verdicts import Caveat, Claim, Number, Section
 
@@ -80,6 +81,9 @@ PAPER_SETTING: dict[str, Any] = {
     "width_span": 64,
     "base_width": 16384,  # the width of the SAEs whose N_causal the scale comparison reads
 }
+
+#: The paper protocol, whose ε percentile the claims assume when a caller gives none.
+PAPER_PROTOCOL = _PROTOCOLS["paper"]
 
 # Our decision rules (fixed in advance, not the paper's numbers).
 WEDGE_GAP = 1.5  # a growth or growth ratio whose CI clears this counts as a gap
@@ -478,6 +482,12 @@ def architecture_invariance_of_growth(growth: ArchitectureGrowth | None) -> Clai
     return _claim(cid, spread, None, verdict, why, settings, ci_reason=why_no_ci)
 
 
+def n_causal_by_construction(percentile: float, width: int) -> int:
+    """N_causal at the base width ``width`` when ε is that width's ``percentile``-th
+    percentile of |AtP|: ``⌈(1 − percentile/100)·width⌉`` in any model, up to ties."""
+    return math.ceil((1 - percentile / 100) * width - 1e-9)
+
+
 def kappa_ratio(a: KappaFit, b: KappaFit) -> tuple[float, float, float]:
     """κ_a/κ_b and its bounds, the quotients of the two κ intervals
     ``(lo_a/hi_b, hi_a/lo_b)``: each bound errs only when one interval misses on one side."""
@@ -491,7 +501,8 @@ def scale_invariance(
     *,
     models: tuple[str, str] = ("", ""),
     d_models: tuple[int, int] = (0, 0),
-    percentile: float = 98.0,
+    percentile: float = PAPER_PROTOCOL.percentile,
+    not_run: str = "no cross-family model in this run",
 ) -> Claim:
     """The paper's scale invariance, tested on exact κ at matched relative depth in a model
     of another family (``cross``: its fits by the layer of ``fits`` they match).
@@ -500,15 +511,15 @@ def scale_invariance(
     N_causal at a base width ``m`` is ``⌈(1 − percentile/100)·m⌉`` in any model (0.02 ×
     16384 = 328, the paper's count in both), so exact κ is compared instead.  The headline is
     the middle κ layer, fixed in advance as in :func:`exact_kappa`.  The bounds of κ_A/κ_B
-    are :func:`kappa_ratio`'s (each errs with at most the probability that one interval
-    misses on one side, ≤ 0.05 by their measured coverage, docs/calibration.md):
-    reproduced when both bounds lie within a factor :data:`SCALE_MATCH` of 1, not reproduced
-    when both lie beyond it on one side, else unidentified.  A cross-family stand-in: the two
-    models differ in family as well as in size, so a difference cannot be put on size alone.
+    are :func:`kappa_ratio`'s (each errs only when one interval misses on one side; the rule
+    is calibrated on planted pairs in docs/calibration.md): reproduced when both bounds lie
+    within a factor :data:`SCALE_MATCH` of 1, not reproduced when both lie beyond it on one
+    side, else unidentified.  A cross-family stand-in: the two models differ in family as well
+    as in size, so a difference cannot be put on size alone.
     """
     cid = "scale_invariance"
     if not fits or not cross:
-        return not_tested(cid, "no cross-family model in this run")
+        return not_tested(cid, not_run)
     by_layer = sorted(fits, key=lambda f: f.layer)
     a = by_layer[len(by_layer) // 2]
     b = cross.get(int(a.layer))
@@ -524,12 +535,12 @@ def scale_invariance(
     else:
         verdict = "unidentified"
         why = f"the ratio's bounds [{low:.2f}, {high:.2f}] straddle a factor {SCALE_MATCH:g}"
-    share, paper_width = 1 - percentile / 100, PAPER_SETTING["base_width"]
+    paper_width = PAPER_SETTING["base_width"]
     why += (
         f"; cross-family stand-in ({models[1]} against {models[0]}, another family as well as "
-        f"another size); N_causal at a base width m is ⌈{share:.2g}·m⌉ in any model by ε's "
-        f"construction ({math.ceil(share * paper_width - 1e-9)} at the paper's {paper_width}), "
-        "so exact κ is compared"
+        f"another size); N_causal at a base width m is ⌈{1 - percentile / 100:.2g}·m⌉ in any "
+        f"model by ε's construction ({n_causal_by_construction(percentile, paper_width)} at "
+        f"the paper's {paper_width}), so exact κ is compared"
     )
     ours = (
         f"κ {a.erank:.1f} [{lo_a:.1f}, {hi_a:.1f}] (L{a.layer}, {a.kappa_over_d:.2f}·d) vs "
@@ -569,11 +580,12 @@ def claims(
     cross: dict[int, KappaFit] | None = None,
     models: tuple[str, str] = ("", ""),
     d_models: tuple[int, int] = (0, 0),
-    percentile: float = 98.0,
+    percentile: float = PAPER_PROTOCOL.percentile,
+    cross_not_run: str = "no cross-family model in this run",
 ) -> list[Claim]:
     """Every claim of :data:`PAPER`, in its order, from the Results that ran (``cross``, the
-    cross-family model's κ by matched layer, with the two ``models``, their ``d_models`` and
-    the protocol's ε ``percentile``)."""
+    cross-family model's κ by matched layer, with the two ``models``, their ``d_models``, the
+    protocol's ε ``percentile`` and why the cross-family section is missing)."""
     return [
         wedge(sweep),
         kappa_hat(sweep, d),
@@ -586,7 +598,14 @@ def claims(
         epsilon_falls_with_depth(depth),
         architecture_invariance(arch),
         architecture_invariance_of_growth(growth),
-        scale_invariance(fits, cross, models=models, d_models=d_models, percentile=percentile),
+        scale_invariance(
+            fits,
+            cross,
+            models=models,
+            d_models=d_models,
+            percentile=percentile,
+            not_run=cross_not_run,
+        ),
     ]
 
 

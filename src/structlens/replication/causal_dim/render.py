@@ -10,7 +10,6 @@ Verdicts are the Claims'; nothing here decides one.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,8 @@ def claims_of(run: Run) -> list[Claim]:
         cross=run.cross_kappa, models=(run.settings["model"], run.cross_model or ""),
         d_models=(run.d_model, run.cross_d_model),
         percentile=run.settings["protocol"]["percentile"],
+        cross_not_run="the cross-family stage failed (its traceback is in the run's log)"
+        if "cross_family" in run.failures else "no cross-family model in this run",
     )  # fmt: skip
 
 
@@ -114,10 +115,11 @@ def _kappa(run: Run, t: Template, p: dict[str, Any]) -> str:
 
 
 def _cross_family(run: Run, t: Template, p: dict[str, Any]) -> str:
-    share, paper_width = 1 - p["percentile"] / 100, verdicts.PAPER_SETTING["base_width"]
+    paper_width = verdicts.PAPER_SETTING["base_width"]
     values = {
-        "percentile": p["percentile"], "share": share, "paper_width": paper_width,
-        "by_construction": math.ceil(share * paper_width - 1e-9),
+        "percentile": p["percentile"], "share": 1 - p["percentile"] / 100,
+        "paper_width": paper_width,
+        "by_construction": verdicts.n_causal_by_construction(p["percentile"], paper_width),
         "model": run.settings["model"], "d": run.d_model, "n_layers": run.n_layers,
         "cross_model": run.cross_model, "cross_d": run.cross_d_model,
         "cross_n_layers": run.cross_n_layers, "match": verdicts.SCALE_MATCH,
@@ -133,6 +135,7 @@ def _cross_family(run: Run, t: Template, p: dict[str, Any]) -> str:
             "cross_depth": g.layer / run.cross_n_layers, "kappa": f.erank,
             "kappa_ci": f.erank_ci, "kappa_over_d": f.kappa_over_d, "cross_kappa": g.erank,
             "cross_kappa_ci": g.erank_ci, "cross_kappa_over_d": g.kappa_over_d,
+            "plugin": f.erank_plugin, "cross_plugin": g.erank_plugin,
             "n_vectors": f.n_vectors, "cross_n_vectors": g.n_vectors,
             "identified": f.identified, "cross_identified": g.identified,
             "ratio": ratio, "low": low, "high": high,
